@@ -1,0 +1,130 @@
+"""A turn's life from first entry to terminal outcome, as a pure state machine.
+
+:class:`TurnLife` wraps the merge (:class:`~processor.merge.Turn`) with the
+rules of contract sections 6 and 7: what an entry means once the turn has
+ended, the per-turn limits, cancellation and timeout. ``processor merge`` and
+the worker's finalisation both replay a turn's entries through it, which is
+why they publish the same response for the same entries.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import msgspec
+
+from processor.events import Outcome, producer_error
+from processor.ids import TurnKey
+from processor.merge import Turn
+from processor.models import Counts, ErrorInfo, Meta, Record, Response
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Per-entry and per-turn limits (contract section 7)."""
+
+    max_entry_bytes: int = 1 << 20
+    max_turn_updates: int = 100_000
+    max_turn_bytes: int = 64 << 20
+    turn_timeout: float = 300.0
+
+
+class Verdict(str, Enum):
+    """Where one entry ended up (contract 4.7: exactly one of these)."""
+
+    MERGED = "merged"
+    DROPPED = "dropped"  # counted on a cancelled turn
+    TURN_CLOSED = "turn_closed"  # DLQ reason
+    TURN_LIMIT = "turn_limit"  # DLQ reason
+
+
+class TurnLife:
+    """One turn: its merge, its counts and, once ended, its outcome."""
+
+    __slots__ = ("bytes", "counts", "first_id", "last_id", "limits", "outcome", "turn")
+
+    def __init__(self, key: TurnKey, limits: Limits | None = None) -> None:
+        self.turn = Turn(key)
+        self.limits = limits or Limits()
+        self.counts = Counts()
+        self.outcome: Outcome | None = None
+        self.bytes = 0
+        self.first_id: str | None = None
+        self.last_id: str | None = None
+
+    @property
+    def key(self) -> TurnKey:
+        return self.turn.key
+
+    def feed(self, entry_id: str | None, record: Record, size: int = 0) -> Verdict:
+        """Account for one entry of this turn, in arrival order."""
+        if self.outcome is not None:
+            if self.outcome.status == "cancelled":
+                self.counts.dropped += 1
+                return Verdict.DROPPED
+            self.counts.dlq += 1
+            return Verdict.TURN_CLOSED
+        if record.kind == "update" and self._over_limit(size):
+            self.outcome = Outcome.failed("turn_limit", self._limit_message())
+            self.counts.dlq += 1
+            return Verdict.TURN_LIMIT
+        self.turn.apply(record)
+        self.bytes += size
+        self.counts.entries += 1
+        if record.kind == "update":
+            self.counts.updates += 1
+        elif record.kind == "end":
+            self.outcome = Outcome.completed()
+        else:
+            self.outcome = producer_error(record)
+        if self.first_id is None:
+            self.first_id = entry_id
+        self.last_id = entry_id
+        return Verdict.MERGED
+
+    def _over_limit(self, size: int) -> bool:
+        return (
+            self.counts.updates + 1 > self.limits.max_turn_updates
+            or self.bytes + size > self.limits.max_turn_bytes
+        )
+
+    def _limit_message(self) -> str:
+        lim = self.limits
+        return (
+            f"turn exceeds its limits ({lim.max_turn_updates} updates, "
+            f"{lim.max_turn_bytes} bytes)"
+        )
+
+    def cancel(self) -> bool:
+        """Cancel the turn; False if it had already ended (nothing changes)."""
+        if self.outcome is not None:
+            return False
+        self.outcome = Outcome.cancelled()
+        return True
+
+    def expire(self) -> bool:
+        """End the turn as timed out; False if it had already ended."""
+        if self.outcome is not None:
+            return False
+        seconds = self.limits.turn_timeout
+        self.outcome = Outcome.failed("turn_timeout", f"no entry for {seconds:g} seconds")
+        return True
+
+    def response(self) -> Response:
+        return self.turn.finish()
+
+    def meta(self, response: Response, started_ms: int | None, finished_ms: int | None) -> Meta:
+        key = self.key
+        counts = msgspec.structs.replace(self.counts, messages=len(response.messages))
+        error: ErrorInfo | None = self.outcome.error if self.outcome else None
+        return Meta(
+            response_id=key.response_id,
+            attempt_id=key.attempt_id or None,
+            synthesis_id=key.synthesis_id(),
+            ids=dict(self.turn.state.ids),
+            counts=counts,
+            first_entry_id=self.first_id,
+            last_entry_id=self.last_id,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            error=error,
+        )

@@ -1,0 +1,406 @@
+"""The merge: a pure, deterministic fold of a turn's entries (contract section 4).
+
+:class:`Turn` folds update records one at a time, in arrival order, into a
+state that is small (adjacent deltas are coalesced) and serialisable
+(:meth:`Turn.to_bytes` / :meth:`Turn.from_bytes`), so a turn can be folded
+part-way on one process and finished on another. :meth:`Turn.finish` renders
+the merged :class:`~processor.models.Response` without changing the state.
+
+Nothing here does I/O, reads a clock or depends on which process runs it:
+the same records in the same order give byte-identical output.
+
+Layout of the state: the turn's messages ("segments") grouped in blocks, one
+block per inner response id, blocks and segments in first-seen order. A
+keyed segment collects every update naming its ``message_id``; an id-less
+segment collects one contiguous run of id-less updates. Ordering, grouping
+and id assignment are decided once, here, from arrival order alone.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import msgspec
+
+from processor.ids import TurnKey
+from processor.models import Content, Message, Record, Response, Update
+
+_FOLDABLE_TEXT = ("text", "text_reasoning")
+
+
+class Segment(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One message being assembled."""
+
+    ordinal: int  # arrival ordinal (among the turn's updates) of its first update
+    block: int
+    message_id: str | None = None  # the producer's id; None for an id-less run
+    role: str | None = None
+    author_name: str | None = None
+    agent_id: str | None = None
+    created_at: str | None = None
+    contents: list[Content] = msgspec.field(default_factory=list)
+
+
+class Block(msgspec.Struct, array_like=True):
+    """The segments of one inner response id ("" = the turn's own)."""
+
+    inner_id: str
+    segments: list[int]
+
+
+class TurnState(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Everything :meth:`Turn.finish` needs; what the worker stores in Redis."""
+
+    response_id: str
+    attempt_id: str = ""
+    updates: int = 0
+    blocks: list[Block] = msgspec.field(default_factory=list)
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    keyed: dict[str, int] = msgspec.field(default_factory=dict)
+    calls: dict[str, int] = msgspec.field(default_factory=dict)
+    open_run: int = -1  # id-less segment the next id-less update may extend
+    usage: dict[str, int] | None = None
+    finish_reason: str | None = None
+    agent_id: str | None = None
+    properties: dict[str, Any] = msgspec.field(default_factory=dict)
+    ids: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TurnState)
+
+
+class Turn:
+    """The incremental merge of one turn.
+
+    ``apply`` folds a record; ``compact`` coalesces pending deltas (it never
+    changes what ``finish`` returns); ``to_bytes``/``from_bytes`` carry the
+    state across processes; ``finish`` renders the merged response.
+    """
+
+    __slots__ = ("_block_of", "_parts", "state")
+
+    def __init__(self, key: TurnKey) -> None:
+        self.state = TurnState(key.response_id, key.attempt_id)
+        self._block_of: dict[str, int] = {}
+        # Pending string pieces per (segment, content index): joined lazily so
+        # a 10,000-delta message costs O(n), not O(n^2), to assemble.
+        self._parts: dict[tuple[int, int], list[str]] = {}
+
+    # ------------------------------------------------------------ state I/O
+
+    @property
+    def key(self) -> TurnKey:
+        return TurnKey(self.state.response_id, self.state.attempt_id)
+
+    def to_bytes(self) -> bytes:
+        """Compact the state and serialise it (msgpack)."""
+        self.compact()
+        return _encoder.encode(self.state)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Turn:
+        turn = cls.__new__(cls)
+        turn.state = _decoder.decode(data)
+        turn._block_of = {b.inner_id: i for i, b in enumerate(turn.state.blocks)}
+        turn._parts = {}
+        return turn
+
+    def compact(self) -> None:
+        """Coalesce pending deltas into their contents. Output is unchanged."""
+        for (seg, idx), parts in self._parts.items():
+            content = self.state.segments[seg].contents[idx]
+            joined = "".join(parts)
+            if content.type == "function_call":
+                content.arguments = joined
+            else:
+                content.text = joined
+        self._parts.clear()
+
+    # ------------------------------------------------------------ folding
+
+    def apply(self, record: Record) -> None:
+        """Fold one record (in arrival order). Only ``update`` records change
+        the merge; the caller decides what ``end``/``error`` mean."""
+        for name, value in record.ids.items():
+            self.state.ids.setdefault(name, value)
+        if record.update is not None:
+            self._apply_update(record.update)
+
+    def _apply_update(self, update: Update) -> None:
+        st = self.state
+        ordinal = st.updates
+        st.updates += 1
+        if update.finish_reason is not None:
+            st.finish_reason = update.finish_reason
+        if update.agent_id is not None:
+            st.agent_id = update.agent_id
+        if update.additional_properties:
+            st.properties.update(update.additional_properties)
+        block = self._block(update.response_id)
+        contents = [c for c in update.contents if not self._take_usage(c)]
+        if update.message_id:
+            seg = self._keyed_segment(update, block, ordinal)
+            st.open_run = -1
+            seg = self._result_after_call(seg, contents, update, ordinal)
+        else:
+            seg = self._idless_segment(update, block, ordinal)
+        self._describe(seg, update)
+        for content in contents:
+            self._append(seg, content)
+
+    def _take_usage(self, content: Content) -> bool:
+        """Usage leaves the messages and is summed per counter (rule 5)."""
+        if content.type != "usage":
+            return False
+        if content.usage_details:
+            usage = self.state.usage if self.state.usage is not None else {}
+            for name, value in content.usage_details.items():
+                if value is not None:
+                    usage[name] = usage.get(name, 0) + value
+            self.state.usage = usage
+        return True
+
+    def _block(self, inner_id: str | None) -> int:
+        key = "" if not inner_id or inner_id == self.state.response_id else inner_id
+        index = self._block_of.get(key)
+        if index is None:
+            index = len(self.state.blocks)
+            self.state.blocks.append(Block(key, []))
+            self._block_of[key] = index
+        return index
+
+    def _new_segment(self, block: int, ordinal: int, message_id: str | None) -> int:
+        index = len(self.state.segments)
+        self.state.segments.append(Segment(ordinal, block, message_id))
+        self.state.blocks[block].segments.append(index)
+        return index
+
+    def _keyed_segment(self, update: Update, block: int, ordinal: int) -> int:
+        """A message id names one message in the whole turn (rule 3)."""
+        message_id = update.message_id
+        assert message_id
+        index = self.state.keyed.get(message_id)
+        if index is None:
+            index = self._new_segment(block, ordinal, message_id)
+            self.state.keyed[message_id] = index
+        return index
+
+    def _idless_segment(self, update: Update, block: int, ordinal: int) -> int:
+        """A contiguous id-less run stays in place, split on role/author (rule 4)."""
+        run = self.state.open_run
+        if run >= 0:
+            seg = self.state.segments[run]
+            if seg.block == block and _same(seg.role, update.role) and _same(
+                seg.author_name, update.author_name
+            ):
+                return run
+        run = self._new_segment(block, ordinal, None)
+        self.state.open_run = run
+        return run
+
+    def _result_after_call(
+        self, seg: int, contents: list[Content], update: Update, ordinal: int
+    ) -> int:
+        """Never move a function result before its call (rule 5).
+
+        A keyed update can rejoin a message that sits before the message
+        holding the call its result answers; then the update starts a new
+        message at the end of the call's block instead.
+        """
+        for content in contents:
+            if content.type != "function_result" or content.call_id is None:
+                continue
+            owner = self.state.calls.get(content.call_id)
+            if owner is not None and self._position(owner) > self._position(seg):
+                block = self.state.segments[owner].block
+                return self._new_segment(block, ordinal, None)
+        return seg
+
+    def _position(self, seg: int) -> tuple[int, int]:
+        block = self.state.segments[seg].block
+        return block, self.state.blocks[block].segments.index(seg)
+
+    def _describe(self, index: int, update: Update) -> None:
+        """Role, author, agent and created_at: the first ones named win."""
+        seg = self.state.segments[index]
+        if seg.role is None:
+            seg.role = update.role
+        if seg.author_name is None:
+            seg.author_name = update.author_name
+        if seg.agent_id is None:
+            seg.agent_id = update.agent_id
+        if seg.created_at is None:
+            seg.created_at = update.created_at
+
+    def _append(self, index: int, content: Content) -> None:
+        contents = self.state.segments[index].contents
+        last = len(contents) - 1
+        if content.type in _FOLDABLE_TEXT:
+            if last >= 0 and contents[last].type == content.type:
+                self._extend(index, last, content.text or "", content)
+                return
+        elif content.type == "function_call":
+            target = self._call_target(index, content)
+            if target is not None:
+                self._extend_call(index, target, content)
+                return
+            if content.call_id:
+                self.state.calls.setdefault(content.call_id, index)
+        contents.append(_copy(content))
+
+    def _call_target(self, index: int, content: Content) -> int | None:
+        """The call a function-call chunk continues, if any."""
+        contents = self.state.segments[index].contents
+        if content.call_id:
+            for i in range(len(contents) - 1, -1, -1):
+                c = contents[i]
+                if c.type == "function_call" and c.call_id == content.call_id:
+                    return i
+            return None
+        # A chunk without call_id continues the trailing call.
+        if contents and contents[-1].type == "function_call":
+            return len(contents) - 1
+        return None
+
+    def _extend(self, seg: int, idx: int, piece: str, chunk: Content) -> None:
+        target = self.state.segments[seg].contents[idx]
+        parts = self._parts.get((seg, idx))
+        if parts is None:
+            current = target.arguments if target.type == "function_call" else target.text
+            parts = self._parts[(seg, idx)] = [current if isinstance(current, str) else ""]
+        parts.append(piece)
+        _merge_extras(target, chunk)
+
+    def _extend_call(self, seg: int, idx: int, chunk: Content) -> None:
+        target = self.state.segments[seg].contents[idx]
+        if not target.name and chunk.name:
+            target.name = chunk.name
+        pending = (seg, idx) in self._parts
+        args = chunk.arguments
+        if isinstance(args, str) and (pending or isinstance(target.arguments, str | None)):
+            self._extend(seg, idx, args, chunk)
+        elif isinstance(args, dict) and not pending and isinstance(target.arguments, dict):
+            target.arguments = {**target.arguments, **args}
+            _merge_extras(target, chunk)
+        elif args is not None:
+            # Mixed string/object arguments cannot be joined: keep the chunk whole.
+            self.state.segments[seg].contents.append(_copy(chunk))
+        else:
+            _merge_extras(target, chunk)
+
+    # ------------------------------------------------------------ rendering
+
+    def finish(self) -> Response:
+        """The merged response of everything folded so far."""
+        self.compact()
+        st = self.state
+        order = [st.segments[i] for b in st.blocks for i in b.segments]
+        kept = _fold_idless([s for s in order if s.contents])
+        reserved = set(st.keyed)
+        tag = turn_tag(self.key)
+        messages = [self._message(seg, contents, reserved, tag) for seg, contents in kept]
+        return Response(
+            messages=messages,
+            response_id=st.response_id,
+            agent_id=st.agent_id,
+            finish_reason=st.finish_reason,
+            usage_details=dict(st.usage) if st.usage is not None else None,
+            additional_properties=dict(st.properties),
+        )
+
+    def _message(
+        self, seg: Segment, contents: list[Content], reserved: set[str], tag: str
+    ) -> Message:
+        message_id = seg.message_id or assigned_id(seg.ordinal, tag, reserved)
+        props: dict[str, Any] = {}
+        if seg.created_at is not None:
+            props["created_at"] = seg.created_at
+        inner = self.state.blocks[seg.block].inner_id
+        if inner:
+            props["response_id"] = inner
+        if seg.agent_id is not None:
+            props["agent_id"] = seg.agent_id
+        return Message(
+            role=seg.role or "assistant",
+            contents=contents,
+            author_name=seg.author_name,
+            message_id=message_id,
+            additional_properties=props,
+        )
+
+
+def assigned_id(ordinal: int, tag: str, reserved: set[str]) -> str:
+    """The id of an id-less message: a function of its first update's arrival
+    ordinal and the turn, so partial merges, re-merges after a crash and
+    compacted states agree; never one a producer used in the turn (rule 6)."""
+    candidate = f"msg-{ordinal}-{tag}"
+    while candidate in reserved:
+        candidate += "~"
+    return candidate
+
+
+def turn_tag(key: TurnKey) -> str:
+    """A short per-turn tag that makes assigned ids unlikely to meet producer ids."""
+    return f"{zlib.crc32(key.encode().encode()):08x}"
+
+
+def _same(current: str | None, incoming: str | None) -> bool:
+    """An unnamed role or author continues the run; a different name splits it."""
+    return current is None or incoming is None or current == incoming
+
+
+def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
+    """Fold an id-less message into the keyed message right after it (rule 4).
+
+    Walks from the end so that the merged order is what decides "right after":
+    a chain of id-less runs that all match lands in the same keyed message.
+    """
+    out: list[tuple[Segment, list[Content]]] = []
+    for seg in reversed(order):
+        if seg.message_id is None and out:
+            nxt, nxt_contents = out[-1]
+            if (
+                nxt.message_id is not None
+                and (seg.role or "assistant") == (nxt.role or "assistant")
+                and (seg.author_name is None or nxt.author_name is None
+                     or seg.author_name == nxt.author_name)
+            ):
+                out[-1] = (nxt, _join(seg.contents, nxt_contents))
+                continue
+        out.append((seg, list(seg.contents)))
+    out.reverse()
+    return out
+
+
+def _join(front: list[Content], back: list[Content]) -> list[Content]:
+    """``front + back``, with text deltas meeting at the seam concatenated."""
+    if front and back and front[-1].type in _FOLDABLE_TEXT and front[-1].type == back[0].type:
+        seam = _copy(front[-1])
+        seam.text = (seam.text or "") + (back[0].text or "")
+        _merge_extras(seam, back[0])
+        return [*front[:-1], seam, *back[1:]]
+    return [*front, *back]
+
+
+def _copy(content: Content) -> Content:
+    return msgspec.structs.replace(content)
+
+
+def _merge_extras(target: Content, chunk: Content) -> None:
+    """Per-chunk extras survive a fold: first value wins per property key,
+    annotations concatenate (as Agent Framework's own coalescing does)."""
+    if chunk.additional_properties:
+        merged = dict(chunk.additional_properties)
+        merged.update(target.additional_properties or {})
+        target.additional_properties = merged
+    if chunk.annotations:
+        target.annotations = [*(target.annotations or []), *chunk.annotations]
+
+
+def merged_text(response: Response) -> str:
+    """The response's text as ``AgentResponse.text`` computes it."""
+    return "".join(
+        " ".join(c.text or "" for c in m.contents if c.type == "text") for m in response.messages
+    )

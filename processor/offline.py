@@ -1,0 +1,171 @@
+"""``processor merge``: the merge of a file of input entries, without Redis.
+
+The same decoding, lifecycle and merge code as the worker; the file's line
+order is the arrival order. A turn still open at the end of the file ends as
+``turn_timeout`` (contract section 8).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+
+from processor import events as ev
+from processor.decode import EntryError, decode_entry, entry_size, turn_key
+from processor.ids import TurnKey
+from processor.lifecycle import Limits, TurnLife, Verdict
+from processor.models import Event, TurnResult
+
+_line_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+class DeadLetter(msgspec.Struct):
+    """An entry ``processor merge`` could not merge (the worker's DLQ entry)."""
+
+    line: int
+    source_id: str
+    reason: str
+    detail: str
+    response_id: str | None = None
+
+
+class _Open(msgspec.Struct):
+    life: TurnLife
+    events: list[Event]
+    started_ms: int
+    finished_ms: int | None = None
+
+
+class OfflineMerge:
+    """Feed entries in arrival order, then :meth:`results`."""
+
+    def __init__(
+        self, *, limits: Limits | None = None, progress: bool = False, clock_ms: Any = None
+    ) -> None:
+        self.limits = limits or Limits()
+        self.progress = progress
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.turns: dict[TurnKey, _Open] = {}
+        self.cancelled: set[str] = set()
+        self.dead: list[DeadLetter] = []
+
+    def feed_line(self, line_no: int, text: str | bytes) -> None:
+        """One JSONL line: an entry object, or a ``cancel`` line."""
+        try:
+            fields = _line_decoder.decode(text)
+        except msgspec.DecodeError as exc:
+            self._dead(line_no, f"line-{line_no}", "bad_encoding", f"not a JSON object: {exc}")
+            return
+        except msgspec.ValidationError:
+            self._dead(line_no, f"line-{line_no}", "invalid_entry", "line is not a JSON object")
+            return
+        self.feed(line_no, fields)
+
+    def feed(self, line_no: int, fields: dict[str, Any]) -> None:
+        source_id = str(fields.pop("id", None) or f"0-{line_no}")
+        if fields.get("kind") == "cancel":
+            self._cancel(line_no, source_id, fields)
+            return
+        try:
+            key, record = decode_entry(fields, max_entry_bytes=self.limits.max_entry_bytes)
+        except EntryError as exc:
+            rid = exc.turn.response_id if exc.turn else None
+            self._dead(line_no, source_id, exc.reason, exc.detail, rid)
+            if exc.turn in self.turns:
+                self.turns[exc.turn].life.counts.dlq += 1
+            return
+        ts = self._ts(source_id)
+        turn = self._turn(key, ts)
+        life = turn.life
+        was_open = life.outcome is None
+        verdict = life.feed(source_id, record, entry_size(fields))
+        if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
+            self._dead(line_no, source_id, verdict.value, _closed_detail(verdict), key.response_id)
+        if verdict is Verdict.MERGED and self.progress:
+            turn.events.extend(ev.progress(key, life.turn.state.ids, record, ts))
+        if was_open and life.outcome is not None:
+            turn.finished_ms = ts
+
+    def _turn(self, key: TurnKey, ts: int) -> _Open:
+        turn = self.turns.get(key)
+        if turn is None:
+            life = TurnLife(key, self.limits)
+            turn = self.turns[key] = _Open(life, [], ts)
+            if key.response_id in self.cancelled:
+                life.cancel()  # a cancel that arrives first still wins
+                turn.finished_ms = ts
+        return turn
+
+    def _cancel(self, line_no: int, source_id: str, fields: dict[str, Any]) -> None:
+        try:
+            response_id = turn_key(fields).response_id
+        except EntryError as exc:
+            self._dead(line_no, source_id, exc.reason, exc.detail)
+            return
+        self.cancelled.add(response_id)
+        ts = self._ts(source_id)
+        for key, turn in self.turns.items():
+            if key.response_id == response_id and turn.life.cancel():
+                turn.finished_ms = ts
+
+    def _ts(self, source_id: str) -> int:
+        head = source_id.partition("-")[0]
+        return int(head) if head.isdigit() and int(head) > 0 else self._clock_ms()
+
+    def _dead(
+        self, line_no: int, source_id: str, reason: str, detail: str, rid: str | None = None
+    ) -> None:
+        self.dead.append(DeadLetter(line_no, source_id, reason, detail, rid))
+
+    def results(self) -> Iterator[TurnResult]:
+        """One result per started turn, in order of first appearance."""
+        for turn in self.turns.values():
+            life = turn.life
+            if life.expire():
+                turn.finished_ms = self._clock_ms()
+            yield _result(turn)
+
+
+def _closed_detail(verdict: Verdict) -> str:
+    if verdict is Verdict.TURN_LIMIT:
+        return "the turn reached its update or byte limit and ended"
+    return "the turn had already ended"
+
+
+def _result(turn: _Open) -> TurnResult:
+    life = turn.life
+    key = life.key
+    assert life.outcome is not None
+    ids = life.turn.state.ids
+    response = life.response()
+    meta = life.meta(response, turn.started_ms, turn.finished_ms)
+    events: list[Event] = [ev.started(key, ids, turn.started_ms)]
+    for seq, event in enumerate(turn.events, start=1):
+        event.seq = seq
+        events.append(event)
+    final = ev.terminal(
+        key, ids, life.outcome, response, meta.counts, len(events), turn.finished_ms or 0
+    )
+    events.append(final)
+    return TurnResult(
+        response_id=key.response_id,
+        attempt_id=key.attempt_id or None,
+        status=life.outcome.status,
+        response=response,
+        meta=meta,
+        events=events,
+    )
+
+
+def merge_lines(
+    lines: Iterable[str | bytes], *, limits: Limits | None = None, progress: bool = False
+) -> OfflineMerge:
+    """Merge JSONL lines (blank lines are skipped)."""
+    merge = OfflineMerge(limits=limits, progress=progress)
+    for line_no, line in enumerate(lines, start=1):
+        if line.strip():
+            merge.feed_line(line_no, line)
+    return merge
