@@ -357,8 +357,8 @@ class EmbeddedRedis:
         if self.appendonly:
             args += ["--appendfsync", "always"]
         if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-            args += ["--cluster-node-timeout", "5000"]
+            args += ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
+            args += ["--cluster-config-file", str(self.dir / "nodes.conf")]
         if self.password:
             args += ["--requirepass", self.password]
         return args + list(self.extra_args)
