@@ -31,6 +31,13 @@ class TurnKey(NamedTuple):
         """A single string usable inside a Redis key (attempt after a NUL-free separator)."""
         return f"{len(self.response_id)}:{self.response_id}:{self.attempt_id}"
 
+    @classmethod
+    def decode(cls, text: str) -> TurnKey:
+        """The inverse of :meth:`encode`."""
+        length, _, rest = text.partition(":")
+        n = int(length)
+        return cls(rest[:n], rest[n + 1 :])
+
 
 def response_id_for_turn(turn_id: str) -> str:
     """The ResponseId the processor assigns to a turn that only has a ``turn_id``."""

@@ -154,23 +154,24 @@ class Record(msgspec.Struct, array_like=True, omit_defaults=True):
 # ---------------------------------------------------------------- outputs
 
 
-class Message(msgspec.Struct, omit_defaults=True):
-    """One merged message, ``agent_framework.Message.to_dict()`` shape."""
+class Message(msgspec.Struct, omit_defaults=True, tag="message", tag_field="type"):
+    """One merged message, ``agent_framework.Message.to_dict()`` shape.
+
+    ``type`` is the tag, so it is always written (``omit_defaults`` would drop it).
+    """
 
     role: str
     contents: list[Content]
-    type: Literal["message"] = "message"
     author_name: str | None = None
     message_id: str | None = None
     additional_properties: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class Response(msgspec.Struct, omit_defaults=True):
+class Response(msgspec.Struct, omit_defaults=True, tag="agent_response", tag_field="type"):
     """The merged ``AgentResponse`` (``AgentResponse.to_dict()`` shape)."""
 
     messages: list[Message]
     response_id: str
-    type: Literal["agent_response"] = "agent_response"
     agent_id: str | None = None
     finish_reason: str | None = None
     usage_details: dict[str, int] | None = None

@@ -1,0 +1,139 @@
+"""Script arguments for a batch: domain objects in, KEYS/ARGV out.
+
+Pure functions between the worker (which does the I/O) and the Lua
+transitions (which do the atomic state changes). Nothing here talks to Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from processor import events as ev
+from processor.decode import EntryError, decode_entry, entry_size, routing_id
+from processor.ids import TurnKey, shard_of
+from processor.keys import Shard
+from processor.lifecycle import Limits
+from processor.settle import Settled, encode_stored, event_fields
+
+_pack = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    group: str
+    shards: int
+    limits: Limits
+    progress: bool = False
+    max_deliveries: int = 5
+    events_maxlen: int = 1_000_000
+    dlq_maxlen: int = 100_000
+    merged_maxlen: int = 100_000
+    dlq_value_max: int = 64 * 1024
+    ready_limit: int = 1000
+    done_ttl: int = 86_400
+
+
+@dataclass
+class ScriptCall:
+    keys: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Turns:
+    """The distinct turns of a batch, numbered from 1 in first-seen order."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.index: dict[TurnKey, int] = {}
+        self.keys: list[str] = []
+        self.args: list[Any] = []
+
+    def number(self, key: TurnKey, ids: dict[str, str], ts: int) -> int:
+        n = self.index.get(key)
+        if n is None:
+            n = self.index[key] = len(self.index) + 1
+            self.keys += self.shard.turn_keys(key)
+            started = ev.started(key, ids, ts)
+            self.args += [key.encode(), _pack.encode(event_fields(key, started))]
+        return n
+
+
+def build_apply(
+    shard: Shard,
+    entries: list[tuple[Any, dict[Any, Any]]],
+    deliveries: dict[str, int],
+    options: BatchOptions,
+    now_ms: int,
+) -> ScriptCall:
+    """KEYS/ARGV of ``apply_entries`` for entries read from ``shard``."""
+    turns = _Turns(shard)
+    per_entry: list[Any] = []
+    for raw_id, fields in entries:
+        entry_id = _text(raw_id)
+        count = deliveries.get(entry_id, 1)
+        per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms)
+    lim = options.limits
+    keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
+    head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
+            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit]
+    return ScriptCall(keys, [*head, *turns.args, *per_entry])
+
+
+def _entry_args(
+    shard: Shard,
+    turns: _Turns,
+    entry_id: str,
+    fields: dict[Any, Any],
+    deliveries: int,
+    options: BatchOptions,
+    now_ms: int,
+) -> list[Any]:
+    if deliveries > options.max_deliveries:
+        detail = f"delivered {deliveries} times without being acked (limit {options.max_deliveries})"
+        return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries]
+    try:
+        key, record = decode_entry(fields, max_entry_bytes=options.limits.max_entry_bytes)
+    except EntryError as exc:
+        n = turns.number(exc.turn, {}, now_ms) if exc.turn else 0
+        return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries]
+    expected = shard_of(routing_id({_text(k): v for k, v in fields.items()}), options.shards)
+    if expected != shard.index:
+        detail = f"the turn belongs to shard {expected}, not {shard.index}"
+        return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries]
+    n = turns.number(key, record.ids, now_ms)
+    progress = b""
+    if options.progress and record.update is not None:
+        found = ev.progress(key, record.ids, record, now_ms)
+        if found:
+            progress = _pack.encode([event_fields(key, e) for e in found])
+    op = "u" if record.kind == "update" else "e"
+    return [entry_id, n, op, encode_stored(entry_size(fields), record), entry_size(fields),
+            progress, deliveries]
+
+
+def parse_member(member: Any) -> TurnKey:
+    """A ``closing`` zset member ``<padded id>|<tk>`` -> its turn key."""
+    return TurnKey.decode(_text(member).partition("|")[2])
+
+
+def build_finalise(
+    shard: Shard, settled: list[tuple[TurnKey, str, Settled]], options: BatchOptions
+) -> ScriptCall:
+    """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn."""
+    call = ScriptCall(
+        [shard.merged, shard.events, shard.dlq, shard.active, shard.closing],
+        [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
+         len(settled)],
+    )
+    for key, version, outcome in settled:
+        tk = key.encode()
+        call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters]
+    return call

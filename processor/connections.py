@@ -1,0 +1,70 @@
+"""Connecting to Redis: single node or Cluster, plain or TLS, with retries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+#: Errors after which a worker waits and retries (Redis restarting, failover, network).
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """How to reach Redis. ``socket_timeout`` must exceed the XREADGROUP BLOCK."""
+
+    url: str
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    socket_timeout: float = 10.0
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _kwargs(options: RedisOptions) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "socket_timeout": options.socket_timeout,
+        "socket_connect_timeout": 5.0,
+        "health_check_interval": 30,
+    }
+    if options.url.startswith("rediss://"):
+        kwargs.update(
+            ssl_ca_certs=options.ssl_ca_certs,
+            ssl_certfile=options.ssl_certfile,
+            ssl_keyfile=options.ssl_keyfile,
+        )
+    return kwargs
+
+
+async def is_cluster(options: RedisOptions) -> bool:
+    """True when the node at the URL runs with ``cluster_enabled:1``."""
+    probe = aioredis.Redis.from_url(options.url, **_kwargs(options))
+    try:
+        info = await probe.info("cluster")
+        return bool(info.get("cluster_enabled"))
+    finally:
+        await probe.aclose()
+
+
+async def connect(options: RedisOptions) -> Any:
+    """A client for the URL: the cluster client when the node is in a cluster."""
+    if await is_cluster(options):
+        return RedisCluster.from_url(options.url, **_kwargs(options))
+    return aioredis.Redis.from_url(options.url, **_kwargs(options))

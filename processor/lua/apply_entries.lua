@@ -1,0 +1,131 @@
+--[==[
+apply_entries: apply a batch of entries read from one shard's updates stream.
+
+For each entry, atomically: XACK it (the fence: an entry another consumer
+already acked is skipped, so every entry is applied exactly once), XDEL it,
+then either dead-letter it, drop it (cancelled turn) or store its record in
+the turn's state, publishing synthesis.started on a turn's first entry and
+the entry's progress events with gap-free seq.
+
+Finally report which turns are ready to finalise: turns found cancelled, and
+turns whose closing entry (end, error, limit) lies below the shard's
+watermark, i.e. every earlier entry of the stream has been acked.
+
+KEYS[1] updates stream        KEYS[2] events stream
+KEYS[3] dlq stream            KEYS[4] active zset
+KEYS[5] closing zset
+KEYS[5 + 4*(t-1) + 1..4]      per turn t: turn hash, recs hash, done hash, cancel key
+
+ARGV[1] consumer group        ARGV[2] events MAXLEN (~)
+ARGV[3] dlq MAXLEN (~)        ARGV[4] number of turns T
+ARGV[5] max updates per turn  ARGV[6] max bytes per turn
+ARGV[7] max bytes of one field value copied into the DLQ
+ARGV[8] ready limit (closing members returned at most)
+ARGV[9 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
+then per entry, 7 values:     id, turn index (0 = none), op, a, b, c, deliveries
+  op "u" update / "e" end|error: a = stored record, b = size, c = progress events
+                                  (msgpack array of field arrays)
+  op "d" dead letter:            a = reason, b = detail
+
+Returns { cancelled tks, ready closing members }
+]==]
+
+local updates, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group = ARGV[1]
+local events_max, dlq_max = ARGV[2], ARGV[3]
+local nturns = tonumber(ARGV[4])
+local max_updates, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+local dlq_value_max = tonumber(ARGV[7])
+local ready_limit = tonumber(ARGV[8])
+
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+--- includes/pad_id
+--- includes/publish_event
+--- includes/dead_letter
+
+local cancelled, seen_cancel = {}, {}
+local function turn_keys(ti)
+  local k = 5 + 4 * (ti - 1)
+  return KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+end
+
+local function start_turn(ti, tkey)
+  if redis.call('EXISTS', tkey) == 1 then return end
+  redis.call('HSET', tkey, 'seq', 1, 'ver', 0, 'started', now_ms)
+  local fields = cmsgpack.unpack(ARGV[9 + 2 * (ti - 1) + 1])
+  redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
+end
+
+local function mark_closing(tkey, tk, id)
+  local member = pad_id(id) .. '|' .. tk
+  local current = redis.call('HGET', tkey, 'closing')
+  if current and current <= member then return end
+  if current then redis.call('ZREM', closing, current) end
+  redis.call('ZADD', closing, 0, member)
+  redis.call('HSET', tkey, 'closing', member)
+end
+
+local function store(ti, id, op, record, size, progress)
+  local tkey, rkey = turn_keys(ti)
+  local tk = ARGV[9 + 2 * (ti - 1)]
+  start_turn(ti, tkey)
+  redis.call('HSET', rkey, id, record)
+  redis.call('HINCRBY', tkey, 'ver', 1)
+  local n = redis.call('HINCRBY', tkey, 'n', op == 'u' and 1 or 0)
+  local bytes = redis.call('HINCRBY', tkey, 'bytes', size)
+  if progress ~= '' then
+    for _, fields in ipairs(cmsgpack.unpack(progress)) do publish_event(tkey, events, events_max, fields) end
+  end
+  redis.call('ZADD', active, now_ms, tk)
+  if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(tkey, tk, id) end
+end
+
+local function drop(ti)
+  local tkey = turn_keys(ti)
+  start_turn(ti, tkey)
+  redis.call('HINCRBY', tkey, 'dropped', 1)
+  redis.call('HINCRBY', tkey, 'ver', 1)
+  local tk = ARGV[9 + 2 * (ti - 1)]
+  if not seen_cancel[tk] then
+    seen_cancel[tk] = true
+    cancelled[#cancelled + 1] = tk
+  end
+end
+
+local function apply_one(id, ti, op, a, b, c, deliveries)
+  if op == 'd' then
+    dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
+    if ti > 0 then
+      local tkey = turn_keys(ti)
+      if redis.call('EXISTS', tkey) == 1 then redis.call('HINCRBY', tkey, 'dlq', 1) end
+    end
+    return
+  end
+  local tkey, _, dkey, ckey = turn_keys(ti)
+  local status = redis.call('HGET', dkey, 'status')
+  if status == 'cancelled' then
+    redis.call('HINCRBY', dkey, 'dropped', 1)
+  elseif status then
+    dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+  elseif redis.call('EXISTS', ckey) == 1 then
+    drop(ti)
+  else
+    store(ti, id, op, a, tonumber(b), c)
+  end
+end
+
+local base = 9 + 2 * nturns
+local i = base
+while i + 6 <= #ARGV do
+  local id = ARGV[i]
+  if redis.call('XACK', updates, group, id) == 1 then
+    apply_one(id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6])
+    redis.call('XDEL', updates, id)
+  end
+  i = i + 7
+end
+
+--- includes/ready_closing
+return { cancelled, ready_closing(updates, group, closing, ready_limit) }

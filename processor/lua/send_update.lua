@@ -1,0 +1,19 @@
+--[==[
+send_update: a producer's XADD with an idempotency key, so that a retried
+send (a timeout after Redis applied it) does not add the entry twice.
+
+KEYS[1] updates stream   KEYS[2] idempotency key
+
+ARGV[1] idempotency TTL (seconds)
+ARGV[2..] the entry's field/value pairs
+
+Returns the entry id (the first send's id when the key was already used)
+]==]
+
+local existing = redis.call('GET', KEYS[2])
+if existing then return existing end
+local fields = {}
+for i = 2, #ARGV do fields[i - 1] = ARGV[i] end
+local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+redis.call('SET', KEYS[2], id, 'EX', ARGV[1])
+return id

@@ -1,0 +1,37 @@
+"""Loading the Lua state transitions from ``processor/lua``.
+
+Each ``<name>.lua`` is one atomic transition; ``--- includes/<part>`` lines
+pull in shared fragments from ``lua/includes`` (as BullMQ does). The text is
+loaded once; redis-py's ``Script`` objects run it with EVALSHA and reload it
+after a ``NOSCRIPT`` (a restarted or failed-over Redis).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+_INCLUDE = re.compile(r"^--- includes/(\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def source(name: str) -> str:
+    """The full text of script ``name`` with its includes expanded."""
+    root = resources.files("processor") / "lua"
+    text = (root / f"{name}.lua").read_text()
+    return _INCLUDE.sub(lambda m: (root / "includes" / f"{m.group(1)}.lua").read_text(), text)
+
+
+NAMES = ("apply_entries", "finalise_turns", "sweep_shard", "send_update")
+
+
+class Scripts:
+    """The registered scripts of one Redis client, by name."""
+
+    def __init__(self, client: Any) -> None:
+        self.apply_entries = client.register_script(source("apply_entries"))
+        self.finalise_turns = client.register_script(source("finalise_turns"))
+        self.sweep_shard = client.register_script(source("sweep_shard"))
+        self.send_update = client.register_script(source("send_update"))

@@ -1,0 +1,266 @@
+"""``processor run``: one worker consuming every shard of a namespace.
+
+The imperative shell. Per shard, a loop reads batches with XREADGROUP,
+decodes them (:mod:`processor.batches`), applies them with one
+``apply_entries`` call, and finalises the turns that call reports ready
+(:mod:`processor.settle`, then one ``finalise_turns`` call). Between reads it
+sweeps the shard (timeouts, cancellation keys, turns left ready by a dead
+worker) and reclaims entries idle in a dead consumer's pending list. Which
+entry merges where is decided by the data and the scripts, never here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
+from processor.connections import TRANSIENT
+from processor.ids import TurnKey
+from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
+from processor.lifecycle import Limits
+from processor.scripts import Scripts
+from processor.settle import Reason, settle
+
+log = logging.getLogger("processor.worker")
+
+
+def default_consumer() -> str:
+    """A consumer name unique to this process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class WorkerConfig:
+    """Everything ``processor run`` can be told (see ``processor run --help``)."""
+
+    namespace: str = DEFAULT_NAMESPACE
+    shards: int = 1
+    group: str = DEFAULT_GROUP
+    consumer: str = field(default_factory=default_consumer)
+    limits: Limits = field(default_factory=Limits)
+    progress: bool = False
+    batch: int = 500
+    block_ms: int = 100
+    sweep_interval: float = 0.1
+    reclaim_idle_ms: int = 30_000
+    max_deliveries: int = 5
+    cancel_slice: int = 1000
+    merged_maxlen: int = 100_000
+    events_maxlen: int = 1_000_000
+    dlq_maxlen: int = 100_000
+    done_ttl: int = 86_400
+
+    def batch_options(self) -> BatchOptions:
+        return BatchOptions(
+            group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
+            max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
+            dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
+            done_ttl=self.done_ttl, ready_limit=max(self.batch, 100),
+        )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Worker:
+    """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
+
+    def __init__(self, client: Any, config: WorkerConfig) -> None:
+        self.client = client
+        self.config = config
+        self.options = config.batch_options()
+        self.namespace = Namespace(config.namespace, config.shards)
+        self.scripts = Scripts(client)
+        self._stopping = asyncio.Event()
+        self._cursor: dict[int, int] = {}
+        self.ready = asyncio.Event()  # set once every group exists
+
+    def stop(self) -> None:
+        """Stop reading; batches already read are applied and acked first."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        await self._retrying(self.ensure_groups)
+        self.ready.set()
+        log.info("worker started", extra={"consumer": self.config.consumer,
+                                          "shards": self.config.shards})
+        try:
+            await asyncio.gather(*(self._shard_loop(s) for s in self.namespace.all()))
+        finally:
+            await self._leave()
+
+    async def ensure_groups(self) -> None:
+        """Create each shard's consumer group (and stream) if missing."""
+        for shard in self.namespace.all():
+            try:
+                await self.client.xgroup_create(shard.updates, self.config.group, id="0",
+                                                mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def _retrying(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn`` until it succeeds, waiting with backoff and jitter on
+        connection errors (Redis restarting, failing over, unreachable)."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            before_sleep=lambda s: log.warning("redis unavailable, retrying",
+                                               extra={"error": repr(s.outcome.exception())}),
+            reraise=True,
+        ):
+            with attempt:
+                return await fn(*args)
+
+    # ------------------------------------------------------------ shard loop
+
+    async def _shard_loop(self, shard: Shard) -> None:
+        next_sweep = next_reclaim = 0.0
+        while not self.stopping:
+            await self._retrying(self._read_once, shard)
+            now = time.monotonic()
+            if now >= next_sweep:
+                await self._retrying(self.sweep, shard)
+                next_sweep = now + self.config.sweep_interval
+            if now >= next_reclaim:
+                await self._retrying(self.reclaim, shard)
+                next_reclaim = now + self.config.reclaim_idle_ms / 2000
+
+    async def _read_once(self, shard: Shard) -> None:
+        try:
+            reply = await self.client.xreadgroup(
+                self.config.group, self.config.consumer, {shard.updates: ">"},
+                count=self.config.batch, block=self.config.block_ms,
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()  # the stream was deleted under us
+            return
+        for _stream, entries in reply or []:
+            if entries:
+                await self.apply(shard, entries, {})
+
+    # ------------------------------------------------------------ transitions
+
+    async def apply(
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int]
+    ) -> None:
+        """Apply a batch, then finalise whatever it made ready."""
+        call = build_apply(shard, entries, deliveries, self.options, _now_ms())
+        cancelled, ready = await self.scripts.apply_entries(keys=call.keys, args=call.args)
+        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
+        for tk in cancelled:
+            todo.setdefault(TurnKey.decode(_text(tk)), "cancel")
+        if todo:
+            await self.finalise(shard, todo)
+
+    async def finalise(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
+        """Merge and publish finished turns; re-read any that changed meanwhile."""
+        for _ in range(5):
+            todo = await self._finalise_once(shard, todo)
+            if not todo:
+                return
+        log.warning("turns still changing after 5 finalise attempts", extra={"turns": len(todo)})
+
+    async def _finalise_once(
+        self, shard: Shard, todo: dict[TurnKey, Reason]
+    ) -> dict[TurnKey, Reason]:
+        keys = list(todo)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                tk = key.encode()
+                pipe.hgetall(shard.turn(tk))
+                pipe.hgetall(shard.recs(tk))
+            replies = await pipe.execute()
+        now = _now_ms()
+        settled = []
+        for i, key in enumerate(keys):
+            turn_hash, recs = replies[2 * i], replies[2 * i + 1]
+            if not turn_hash:
+                continue  # finalised by another worker already
+            outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
+            if outcome is not None:
+                settled.append((key, _text(turn_hash.get(b"ver", b"0")), outcome))
+        if not settled:
+            return {}
+        call = build_finalise(shard, settled, self.options)
+        results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
+        return {key: todo[key] for (key, _, _), r in zip(settled, results, strict=True) if r == -1}
+
+    async def sweep(self, shard: Shard) -> None:
+        """Finalise turns made ready, timed out or cancelled while no entry came."""
+        cfg = self.config
+        start = self._cursor.get(shard.index, 0)
+        _now, ready, expired, active, count = await self.scripts.sweep_shard(
+            keys=[shard.updates, shard.active, shard.closing],
+            args=[cfg.group, int(cfg.limits.turn_timeout * 1000), self.options.ready_limit,
+                  start, cfg.cancel_slice],
+        )
+        self._cursor[shard.index] = 0 if start + cfg.cancel_slice >= count else start + len(active)
+        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
+        if active:
+            turns = [TurnKey.decode(_text(tk)) for tk in active]
+            flags = await self.client.mget([shard.cancel(t.response_id) for t in turns])
+            for key, flag in zip(turns, flags, strict=True):
+                if flag is not None:
+                    todo.setdefault(key, "cancel")
+        for tk in expired:
+            todo.setdefault(TurnKey.decode(_text(tk)), "timeout")
+        if todo:
+            await self.finalise(shard, todo)
+
+    async def reclaim(self, shard: Shard) -> None:
+        """Take over entries idle in any consumer's pending list (a dead worker's)."""
+        cfg = self.config
+        reply = await self.client.xautoclaim(
+            shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
+            start_id="0-0", count=cfg.batch,
+        )
+        entries = [(i, f) for i, f in reply[1] if f is not None]
+        gone = [i for i, f in reply[1] if f is None]
+        if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
+            await self.client.xack(shard.updates, cfg.group, *gone)
+        if not entries:
+            return
+        pending = await self.client.xpending_range(
+            shard.updates, cfg.group, min=entries[0][0], max=entries[-1][0],
+            count=len(entries) * 2, consumername=cfg.consumer,
+        )
+        deliveries = {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
+        await self.apply(shard, entries, deliveries)
+
+    async def _leave(self) -> None:
+        """Remove this consumer from each group once it holds no pending entry."""
+        for shard in self.namespace.all():
+            try:
+                info = await self.client.xpending_range(
+                    shard.updates, self.config.group, min="-", max="+", count=1,
+                    consumername=self.config.consumer,
+                )
+                if not info:
+                    await self.client.xgroup_delconsumer(
+                        shard.updates, self.config.group, self.config.consumer
+                    )
+            except (*TRANSIENT, ResponseError) as exc:
+                log.warning("could not remove consumer", extra={"error": repr(exc)})
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
