@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +49,36 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from processor import config, logs
+
+    values, problems = config.resolve(args)
+    for problem in problems:
+        print(f"processor run: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    logs.setup(values["log_level"])
+    from processor.service import run_worker
+
+    return asyncio.run(run_worker(values))
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from processor.service import cancel
+
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        print("processor cancel: give --redis-url or set REDIS_URL", file=sys.stderr)
+        return 2
+    return asyncio.run(cancel(url, args))
+
+
+def _redis_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis URL (env REDIS_URL)")
+    parser.add_argument("--namespace", default=os.environ.get("PROCESSOR_NAMESPACE", "agent"))
+    parser.add_argument("--shards", type=int, default=int(os.environ.get("PROCESSOR_SHARDS", "1")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="processor",
@@ -69,6 +101,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="reported in the message of turns that end as turn_timeout (default 300)",
     )
     merge.set_defaults(func=_cmd_merge)
+
+    run = sub.add_parser(
+        "run",
+        help="run one worker",
+        description="Run one worker: consume every shard's updates stream with a consumer "
+        "group and publish merged responses, events and dead letters. Every option can also "
+        "be set with the environment variable named in its help. SIGTERM or SIGINT drains "
+        "(stop reading, finish and ack what was read) and exits 0.",
+    )
+    from processor.config import add_options
+
+    add_options(run)
+    run.set_defaults(func=_cmd_run)
+
+    cancel = sub.add_parser(
+        "cancel",
+        help="cancel a turn (sets its cancellation key)",
+        description="SET {ns:s}:cancel:<RESPONSE_ID> with a TTL: cancels every attempt of "
+        "the ResponseId, including turns not started yet.",
+    )
+    cancel.add_argument("response_id", metavar="RESPONSE_ID")
+    cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")
+    cancel.add_argument("--ttl", type=int, default=3600, help="seconds the key lives (default 3600)")
+    cancel.add_argument(
+        "--turn-id", default=None,
+        help="route by this turn_id (for turns whose ResponseId the processor assigned)",
+    )
+    _redis_flags(cancel)
+    cancel.set_defaults(func=_cmd_cancel)
 
     schema = sub.add_parser("schema", help="print the JSON Schemas of inputs and outputs")
     schema.add_argument("name", nargs="?", help="print only this schema (default: all)")

@@ -1,0 +1,133 @@
+"""``processor run`` options: one table feeds the flags, the environment
+variables (``PROCESSOR_<NAME>``, plus ``REDIS_URL``), ``--help`` and the
+validation that reports every problem on its own line before start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from processor.lifecycle import Limits
+from processor.worker import WorkerConfig, default_consumer
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # flag without dashes, underscores for dashes
+    kind: Callable[[str], Any]
+    default: Any
+    help: str
+    minimum: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "PROCESSOR_" + self.name.upper()
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
+    Option("shards", int, 1, "number of shards S (must match the producers')", 1),
+    Option("group", str, "processor", "consumer group on each updates stream"),
+    Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
+    Option("turn_timeout", float, 300.0, "seconds without an entry before a turn times out", 0.01),
+    Option("progress", _flag, False, "publish progress events (synthesis.chunk, step)"),
+    Option("batch", int, 500, "entries read per XREADGROUP call", 1),
+    Option("block_ms", int, 100, "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
+    Option("sweep_interval", float, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
+    Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (a dead worker's)", 1),
+    Option("max_deliveries", int, 5, "deliveries before an entry goes to the DLQ", 1),
+    Option("max_entry_bytes", int, 1 << 20, "largest entry accepted (too_large)", 1),
+    Option("max_turn_updates", int, 100_000, "updates per turn before turn_limit", 1),
+    Option("max_turn_bytes", int, 64 << 20, "bytes per turn before turn_limit", 1),
+    Option("merged_maxlen", int, 100_000, "approximate cap of each merged stream", 1),
+    Option("events_maxlen", int, 1_000_000, "approximate cap of each events stream", 1),
+    Option("dlq_maxlen", int, 100_000, "approximate cap of each dlq stream", 1),
+    Option("done_ttl", int, 86_400, "seconds a finished turn is remembered (dedup)", 1),
+    Option("metrics_port", int, 0, "serve Prometheus metrics on this port (0 = off)", 0),
+    Option("log_level", str, "info", "debug, info, warning or error"),
+    Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),
+    Option("ssl_certfile", str, None, "client certificate for rediss:// URLs"),
+    Option("ssl_keyfile", str, None, "client key for rediss:// URLs"),
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add every option as a flag (values stay strings until :func:`resolve`)."""
+    parser.add_argument(
+        "--redis-url", default=None, metavar="URL",
+        help="Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works. "
+        "Without one, an embedded redis-server is started.",
+    )
+    for opt in OPTIONS:
+        if opt.kind is _flag:
+            parser.add_argument(opt.flag, action="store_const", const="true", default=None,
+                                help=f"{opt.help} (env {opt.env})")
+        else:
+            parser.add_argument(opt.flag, default=None, metavar=opt.name.upper(),
+                                help=f"{opt.help} (env {opt.env}, default {opt.default})")
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Flags win over environment variables, which win over defaults.
+    Returns the values and one message per invalid option."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {"redis_url": args.redis_url or env.get("REDIS_URL") or None}
+    problems: list[str] = []
+    for opt in OPTIONS:
+        raw = getattr(args, opt.name, None)
+        source = opt.flag
+        if raw is None and opt.env in env:
+            raw, source = env[opt.env], opt.env
+        if raw is None:
+            values[opt.name] = opt.default
+            continue
+        try:
+            value = opt.kind(raw)
+        except ValueError:
+            problems.append(f"{source}: expected {opt.kind.__name__.strip('_')}, got {raw!r}")
+            continue
+        if opt.minimum is not None and value < opt.minimum:
+            problems.append(f"{source}: must be at least {opt.minimum:g}, got {raw!r}")
+            continue
+        values[opt.name] = value
+    if str(values["log_level"]).lower() not in ("debug", "info", "warning", "error"):
+        problems.append(f"log level must be debug, info, warning or error, got {values['log_level']!r}")
+    url = values["redis_url"]
+    if url and not url.startswith(("redis://", "rediss://", "unix://")):
+        problems.append("redis URL must start with redis://, rediss:// or unix://")
+    return values, problems
+
+
+def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
+    """The :class:`WorkerConfig` of resolved option values."""
+    limits = Limits(
+        max_entry_bytes=values["max_entry_bytes"],
+        max_turn_updates=values["max_turn_updates"],
+        max_turn_bytes=values["max_turn_bytes"],
+        turn_timeout=values["turn_timeout"],
+    )
+    return WorkerConfig(
+        namespace=values["namespace"], shards=values["shards"], group=values["group"],
+        consumer=values["consumer"] or default_consumer(), limits=limits,
+        progress=values["progress"], batch=values["batch"], block_ms=values["block_ms"],
+        sweep_interval=values["sweep_interval"], reclaim_idle_ms=values["reclaim_idle_ms"],
+        max_deliveries=values["max_deliveries"], merged_maxlen=values["merged_maxlen"],
+        events_maxlen=values["events_maxlen"], dlq_maxlen=values["dlq_maxlen"],
+        done_ttl=values["done_ttl"],
+    )

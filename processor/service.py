@@ -1,0 +1,80 @@
+"""The long-running side of the CLI: starting a worker (with an embedded
+Redis when no URL is given), signal handling, and one-shot Redis commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from processor.config import worker_config
+from processor.connections import TRANSIENT, RedisOptions, connect, redact
+from processor.keys import Namespace
+from processor.worker import Worker
+
+log = logging.getLogger("processor.service")
+
+
+def start_embedded() -> Any:
+    """Start a private redis-server and say where (the contract's embedded default)."""
+    from processor.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis().start()
+    print(
+        f"processor: no --redis-url or REDIS_URL given; started an embedded redis-server "
+        f"{server.version} at {server.url} (temporary: its data goes when processor exits)",
+        file=sys.stderr, flush=True,
+    )
+    return server
+
+
+async def connect_retrying(options: RedisOptions) -> Any:
+    """Connect, retrying while Redis is unreachable (it may still be starting)."""
+    delay = 0.1
+    while True:
+        try:
+            return await connect(options)
+        except TRANSIENT as exc:
+            log.warning("redis unreachable, retrying", extra={"url": redact(options.url),
+                                                              "error": str(exc)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def run_worker(values: dict[str, Any]) -> int:
+    """Run one worker until SIGTERM/SIGINT; 0 after a clean drain."""
+    embedded = None if values["redis_url"] else start_embedded()
+    url = values["redis_url"] or embedded.url
+    options = RedisOptions(url, values["ssl_ca_certs"], values["ssl_certfile"],
+                           values["ssl_keyfile"])
+    try:
+        client = await connect_retrying(options)
+        worker = Worker(client, worker_config(values))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        if values["metrics_port"]:
+            log.warning("metrics are not served yet; --metrics-port is ignored")
+        log.info("connecting", extra={"url": redact(url), "namespace": values["namespace"]})
+        await worker.run()
+        await client.aclose()
+        log.info("stopped cleanly")
+        return 0
+    finally:
+        if embedded is not None:
+            embedded.close()
+
+
+async def cancel(url: str, args: argparse.Namespace) -> int:
+    """``processor cancel``: SET the cancellation key with a TTL."""
+    client = await connect(RedisOptions(url))
+    try:
+        shard = Namespace(args.namespace, args.shards).shard_for(args.turn_id or args.response_id)
+        await client.set(shard.cancel(args.response_id), args.reason, ex=args.ttl)
+        print(f"cancelled {args.response_id} ({shard.cancel(args.response_id)}, ttl {args.ttl}s)")
+        return 0
+    finally:
+        await client.aclose()
