@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     _redis_flags(cancel)
     cancel.set_defaults(func=_cmd_cancel)
 
+    demo = sub.add_parser(
+        "demo",
+        help="run two workers and a simulated producer on an embedded Redis",
+        description="Start a private redis-server, two workers and a producer streaming a "
+        "multi-agent handoff with a tool call, a cancelled turn and a failing turn; print "
+        "the merged responses and events.",
+    )
+    demo.set_defaults(func=lambda _args: __import__("processor.demo").demo.main())
+
     schema = sub.add_parser("schema", help="print the JSON Schemas of inputs and outputs")
     schema.add_argument("name", nargs="?", help="print only this schema (default: all)")
     schema.set_defaults(func=_cmd_schema)
