@@ -1,0 +1,530 @@
+"""processor.client against a real Redis: Producer, cancellation, Subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+import redis.asyncio
+from agent_framework import AgentResponseUpdate, Content
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from processor.client import (
+    EventItem,
+    MergedItem,
+    Producer,
+    RetryPolicy,
+    Subscriber,
+)
+from processor.ids import TurnKey, response_id_for_turn, shard_of
+from processor.keys import Namespace
+
+FAST_RETRY = RetryPolicy(attempts=4, initial=0.001, max_wait=0.01)
+
+
+def _fields(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+async def _entries(client: Any, key: str) -> list[dict[str, str]]:
+    return [_fields(fields) for _, fields in await client.xrange(key)]
+
+
+def _ids_on_distinct_shards(shards: int) -> list[str]:
+    """One response id per shard, shard i first."""
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < shards:
+        found.setdefault(shard_of(f"resp_{n}", shards), f"resp_{n}")
+        n += 1
+    return [found[i] for i in range(shards)]
+
+
+# --------------------------------------------------------------------------- producer
+
+
+async def test_send_agent_framework_update_lands_in_its_shard(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=3)
+    ns = Namespace(namespace, 3)
+    update = AgentResponseUpdate(
+        contents=[Content.from_text("hello")],
+        role="assistant",
+        message_id="m1",
+        response_id="resp_x",
+    )
+    entry_id = await producer.send(
+        "resp_x", update, attempt_id="a1", ids={"session_id": "s1", "step_id": "st1"}
+    )
+    shard = ns.shard_for("resp_x")
+    [fields] = await _entries(async_redis_client, shard.updates)
+    assert (await async_redis_client.xrange(shard.updates))[0][0].decode() == entry_id
+    assert fields["response_id"] == "resp_x"
+    assert fields["kind"] == "update"
+    assert fields["attempt_id"] == "a1"
+    assert fields["session_id"] == "s1" and fields["step_id"] == "st1"
+    assert "enc" not in fields
+    assert json.loads(fields["update"]) == update.to_dict()
+    for other in ns.all():
+        if other != shard:
+            assert await async_redis_client.xlen(other.updates) == 0
+
+
+async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=3)
+    shard = Namespace(namespace, 3).shard_for("resp_d")
+    update = {"type": "agent_response_update", "contents": [{"type": "text", "text": "hi"}]}
+    await producer.send("resp_d", update)
+    await producer.send("resp_d", update, enc="msgpack")
+    await producer.end("resp_d")
+    await producer.error("resp_d", "boom", "E42")
+    raw = [fields for _, fields in await async_redis_client.xrange(shard.updates)]
+    assert json.loads(raw[0][b"update"]) == update
+    assert raw[1][b"enc"] == b"msgpack"
+    assert msgspec.msgpack.decode(raw[1][b"update"]) == update
+    end, error = _fields(raw[2]), _fields(raw[3])
+    assert end == {"response_id": "resp_d", "kind": "end"}
+    assert error == {"response_id": "resp_d", "kind": "error", "error": "boom", "code": "E42"}
+
+
+async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=5)
+    await producer.send(None, {"contents": []}, turn_id="turn-7")
+    shard = Namespace(namespace, 5).shard_for("turn-7")
+    [fields] = await _entries(async_redis_client, shard.updates)
+    assert "response_id" not in fields
+    assert fields["turn_id"] == "turn-7"
+
+
+async def test_bad_ids_are_refused(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+    with pytest.raises(ValueError, match="response_id or a turn_id"):
+        await producer.send(None, {})
+    with pytest.raises(ValueError, match="unknown correlation ids"):
+        await producer.send("r", {}, ids={"sesion_id": "typo"})
+    with pytest.raises(ValueError, match="twice"):
+        await producer.send("r", {}, attempt_id="a", ids={"attempt_id": "b"})
+    with pytest.raises(TypeError):
+        await producer.send("r", 42)
+
+
+async def test_same_idempotency_key_adds_one_entry(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=2)
+    first = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
+    again = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
+    shard = Namespace(namespace, 2).shard_for("resp_i")
+    assert first == again
+    assert await async_redis_client.xlen(shard.updates) == 1
+    ttl = await async_redis_client.ttl(shard.idem("resp_i:0"))
+    assert 0 < ttl <= producer.idempotency_ttl
+
+
+class _LoseFirstReply:
+    """A send_update script whose first reply is lost after Redis applied it."""
+
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.calls = 0
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        result = await self.script(**kwargs)
+        if self.calls == 1:
+            raise RedisConnectionError("connection lost while reading the reply")
+        return result
+
+
+@pytest.mark.parametrize("key", [None, "caller-key"])
+async def test_retry_after_applied_send_adds_one_entry(async_redis_client, namespace, key):
+    producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
+    faulty = _LoseFirstReply(producer._send_update)
+    producer._send_update = faulty
+    entry_id = await producer.send("resp_f", {"contents": []}, idempotency_key=key)
+    shard = Namespace(namespace).shard(0)
+    assert faulty.calls == 2
+    entries = await async_redis_client.xrange(shard.updates)
+    assert [e[0].decode() for e in entries] == [entry_id]
+
+
+async def test_retries_give_up_with_the_error(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
+
+    async def always_down(**kwargs: Any) -> Any:
+        raise RedisConnectionError("down")
+
+    producer._send_update = always_down
+    with pytest.raises(RedisConnectionError):
+        await producer.end("resp_down")
+
+
+async def test_stream_sends_updates_then_end(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=2)
+
+    async def updates() -> AsyncIterator[AgentResponseUpdate]:
+        for word in ("a", "b", "c"):
+            yield AgentResponseUpdate(contents=[Content.from_text(word)], message_id="m")
+
+    sent = await producer.stream("resp_s", updates(), ids={"session_id": "s"})
+    shard = Namespace(namespace, 2).shard_for("resp_s")
+    entries = await _entries(async_redis_client, shard.updates)
+    assert [e["kind"] for e in entries] == ["update", "update", "update", "end"]
+    assert all(e["session_id"] == "s" for e in entries)
+    assert sent.updates == 3
+
+
+async def test_stream_reports_a_failing_generator_and_reraises(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+
+    async def updates() -> AsyncIterator[dict[str, Any]]:
+        yield {"contents": [{"type": "text", "text": "partial"}]}
+        raise RuntimeError("model crashed")
+
+    with pytest.raises(RuntimeError, match="model crashed"):
+        await producer.stream("resp_e", updates())
+    entries = await _entries(async_redis_client, Namespace(namespace).shard(0).updates)
+    assert [e["kind"] for e in entries] == ["update", "error"]
+    assert entries[1]["error"] == "RuntimeError: model crashed"
+    assert entries[1]["code"] == "RuntimeError"
+
+
+# --------------------------------------------------------------------------- cancellation
+
+
+async def test_cancel_sets_the_key_with_a_ttl(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=4)
+    assert not await producer.cancelled("resp_c")
+    await producer.cancel("resp_c", reason="user", ttl=120)
+    key = Namespace(namespace, 4).shard_for("resp_c").cancel("resp_c")
+    assert key == f"{{{namespace}:{shard_of('resp_c', 4)}}}:cancel:resp_c"
+    assert await async_redis_client.get(key) == b"user"
+    assert 0 < await async_redis_client.ttl(key) <= 120
+    assert await producer.cancelled("resp_c")
+
+
+async def test_cancel_by_turn_id_uses_the_assigned_response_id(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace, shards=4)
+    await producer.cancel(None, turn_id="turn-9")
+    rid = response_id_for_turn("turn-9")
+    key = Namespace(namespace, 4).shard_for("turn-9").cancel(rid)
+    assert await async_redis_client.get(key) == b"cancelled"
+    assert await producer.cancelled(None, turn_id="turn-9")
+
+
+class _CountingClient:
+    """Proxy that counts GETs."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.gets = 0
+
+    async def get(self, key: str) -> Any:
+        self.gets += 1
+        return await self.client.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+async def test_watch_stops_a_generator_after_cancel(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[int]:
+        try:
+            n = 0
+            while True:
+                await asyncio.sleep(0.01)
+                yield n
+                n += 1
+        finally:
+            closed.set()
+
+    seen: list[int] = []
+
+    async def consume() -> None:
+        async for n in (watch := producer.watch("resp_w", endless(), poll_interval=0.05)):
+            seen.append(n)
+            if n == 5:
+                await producer.cancel("resp_w")
+        assert watch.cancelled and watch.reason == "cancelled"
+
+    await asyncio.wait_for(consume(), timeout=10)
+    assert closed.is_set()
+    assert seen[:6] == list(range(6))
+
+
+async def test_watch_interrupts_a_stalled_generator(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+    closed = asyncio.Event()
+
+    async def stalls() -> AsyncIterator[str]:
+        try:
+            yield "first"
+            await asyncio.Event().wait()  # a model that never answers
+            yield "never"
+        finally:
+            closed.set()
+
+    watch = producer.watch("resp_stall", stalls(), poll_interval=0.05)
+    assert await anext(watch) == "first"
+    canceller = asyncio.get_running_loop().call_later(
+        0.1, lambda: asyncio.ensure_future(producer.cancel("resp_stall", reason="stop"))
+    )
+    rest = await asyncio.wait_for(_collect(watch), timeout=10)
+    canceller.cancel()
+    assert rest == []
+    assert closed.is_set()
+    assert watch.reason == "stop"
+
+
+async def test_watch_cancel_before_start_yields_nothing(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+    await producer.cancel("resp_early")
+
+    async def updates() -> AsyncIterator[int]:
+        yield 1
+
+    watch = producer.watch("resp_early", updates())
+    assert await _collect(watch) == []
+    assert watch.cancelled
+
+
+async def test_watch_polls_per_interval_not_per_update(async_redis_client, namespace):
+    counting = _CountingClient(async_redis_client)
+    producer = Producer(counting, namespace)
+
+    async def fast() -> AsyncIterator[int]:
+        for n in range(2000):
+            yield n
+
+    watch = producer.watch("resp_fast", fast(), poll_interval=10)
+    assert len(await _collect(watch)) == 2000
+    assert counting.gets == 1
+    assert not watch.cancelled
+
+
+async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+
+    async def updates() -> AsyncIterator[dict[str, Any]]:
+        for n in range(1000):
+            if n == 3:
+                await producer.cancel("resp_sw")
+            yield {"contents": [{"type": "text", "text": str(n)}]}
+            await asyncio.sleep(0.01)
+
+    sent = await producer.stream("resp_sw", producer.watch("resp_sw", updates(), 0.02))
+    assert 3 <= sent.updates < 1000
+
+
+async def _collect(iterator: Any) -> list[Any]:
+    return [item async for item in iterator]
+
+
+# --------------------------------------------------------------------------- subscriber
+
+
+async def _publish_merged(client: Any, stream: str, rid: str, text: str, attempt: str = "") -> str:
+    key = TurnKey(rid, attempt)
+    response = {
+        "type": "agent_response",
+        "response_id": rid,
+        "messages": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "contents": [{"type": "text", "text": text}],
+                "message_id": "m1",
+            }
+        ],
+    }
+    fields = {
+        "type": "merged",
+        "response_id": rid,
+        "synthesis_id": key.synthesis_id(),
+        "status": "completed",
+        "response": json.dumps(response),
+        "meta": json.dumps({"counts": {"updates": 1}}),
+    }
+    if attempt:
+        fields["attempt_id"] = attempt
+    return (await client.xadd(stream, fields)).decode()
+
+
+async def _publish_event(client: Any, stream: str, rid: str, seq: int) -> str:
+    synthesis = TurnKey(rid).synthesis_id()
+    event = {
+        "type": "synthesis.started",
+        "synthesis_id": synthesis,
+        "response_id": rid,
+        "seq": seq,
+        "ts": 0,
+    }
+    fields = {
+        "type": event["type"],
+        "response_id": rid,
+        "synthesis_id": synthesis,
+        "event": json.dumps(event),
+    }
+    return (await client.xadd(stream, fields)).decode()
+
+
+async def _publish_round(client: Any, ns: Namespace, rids: list[str], tag: str) -> list[str]:
+    """An event then a merged entry for each id; returns ``stream/id`` in write order."""
+    written = []
+    for rid in rids:
+        shard = ns.shard_for(rid)
+        written.append(f"{shard.events}/{await _publish_event(client, shard.events, rid, 0)}")
+        entry = await _publish_merged(client, shard.merged, rid, f"{tag}-{rid}")
+        written.append(f"{shard.merged}/{entry}")
+    return written
+
+
+async def _take(subscriber: Subscriber, n: int) -> list[Any]:
+    items = []
+    async for item in subscriber:
+        items.append(item)
+        if len(items) == n:
+            break
+    return items
+
+
+def _per_stream(refs: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        stream, _, entry = ref.rpartition("/")
+        out.setdefault(stream, []).append(entry)
+    return out
+
+
+async def test_subscriber_reads_all_shards_in_order_and_resumes(async_redis_client, namespace):
+    ns = Namespace(namespace, 3)
+    rids = _ids_on_distinct_shards(3) * 2
+    written = await _publish_round(async_redis_client, ns, rids, "one")
+    subscriber = Subscriber(async_redis_client, namespace, shards=3, block_ms=100)
+    items = await asyncio.wait_for(_take(subscriber, len(written)), timeout=10)
+    got = [f"{item.stream}/{item.id}" for item in items]
+    assert _per_stream(got) == _per_stream(written)
+    merged = [item for item in items if isinstance(item, MergedItem)]
+    events = [item for item in items if isinstance(item, EventItem)]
+    assert {m.response_id for m in merged} == set(rids)
+    assert all(m.status == "completed" and m.response["messages"] for m in merged)
+    assert merged[0].agent_response().text.startswith("one-")
+    assert {e.type for e in events} == {"synthesis.started"}
+    positions = dict(subscriber.positions)
+    assert set(positions) == {getattr(s, k) for s in ns.all() for k in ("merged", "events")}
+
+    more = await _publish_round(async_redis_client, ns, rids[:3], "two")
+    resumed = Subscriber(
+        async_redis_client, namespace, shards=3, block_ms=100, from_positions=positions
+    )
+    again = await asyncio.wait_for(_take(resumed, len(more)), timeout=10)
+    assert _per_stream([f"{i.stream}/{i.id}" for i in again]) == _per_stream(more)
+    assert await resumed.read(block_ms=50) == []
+
+
+async def test_subscriber_start_at_end_skips_history(async_redis_client, namespace):
+    ns = Namespace(namespace, 3)
+    rids = _ids_on_distinct_shards(3)
+    await _publish_round(async_redis_client, ns, rids, "old")
+    subscriber = Subscriber(async_redis_client, namespace, shards=3, start="$", block_ms=50)
+    assert await subscriber.read(block_ms=50) == []
+    new = await _publish_round(async_redis_client, ns, rids[:1], "new")
+    items = await asyncio.wait_for(_take(subscriber, 2), timeout=10)
+    assert _per_stream([f"{i.stream}/{i.id}" for i in items]) == _per_stream(new)
+
+
+async def test_subscriber_stop_ends_iteration(async_redis_client, namespace):
+    subscriber = Subscriber(async_redis_client, namespace, shards=2, block_ms=50)
+    asyncio.get_running_loop().call_later(0.1, subscriber.stop)
+    assert await asyncio.wait_for(_collect(subscriber), timeout=5) == []
+
+
+async def test_wait_for_finds_past_and_future_merged_entries(async_redis_client, namespace):
+    ns = Namespace(namespace, 3)
+    subscriber = Subscriber(async_redis_client, namespace, shards=3, block_ms=100)
+    past, future = _ids_on_distinct_shards(3)[:2]
+    await _publish_merged(async_redis_client, ns.shard_for(past).merged, past, "done")
+    item = await subscriber.wait_for(past, timeout=5)
+    assert item.response_id == past
+    assert item.response["messages"][0]["contents"][0]["text"] == "done"
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await _publish_merged(async_redis_client, ns.shard_for(future).merged, future, "x", "a2")
+
+    task = asyncio.ensure_future(later())
+    item = await subscriber.wait_for(f"{future}:a2:synthesis", timeout=5)
+    await task
+    assert (item.response_id, item.attempt_id) == (future, "a2")
+    assert subscriber.positions == {k: "0-0" for k in subscriber.positions}
+
+
+async def test_wait_for_times_out(async_redis_client, namespace):
+    subscriber = Subscriber(async_redis_client, namespace, shards=2, block_ms=100)
+    with pytest.raises(TimeoutError):
+        await subscriber.wait_for("resp_never", timeout=0.3)
+
+
+async def test_wait_for_a_turn_sent_with_only_a_turn_id(async_redis_client, namespace):
+    ns = Namespace(namespace, 4)
+    rid = response_id_for_turn("turn-w")
+    await _publish_merged(async_redis_client, ns.shard_for("turn-w").merged, rid, "t")
+    subscriber = Subscriber(async_redis_client, namespace, shards=4)
+    item = await subscriber.wait_for(None, timeout=5, turn_id="turn-w")
+    assert item.response_id == rid
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+async def test_producer_worker_subscriber_end_to_end(async_redis_client, namespace):
+    from processor.worker import Worker, WorkerConfig
+
+    worker = Worker(async_redis_client, WorkerConfig(namespace=namespace, shards=3))
+    running = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), timeout=10)
+        producer = Producer(async_redis_client, namespace, shards=3)
+
+        async def updates() -> AsyncIterator[AgentResponseUpdate]:
+            for word in ("Hello", ", ", "world"):
+                yield AgentResponseUpdate(
+                    contents=[Content.from_text(word)], message_id="m1", role="assistant"
+                )
+
+        sent = await producer.stream("resp_e2e", updates())
+        subscriber = Subscriber(async_redis_client, namespace, shards=3)
+        item = await subscriber.wait_for("resp_e2e", timeout=10, since=sent.first_id)
+        assert item.status == "completed"
+        assert item.agent_response().text == "Hello, world"
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, timeout=10)
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+async def test_producer_and_subscriber_on_a_cluster(redis_cluster, namespace):
+    client = redis.asyncio.cluster.RedisCluster.from_url(redis_cluster.url)
+    try:
+        ns = Namespace(namespace, 3)
+        rids = _ids_on_distinct_shards(3)
+        producer = Producer(client, namespace, shards=3)
+        for rid in rids:
+            await producer.send(rid, {"contents": []}, idempotency_key=f"{rid}:0")
+            await producer.send(rid, {"contents": []}, idempotency_key=f"{rid}:0")
+            assert await client.xlen(ns.shard_for(rid).updates) == 1
+        subscriber = Subscriber(client, namespace, shards=3, block_ms=100)
+        written = await _publish_round(client, ns, rids, "c")
+        items = await asyncio.wait_for(_take(subscriber, len(written)), timeout=10)
+        assert _per_stream([f"{i.stream}/{i.id}" for i in items]) == _per_stream(written)
+        item = await subscriber.wait_for(rids[2], timeout=5)
+        assert item.response_id == rids[2]
+        await subscriber.aclose()
+    finally:
+        await client.aclose()
