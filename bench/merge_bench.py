@@ -1,0 +1,429 @@
+"""Pure-merge benchmark: our decode + merge engine vs Agent Framework.
+
+Builds the same stream of ``AgentResponseUpdate`` JSON texts for both sides
+(genuine ``AgentResponseUpdate.to_dict()`` output, generated with a fixed
+seed) and times, best of 3:
+
+* ours: ``decode_entry({"response_id": ..., "update": text})`` and
+  ``Turn.apply`` per entry, then ``Turn.finish()`` + ``encode_response`` per
+  turn;
+* Agent Framework: ``AgentResponseUpdate.from_dict(json.loads(text))`` per
+  entry, then ``AgentResponse.from_updates(updates_of_turn)`` per turn.
+
+No Redis, no I/O inside the timed region. Usage::
+
+    python bench/merge_bench.py [--updates N] [--quick] [--repeat R] [--no-docs]
+
+A full run (no ``--quick``, no ``--no-docs``) rewrites the section between
+the ``merge-bench`` markers in ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from agent_framework import AgentResponse, AgentResponseUpdate, Content
+
+from processor.decode import decode_entry
+from processor.events import encode_response
+from processor.ids import TurnKey
+from processor.merge import Turn
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+START = "<!-- merge-bench:start -->"
+END = "<!-- merge-bench:end -->"
+SEED = 20240917
+DEFAULT_UPDATES = 200_000
+QUICK_UPDATES = 20_000
+TARGET_RATIO = 5.0
+#: Turns in flight at once: their entries interleave, as on a shared stream.
+CONCURRENT_TURNS = 8
+
+AGENTS = (
+    ("triage", "Triage"),
+    ("researcher", "Researcher"),
+    ("writer", "Writer"),
+    ("critic", "Critic"),
+)
+TOOLS = ("search_web", "get_weather", "lookup_order", "run_sql", "fetch_document")
+_VOCABULARY = (
+    "the quick brown fox jumps over a lazy dog while agents hand off work to each other "
+    "and stream partial answers token by token with tools results and reasoning about "
+    "weather orders invoices customers shipping refunds"
+)
+WORDS = tuple(_VOCABULARY.split())
+
+Entry = tuple[str, str]  # (the entry's response_id field, the update's JSON text)
+
+
+# ---------------------------------------------------------------- workload
+
+
+class _Gen:
+    """A seeded generator of realistic multi-agent turns."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.clock = datetime(2025, 1, 1, tzinfo=UTC)
+
+    def _ts(self) -> str:
+        self.clock += timedelta(milliseconds=self.rng.randint(5, 80))
+        return self.clock.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+    def _delta(self) -> str:
+        rng = self.rng
+        n = rng.randint(2, 20)
+        out = ""
+        while len(out) < n:
+            out += rng.choice(WORDS) + " "
+        return out[:n]
+
+    def _json_chunks(self, payload: dict[str, Any], pieces: int) -> list[str]:
+        text = json.dumps(payload)
+        cuts = sorted(self.rng.sample(range(1, len(text)), pieces - 1)) if pieces > 1 else []
+        bounds = [0, *cuts, len(text)]
+        return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def turn(self, index: int, size: int) -> list[AgentResponseUpdate]:
+        """One turn of exactly ``size`` updates (10..40), usage at the end."""
+        rng = self.rng
+        rid = f"resp_{index:07d}"
+        n_agents = rng.choice((2, 2, 3))
+        agents = rng.sample(AGENTS, n_agents)
+        budget = size - 1  # the last update carries usage and finish_reason
+        shares = [3] * n_agents
+        for _ in range(budget - 3 * n_agents):
+            shares[rng.randrange(n_agents)] += 1
+        updates: list[AgentResponseUpdate] = []
+        for j, ((agent, name), share) in enumerate(zip(agents, shares, strict=True)):
+            # The first agent answers under the turn's id, the ones it hands
+            # off to under their own (inner) response ids.
+            inner = rid if j == 0 else f"{rid}-{agent}"
+            updates.extend(self._agent(rid, inner, j, agent, name, share))
+        usage = {
+            "input_token_count": rng.randint(100, 4000),
+            "output_token_count": rng.randint(20, 800),
+        }
+        usage["total_token_count"] = usage["input_token_count"] + usage["output_token_count"]
+        updates.append(
+            AgentResponseUpdate(
+                contents=[Content.from_usage(usage)],
+                role="assistant",
+                response_id=rid,
+                finish_reason="stop",
+                created_at=self._ts(),
+            )
+        )
+        assert len(updates) == size
+        return updates
+
+    def _agent(
+        self, rid: str, inner: str, j: int, agent: str, name: str, share: int
+    ) -> list[AgentResponseUpdate]:
+        rng = self.rng
+        msg = f"msg_{rid}_{j}"
+
+        def update(contents: list[Content], **kw: Any) -> AgentResponseUpdate:
+            kw.setdefault("role", "assistant")
+            kw.setdefault("message_id", msg)
+            return AgentResponseUpdate(
+                contents=contents,
+                author_name=name,
+                agent_id=f"agent-{agent}",
+                response_id=inner,
+                created_at=self._ts(),
+                **kw,
+            )
+
+        out: list[AgentResponseUpdate] = []
+        left = share
+        # Some reasoning first; half the time id-less (folds into the message).
+        if left >= 5 and rng.random() < 0.35:
+            keyed = rng.random() < 0.5
+            for _ in range(rng.randint(1, 3)):
+                reasoning = Content.from_text_reasoning(text=self._delta())
+                out.append(update([reasoning], message_id=msg if keyed else None))
+                left -= 1
+        # A tool call: argument chunks, then its result.
+        if left >= 5 and rng.random() < 0.45:
+            call_id = f"call_{rid}_{j}"
+            tool = rng.choice(TOOLS)
+            args = {"query": self._delta(), "limit": rng.randint(1, 50)}
+            chunks = self._json_chunks(args, rng.randint(2, min(4, left - 2)))
+            for k, chunk in enumerate(chunks):
+                call = Content.from_function_call(
+                    call_id=call_id, name=tool if k == 0 else "", arguments=chunk
+                )
+                out.append(update([call]))
+                left -= 1
+            result = Content.from_function_result(
+                call_id=call_id, result=json.dumps({"ok": True, "value": self._delta()})
+            )
+            out.append(update([result], role="tool", message_id=f"msg_{rid}_{j}_tool"))
+            left -= 1
+            msg = f"msg_{rid}_{j}_answer"
+        # The answer, as text deltas.
+        for _ in range(left):
+            out.append(update([Content.from_text(self._delta())]))
+        return out
+
+
+def build_entries(total: int, seed: int = SEED) -> list[Entry]:
+    """``total`` update entries, turns of 10..40 updates interleaved in arrival order."""
+    gen = _Gen(seed)
+    rng = random.Random(seed + 1)
+    sizes: list[int] = []
+    left = total
+    while left > 0:
+        # Never leave a remainder shorter than a turn (total >= 10).
+        size = left if left <= 40 else rng.randint(10, min(40, left - 10))
+        sizes.append(size)
+        left -= size
+    pending: list[list[Entry]] = []
+    out: list[Entry] = []
+    next_turn = 0
+    while next_turn < len(sizes) or pending:
+        while len(pending) < CONCURRENT_TURNS and next_turn < len(sizes):
+            updates = gen.turn(next_turn, sizes[next_turn])
+            rid = f"resp_{next_turn:07d}"
+            texts = [json.dumps(u.to_dict()) for u in updates]
+            pending.append([(rid, t) for t in reversed(texts)])
+            next_turn += 1
+        i = rng.randrange(len(pending))
+        out.append(pending[i].pop())
+        if not pending[i]:
+            pending.pop(i)
+    assert len(out) == total
+    return out
+
+
+# ---------------------------------------------------------------- the two sides
+
+
+def run_ours(entries: list[Entry]) -> list[str]:
+    turns: dict[TurnKey, Turn] = {}
+    for rid, text in entries:
+        key, record = decode_entry({"response_id": rid, "update": text})
+        turn = turns.get(key)
+        if turn is None:
+            turn = turns[key] = Turn(key)
+        turn.apply(record)
+    return [encode_response(turn.finish()) for turn in turns.values()]
+
+
+def run_agent_framework(entries: list[Entry]) -> list[AgentResponse]:
+    groups: dict[str, list[AgentResponseUpdate]] = {}
+    for rid, text in entries:
+        update = AgentResponseUpdate.from_dict(json.loads(text))
+        group = groups.get(rid)
+        if group is None:
+            group = groups[rid] = []
+        group.append(update)
+    return [AgentResponse.from_updates(updates) for updates in groups.values()]
+
+
+def best_of(
+    sides: dict[str, Callable[[list[Entry]], Any]], entries: list[Entry], repeat: int
+) -> dict[str, float]:
+    """Best wall time of each side over ``repeat`` rounds. Rounds alternate the
+    sides, so a noisy neighbour on the machine hits both alike."""
+    best = dict.fromkeys(sides, float("inf"))
+    for _ in range(repeat):
+        for name, fn in sides.items():
+            gc.collect()
+            start = time.perf_counter()
+            fn(entries)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def check_same_work(entries: list[Entry]) -> tuple[int, int]:
+    """Both sides must see the same text: compare the merged text characters."""
+    ours = sum(
+        len(c.get("text") or "")
+        for r in run_ours(entries)
+        for m in json.loads(r)["messages"]
+        for c in m["contents"]
+        if c["type"] in ("text", "text_reasoning")
+    )
+    theirs = sum(
+        len(c.text or "")
+        for r in run_agent_framework(entries)
+        for m in r.messages
+        for c in m.contents
+        if c.type in ("text", "text_reasoning")
+    )
+    if ours != theirs:
+        raise SystemExit(f"sanity check failed: {ours} text chars merged by us, {theirs} by AF")
+    return ours, len({rid for rid, _ in entries})
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "cpu": f"{cpu} ({os.cpu_count()} logical CPUs)",
+        "agent-framework-core": metadata.version("agent-framework-core"),
+        "msgspec": metadata.version("msgspec"),
+    }
+
+
+#: The code the benchmark runs: local changes here make the commit "dirty".
+MEASURED = ("decode.py", "dotnet.py", "events.py", "ids.py", "merge.py", "models.py")
+
+
+def git_commit() -> str:
+    """HEAD, plus a note when the measured modules differ from it."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        diff = git("diff", "--quiet", "HEAD", "--", *(f"processor/{m}" for m in MEASURED))
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if diff.returncode else "")
+
+
+def render_section(result: dict[str, Any]) -> str:
+    info = result["machine"]
+    return "\n".join(
+        [
+            START,
+            "## Pure merge vs Agent Framework",
+            "",
+            f"Measured {result['date']} at commit `{result['commit']}` with "
+            f"`{result['command']}` (from the repository root).",
+            "",
+            f"Workload: {result['updates']:,} `AgentResponseUpdate.to_dict()` JSON texts "
+            f"(built with agent_framework, seed {SEED}) in {result['turns']:,} turns of "
+            f"10-40 updates; 2-3 agents per turn handing off under their own response ids; "
+            f"text deltas of 2-20 characters, some reasoning (keyed and id-less), tool calls "
+            f"in 2-4 argument chunks plus their results, usage and finish reason last; "
+            f"{CONCURRENT_TURNS} turns in flight, entries interleaved. Single process, no "
+            f"Redis, no I/O in the timed region; best of {result['repeat']} runs per side "
+            "(rounds alternate the two sides).",
+            "",
+            "| engine | what is timed | seconds | updates/s |",
+            "|---|---|---:|---:|",
+            f"| processor | `decode_entry` + `Turn.apply` per entry, `Turn.finish` + "
+            f"`encode_response` per turn | {result['ours_s']:.3f} | "
+            f"{result['ours_ups']:,.0f} |",
+            f"| Agent Framework | `AgentResponseUpdate.from_dict(json.loads(text))` per entry, "
+            f"`AgentResponse.from_updates` per turn | {result['af_s']:.3f} | "
+            f"{result['af_ups']:,.0f} |",
+            "",
+            f"**Ratio: {result['ratio']:.2f}x** Agent Framework (target: at least "
+            f"{TARGET_RATIO:g}x).",
+            "",
+            "Machine:",
+            "",
+            f"- Python: {info['python']}",
+            f"- Platform: {info['platform']}",
+            f"- CPU: {info['cpu']}",
+            f"- agent-framework-core {info['agent-framework-core']}, msgspec {info['msgspec']}",
+            END,
+        ]
+    )
+
+
+def write_docs(section: str, path: Path = DOCS) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    start, end = text.find(START), text.find(END)
+    if start >= 0 and end > start:
+        text = text[:start] + section + text[end + len(END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=None, help="updates to merge")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_UPDATES:,} updates, docs untouched"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per side (best kept)")
+    parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    total = args.updates or (QUICK_UPDATES if args.quick else DEFAULT_UPDATES)
+    if total < 10:
+        parser.error("--updates must be at least 10")
+
+    info = machine()
+    for name, value in info.items():
+        print(f"{name:>22}: {value}")
+    t0 = time.perf_counter()
+    entries = build_entries(total)
+    payload = sum(len(t) for _, t in entries)
+    print(
+        f"{'workload':>22}: {total:,} updates, {payload / 1e6:.1f} MB of JSON "
+        f"(built in {time.perf_counter() - t0:.1f}s)"
+    )
+    chars, turns = check_same_work(entries)
+    print(f"{'sanity':>22}: {turns:,} turns, both sides merged {chars:,} text characters")
+
+    best = best_of({"ours": run_ours, "af": run_agent_framework}, entries, args.repeat)
+    ours, af = best["ours"], best["af"]
+    print(f"{'processor':>22}: {ours:.3f}s  {total / ours:>12,.0f} updates/s")
+    print(f"{'agent framework':>22}: {af:.3f}s  {total / af:>12,.0f} updates/s")
+    ratio = af / ours
+    verdict = "OK" if ratio >= TARGET_RATIO else f"BELOW the {TARGET_RATIO:g}x target"
+    print(f"{'ratio':>22}: {ratio:.2f}x Agent Framework ({verdict})")
+
+    if not (args.quick or args.no_docs):
+        command = shlex.join(["python", "bench/merge_bench.py", *sys.argv[1:]])
+        section = render_section(
+            {
+                "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+                "command": command,
+                "commit": git_commit(),
+                "updates": total,
+                "turns": turns,
+                "repeat": args.repeat,
+                "ours_s": ours,
+                "ours_ups": total / ours,
+                "af_s": af,
+                "af_ups": total / af,
+                "ratio": ratio,
+                "machine": info,
+            }
+        )
+        write_docs(section)
+        print(f"{'docs':>22}: updated {DOCS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
