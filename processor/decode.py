@@ -33,6 +33,8 @@ _msgpack_update = msgspec.msgpack.Decoder(Update)
 _json_any = msgspec.json.Decoder()
 _msgpack_any = msgspec.msgpack.Decoder()
 _CORRELATION_IDS = TURN_IDS + ENTRY_IDS
+_CORRELATION_SET = frozenset(_CORRELATION_IDS)
+_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 _KINDS = ("update", "end", "error")
 
 
@@ -63,7 +65,9 @@ def _text(fields: Mapping[str, Any], name: str) -> str | None:
             raise EntryError("bad_encoding", f"field {name!r} is not valid UTF-8: {exc}") from None
     if isinstance(value, str):
         return value
-    raise EntryError("invalid_entry", f"field {name!r}: expected a string, got {type(value).__name__}")
+    raise EntryError(
+        "invalid_entry", f"field {name!r}: expected a string, got {type(value).__name__}"
+    )
 
 
 def _as_str_keys(fields: Mapping[Any, Any]) -> dict[str, Any]:
@@ -89,18 +93,26 @@ def entry_size(fields: Mapping[Any, Any]) -> int:
 
 def turn_key(fields: Mapping[str, Any]) -> TurnKey:
     """The entry's turn key; raises ``missing_turn_key`` without one."""
-    response_id = _text(fields, "response_id")
-    attempt_id = _text(fields, "attempt_id") or ""
+    # Hot path (every entry): plain ``str`` values skip ``_text``; anything
+    # else takes it, so errors and their order are those of ``_text``.
+    response_id = fields.get("response_id")
+    if response_id is not None and response_id.__class__ is not str:
+        response_id = _text(fields, "response_id")
+    attempt_id = fields.get("attempt_id")
+    if attempt_id is not None and attempt_id.__class__ is not str:
+        attempt_id = _text(fields, "attempt_id")
+    attempt_id = attempt_id or ""
     if not response_id:
         turn_id = _text(fields, "turn_id")
         if not turn_id:
             raise EntryError("missing_turn_key", "neither 'response_id' nor 'turn_id' is set")
         _check_id("turn_id", turn_id)
         response_id = response_id_for_turn(turn_id)
-    _check_id("response_id", response_id)
-    if attempt_id:
+    if len(response_id) > MAX_ID_LENGTH:
+        _check_id("response_id", response_id)
+    if len(attempt_id) > MAX_ID_LENGTH:
         _check_id("attempt_id", attempt_id)
-    return TurnKey(response_id, attempt_id)
+    return _new_turn_key(TurnKey, (response_id, attempt_id))
 
 
 def routing_id(fields: Mapping[str, Any]) -> str:
@@ -110,7 +122,9 @@ def routing_id(fields: Mapping[str, Any]) -> str:
 
 def _check_id(name: str, value: str) -> None:
     if len(value) > MAX_ID_LENGTH:
-        raise EntryError("invalid_entry", f"field {name!r} is longer than {MAX_ID_LENGTH} characters")
+        raise EntryError(
+            "invalid_entry", f"field {name!r} is longer than {MAX_ID_LENGTH} characters"
+        )
 
 
 def decode_entry(
@@ -121,10 +135,9 @@ def decode_entry(
     ``update`` may be JSON text, msgpack bytes (``enc=msgpack``) or, offline,
     an already-parsed JSON object.
     """
-    size = entry_size(raw_fields)
+    fields, size = _sized_str_keys(raw_fields)
     if size > max_entry_bytes:
         raise EntryError("too_large", f"entry is {size} bytes, the limit is {max_entry_bytes}")
-    fields = _as_str_keys(raw_fields)
     turn = turn_key(fields)
     try:
         return turn, _record(fields)
@@ -133,16 +146,42 @@ def decode_entry(
         raise
 
 
+def _sized_str_keys(fields: Mapping[Any, Any]) -> tuple[dict[str, Any], int]:
+    """``(_as_str_keys(fields), entry_size(fields))`` in one pass (the hot path).
+
+    Only the size can raise, and it is computed first for each field, so
+    failures are those of ``entry_size`` followed by ``_as_str_keys``.
+    """
+    total = 0
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        total += len(key)
+        cls = value.__class__
+        if cls is str or cls is bytes or isinstance(value, bytes | str):
+            total += len(value)
+        elif value is not None:
+            total += len(msgspec.json.encode(value))
+        if key.__class__ is not str and isinstance(key, bytes):
+            key = key.decode("utf-8", "replace")
+        out[key] = value
+    return out, total
+
+
 def _record(fields: Mapping[str, Any]) -> Record:
-    kind = _text(fields, "kind") or "update"
+    kind = fields.get("kind")
+    if kind is not None and kind.__class__ is not str:
+        kind = _text(fields, "kind")
+    kind = kind or "update"
     if kind not in _KINDS:
         raise EntryError("invalid_entry", f"field 'kind': unknown kind {clip(kind)}")
     ids = {}
-    for name in _CORRELATION_IDS:
-        value = _text(fields, name)
-        if value:
-            _check_id(name, value)
-            ids[name] = value
+    # Most entries carry no correlation id: skip the per-name lookups then.
+    if not _CORRELATION_SET.isdisjoint(fields):
+        for name in _CORRELATION_IDS:
+            value = _text(fields, name)
+            if value:
+                _check_id(name, value)
+                ids[name] = value
     if kind == "update":
         return Record("update", update=decode_update(fields), ids=ids)
     if kind == "error":
@@ -152,7 +191,10 @@ def _record(fields: Mapping[str, Any]) -> Record:
 
 def decode_update(fields: Mapping[str, Any]) -> Update:
     """The ``update`` field of an entry as an :class:`Update`."""
-    enc = _text(fields, "enc") or "json"
+    enc = fields.get("enc")
+    if enc is not None and enc.__class__ is not str:
+        enc = _text(fields, "enc")
+    enc = enc or "json"
     if enc not in ("json", "msgpack"):
         raise EntryError("bad_encoding", f"field 'enc': unknown encoding {clip(enc)}")
     raw = fields.get("update")
@@ -163,7 +205,9 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
     if isinstance(raw, str):
         raw = raw.encode("utf-8")
     if not isinstance(raw, bytes):
-        raise EntryError("invalid_update", f"field 'update': expected JSON text, got {type(raw).__name__}")
+        raise EntryError(
+            "invalid_update", f"field 'update': expected JSON text, got {type(raw).__name__}"
+        )
     fast, generic = (_json_update, _json_any) if enc == "json" else (_msgpack_update, _msgpack_any)
     try:
         return fast.decode(raw)
@@ -181,7 +225,9 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
 def update_from_object(obj: Any) -> Update:
     """Validate a parsed update document of either Agent Framework shape."""
     if not isinstance(obj, dict):
-        raise EntryError("invalid_update", f"$.update: expected an object, got {type(obj).__name__}")
+        raise EntryError(
+            "invalid_update", f"$.update: expected an object, got {type(obj).__name__}"
+        )
     if dotnet.looks_dotnet(obj):
         obj = dotnet.update_to_python(obj)
     obj = _keep_unknown_fields(obj)
@@ -204,7 +250,9 @@ def _keep_unknown_fields(obj: dict[str, Any]) -> dict[str, Any]:
     contents = obj.get("contents")
     if isinstance(contents, list):
         obj["contents"] = [
-            _fold_unknown(c, CONTENT_FIELDS, f"$.update.contents[{i}]") if isinstance(c, dict) else c
+            _fold_unknown(c, CONTENT_FIELDS, f"$.update.contents[{i}]")
+            if isinstance(c, dict)
+            else c
             for i, c in enumerate(contents)
         ]
     return obj
