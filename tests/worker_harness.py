@@ -1,0 +1,521 @@
+"""Live workers on a real Redis, for the worker integration tests.
+
+:class:`Harness` runs N in-process :class:`~processor.worker.Worker` tasks
+and/or ``processor run`` subprocesses on one namespace, XADDs input entries
+(batched pipelines, routed to their shard like a producer would), waits until
+everything is drained, and collects what the workers published: merged
+entries, events and dead letters, per turn in the shape of a ``processor
+merge`` line so that :mod:`tests.expectations` can check them.
+
+Nothing here knows the merge rules: a test compares the live outputs with
+:func:`offline_results` (``processor merge`` of the same entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis.asyncio
+
+from processor.events import encode_response
+from processor.ids import TurnKey, shard_of
+from processor.keys import Namespace, Shard
+from processor.lifecycle import Limits
+from processor.offline import merge_lines
+from processor.worker import Worker, WorkerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- entries
+
+
+def entry_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    """A test entry dict -> the stream fields a producer XADDs (``update`` as JSON text)."""
+    out: dict[str, Any] = {}
+    for name, value in entry.items():
+        if name == "id":
+            continue
+        if name == "update" and not isinstance(value, str | bytes):
+            value = json.dumps(value)
+        out[name] = value
+    return out
+
+
+def entry_line(entry: dict[str, Any]) -> str:
+    """The ``processor merge`` line of a test entry (``update`` may stay an object)."""
+    return json.dumps(entry)
+
+
+def routing_id(entry: dict[str, Any]) -> str:
+    """What a producer computes the shard from: ``response_id``, else ``turn_id``."""
+    value = entry.get("response_id") or entry.get("turn_id") or ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def interleave(turns: list[list[dict[str, Any]]], rng: Any) -> list[dict[str, Any]]:
+    """All entries of ``turns`` in one random arrival order that keeps each
+    turn's own order (as concurrent producers would write them)."""
+    cursors = [0] * len(turns)
+    live = [i for i, t in enumerate(turns) if t]
+    out: list[dict[str, Any]] = []
+    while live:
+        k = rng.randrange(len(live))
+        i = live[k]
+        out.append(turns[i][cursors[i]])
+        cursors[i] += 1
+        if cursors[i] == len(turns[i]):
+            live[k] = live[-1]
+            live.pop()
+    return out
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class TurnOutput:
+    """What the workers published for one turn."""
+
+    key: TurnKey
+    merged: list[dict[str, str]] = field(default_factory=list)  # every merged entry (want 1)
+    events: list[dict[str, Any]] = field(default_factory=list)  # in stream order
+
+    @property
+    def response(self) -> str:
+        """The ``response`` field, byte for byte (the first merged entry)."""
+        return self.merged[0]["response"]
+
+    def result(self) -> dict[str, Any]:
+        """The turn as a ``processor merge`` line (for tests/expectations.py)."""
+        entry = self.merged[0]
+        return {
+            "response_id": entry["response_id"],
+            "attempt_id": entry.get("attempt_id"),
+            "status": entry["status"],
+            "response": json.loads(entry["response"]),
+            "meta": json.loads(entry["meta"]),
+            "events": self.events,
+        }
+
+
+@dataclass
+class Outputs:
+    """Everything published on a namespace."""
+
+    turns: dict[TurnKey, TurnOutput]
+    dlq: list[dict[str, str]]
+    merged_count: int
+    events_count: int
+
+    def terminal_counts(self) -> Counter[TurnKey]:
+        return Counter({k: sum(e["type"] == "synthesis" for e in t.events)
+                        for k, t in self.turns.items()})
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fields(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+            for k, v in raw.items()}
+
+
+@dataclass
+class OfflineTurn:
+    key: TurnKey
+    status: str
+    response: str  # encode_response(): what the worker publishes
+    line: dict[str, Any]  # the whole processor merge line, parsed
+
+
+def offline_results(
+    entries: Iterable[dict[str, Any]], limits: Limits | None = None
+) -> dict[TurnKey, OfflineTurn]:
+    """``processor merge`` of the entries (file order = arrival order)."""
+    merge = merge_lines([entry_line(e) for e in entries], limits=limits)
+    out: dict[TurnKey, OfflineTurn] = {}
+    for result in merge.results():
+        key = TurnKey(result.response_id, result.attempt_id or "")
+        line = json.loads(msgspec.json.encode(result))
+        out[key] = OfflineTurn(key, result.status, encode_response(result.response), line)
+    return out
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass
+class InProcessWorker:
+    worker: Worker
+    client: Any
+    task: asyncio.Task[None]
+
+    @property
+    def consumer(self) -> str:
+        return self.worker.config.consumer
+
+
+@dataclass
+class SubprocessWorker:
+    consumer: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Harness:
+    """Workers, a producer and a reader on one namespace of one Redis."""
+
+    def __init__(
+        self, url: str, namespace: str, shards: int = 1, *, log_dir: Path | None = None,
+        **config: Any,
+    ) -> None:
+        self.url = url
+        self.ns = Namespace(namespace, shards)
+        self.config = config  # WorkerConfig keyword arguments shared by every worker
+        self.client = redis.asyncio.Redis.from_url(url)
+        self.workers: list[InProcessWorker] = []
+        self.procs: list[SubprocessWorker] = []
+        self.log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+        self._serial = 0
+
+    @property
+    def shards(self) -> list[Shard]:
+        return self.ns.all()
+
+    async def __aenter__(self) -> Harness:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ in-process
+
+    def worker_config(self, **overrides: Any) -> WorkerConfig:
+        self._serial += 1
+        values = {"namespace": self.ns.name, "shards": self.ns.shards,
+                  "consumer": f"w{self._serial}", **self.config, **overrides}
+        return WorkerConfig(**values)
+
+    async def start_worker(self, **overrides: Any) -> InProcessWorker:
+        """An in-process worker with its own connection; returns once its groups exist."""
+        client = redis.asyncio.Redis.from_url(self.url, socket_timeout=10)
+        worker = Worker(client, self.worker_config(**overrides))
+        task = asyncio.create_task(worker.run(), name=worker.config.consumer)
+        running = InProcessWorker(worker, client, task)
+        self.workers.append(running)
+        ready = asyncio.create_task(worker.ready.wait())
+        await asyncio.wait([ready, task], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            ready.cancel()
+            task.result()  # raises what run() raised
+        return running
+
+    async def start_workers(self, n: int, **overrides: Any) -> list[InProcessWorker]:
+        return [await self.start_worker(**overrides) for _ in range(n)]
+
+    async def stop_worker(self, running: InProcessWorker, timeout: float = 30) -> None:
+        """``stop()`` and wait for ``run()`` to return (it raises what run raised)."""
+        running.worker.stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(running.task), timeout)
+        finally:
+            if running in self.workers:
+                self.workers.remove(running)
+            await running.client.aclose()
+
+    def assert_workers_alive(self) -> None:
+        """Every in-process worker is still running (a crashed one raises here)."""
+        for running in self.workers:
+            if running.task.done():
+                running.task.result()
+                raise AssertionError(f"worker {running.consumer} returned on its own")
+        for sub in self.procs:
+            code = sub.proc.poll()
+            assert code is None, f"{sub.consumer} exited with {code}:\n{sub.log()[-3000:]}"
+
+    # ------------------------------------------------------------ subprocesses
+
+    def spawn(self, consumer: str | None = None, *extra: str, **options: Any) -> SubprocessWorker:
+        """``python -m processor.cli run`` on this namespace. ``options`` become
+        flags: ``reclaim_idle_ms=500`` -> ``--reclaim-idle-ms 500``,
+        ``progress=True`` -> ``--progress``."""
+        self._serial += 1
+        consumer = consumer or f"p{self._serial}"
+        args = [sys.executable, "-m", "processor.cli", "run", "--redis-url", self.url,
+                "--namespace", self.ns.name, "--shards", str(self.ns.shards),
+                "--consumer", consumer]
+        for name, value in options.items():
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                args.append(flag)
+            elif value is not False and value is not None:
+                args += [flag, str(value)]
+        args += list(extra)
+        log_path = self.log_dir / f"{self.ns.name}-{consumer}-{self._serial}.log"
+        with open(log_path, "wb") as log:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        sub = SubprocessWorker(consumer, proc, log_path)
+        self.procs.append(sub)
+        return sub
+
+    async def wait_started(self, subs: Iterable[SubprocessWorker], timeout: float = 30) -> None:
+        """Until each subprocess logged "worker started" (its groups exist).
+        Needs log level info. Redis 6.2 creates a consumer only when it is
+        first delivered an entry, so XINFO CONSUMERS cannot tell."""
+        subs = list(subs)
+
+        async def started() -> bool:
+            return all('"worker started"' in sub.log() for sub in subs)
+
+        await self.wait_for(started, timeout, f"{[s.consumer for s in subs]} never started")
+
+    def kill(self, sub: SubprocessWorker) -> None:
+        """SIGKILL: no drain, no goodbye (a crashed worker)."""
+        sub.proc.send_signal(signal.SIGKILL)
+        sub.proc.wait(30)
+        self.procs.remove(sub)
+
+    def terminate(self, sub: SubprocessWorker, timeout: float = 30) -> int:
+        """SIGTERM and wait for the exit status."""
+        sub.proc.send_signal(signal.SIGTERM)
+        code = sub.proc.wait(timeout)
+        self.procs.remove(sub)
+        return code
+
+    # ------------------------------------------------------------ producing
+
+    @property
+    def group(self) -> str:
+        return str(self.config.get("group", "processor"))
+
+    def shard_of(self, entry: dict[str, Any]) -> Shard:
+        return self.ns.shard(shard_of(routing_id(entry), self.ns.shards))
+
+    async def add(self, entries: Iterable[dict[str, Any]], chunk: int = 2000) -> list[str]:
+        """XADD each entry to its shard's updates stream, pipelined; returns the ids."""
+        ids: list[str] = []
+        batch: list[dict[str, Any]] = []
+
+        async def flush() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for entry in batch:
+                    pipe.xadd(self.shard_of(entry).updates, entry_fields(entry))
+                ids.extend(_text(i) for i in await pipe.execute())
+            batch.clear()
+
+        for entry in entries:
+            batch.append(entry)
+            if len(batch) >= chunk:
+                await flush()
+        if batch:
+            await flush()
+        return ids
+
+    async def add_raw(self, shard: Shard, fields: dict[Any, Any]) -> str:
+        """XADD exactly these fields (garbage entries)."""
+        return _text(await self.client.xadd(shard.updates, fields))
+
+    async def cancel(self, response_id: str, reason: str = "test", ttl: int = 600) -> None:
+        shard = self.ns.shard(shard_of(response_id, self.ns.shards))
+        await self.client.set(shard.cancel(response_id), reason, ex=ttl)
+
+    # ------------------------------------------------------------ waiting
+
+    async def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not await predicate():
+            self.assert_workers_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:g} s: {what}\n"
+                                     f"{await self.describe()}")
+            await asyncio.sleep(0.02)
+
+    async def applied(self) -> bool:
+        """Every entry XADDed so far has been applied (acked and deleted)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.shards:
+                pipe.xlen(shard.updates)
+            lengths = await pipe.execute()
+        if any(lengths):
+            return False
+        for shard in self.shards:
+            with contextlib.suppress(redis.ResponseError):  # no group yet: nothing pending
+                if (await self.client.xpending(shard.updates, self.group))["pending"]:
+                    return False
+        return True
+
+    async def drained(self) -> bool:
+        """Applied, and no turn left active or closing (everything finalised)."""
+        if not await self.applied():
+            return False
+        async with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.shards:
+                pipe.zcard(shard.active)
+                pipe.zcard(shard.closing)
+            counts = await pipe.execute()
+        return not any(counts)
+
+    async def wait_applied(self, timeout: float = 30) -> None:
+        await self.wait_for(self.applied, timeout, "entries still unapplied")
+
+    async def wait_drained(self, timeout: float = 60) -> None:
+        await self.wait_for(self.drained, timeout, "not drained")
+
+    async def merged_count(self) -> int:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.shards:
+                pipe.xlen(shard.merged)
+            return sum(await pipe.execute())
+
+    async def wait_merged(self, count: int, timeout: float = 60) -> None:
+        async def enough() -> bool:
+            return await self.merged_count() >= count
+
+        await self.wait_for(enough, timeout, f"fewer than {count} merged entries")
+
+    async def describe(self) -> str:
+        """A one-paragraph picture of the namespace, for failure messages."""
+        lines = []
+        for shard in self.shards:
+            try:
+                pending = (await self.client.xpending(shard.updates, self.group))["pending"]
+            except redis.ResponseError:
+                pending = "no group"
+            lines.append(
+                f"shard {shard.index}: updates={await self.client.xlen(shard.updates)} "
+                f"pending={pending} active={await self.client.zcard(shard.active)} "
+                f"closing={await self.client.zcard(shard.closing)} "
+                f"merged={await self.client.xlen(shard.merged)} "
+                f"dlq={await self.client.xlen(shard.dlq)}"
+            )
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------ reading
+
+    async def _xrange_all(self, stream: str) -> list[tuple[str, dict[str, str]]]:
+        out: list[tuple[str, dict[str, str]]] = []
+        start = "-"
+        while True:
+            chunk = await self.client.xrange(stream, start, "+", count=10_000)
+            out += [(_text(i), _fields(f)) for i, f in chunk]
+            if len(chunk) < 10_000:
+                return out
+            start = "(" + _text(chunk[-1][0])
+
+    async def outputs(self) -> Outputs:
+        """Every merged entry, event and dead letter of the namespace."""
+        turns: dict[TurnKey, TurnOutput] = {}
+        by_synthesis: dict[str, TurnKey] = {}
+        dlq: list[dict[str, str]] = []
+        merged_count = events_count = 0
+        pending_events: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for shard in self.shards:
+            for _id, fields in await self._xrange_all(shard.merged):
+                key = TurnKey(fields["response_id"], fields.get("attempt_id", ""))
+                turns.setdefault(key, TurnOutput(key)).merged.append(fields)
+                by_synthesis[fields["synthesis_id"]] = key
+                merged_count += 1
+            for _id, fields in await self._xrange_all(shard.events):
+                pending_events[fields["synthesis_id"]].append(json.loads(fields["event"]))
+                events_count += 1
+            dlq += [{**f, "_id": i, "_shard": str(shard.index)}
+                    for i, f in await self._xrange_all(shard.dlq)]
+        for synthesis_id, events in pending_events.items():
+            key = by_synthesis.get(synthesis_id)
+            if key is None:  # events of a turn never merged: keep them visible
+                first = events[0]
+                key = TurnKey(first["response_id"], first.get("attempt_id") or "")
+                turns.setdefault(key, TurnOutput(key))
+            turns[key].events.extend(events)
+        return Outputs(turns, dlq, merged_count, events_count)
+
+    async def state_keys(self) -> list[str]:
+        """Internal per-turn state left behind: turn/recs hashes, active/closing zsets."""
+        found: list[str] = []
+        for shard in self.shards:
+            for pattern in (f"{shard.tag}:turn:*", f"{shard.tag}:recs:*"):
+                found += [_text(k) async for k in self.client.scan_iter(match=_glob(pattern))]
+            for name in (shard.active, shard.closing):
+                if await self.client.exists(name):
+                    found.append(name)
+        return found
+
+    async def consumers(self, shard: Shard) -> list[str]:
+        info = await self.client.xinfo_consumers(shard.updates, self.group)
+        return [_text(c["name"]) for c in info]
+
+    # ------------------------------------------------------------ teardown
+
+    async def stop_all(self) -> None:
+        for running in list(self.workers):
+            await self.stop_worker(running)
+
+    async def close(self) -> None:
+        for running in list(self.workers):
+            running.worker.stop()
+        for running in list(self.workers):
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(running.task, 10)
+            with contextlib.suppress(BaseException):
+                await running.client.aclose()
+        self.workers.clear()
+        for sub in list(self.procs):
+            if sub.proc.poll() is None:
+                sub.proc.kill()
+            sub.proc.wait(10)
+        self.procs.clear()
+        await self.client.aclose()
+
+
+def _glob(pattern: str) -> str:
+    """Escape the glob specials of a key prefix (the hash tag's braces are fine)."""
+    head, star, tail = pattern.rpartition("*")
+    escaped = "".join("\\" + c if c in "?[]\\" else c for c in head)
+    return escaped + star + tail
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def compare_with_offline(
+    outputs: Outputs, offline: dict[TurnKey, OfflineTurn], where: str = ""
+) -> None:
+    """Every offline turn merged live exactly once, with the same status and
+    byte-identical ``response``; one terminal event per turn, last."""
+    missing = [k for k in offline if k not in outputs.turns or not outputs.turns[k].merged]
+    assert not missing, f"{where}: turns never merged live: {missing[:5]} ({len(missing)})"
+    extra = [k for k, t in outputs.turns.items() if k not in offline and t.merged]
+    assert not extra, f"{where}: turns merged live but not offline: {extra[:5]}"
+    for key, want in offline.items():
+        got = outputs.turns[key]
+        assert len(got.merged) == 1, f"{where}: {key} merged {len(got.merged)} times"
+        assert got.merged[0]["status"] == want.status, (
+            f"{where}: {key} status {got.merged[0]['status']} != offline {want.status}")
+        assert got.response == want.response, (
+            f"{where}: {key} response differs from processor merge\n"
+            f"live:    {got.response}\noffline: {want.response}")
+        types = [e["type"] for e in got.events]
+        assert types.count("synthesis") == 1, f"{where}: {key} terminal events: {types}"
+        assert types[-1] == "synthesis", f"{where}: {key} terminal not last: {types}"
+        assert types.count("synthesis.started") == 1 and types[0] == "synthesis.started", (
+            f"{where}: {key} events {types}")
+        seqs = [e["seq"] for e in got.events]
+        assert seqs == list(range(len(seqs))), f"{where}: {key} seq {seqs}"
