@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
 from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
 from processor.connections import TRANSIENT
@@ -119,7 +119,7 @@ class Worker:
         connection errors (Redis restarting, failing over, unreachable)."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1),
             before_sleep=lambda s: log.warning("redis unavailable, retrying",
                                                extra={"error": repr(s.outcome.exception())}),
             reraise=True,
