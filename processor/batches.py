@@ -96,14 +96,21 @@ def _entry_args(
     now_ms: int,
 ) -> list[Any]:
     if deliveries > options.max_deliveries:
-        detail = f"delivered {deliveries} times without being acked (limit {options.max_deliveries})"
+        limit = options.max_deliveries
+        detail = f"delivered {deliveries} times without being acked (limit {limit})"
         return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries]
     try:
         key, record = decode_entry(fields, max_entry_bytes=options.limits.max_entry_bytes)
     except EntryError as exc:
         n = turns.number(exc.turn, {}, now_ms) if exc.turn else 0
         return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries]
-    expected = shard_of(routing_id({_text(k): v for k, v in fields.items()}), options.shards)
+    # Field names are bytes from Redis; one that is not UTF-8 is just an
+    # unknown field (decode_entry ignored it), never a reason to fail the batch.
+    expected = 0
+    if options.shards > 1:
+        named = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v
+                 for k, v in fields.items()}
+        expected = shard_of(routing_id(named), options.shards)
     if expected != shard.index:
         detail = f"the turn belongs to shard {expected}, not {shard.index}"
         return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries]
