@@ -84,6 +84,7 @@ class Worker:
         self.scripts = Scripts(client)
         self._stopping = asyncio.Event()
         self._cursor: dict[int, int] = {}
+        self._reclaim_cursor: dict[int, str] = {}
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
@@ -132,16 +133,30 @@ class Worker:
     async def _shard_loop(self, shard: Shard) -> None:
         next_sweep = next_reclaim = 0.0
         while not self.stopping:
-            await self._retrying(self._read_once, shard)
-            now = time.monotonic()
-            if now >= next_sweep:
-                await self._retrying(self.sweep, shard)
-                next_sweep = now + self.config.sweep_interval
-            if now >= next_reclaim:
-                await self._retrying(self.reclaim, shard)
-                next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            try:
+                await self._read_once(shard)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    await self._retrying(self.sweep, shard)
+                    next_sweep = now + self.config.sweep_interval
+                if now >= next_reclaim:
+                    await self._retrying(self.reclaim, shard)
+                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            except Exception:
+                # A bug or an unexpected reply must not stop the worker: what
+                # was not applied stays pending, is reclaimed and, if it keeps
+                # failing, dead-lettered after max_deliveries.
+                log.exception("shard loop step failed", extra={"shard": shard.index})
+                await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
     async def _read_once(self, shard: Shard) -> None:
+        entries = await self._retrying(self._read, shard)
+        if entries:
+            # On a connection error the same batch is applied again: the XACK
+            # fence makes that idempotent, and nothing waits for a reclaim.
+            await self._retrying(self._apply_isolated, shard, entries, {})
+
+    async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
         try:
             reply = await self.client.xreadgroup(
                 self.config.group, self.config.consumer, {shard.updates: ">"},
@@ -151,10 +166,28 @@ class Worker:
             if "NOGROUP" not in str(exc):
                 raise
             await self.ensure_groups()  # the stream was deleted under us
-            return
-        for _stream, entries in reply or []:
-            if entries:
-                await self.apply(shard, entries, {})
+            return []
+        return [entry for _stream, entries in reply or [] for entry in entries]
+
+    async def _apply_isolated(
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int]
+    ) -> None:
+        """Apply a batch; if it fails (not a connection error), apply its entries
+        one by one, so that one entry that always fails stays pending alone
+        (and reaches max_deliveries alone) instead of taking its batch along."""
+        try:
+            await self.apply(shard, entries, deliveries)
+        except TRANSIENT:
+            raise
+        except Exception:
+            if len(entries) == 1:
+                log.exception("entry failed, left pending for redelivery",
+                              extra={"shard": shard.index, "entry_id": _text(entries[0][0])})
+                return
+            log.exception("batch failed, applying its entries one by one",
+                          extra={"shard": shard.index, "count": len(entries)})
+            for entry in entries:
+                await self._apply_isolated(shard, [entry], deliveries)
 
     # ------------------------------------------------------------ transitions
 
@@ -194,7 +227,11 @@ class Worker:
             turn_hash, recs = replies[2 * i], replies[2 * i + 1]
             if not turn_hash:
                 continue  # finalised by another worker already
-            outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
+            try:
+                outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
+            except Exception:  # one turn that cannot be replayed must not block the others
+                log.exception("could not settle turn", extra={"turn": key.encode()})
+                continue
             if outcome is not None:
                 settled.append((key, _text(turn_hash.get(b"ver", b"0")), outcome))
         if not settled:
@@ -228,10 +265,14 @@ class Worker:
     async def reclaim(self, shard: Shard) -> None:
         """Take over entries idle in any consumer's pending list (a dead worker's)."""
         cfg = self.config
+        # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
+        # from where the last call stopped, so idle entries behind many
+        # in-flight ones are found too.
         reply = await self.client.xautoclaim(
             shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
-            start_id="0-0", count=cfg.batch,
+            start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
         )
+        self._reclaim_cursor[shard.index] = _text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
         gone = [i for i, f in reply[1] if f is None]
         if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
@@ -244,7 +285,7 @@ class Worker:
         )
         deliveries = {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
         log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
-        await self.apply(shard, entries, deliveries)
+        await self._apply_isolated(shard, entries, deliveries)
 
     async def _leave(self) -> None:
         """Remove this consumer from each group once it holds no pending entry."""
