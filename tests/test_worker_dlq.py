@@ -1,0 +1,181 @@
+"""Poison and garbage entries through live workers: each lands in the DLQ with
+the right ``reason``, ``detail``, ``source_id`` and ``deliveries``, the
+workers keep running, and the turns around them still merge as ``processor
+merge`` merges them. Entries of a finished turn go to the DLQ as turn_closed."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import msgspec
+import pytest
+from strategies import random_turn
+from worker_harness import Harness, compare_with_offline, interleave, offline_results
+
+import processor.batches
+from processor.ids import shard_of
+from processor.offline import merge_lines
+
+
+def _update(text: str, **extra: Any) -> str:
+    return json.dumps({"type": "agent_response_update", "role": "assistant",
+                       "contents": [{"type": "text", "text": text}], **extra})
+
+
+# (entry, reason, a piece of the detail): entries a JSON line can express, so
+# processor merge sees them too and must agree.
+GARBAGE: list[tuple[dict[str, Any], str, str]] = [
+    ({"response_id": "g-badjson", "update": "{not json"}, "bad_encoding", "'update'"),
+    ({"update": _update("orphan")}, "missing_turn_key", "response_id"),
+    ({"response_id": "g-kind", "kind": "explode"}, "invalid_entry", "kind"),
+    ({"response_id": "g-big", "update": _update("x" * (1 << 20))}, "too_large", "limit is 1048576"),
+    ({"response_id": "g-types", "update": json.dumps({"contents": "nope"})},
+     "invalid_update", "$.update.contents"),
+    ({"response_id": "g-types2", "update": json.dumps({"contents": [{"type": "text", "text": 5}]})},
+     "invalid_update", "$.update.contents[0].text"),
+    ({"response_id": "g-array", "update": "[1, 2]"}, "invalid_update", "$.update"),
+    ({"response_id": "g-enc", "enc": "xml", "update": _update("x")}, "bad_encoding", "'enc'"),
+    ({"response_id": "g-msgpack", "enc": "msgpack", "update": "\x93garbage"},
+     "bad_encoding", "msgpack"),
+    ({"response_id": "g-noupdate"}, "invalid_update", "'update' is required"),
+    ({"response_id": "g-long", "attempt_id": "a" * 600, "update": _update("x")},
+     "invalid_entry", "attempt_id"),
+]
+
+
+async def test_garbage_entries_are_dead_lettered(redis_url: str, namespace: str) -> None:
+    rng = random.Random(11)
+    turns = [random_turn(rng, f"around-{i}") for i in range(30)]
+    # A turn that reads the default limits: 1 MiB per entry (too_large above).
+    stream = interleave(turns, rng)
+    slots = sorted(rng.sample(range(len(stream)), len(GARBAGE)), reverse=True)
+    for slot, (entry, _, _) in zip(slots, GARBAGE, strict=True):
+        stream.insert(slot, entry)
+    offline = offline_results(stream)
+    offline_dead = merge_lines([json.dumps(e) for e in stream]).dead
+    async with Harness(redis_url, namespace, shards=2) as harness:
+        await harness.start_workers(2)
+        ids = await harness.add(stream)
+        # Raw garbage a JSON line cannot carry: invalid UTF-8 in a value and
+        # in a field name, and an entry sent to the wrong shard.
+        home = harness.shard_of({"response_id": "g-utf8"})
+        bad_utf8 = await harness.add_raw(home, {b"response_id": b"g-\xff\xfe", b"update": b"{}"})
+        named = harness.shard_of({"response_id": "g-fieldname"})
+        await harness.add_raw(named, {b"response_id": b"g-fieldname", b"\xff\xfe": b"junk",
+                                      b"update": _update("kept").encode()})
+        await harness.add_raw(named, {b"response_id": b"g-fieldname", b"kind": b"end"})
+        other = harness.ns.shard(1 - shard_of("around-3", 2))
+        wrong = await harness.add_raw(other, {b"response_id": b"around-3",
+                                              b"update": _update("lost?").encode()})
+        await harness.wait_merged(len(offline) + 1)
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+
+    by_source = {d["source_id"]: d for d in outputs.dlq}
+    assert len(by_source) == len(outputs.dlq), "an entry was dead-lettered twice"
+    expected_ids = set()
+    for entry, reason, detail in GARBAGE:
+        i = stream.index(entry)
+        dead = by_source.get(ids[i])
+        assert dead is not None, f"{entry} not in the DLQ"
+        assert dead["reason"] == reason, (entry, dead)
+        assert detail in dead["detail"], (entry, dead["detail"])
+        assert dead["deliveries"] == "1"
+        # The original fields come along (values cut to a bounded prefix).
+        for name, value in entry.items():
+            assert value.startswith(dead[name]) or dead[name] == value, name
+        # processor merge says the same of the same line.
+        same = [d for d in offline_dead if d.source_id == f"0-{i + 1}"]
+        assert [(d.reason, d.detail) for d in same] == [(reason, dead["detail"])]
+        expected_ids.add(ids[i])
+    assert by_source[ids[stream.index(GARBAGE[3][0])]].get("truncated") == "1"
+    assert by_source[bad_utf8]["reason"] == "bad_encoding"
+    assert "response_id" in by_source[bad_utf8]["detail"]
+    assert by_source[wrong]["reason"] == "wrong_shard"
+    expected_ids |= {bad_utf8, wrong}
+    assert set(by_source) == expected_ids
+
+    # The turns around the garbage merged exactly as processor merge merges them,
+    # and the entry with a junk field name merged as if the field were not there.
+    junk = outputs.turns.pop(next(k for k in outputs.turns if k.response_id == "g-fieldname"))
+    compare_with_offline(outputs, offline, "around garbage")
+    assert json.loads(junk.response)["messages"][0]["contents"][0]["text"] == "kept"
+
+
+async def test_entries_of_a_finished_turn_are_turn_closed(redis_url: str, namespace: str) -> None:
+    first = [{"response_id": "done-1", "update": _update("one")}, {"response_id": "done-1",
+                                                                   "kind": "end"}]
+    # Entries after the end in the same flow: the worker may find them before
+    # or after it finalised the turn; either way they are turn_closed.
+    second = [{"response_id": "done-2", "update": _update("two")},
+              {"response_id": "done-2", "kind": "end"},
+              {"response_id": "done-2", "update": _update("late in flow")}]
+    late = [{"response_id": "done-1", "update": _update("late")},
+            {"response_id": "done-1", "kind": "end"}]
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_workers(2)
+        await harness.add(first)
+        await harness.wait_merged(1)
+        ids = await harness.add(second + late)
+        await harness.wait_merged(2)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+    offline = offline_results(first + second + late)
+    compare_with_offline(outputs, offline, "turn_closed")
+    closed = {d["source_id"]: d for d in outputs.dlq}
+    assert set(closed) == {ids[2], ids[3], ids[4]}
+    for dead in closed.values():
+        assert dead["reason"] == "turn_closed", dead
+        assert dead["deliveries"] == "1"
+        assert dead["detail"]
+    assert closed[ids[3]]["update"] == late[0]["update"]
+    assert json.loads(closed[ids[2]]["update"])["contents"][0]["text"] == "late in flow"
+    assert closed[ids[4]]["kind"] == "end"
+
+
+async def test_poison_entry_reaches_max_deliveries(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry whose processing always fails (here: decoding raises, as a bug
+    would) stays pending alone, is redelivered by reclaim and dead-lettered
+    after max_deliveries; its batch-mates and the workers carry on."""
+    real = processor.batches.decode_entry
+
+    def decode_or_fail(fields: Any, **kw: Any) -> Any:
+        if b"poison" in fields:
+            raise RuntimeError("this entry always fails")
+        return real(fields, **kw)
+
+    monkeypatch.setattr(processor.batches, "decode_entry", decode_or_fail)
+    rng = random.Random(12)
+    turns = [random_turn(rng, f"near-{i}") for i in range(10)]
+    stream = interleave(turns, rng)
+    poison = {"response_id": "near-3", "update": _update("poison"), "poison": "1"}
+    stream.insert(len(stream) // 2, poison)
+    offline = offline_results([e for e in stream if e is not poison])
+    max_deliveries = 3
+    async with Harness(redis_url, namespace, reclaim_idle_ms=200,
+                       max_deliveries=max_deliveries, batch=50) as harness:
+        await harness.start_workers(2)
+        ids = await harness.add(stream)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+    assert len(outputs.dlq) == 1, outputs.dlq
+    dead = outputs.dlq[0]
+    assert dead["source_id"] == ids[stream.index(poison)]
+    assert dead["reason"] == "max_deliveries"
+    assert dead["deliveries"] == str(max_deliveries + 1)
+    assert f"delivered {max_deliveries + 1} times" in dead["detail"]
+    assert dead["poison"] == "1" and dead["response_id"] == "near-3"
+    compare_with_offline(outputs, offline, "around poison")
+
+
+def test_garbage_table_is_json_lines() -> None:
+    """The table above is what processor merge can read (guards the comparison)."""
+    for entry, _, _ in GARBAGE:
+        assert msgspec.json.decode(json.dumps(entry)) == entry
