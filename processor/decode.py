@@ -150,18 +150,28 @@ def _sized_str_keys(fields: Mapping[Any, Any]) -> tuple[dict[str, Any], int]:
     """``(_as_str_keys(fields), entry_size(fields))`` in one pass (the hot path).
 
     Only the size can raise, and it is computed first for each field, so
-    failures are those of ``entry_size`` followed by ``_as_str_keys``.
+    failures are those of ``entry_size`` followed by ``_as_str_keys``. A plain
+    dict with str keys and str/bytes values is returned as it is: nothing in
+    the decoder writes to the fields, so it stands for its own copy.
     """
+    if fields.__class__ is dict:
+        total = 0
+        for key, value in fields.items():
+            cls = value.__class__
+            if key.__class__ is not str or (cls is not str and cls is not bytes):
+                break
+            total += len(key) + len(value)
+        else:
+            return fields, total
     total = 0
     out: dict[str, Any] = {}
     for key, value in fields.items():
         total += len(key)
-        cls = value.__class__
-        if cls is str or cls is bytes or isinstance(value, bytes | str):
+        if isinstance(value, bytes | str):
             total += len(value)
         elif value is not None:
             total += len(msgspec.json.encode(value))
-        if key.__class__ is not str and isinstance(key, bytes):
+        if isinstance(key, bytes):
             key = key.decode("utf-8", "replace")
         out[key] = value
     return out, total
@@ -195,20 +205,26 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
     if enc is not None and enc.__class__ is not str:
         enc = _text(fields, "enc")
     enc = enc or "json"
-    if enc not in ("json", "msgpack"):
+    if enc == "json":
+        fast, generic = _json_update, _json_any
+    elif enc == "msgpack":
+        fast, generic = _msgpack_update, _msgpack_any
+    else:
         raise EntryError("bad_encoding", f"field 'enc': unknown encoding {clip(enc)}")
     raw = fields.get("update")
-    if raw is None:
-        raise EntryError("invalid_update", "field 'update' is required for kind=update")
-    if isinstance(raw, dict):
-        return update_from_object(raw)
-    if isinstance(raw, str):
+    if raw.__class__ is str:
         raw = raw.encode("utf-8")
-    if not isinstance(raw, bytes):
-        raise EntryError(
-            "invalid_update", f"field 'update': expected JSON text, got {type(raw).__name__}"
-        )
-    fast, generic = (_json_update, _json_any) if enc == "json" else (_msgpack_update, _msgpack_any)
+    elif raw.__class__ is not bytes:
+        if raw is None:
+            raise EntryError("invalid_update", "field 'update' is required for kind=update")
+        if isinstance(raw, dict):
+            return update_from_object(raw)
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        if not isinstance(raw, bytes):
+            raise EntryError(
+                "invalid_update", f"field 'update': expected JSON text, got {type(raw).__name__}"
+            )
     try:
         return fast.decode(raw)
     except msgspec.ValidationError:
