@@ -39,12 +39,16 @@ from typing import Any
 
 from agent_framework import AgentResponse, AgentResponseUpdate, Content
 
-from processor.decode import decode_entry
-from processor.events import encode_response
-from processor.ids import TurnKey
-from processor.merge import Turn
-
+# Measure the processor of the checkout this script lives in, whatever is
+# installed in the environment.
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from processor.decode import decode_entry  # noqa: E402
+from processor.events import encode_response  # noqa: E402
+from processor.ids import TurnKey  # noqa: E402
+from processor.merge import Turn  # noqa: E402
+
 DOCS = ROOT / "docs" / "benchmarks.md"
 START = "<!-- merge-bench:start -->"
 END = "<!-- merge-bench:end -->"
@@ -290,6 +294,7 @@ def machine() -> dict[str, str]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
         "cpu": f"{cpu} ({os.cpu_count()} logical CPUs)",
+        "processor package": str(Path(sys.modules["processor"].__file__).parent),
         "agent-framework-core": metadata.version("agent-framework-core"),
         "msgspec": metadata.version("msgspec"),
     }
