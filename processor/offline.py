@@ -3,11 +3,16 @@
 The same decoding, lifecycle and merge code as the worker; the file's line
 order is the arrival order. A turn still open at the end of the file ends as
 ``turn_timeout`` (contract section 8).
+
+The output is a function of the file alone, so the same file always prints
+the same bytes: event ``ts`` and ``meta`` timings come from the entry ids
+(``<ms>-<seq>``, as a stream entry id). A line without one takes the time of
+the last entry that had one (0 before any); the wall clock is never read
+unless the caller passes ``clock_ms``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -19,7 +24,10 @@ from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife, Verdict
 from processor.models import Event, TurnResult
 
-_line_decoder = msgspec.json.Decoder(dict[str, Any])
+# Fields stay raw JSON: ``update`` then travels to the decoder as JSON text,
+# exactly as over Redis, and one bad field cannot break reading the others.
+_line_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_value_decoder = msgspec.json.Decoder()
 
 
 class DeadLetter(msgspec.Struct):
@@ -47,21 +55,34 @@ class OfflineMerge:
     ) -> None:
         self.limits = limits or Limits()
         self.progress = progress
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock_ms = clock_ms
+        self._last_ms = 0
         self.turns: dict[TurnKey, _Open] = {}
         self.cancelled: set[str] = set()
         self.dead: list[DeadLetter] = []
 
     def feed_line(self, line_no: int, text: str | bytes) -> None:
         """One JSONL line: an entry object, or a ``cancel`` line."""
+        source_id = f"line-{line_no}"
         try:
-            fields = _line_decoder.decode(text)
-        except msgspec.DecodeError as exc:
-            self._dead(line_no, f"line-{line_no}", "bad_encoding", f"not a JSON object: {exc}")
-            return
+            raw = _line_decoder.decode(text)
         except msgspec.ValidationError:
-            self._dead(line_no, f"line-{line_no}", "invalid_entry", "line is not a JSON object")
+            self._dead(line_no, source_id, "invalid_entry", "line is not a JSON object")
             return
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            self._dead(line_no, source_id, "bad_encoding", f"line is not valid JSON: {exc}")
+            return
+        except RecursionError:
+            self._dead(line_no, source_id, "invalid_entry", "line is nested too deeply to read")
+            return
+        fields: dict[str, Any] = {}
+        for name, value in raw.items():
+            try:
+                fields[name] = _line_field(name, value)
+            except RecursionError:
+                detail = f"field {name!r} is nested too deeply"
+                self._dead(line_no, source_id, "invalid_entry", detail)
+                return
         self.feed(line_no, fields)
 
     def feed(self, line_no: int, fields: dict[str, Any]) -> None:
@@ -113,7 +134,13 @@ class OfflineMerge:
 
     def _ts(self, source_id: str) -> int:
         head = source_id.partition("-")[0]
-        return int(head) if head.isdigit() and int(head) > 0 else self._clock_ms()
+        if head.isdigit() and int(head) > 0:
+            self._last_ms = int(head)
+            return self._last_ms
+        return self._now()
+
+    def _now(self) -> int:
+        return self._clock_ms() if self._clock_ms else self._last_ms
 
     def _dead(
         self, line_no: int, source_id: str, reason: str, detail: str, rid: str | None = None
@@ -125,8 +152,19 @@ class OfflineMerge:
         for turn in self.turns.values():
             life = turn.life
             if life.expire():
-                turn.finished_ms = self._clock_ms()
+                turn.finished_ms = self._now()
             yield _result(turn)
+
+
+def _line_field(name: str, raw: msgspec.Raw) -> Any:
+    """A field of a ``processor merge`` line. ``update`` stays JSON text (an
+    object's own text, or the text a JSON string holds) for the decoder."""
+    if name != "update":
+        return _value_decoder.decode(raw)
+    text = bytes(raw)
+    if text.startswith(b'"'):
+        return _value_decoder.decode(text)
+    return text
 
 
 def _closed_detail(verdict: Verdict) -> str:

@@ -1,0 +1,444 @@
+"""Checks of merged turns against the scenarios and the contract's invariants.
+
+Reusable: the offline tests and the live-worker tests hand these functions
+the same thing, one turn's result as a plain JSON dict shaped like a
+``processor merge`` line: ``{"response_id", "attempt_id", "status",
+"response", "meta", "events"}``. Every check raises ``AssertionError`` with
+the scenario/turn named, so a failure says what broke where.
+
+- :func:`check_expected_turn`: one turn of a ``NAME.expect.json`` (only the
+  keys the expectation names are compared, as scenarios/README.md says).
+- :func:`check_invariants`: what every turn must satisfy (unique message ids,
+  event sequence, the response loads in Agent Framework).
+- :func:`check_deltas`: for turns made by :mod:`tests.strategies`, every delta
+  token appears exactly once, in its message, in arrival order, and the rest
+  of contract section 4 (block order, ids, results after calls, usage,
+  finish reason).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strategies import TOKEN
+
+from processor.ids import response_id_for_turn
+
+SCENARIOS = Path(__file__).parent / "data" / "scenarios"
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def scenario_names() -> list[str]:
+    """Every scenario in the project's own test data, sorted."""
+    return sorted(p.name.removesuffix(".jsonl") for p in SCENARIOS.glob("*.jsonl"))
+
+
+def scenario_path(name: str) -> Path:
+    return SCENARIOS / f"{name}.jsonl"
+
+
+def scenario_lines(name: str) -> list[str]:
+    return scenario_path(name).read_text(encoding="utf-8").splitlines()
+
+
+def scenario_expect(name: str) -> dict[str, Any]:
+    return json.loads((SCENARIOS / f"{name}.expect.json").read_text(encoding="utf-8"))
+
+
+def expected_key(turn: dict[str, Any]) -> tuple[str, str | None]:
+    """``(response_id, attempt_id)`` of an expected turn (ResponseId assigned
+    from ``turn_id`` when the expectation names only that)."""
+    response_id = turn.get("response_id") or response_id_for_turn(turn["turn_id"])
+    return response_id, turn.get("attempt_id")
+
+
+def check_scenario(name: str, results: list[dict[str, Any]]) -> None:
+    """All turns of a scenario: exactly the expected turns, each as expected."""
+    expect = scenario_expect(name)["turns"]
+    got = {(r["response_id"], r.get("attempt_id")): r for r in results}
+    assert len(got) == len(results), f"{name}: a turn was published twice"
+    want = [expected_key(t) for t in expect]
+    assert sorted(got, key=str) == sorted(want, key=str), f"{name}: turns {list(got)} != {want}"
+    for turn in expect:
+        result = got[expected_key(turn)]
+        where = f"{name}/{expected_key(turn)[0]}"
+        check_invariants(result, where)
+        check_expected_turn(result, turn, where)
+
+
+# ---------------------------------------------------------------- expectations
+
+
+def text_of(message: dict[str, Any], kind: str = "text") -> str:
+    """The concatenated ``text`` of a message's contents of one type."""
+    return "".join(c.get("text") or "" for c in message["contents"] if c["type"] == kind)
+
+
+def _json_or_raw(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "call_id": c.get("call_id"),
+            "name": c.get("name"),
+            "arguments": _json_or_raw(c.get("arguments")),
+        }
+        for c in message["contents"]
+        if c["type"] == "function_call"
+    ]
+
+
+def check_expected_message(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    """Compare only the keys the expectation names (scenarios/README.md)."""
+    for key, value in want.items():
+        if key == "text":
+            actual: Any = text_of(got, "text")
+        elif key == "reasoning":
+            actual = text_of(got, "text_reasoning")
+        elif key == "content_types":
+            actual = [c["type"] for c in got["contents"]]
+        elif key == "calls":
+            actual = _calls(got)
+            value = [{**c, "arguments": _json_or_raw(c.get("arguments"))} for c in value]
+        else:
+            actual = got.get(key)
+        assert actual == value, f"{where}: {key} is {actual!r}, expected {value!r}"
+
+
+def check_expected_turn(result: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    """One expected turn: status, messages in order, turn-level keys."""
+    response, meta = result["response"], result["meta"]
+    assert result["status"] == want["status"], f"{where}: status {result['status']}"
+    if "turn_id" in want:
+        assert meta["ids"].get("turn_id") == want["turn_id"], f"{where}: turn_id"
+    if want.get("attempt_id"):
+        assert result["attempt_id"] == want["attempt_id"], f"{where}: attempt_id"
+    messages = response["messages"]
+    if "messages" in want:
+        summary = [(m.get("message_id"), m["role"], text_of(m)) for m in messages]
+        assert len(messages) == len(want["messages"]), f"{where}: messages {summary}"
+        for i, (got, exp) in enumerate(zip(messages, want["messages"], strict=True)):
+            check_expected_message(got, exp, f"{where} message[{i}]")
+    if "finish_reason" in want:
+        assert response.get("finish_reason") == want["finish_reason"], f"{where}: finish_reason"
+    for name, count in want.get("usage", {}).items():
+        usage = response.get("usage_details") or {}
+        assert usage.get(name) == count, f"{where}: usage {name} = {usage.get(name)}, want {count}"
+    if "error_code" in want:
+        error = result["events"][-1].get("error") or {}
+        assert error.get("code") == want["error_code"], f"{where}: error {error}"
+    for name, value in want.get("ids", {}).items():
+        assert meta["ids"].get(name) == value, f"{where}: meta.ids[{name!r}] = {meta['ids']}"
+    if "dropped_min" in want:
+        dropped = meta["counts"]["dropped"]
+        assert dropped >= want["dropped_min"], f"{where}: dropped {dropped}"
+
+
+# ---------------------------------------------------------------- invariants
+
+
+def check_invariants(result: dict[str, Any], where: str = "turn") -> None:
+    """The contract's invariants for one published turn (scenarios/README.md)."""
+    response = result["response"]
+    assert response["response_id"] == result["response_id"], f"{where}: response_id"
+    ids = [m.get("message_id") for m in response["messages"]]
+    assert all(ids), f"{where}: a message without message_id: {ids}"
+    assert len(set(ids)) == len(ids), f"{where}: duplicate message ids {ids}"
+    assert all(m["contents"] for m in response["messages"]), f"{where}: an empty message"
+    _check_events(result, where)
+    _check_loads(response, where)
+
+
+def _check_events(result: dict[str, Any], where: str) -> None:
+    events = result["events"]
+    types = [e["type"] for e in events]
+    assert types.count("synthesis.started") == 1, f"{where}: events {types}"
+    assert types.count("synthesis") == 1, f"{where}: events {types}"
+    assert types[0] == "synthesis.started" and types[-1] == "synthesis", f"{where}: {types}"
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(len(events))), f"{where}: seq not gap-free from 0: {seqs}"
+    synthesis_id = events[0]["synthesis_id"]
+    for event in events:
+        assert event["synthesis_id"] == synthesis_id, f"{where}: mixed synthesis ids"
+        assert event["response_id"] == result["response_id"], f"{where}: event response_id"
+    terminal = events[-1]
+    assert terminal["status"] == result["status"], f"{where}: terminal status"
+    assert (terminal.get("error") is not None) == (result["status"] == "error"), f"{where}: error"
+
+
+def _check_loads(response: dict[str, Any], where: str) -> None:
+    from agent_framework import AgentResponse
+
+    loaded = AgentResponse.from_dict(json.loads(json.dumps(response)))
+    assert len(loaded.messages) == len(response["messages"]), f"{where}: messages lost on load"
+    assert loaded.response_id == response["response_id"], f"{where}: response_id lost on load"
+    for got, want in zip(loaded.messages, response["messages"], strict=True):
+        assert got.message_id == want["message_id"], f"{where}: message_id lost on load"
+        assert [c.type for c in got.contents] == [c["type"] for c in want["contents"]], where
+
+
+# ---------------------------------------------------------------- delta tokens
+
+
+def tokens(value: Any) -> list[str]:
+    """Every ``<n>`` token in a JSON value, in document order."""
+    return TOKEN.findall(value if isinstance(value, str) else json.dumps(value))
+
+
+@dataclass
+class _Update:
+    """What the oracle needs of one input update."""
+
+    index: int
+    group: tuple[str, Any]  # ("k", message_id) or ("r", run number)
+    block: str  # the inner response block its message sits in
+    own_block: str  # the inner response the update itself names
+    streams: list[tuple[Any, list[str]]]  # (stream, tokens): "seq" or ("call", call_id)
+    results: list[str] = field(default_factory=list)
+    message_id: str | None = None
+
+
+def _updates(entries: Iterable[dict[str, Any]], response_id: str) -> list[_Update]:
+    """Group the turn's updates as contract 4.3/4.4 say: a message id is one
+    message; an id-less run continues while the previous update was id-less,
+    in the same inner response, with no role or author change (an unnamed role
+    or author continues; a run that has not named its role yet is assistant).
+
+    A function result never goes before its call (4.5): an id-less update
+    answering a call that sits in a later inner-response block joins that
+    block instead of its own.
+    """
+    out: list[_Update] = []
+    first_seen: dict[str, int] = {}
+    group_block: dict[tuple[str, Any], str] = {}
+    call_block: dict[str, str] = {}
+    run: tuple[int, str | None, str | None, str] | None = None  # number, role, author, block
+    runs = 0
+    for entry in entries:
+        if entry.get("kind", "update") != "update":
+            continue
+        update = entry["update"]
+        if isinstance(update, str):
+            update = json.loads(update)
+        inner = update.get("response_id")
+        block = own = "" if not inner or inner == response_id else inner
+        first_seen.setdefault(block, len(first_seen))
+        role, author = update.get("role"), update.get("author_name")
+        if update.get("message_id"):
+            group: tuple[str, Any] = ("k", update["message_id"])
+            run = None
+        else:
+            answered = [
+                call_block[c["call_id"]]
+                for c in update.get("contents", [])
+                if c.get("type") == "function_result" and c.get("call_id") in call_block
+            ]
+            block = max([block, *answered], key=first_seen.__getitem__)
+            if run is None or not (
+                block == run[3]
+                and (role is None or role == (run[1] or "assistant"))
+                and (author is None or run[2] is None or author == run[2])
+            ):
+                run, runs = (runs, None, None, block), runs + 1
+            run = (run[0], run[1] or role, run[2] or author, block)
+            group = ("r", run[0])
+        group_block.setdefault(group, block)
+        parsed = _parse_update(len(out), group, (group_block[group], own), update)
+        for stream, _ in parsed.streams:
+            if isinstance(stream, tuple) and stream[1] is not None:
+                call_block.setdefault(stream[1], group_block[group])
+        out.append(parsed)
+    return out
+
+
+def _parse_update(
+    index: int, group: tuple[str, Any], blocks: tuple[str, str], update: dict[str, Any]
+) -> _Update:
+    parsed = _Update(index, group, *blocks, [], message_id=update.get("message_id") or None)
+    for content in update.get("contents", []):
+        kind = content.get("type")
+        if kind == "function_call":
+            stream = ("call", content.get("call_id"))
+            parsed.streams.append((stream, tokens(content.get("arguments"))))
+        elif kind == "function_result":
+            parsed.results.extend(tokens(content))
+        elif kind != "usage":
+            parsed.streams.append(("seq", tokens(content)))
+    return parsed
+
+
+def _positions(response: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """token -> (message index, content index, offset); each token once."""
+    where: dict[str, tuple[int, int, int]] = {}
+    for m, message in enumerate(response["messages"]):
+        for c, content in enumerate(message["contents"]):
+            for o, token in enumerate(tokens(content)):
+                assert token not in where, f"token <{token}> appears twice"
+                where[token] = (m, c, o)
+    return where
+
+
+def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
+    """Contract section 4 on a turn built by :mod:`tests.strategies`."""
+    response_id = response["response_id"]
+    updates = _updates(entries, response_id)
+    where = _positions(response)
+    sent = [t for u in updates for _, toks in u.streams for t in toks] + [
+        t for u in updates for t in u.results
+    ]
+    assert sorted(sent, key=int) == sorted(where, key=int), "tokens lost or invented"
+    home = _check_groups(updates, where, response)
+    _check_ids(updates, response)
+    _check_order(updates, home, response, response_id)
+    _check_results_after_calls(response)
+    _check_turn_fields(entries, response)
+
+
+def _check_groups(
+    updates: list[_Update], where: dict[str, tuple[int, int, int]], response: dict[str, Any]
+) -> dict[tuple[str, Any], int]:
+    """Each group's deltas live in one message, in arrival order; a call's
+    chunks in one content; a folded id-less run sits in front of the keyed
+    message it folded into."""
+    home: dict[tuple[str, Any], int] = {}
+    seq: dict[tuple[str, Any], list[str]] = defaultdict(list)
+    calls: dict[tuple[tuple[str, Any], Any], list[str]] = defaultdict(list)
+    for u in updates:
+        for stream, toks in u.streams:
+            target = seq[u.group] if stream == "seq" else calls[(u.group, stream)]
+            target.extend(toks)
+    for group, toks in [*seq.items(), *((g, t) for (g, _), t in calls.items())]:
+        for token in toks:
+            message = where[token][0]
+            assert home.setdefault(group, message) == message, f"{group} split over messages"
+    for group, toks in seq.items():
+        spots = [where[t][1:] for t in toks]
+        assert spots == sorted(spots), f"{group}: deltas out of arrival order"
+    for (group, call), toks in calls.items():
+        spots = [where[t] for t in toks]
+        assert len({s[:2] for s in spots}) <= 1, f"{group}: call {call} split"
+        assert spots == sorted(spots), f"{group}: call {call} chunks out of order"
+    keyed_homes = [m for g, m in home.items() if g[0] == "k"]
+    assert len(keyed_homes) == len(set(keyed_homes)), "two message ids merged into one message"
+    for group, message in home.items():
+        if group[0] == "k":
+            assert response["messages"][message]["message_id"] == group[1], f"{group}: id"
+    _check_folds(home, where, seq, calls)
+    return home
+
+
+def _check_folds(
+    home: dict[tuple[str, Any], int],
+    where: dict[str, tuple[int, int, int]],
+    seq: dict[tuple[str, Any], list[str]],
+    calls: dict[tuple[tuple[str, Any], Any], list[str]],
+) -> None:
+    spots: dict[tuple[str, Any], list[tuple[int, int]]] = defaultdict(list)
+    for group, toks in seq.items():
+        spots[group].extend(where[t][1:] for t in toks)
+    for (group, _), toks in calls.items():
+        spots[group].extend(where[t][1:] for t in toks)
+    by_message: dict[int, list[tuple[str, Any]]] = defaultdict(list)
+    for group, message in home.items():
+        by_message[message].append(group)
+    for groups in by_message.values():
+        keyed = [g for g in groups if g[0] == "k"]
+        if not keyed:
+            continue
+        first_keyed = min(spots[keyed[0]])
+        for group in groups:
+            if group[0] == "r":
+                assert max(spots[group]) <= first_keyed, f"run {group} not folded in front"
+
+
+def _check_ids(updates: list[_Update], response: dict[str, Any]) -> None:
+    """A message carries a producer's id only if it holds something of that
+    producer message: an assigned id never equals a producer id (rule 6)."""
+    owner = {t: u.message_id for u in updates for _, toks in u.streams for t in toks}
+    owner.update({t: u.message_id for u in updates for t in u.results})
+    producer_ids = {u.message_id for u in updates if u.message_id}
+    for message in response["messages"]:
+        message_id = message["message_id"]
+        if message_id in producer_ids:
+            mine = [t for t in tokens(message["contents"]) if owner[t] == message_id]
+            assert mine, f"message {message_id} holds nothing of that producer message"
+
+
+def _check_order(
+    updates: list[_Update],
+    home: dict[tuple[str, Any], int],
+    response: dict[str, Any],
+    response_id: str,
+) -> None:
+    """Blocks contiguous in first-seen order; within a block, messages in the
+    order their first update arrived (a folded message is where its keyed
+    message is)."""
+    first_seen: dict[str, int] = {}
+    first_update: dict[tuple[str, Any], int] = {}
+    for u in updates:
+        first_seen.setdefault(u.own_block, len(first_seen))
+        first_update.setdefault(u.group, u.index)
+    blocks: list[str] = []
+    for i in range(len(response["messages"])):
+        inner = _inner(response, i)
+        assert inner != response_id, "the turn's own id is not an inner response id"
+        if not blocks or blocks[-1] != inner:
+            blocks.append(inner)
+    assert len(blocks) == len(set(blocks)), f"inner responses interleaved: {blocks}"
+    assert blocks == sorted(blocks, key=first_seen.__getitem__), f"block order {blocks}"
+    identity: dict[int, int] = {}
+    for group, message in sorted(home.items(), key=lambda item: item[0][0] != "k"):
+        identity.setdefault(message, first_update[group])
+    per_block: dict[str, list[int]] = defaultdict(list)
+    for message in sorted(identity):
+        per_block[_inner(response, message)].append(identity[message])
+    for block, arrivals in per_block.items():
+        assert arrivals == sorted(set(arrivals)), f"block {block!r}: order {arrivals}"
+
+
+def _inner(response: dict[str, Any], index: int) -> str:
+    return response["messages"][index].get("additional_properties", {}).get("response_id", "")
+
+
+def _check_results_after_calls(response: dict[str, Any]) -> None:
+    calls: dict[str, tuple[int, int]] = {}
+    for m, message in enumerate(response["messages"]):
+        for c, content in enumerate(message["contents"]):
+            if content["type"] == "function_call" and content.get("call_id"):
+                calls.setdefault(content["call_id"], (m, c))
+    for m, message in enumerate(response["messages"]):
+        for c, content in enumerate(message["contents"]):
+            if content["type"] == "function_result" and content.get("call_id") in calls:
+                call = calls[content["call_id"]]
+                assert call < (m, c), f"result of {content['call_id']} before its call"
+
+
+def _check_turn_fields(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
+    """Usage summed per counter; finish_reason the last non-null one."""
+    usage: dict[str, int] = {}
+    finish = None
+    for entry in entries:
+        update = entry.get("update")
+        if not isinstance(update, dict):
+            continue
+        finish = update.get("finish_reason") or finish
+        for content in update.get("contents", []):
+            if content.get("type") == "usage":
+                for name, value in (content.get("usage_details") or {}).items():
+                    usage[name] = usage.get(name, 0) + value
+    assert (response.get("usage_details") or {}) == usage, "usage not summed per counter"
+    assert response.get("finish_reason") == finish, "finish_reason is not the last one"
