@@ -9,7 +9,7 @@ why they publish the same response for the same entries.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 import msgspec
 
@@ -28,7 +28,7 @@ class Limits(msgspec.Struct, frozen=True):
     turn_timeout: float = 300.0
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Where one entry ended up (contract 4.7: exactly one of these)."""
 
     MERGED = "merged"

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from processor.ids import TurnKey
-from processor.models import Content, Message, Record, Response, Update
+from processor.models import TURN_IDS, Content, Message, Record, Response, Update
 
 _FOLDABLE_TEXT = ("text", "text_reasoning")
 
@@ -124,7 +124,10 @@ class Turn:
         """Fold one record (in arrival order). Only ``update`` records change
         the merge; the caller decides what ``end``/``error`` mean."""
         for name, value in record.ids.items():
-            self.state.ids.setdefault(name, value)
+            # Only turn-level ids belong to the turn; entry-level ids (step_id,
+            # ...) describe one entry and stay on its progress event.
+            if name in TURN_IDS:
+                self.state.ids.setdefault(name, value)
         if record.update is not None:
             self._apply_update(record.update)
 
@@ -143,9 +146,9 @@ class Turn:
         if update.message_id:
             seg = self._keyed_segment(update, block, ordinal)
             st.open_run = -1
-            seg = self._result_after_call(seg, contents, update, ordinal)
+            seg = self._result_after_call(seg, contents, ordinal)
         else:
-            seg = self._idless_segment(update, block, ordinal)
+            seg = self._idless_segment(update, self._result_block(block, contents), ordinal)
         self._describe(seg, update)
         for content in contents:
             self._append(seg, content)
@@ -192,31 +195,50 @@ class Turn:
         run = self.state.open_run
         if run >= 0:
             seg = self.state.segments[run]
-            if seg.block == block and _same(seg.role, update.role) and _same(
-                seg.author_name, update.author_name
+            if (
+                seg.block == block
+                and _same_role(seg.role, update.role)
+                and _same(seg.author_name, update.author_name)
             ):
                 return run
         run = self._new_segment(block, ordinal, None)
         self.state.open_run = run
         return run
 
-    def _result_after_call(
-        self, seg: int, contents: list[Content], update: Update, ordinal: int
-    ) -> int:
-        """Never move a function result before its call (rule 5).
+    def _owners(self, contents: list[Content]) -> list[int]:
+        """The segments holding the calls that these contents' results answer."""
+        calls = self.state.calls
+        return [
+            calls[c.call_id]
+            for c in contents
+            if c.type == "function_result" and c.call_id is not None and c.call_id in calls
+        ]
+
+    def _result_block(self, block: int, contents: list[Content]) -> int:
+        """Never move a function result before its call (rule 5), id-less case.
+
+        An id-less update lands at the end of its block, after every call
+        there; only a call in a later block could end up after it, so a result
+        answering such a call joins that block instead.
+        """
+        owners = [self.state.segments[seg].block for seg in self._owners(contents)]
+        return max([block, *owners])
+
+    def _result_after_call(self, seg: int, contents: list[Content], ordinal: int) -> int:
+        """Never move a function result before its call (rule 5), keyed case.
 
         A keyed update can rejoin a message that sits before the message
         holding the call its result answers; then the update starts a new
-        message at the end of the call's block instead.
+        id-less message at the end of the call's block instead (it cannot keep
+        the producer's id: that id names the earlier message).
         """
-        for content in contents:
-            if content.type != "function_result" or content.call_id is None:
-                continue
-            owner = self.state.calls.get(content.call_id)
-            if owner is not None and self._position(owner) > self._position(seg):
-                block = self.state.segments[owner].block
-                return self._new_segment(block, ordinal, None)
-        return seg
+        owners = self._owners(contents)
+        if not owners:
+            return seg
+        last = max(owners, key=self._position)
+        if self._position(last) <= self._position(seg):
+            return seg
+        return self._new_segment(self.state.segments[last].block, ordinal, None)
 
     def _position(self, seg: int) -> tuple[int, int]:
         block = self.state.segments[seg].block
@@ -347,8 +369,15 @@ def turn_tag(key: TurnKey) -> str:
 
 
 def _same(current: str | None, incoming: str | None) -> bool:
-    """An unnamed role or author continues the run; a different name splits it."""
+    """An unnamed author continues the run; a different name splits it."""
     return current is None or incoming is None or current == incoming
+
+
+def _same_role(current: str | None, incoming: str | None) -> bool:
+    """An unnamed role continues the run. A run that has not named its role is
+    an assistant run (the default role, as in Agent Framework), so a ``tool``
+    update after role-less assistant text starts a new message."""
+    return incoming is None or (current or "assistant") == incoming
 
 
 def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
@@ -369,7 +398,8 @@ def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
             ):
                 out[-1] = (nxt, _join(seg.contents, nxt_contents))
                 continue
-        out.append((seg, list(seg.contents)))
+        # Copies: the response must not share contents the next apply() mutates.
+        out.append((seg, [_copy(c) for c in seg.contents]))
     out.reverse()
     return out
 

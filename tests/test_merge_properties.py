@@ -1,0 +1,305 @@
+"""Properties of the merge engine (contract section 4) on random turns.
+
+Turns come from :mod:`tests.strategies`; the checks of contract section 4
+live in :func:`tests.expectations.check_deltas` (shared with the worker
+tests). Here: those checks, determinism, resuming a serialised or compacted
+state at any point, and the stability of assigned ids between a partial and
+the final merge.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import msgspec
+import pytest
+from expectations import check_deltas, tokens
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import random_turn, turns
+
+from processor.decode import decode_entry
+from processor.events import encode_response
+from processor.ids import TurnKey
+from processor.merge import Turn, turn_tag
+from processor.models import Record, Response
+from processor.offline import merge_lines
+
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def decoded(entries: list[dict[str, Any]]) -> tuple[TurnKey, list[Record]]:
+    """The records of one turn's entries (all of them decode)."""
+    records = []
+    key = None
+    for entry in entries:
+        key, record = decode_entry(entry)
+        records.append(record)
+    assert key is not None
+    return key, records
+
+
+def merged(key: TurnKey, records: list[Record]) -> Turn:
+    turn = Turn(key)
+    for record in records:
+        turn.apply(record)
+    return turn
+
+
+def as_json(response: Response) -> dict[str, Any]:
+    return json.loads(encode_response(response))
+
+
+def producer_ids(records: list[Record]) -> set[str]:
+    return {r.update.message_id for r in records if r.update and r.update.message_id}
+
+
+# ---------------------------------------------------------------- contract 4
+
+
+@PROPERTY
+@given(turns())
+def test_merge_keeps_every_delta_in_its_message(entries: list[dict[str, Any]]) -> None:
+    key, records = decoded(entries)
+    check_deltas(entries, as_json(merged(key, records).finish()))
+
+
+def test_seeded_turns_satisfy_the_contract() -> None:
+    # The plain generator the worker tests use, over many seeds.
+    for seed in range(300):
+        entries = random_turn(random.Random(seed), f"seed-{seed}")
+        key, records = decoded(entries)
+        check_deltas(entries, as_json(merged(key, records).finish()))
+
+
+@PROPERTY
+@given(turns(agents=1, idless=False, interleave=False))
+def test_plain_turns_keep_every_delta(entries: list[dict[str, Any]]) -> None:
+    key, records = decoded(entries)
+    check_deltas(entries, as_json(merged(key, records).finish()))
+
+
+@PROPERTY
+@given(turns())
+def test_merge_is_deterministic(entries: list[dict[str, Any]]) -> None:
+    key, records = decoded(entries)
+    first = encode_response(merged(key, records).finish())
+    again = encode_response(merged(key, decoded(entries)[1]).finish())
+    assert first == again
+    lines = [json.dumps(e) for e in entries]
+    out = [msgspec.json.encode(r) for r in merge_lines(lines).results()]
+    assert out == [msgspec.json.encode(r) for r in merge_lines(lines).results()]
+
+
+# ---------------------------------------------------------------- resuming
+
+
+@PROPERTY
+@given(turns(), st.data())
+def test_resume_and_compaction_anywhere_give_the_same_bytes(
+    entries: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    key, records = decoded(entries)
+    expected = encode_response(merged(key, records).finish())
+    n = len(records)
+    cuts = data.draw(st.sets(st.integers(0, n), max_size=4), label="serialise after")
+    compactions = data.draw(st.sets(st.integers(0, n), max_size=4), label="compact after")
+    peeks = data.draw(st.sets(st.integers(0, n), max_size=2), label="partial finish after")
+    turn = Turn(key)
+    for i in range(n + 1):
+        if i in compactions:
+            turn.compact()
+        if i in peeks:
+            turn.finish()
+        if i in cuts:
+            turn = Turn.from_bytes(turn.to_bytes())
+        if i < n:
+            turn.apply(records[i])
+    assert encode_response(turn.finish()) == expected
+
+
+@PROPERTY
+@given(turns())
+def test_serialising_after_every_update_changes_nothing(entries: list[dict[str, Any]]) -> None:
+    key, records = decoded(entries)
+    expected = encode_response(merged(key, records).finish())
+    turn = Turn(key)
+    for record in records:
+        turn.apply(record)
+        turn = Turn.from_bytes(turn.to_bytes())
+    assert encode_response(turn.finish()) == expected
+
+
+def test_a_partial_response_is_not_changed_by_later_updates() -> None:
+    key, records = decoded(random_turn(random.Random(7), "partial"))
+    turn = Turn(key)
+    half = len(records) // 2
+    for record in records[:half]:
+        turn.apply(record)
+    partial = turn.finish()
+    before = encode_response(partial)
+    for record in records[half:]:
+        turn.apply(record)
+    turn.finish()
+    assert encode_response(partial) == before
+
+
+# ---------------------------------------------------------------- assigned ids
+
+
+def _first_token(message: dict[str, Any]) -> str | None:
+    found = tokens(message["contents"])
+    return found[0] if found else None
+
+
+@PROPERTY
+@given(turns(), st.data())
+def test_assigned_ids_are_stable_between_partial_and_final(
+    entries: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    key, records = decoded(entries)
+    final = as_json(merged(key, records).finish())
+    final_producer = producer_ids(records)
+    home = {t: m for m in final["messages"] for t in tokens(m["contents"])}
+    cut = data.draw(st.integers(0, len(records)), label="partial after")
+    partial = as_json(merged(key, records[:cut]).finish())
+    partial_producer = producer_ids(records[:cut])
+    for message in partial["messages"]:
+        if message["message_id"] in partial_producer:
+            continue  # a producer's id (or an id-less run folded into one)
+        token = _first_token(message)
+        assert token is not None
+        later = home[token]
+        if later["message_id"] in final_producer and later["message_id"] != message["message_id"]:
+            continue  # folded into a keyed message that arrived later
+        if message["message_id"] in final_producer:
+            # Decision: uniqueness wins. A producer that later uses the exact id
+            # the partial merge assigned forces the final merge to pick another.
+            continue
+        assert later["message_id"] == message["message_id"], (message, later)
+
+
+def test_assigned_ids_never_equal_producer_ids() -> None:
+    response_id = "turn-collide"
+    tag = turn_tag(TurnKey(response_id))
+    entries = [
+        {"response_id": response_id, "update": {"contents": [{"type": "text", "text": "a"}]}},
+        {"response_id": response_id, "update": {
+            "contents": [{"type": "text", "text": "b"}], "message_id": f"msg-0-{tag}",
+            "role": "tool"}},
+        {"response_id": response_id, "update": {"contents": [{"type": "text", "text": "c"}]}},
+        {"response_id": response_id, "update": {
+            "contents": [{"type": "text", "text": "d"}], "message_id": f"msg-2-{tag}~",
+            "role": "tool"}},
+        {"response_id": response_id, "update": {"contents": [{"type": "text", "text": "e"}]}},
+    ]
+    key, records = decoded(entries)
+    ids = [m.message_id for m in merged(key, records).finish().messages]
+    assert ids == [f"msg-0-{tag}~", f"msg-0-{tag}", f"msg-2-{tag}", f"msg-2-{tag}~", f"msg-4-{tag}"]
+
+
+# ---------------------------------------------------------------- targeted cases
+
+
+def _entry(turn: str, **update: Any) -> dict[str, Any]:
+    return {"response_id": turn, "update": update}
+
+
+def _merge(entries: list[dict[str, Any]]) -> Response:
+    key, records = decoded(entries)
+    return merged(key, records).finish()
+
+
+def test_idless_result_answering_a_call_in_a_later_block_stays_after_it() -> None:
+    rid = "turn-late-call"
+    response = _merge([
+        _entry(rid, response_id="A", message_id="a1",
+               contents=[{"type": "text", "text": "A speaks"}]),
+        _entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        _entry(rid, response_id="A", role="tool",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ])
+    kinds = [[c.type for c in m.contents] for m in response.messages]
+    assert kinds == [["text"], ["function_call"], ["function_result"]]
+
+
+def test_keyed_result_rejoining_an_earlier_message_moves_after_its_call() -> None:
+    rid = "turn-rejoin"
+    response = _merge([
+        _entry(rid, message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c0", "result": "r0"}]),
+        _entry(rid, message_id="a", contents=[
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]),
+        _entry(rid, message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c1", "result": "r1"}]),
+    ])
+    summary = [(m.message_id, [c.call_id for c in m.contents]) for m in response.messages]
+    assert summary[:2] == [("t", ["c0"]), ("a", ["c1"])]
+    assert summary[2][1] == ["c1"] and summary[2][0] not in ("t", "a")
+
+
+def test_a_result_in_the_message_of_its_call_stays_there() -> None:
+    rid = "turn-same"
+    response = _merge([
+        _entry(rid, message_id="m", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        _entry(rid, message_id="m", contents=[
+            {"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ])
+    assert [(m.message_id, [c.type for c in m.contents]) for m in response.messages] == [
+        ("m", ["function_call", "function_result"])
+    ]
+
+
+def test_an_unnamed_role_then_tool_splits_an_idless_run() -> None:
+    # An id-less run that named no role is an assistant run (role defaults to
+    # assistant), so a tool update does not join it (rule 4: split on role).
+    rid = "turn-roles"
+    response = _merge([
+        _entry(rid, contents=[{"type": "text", "text": "thinking aloud"}]),
+        _entry(rid, role="tool", contents=[{"type": "function_result", "call_id": "c",
+                                            "result": "ok"}]),
+        _entry(rid, contents=[{"type": "text", "text": " more"}]),
+    ])
+    assert [m.role for m in response.messages] == ["assistant", "tool"]
+    assert [c.type for c in response.messages[1].contents] == ["function_result", "text"]
+
+
+def test_only_turn_level_ids_are_kept_for_the_turn() -> None:
+    result = next(merge_lines([
+        json.dumps({"response_id": "t", "step_id": "s1", "session_id": "sess",
+                    "update": {"contents": [{"type": "text", "text": "x"}]}}),
+        json.dumps({"response_id": "t", "kind": "end", "session_id": "other"}),
+    ]).results())
+    assert result.meta.ids == {"session_id": "sess"}
+
+
+def test_usage_only_and_empty_updates_leave_no_message() -> None:
+    rid = "turn-empty"
+    response = _merge([
+        _entry(rid, message_id="m", contents=[]),
+        _entry(rid, contents=[{"type": "usage", "usage_details": {"input_token_count": 2}}]),
+        _entry(rid, message_id="n", contents=[{"type": "text", "text": "hi"}],
+               finish_reason="stop"),
+    ])
+    assert [m.message_id for m in response.messages] == ["n"]
+    assert response.usage_details == {"input_token_count": 2}
+    assert response.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("args", [["{\"a\": ", "1}"], [{"a": 1}, {"b": 2}]])
+def test_argument_chunks_of_one_call_concatenate(args: list[Any]) -> None:
+    rid = "turn-args"
+    response = _merge([
+        _entry(rid, message_id="m", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": a}])
+        for a in args
+    ])
+    (call,) = response.messages[0].contents
+    expected = "".join(args) if isinstance(args[0], str) else {"a": 1, "b": 2}
+    assert call.arguments == expected and call.name == "f"
