@@ -74,7 +74,9 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _redis_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis URL (env REDIS_URL)")
+    parser.add_argument(
+        "--redis-url", default=None, metavar="URL", help="Redis URL (env REDIS_URL)"
+    )
     parser.add_argument("--namespace", default=os.environ.get("PROCESSOR_NAMESPACE", "agent"))
     parser.add_argument("--shards", type=int, default=int(os.environ.get("PROCESSOR_SHARDS", "1")))
 
@@ -92,12 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="merge a JSONL file of input entries offline",
         description="Merge a file of input entries (one JSON object per line, file order is "
         "arrival order) and print one JSON line per turn. Entries that cannot be merged are "
-        "reported on stderr as {\"dlq\": ...} lines.",
+        'reported on stderr as {"dlq": ...} lines.',
     )
     merge.add_argument("file", help="JSONL file, or - for stdin")
     merge.add_argument("--progress", action="store_true", help="include progress events")
     merge.add_argument(
-        "--turn-timeout", type=float, default=300.0, metavar="SECONDS",
+        "--turn-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
         help="reported in the message of turns that end as turn_timeout (default 300)",
     )
     merge.set_defaults(func=_cmd_merge)
@@ -123,9 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("response_id", metavar="RESPONSE_ID")
     cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")
-    cancel.add_argument("--ttl", type=int, default=3600, help="seconds the key lives (default 3600)")
     cancel.add_argument(
-        "--turn-id", default=None,
+        "--ttl", type=int, default=3600, help="seconds the key lives (default 3600)"
+    )
+    cancel.add_argument(
+        "--turn-id",
+        default=None,
         help="route by this turn_id (for turns whose ResponseId the processor assigned)",
     )
     _redis_flags(cancel)

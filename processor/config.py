@@ -50,7 +50,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("batch", int, 500, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, 100, "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
     Option("sweep_interval", float, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
-    Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (a dead worker's)", 1),
+    Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (dead worker)", 1),
     Option("max_deliveries", int, 5, "deliveries before an entry goes to the DLQ", 1),
     Option("max_entry_bytes", int, 1 << 20, "largest entry accepted (too_large)", 1),
     Option("max_turn_updates", int, 100_000, "updates per turn before turn_limit", 1),
@@ -70,20 +70,33 @@ OPTIONS: tuple[Option, ...] = (
 def add_options(parser: argparse.ArgumentParser) -> None:
     """Add every option as a flag (values stay strings until :func:`resolve`)."""
     parser.add_argument(
-        "--redis-url", default=None, metavar="URL",
+        "--redis-url",
+        default=None,
+        metavar="URL",
         help="Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works. "
         "Without one, an embedded redis-server is started.",
     )
     for opt in OPTIONS:
         if opt.kind is _flag:
-            parser.add_argument(opt.flag, action="store_const", const="true", default=None,
-                                help=f"{opt.help} (env {opt.env})")
+            parser.add_argument(
+                opt.flag,
+                action="store_const",
+                const="true",
+                default=None,
+                help=f"{opt.help} (env {opt.env})",
+            )
         else:
-            parser.add_argument(opt.flag, default=None, metavar=opt.name.upper(),
-                                help=f"{opt.help} (env {opt.env}, default {opt.default})")
+            parser.add_argument(
+                opt.flag,
+                default=None,
+                metavar=opt.name.upper(),
+                help=f"{opt.help} (env {opt.env}, default {opt.default})",
+            )
 
 
-def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def resolve(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Flags win over environment variables, which win over defaults.
     Returns the values and one message per invalid option."""
     env = os.environ if env is None else env
@@ -107,7 +120,9 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> t
             continue
         values[opt.name] = value
     if str(values["log_level"]).lower() not in ("debug", "info", "warning", "error"):
-        problems.append(f"log level must be debug, info, warning or error, got {values['log_level']!r}")
+        problems.append(
+            f"log level must be debug, info, warning or error, got {values['log_level']!r}"
+        )
     url = values["redis_url"]
     if url and not url.startswith(("redis://", "rediss://", "unix://")):
         problems.append("redis URL must start with redis://, rediss:// or unix://")
@@ -123,11 +138,19 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         turn_timeout=values["turn_timeout"],
     )
     return WorkerConfig(
-        namespace=values["namespace"], shards=values["shards"], group=values["group"],
-        consumer=values["consumer"] or default_consumer(), limits=limits,
-        progress=values["progress"], batch=values["batch"], block_ms=values["block_ms"],
-        sweep_interval=values["sweep_interval"], reclaim_idle_ms=values["reclaim_idle_ms"],
-        max_deliveries=values["max_deliveries"], merged_maxlen=values["merged_maxlen"],
-        events_maxlen=values["events_maxlen"], dlq_maxlen=values["dlq_maxlen"],
+        namespace=values["namespace"],
+        shards=values["shards"],
+        group=values["group"],
+        consumer=values["consumer"] or default_consumer(),
+        limits=limits,
+        progress=values["progress"],
+        batch=values["batch"],
+        block_ms=values["block_ms"],
+        sweep_interval=values["sweep_interval"],
+        reclaim_idle_ms=values["reclaim_idle_ms"],
+        max_deliveries=values["max_deliveries"],
+        merged_maxlen=values["merged_maxlen"],
+        events_maxlen=values["events_maxlen"],
+        dlq_maxlen=values["dlq_maxlen"],
         done_ttl=values["done_ttl"],
     )

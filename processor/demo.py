@@ -37,25 +37,41 @@ def _alice(text: str | None = None, **kw: Any) -> dict[str, Any]:
 
 
 def _bob(text: str, **kw: Any) -> dict[str, Any]:
-    return _update(text, response_id="run-bob", author_name="bob", agent_id="billing",
-                   message_id="bob-1", **kw)
+    return _update(
+        text, response_id="run-bob", author_name="bob", agent_id="billing", message_id="bob-1", **kw
+    )
 
 
 HANDOFF: list[dict[str, Any]] = [
     _alice("The user asks about an invoice; ", kind="text_reasoning"),
     _alice("billing should handle it.", kind="text_reasoning"),
-    _alice(kind="function_call", message_id="al-1",
-           content={"call_id": "c1", "name": "handoff_to_billing", "arguments": '{"reason": '}),
-    _alice(kind="function_call", message_id="al-1", content={"call_id": "c1", "arguments": '"invoice"}'}),
-    {**_alice(kind="function_result", message_id="al-2", content={"call_id": "c1",
-                                                                    "result": "transferred"}),
-     "role": "tool", "author_name": None},
+    _alice(
+        kind="function_call",
+        message_id="al-1",
+        content={"call_id": "c1", "name": "handoff_to_billing", "arguments": '{"reason": '},
+    ),
+    _alice(
+        kind="function_call",
+        message_id="al-1",
+        content={"call_id": "c1", "arguments": '"invoice"}'},
+    ),
+    {
+        **_alice(
+            kind="function_result",
+            message_id="al-2",
+            content={"call_id": "c1", "result": "transferred"},
+        ),
+        "role": "tool",
+        "author_name": None,
+    },
     _bob("Hi, I'm Bob from billing. "),
     _alice("Handing you to Bob now.", message_id="al-3"),
     _bob("Your invoice #42 was paid on May 3."),
-    _update(kind="usage", content={"usage_details": {"input_token_count": 120,
-                                                      "output_token_count": 38}},
-            finish_reason="stop"),
+    _update(
+        kind="usage",
+        content={"usage_details": {"input_token_count": 120, "output_token_count": 38}},
+        finish_reason="stop",
+    ),
 ]
 
 

@@ -26,7 +26,8 @@ def start_embedded() -> Any:
     print(
         f"processor: no --redis-url or REDIS_URL given; started an embedded redis-server "
         f"{server.version} at {server.url} (temporary: its data goes when processor exits)",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
     return server
 
@@ -38,8 +39,9 @@ async def connect_retrying(options: RedisOptions) -> Any:
         try:
             return await connect(options)
         except TRANSIENT as exc:
-            log.warning("redis unreachable, retrying", extra={"url": redact(options.url),
-                                                              "error": str(exc)})
+            log.warning(
+                "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -48,8 +50,9 @@ async def run_worker(values: dict[str, Any]) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain."""
     embedded = None if values["redis_url"] else start_embedded()
     url = values["redis_url"] or embedded.url
-    options = RedisOptions(url, values["ssl_ca_certs"], values["ssl_certfile"],
-                           values["ssl_keyfile"])
+    options = RedisOptions(
+        url, values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
+    )
     try:
         client = await connect_retrying(options)
         worker = Worker(client, worker_config(values))
