@@ -19,12 +19,20 @@ from processor.models import (
     ENTRY_IDS,
     TURN_IDS,
     UPDATE_FIELDS,
+    Content,
     Record,
     Update,
 )
 
 DEFAULT_MAX_ENTRY_BYTES = 1 << 20
 MAX_ID_LENGTH = 512
+#: Deepest nesting an update may have (the update object is level 1). Fixed,
+#: so an update is accepted or refused the same way on every process: left to
+#: the interpreter's recursion limit, one that decodes could still fail to be
+#: stored (msgpack) or published (JSON) a few levels deeper, mid-turn.
+MAX_DEPTH = 64
+#: What msgpack (the turn state) can hold; JSON could carry more.
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 #: How much of a bad value an error detail may echo (never the whole payload).
 DETAIL_PREFIX = 120
 
@@ -81,14 +89,25 @@ def _as_str_keys(fields: Mapping[Any, Any]) -> dict[str, Any]:
 
 def entry_size(fields: Mapping[Any, Any]) -> int:
     """Bytes of an entry's field names and values (what the size limit counts)."""
-    total = 0
-    for key, value in fields.items():
-        total += len(key)
-        if isinstance(value, bytes | str):
-            total += len(value)
-        elif value is not None:
-            total += len(msgspec.json.encode(value))
-    return total
+    return sum(_size(key) + _size(value, key) for key, value in fields.items())
+
+
+def _size(value: Any, name: Any = None) -> int:
+    """UTF-8 bytes of a field name or value, as the stream stores it.
+
+    An offline line may give a value as JSON; its size is its JSON text. One
+    that cannot be written back (nested too deeply) is not an entry at all.
+    """
+    if value.__class__ is bytes:
+        return len(value)
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    if value is None:
+        return 0
+    try:
+        return len(msgspec.json.encode(value))
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise EntryError("invalid_entry", f"field {name!r}: not a JSON value") from None
 
 
 def turn_key(fields: Mapping[str, Any]) -> TurnKey:
@@ -158,19 +177,17 @@ def _sized_str_keys(fields: Mapping[Any, Any]) -> tuple[dict[str, Any], int]:
         total = 0
         for key, value in fields.items():
             cls = value.__class__
-            if key.__class__ is not str or (cls is not str and cls is not bytes):
+            if key.__class__ is not str or (cls is not bytes and cls is not str):
                 break
+            if cls is str and not value.isascii():
+                break  # counted in UTF-8 bytes below
             total += len(key) + len(value)
         else:
             return fields, total
     total = 0
     out: dict[str, Any] = {}
     for key, value in fields.items():
-        total += len(key)
-        if isinstance(value, bytes | str):
-            total += len(value)
-        elif value is not None:
-            total += len(msgspec.json.encode(value))
+        total += _size(key) + _size(value, key)
         if isinstance(key, bytes):
             key = key.decode("utf-8", "replace")
         out[key] = value
@@ -226,15 +243,19 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
                 "invalid_update", f"field 'update': expected JSON text, got {type(raw).__name__}"
             )
     try:
-        return fast.decode(raw)
+        return check_update(fast.decode(raw))
     except msgspec.ValidationError:
         pass  # maybe .NET shape, an unknown field or type: take the general path
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise EntryError("bad_encoding", f"field 'update' is not valid {enc}: {exc}") from None
+    except RecursionError:
+        raise _too_deep("$.update") from None
     try:
         obj = generic.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise EntryError("bad_encoding", f"field 'update' is not valid {enc}: {exc}") from None
+    except RecursionError:
+        raise _too_deep("$.update") from None
     return update_from_object(obj)
 
 
@@ -248,11 +269,121 @@ def update_from_object(obj: Any) -> Update:
         obj = dotnet.update_to_python(obj)
     obj = _keep_unknown_fields(obj)
     try:
-        return msgspec.convert(obj, Update)
+        update = msgspec.convert(obj, Update)
     except msgspec.ValidationError as exc:
         raise EntryError("invalid_update", _with_path(str(exc))) from None
     except RecursionError:
-        raise EntryError("invalid_update", "$.update: nested too deeply") from None
+        raise _too_deep("$.update") from None
+    return check_update(update)
+
+
+def _too_deep(path: str) -> EntryError:
+    return EntryError("invalid_update", f"{path}: nested deeper than {MAX_DEPTH} levels")
+
+
+# ---------------------------------------------------------------- free-form values
+
+#: Content fields that may hold more than a string or a flag. Only these are
+#: walked, so a text delta costs a few attribute reads.
+_FREE_FORM = tuple(
+    field.name
+    for field in msgspec.structs.fields(Content)
+    if field.type not in (str | None, bool | None, str)
+)
+#: Content fields that Agent Framework loads as nested contents (``from_dict``).
+_NESTED_ONE = frozenset({"function_call", "screenshot"})
+_NESTED_MANY = frozenset({"inputs", "outputs", "items"})
+
+
+def check_update(update: Update) -> Update:
+    """Refuse what the merge could not store or publish, and give nested
+    contents the same treatment as top-level ones (unknown fields kept in
+    ``additional_properties``) so that the output loads in Agent Framework.
+
+    Free-form values (results, arguments, extra properties, ...) must be
+    JSON-shaped: string keys, integers msgpack can hold, no msgpack extension
+    types, at most :data:`MAX_DEPTH` levels deep.
+    """
+    for i, content in enumerate(update.contents):
+        _check_content(content, f"$.update.contents[{i}]")
+    if update.additional_properties:
+        _check_value(update.additional_properties, "$.update.additional_properties", 2)
+    if update.continuation_token:
+        _check_value(update.continuation_token, "$.update.continuation_token", 2)
+    return update
+
+
+def _check_content(content: Content, path: str, depth: int = 3) -> None:
+    for name in _FREE_FORM:
+        value = getattr(content, name)
+        if value is None or value.__class__ is str:
+            continue
+        where = f"{path}.{name}"
+        if name in _NESTED_ONE and isinstance(value, dict):
+            setattr(content, name, _nested_content(value, where, depth + 1))
+        elif name in _NESTED_MANY and isinstance(value, list):
+            setattr(content, name, _nested_contents(value, where, depth + 1))
+        else:
+            _check_value(value, where, depth + 1)
+
+
+def _nested_contents(items: list[Any], path: str, depth: int) -> list[Any]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(path)
+    return [
+        _nested_content(item, f"{path}[{i}]", depth + 1)
+        if isinstance(item, dict)
+        else _checked(item, f"{path}[{i}]", depth + 1)
+        for i, item in enumerate(items)
+    ]
+
+
+def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
+    """A content inside a content (a call in an approval request, the items of
+    a result, ...): Agent Framework loads it as a ``Content`` too."""
+    if not isinstance(obj.get("type"), str):
+        raise EntryError("invalid_update", f"{path}.type: a nested content needs a string type")
+    try:
+        content = msgspec.convert(_fold_unknown(obj, CONTENT_FIELDS, path), Content)
+    except msgspec.ValidationError as exc:
+        raise EntryError("invalid_update", _anchored(str(exc), path)) from None
+    except RecursionError:
+        raise _too_deep(path) from None
+    _check_content(content, path, depth)
+    return msgspec.to_builtins(content)
+
+
+def _anchored(message: str, path: str) -> str:
+    return message.replace("`$", f"`{path}")
+
+
+def _checked(value: Any, path: str, depth: int) -> Any:
+    _check_value(value, path, depth)
+    return value
+
+
+def _check_value(value: Any, path: str, depth: int) -> None:
+    """Walk a free-form value without recursion (it may be deep)."""
+    stack: list[tuple[Any, str, int]] = [(value, path, depth)]
+    while stack:
+        value, path, depth = stack.pop()
+        cls = value.__class__
+        if cls is dict:
+            if depth > MAX_DEPTH:
+                raise _too_deep(path)
+            for key, item in value.items():
+                if key.__class__ is not str:
+                    raise EntryError("invalid_update", f"{path}: object keys must be strings")
+                stack.append((item, f"{path}.{key}", depth + 1))
+        elif cls is list:
+            if depth > MAX_DEPTH:
+                raise _too_deep(path)
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif cls is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise EntryError("invalid_update", f"{path}: integer out of range")
+        elif cls is msgspec.msgpack.Ext:
+            raise EntryError("invalid_update", f"{path}: msgpack extension types are not JSON")
 
 
 def _with_path(message: str) -> str:

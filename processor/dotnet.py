@@ -5,6 +5,17 @@
 ...). Usage counts live under ``details`` with ``additionalCounts`` for
 provider-specific counters. This module rewrites such a document into the
 Agent Framework Python ``to_dict()`` shape so one decoder serves both.
+
+Names checked against the sources (dotnet/extensions,
+Microsoft.Extensions.AI.Abstractions): ``AIContent`` declares
+``[JsonDerivedType(typeof(TextReasoningContent), typeDiscriminator:
+"reasoning")]`` next to ``"functionCall"``, ``"functionResult"``, ``"usage"``,
+``"hostedFile"``, ``"hostedVectorStore"``; ``UsageContent`` has ``Details``;
+``UsageDetails`` has ``InputTokenCount``, ``OutputTokenCount``,
+``TotalTokenCount``, ``CachedInputTokenCount``, ``ReasoningTokenCount`` and
+``AdditionalCounts``; ``ErrorContent`` has ``Message``, ``ErrorCode``,
+``Details``. ``ResponseContinuationToken`` has a converter that writes the
+token as a base64 JSON string (``"AQIDBAU="``), where Python expects an object.
 """
 
 from __future__ import annotations
@@ -57,9 +68,10 @@ _UPDATE_KEYS = frozenset(
 )
 
 
-def snake(name: str) -> str:
-    """``callId`` -> ``call_id``."""
-    return _CAMEL.sub(r"_\1", name).lower()
+def snake(name: Any) -> Any:
+    """``callId`` -> ``call_id``. A non-string key (msgpack) is left for the
+    validator to refuse."""
+    return _CAMEL.sub(r"_\1", name).lower() if isinstance(name, str) else name
 
 
 def looks_dotnet(obj: dict[str, Any]) -> bool:
@@ -80,6 +92,10 @@ def update_to_python(obj: dict[str, Any]) -> dict[str, Any]:
             out["contents"] = [_content(c) if isinstance(c, dict) else c for c in value]
         elif key == "role" and isinstance(value, dict) and "value" in value:
             out["role"] = value["value"]  # ChatRole written as an object by custom options
+        elif key == "continuationToken" and isinstance(value, str):
+            # The .NET converter writes the token's bytes as base64; Python's
+            # ContinuationToken is an opaque object, so wrap it rather than fail.
+            out["continuation_token"] = {"token": value}
         elif key == "$type":
             continue
         else:
@@ -88,9 +104,9 @@ def update_to_python(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
-    if "$type" not in obj:
-        return obj
-    dotnet_type = obj["$type"]
+    dotnet_type = obj.get("$type")
+    if not isinstance(dotnet_type, str):
+        return obj  # not a .NET content: validated (and refused) as it is
     out: dict[str, Any] = {"type": _TYPE_NAMES.get(dotnet_type, dotnet_type)}
     for key, value in obj.items():
         if key == "$type":

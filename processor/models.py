@@ -36,13 +36,15 @@ class Content(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     ones travel through untouched. Every field Agent Framework's ``Content``
     accepts is listed so that a round trip keeps it; a field Agent Framework
     does not know is moved into ``additional_properties`` by the decoder.
+    (``data`` is not one: ``Content.from_dict`` only takes it as bytes for
+    ``Content.from_data``, which JSON cannot carry, and ``to_dict`` never
+    writes it; kept as a field it made the merged response fail to load.)
     """
 
     type: str
     text: str | None = None
     protected_data: str | None = None
     uri: str | None = None
-    data: Any = None
     media_type: str | None = None
     message: str | None = None
     error_code: str | None = None

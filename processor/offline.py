@@ -79,6 +79,10 @@ class OfflineMerge:
         for name, value in raw.items():
             try:
                 fields[name] = _line_field(name, value)
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                detail = f"field {name!r} is not valid UTF-8 JSON: {exc}"
+                self._dead(line_no, source_id, "bad_encoding", detail)
+                return
             except RecursionError:
                 detail = f"field {name!r} is nested too deeply"
                 self._dead(line_no, source_id, "invalid_entry", detail)

@@ -1,0 +1,363 @@
+"""Malformed input: a specific DLQ reason and a detail naming the field or
+path, never another exception (contract 5.3); the same through
+``processor merge``; and ``processor schema`` describes what is printed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import jsonschema
+import msgspec
+import pytest
+from expectations import scenario_lines, scenario_names, scenario_path
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from processor.decode import MAX_DEPTH, EntryError, decode_entry
+from processor.events import encode_response
+from processor.merge import Turn
+
+TEXT = {"type": "text", "text": "hi"}
+
+
+def update_json(**fields: Any) -> bytes:
+    return json.dumps({"contents": [TEXT], **fields}).encode()
+
+
+def deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def entry(update: Any, **fields: Any) -> dict[str, Any]:
+    """Stream fields as a worker reads them: bytes."""
+    out = {"response_id": b"r1", **fields}
+    if update is not None:
+        out["update"] = update
+    return out
+
+
+def refused(fields: dict[Any, Any], **kwargs: Any) -> EntryError:
+    with pytest.raises(EntryError) as info:
+        decode_entry(fields, **kwargs)
+    return info.value
+
+
+# (name, fields, reason, a piece the detail must contain)
+CASES: list[tuple[str, dict[Any, Any], str, str]] = [
+    ("bad json", entry(b'{"contents": [{"type": "text"'), "bad_encoding", "'update'"),
+    ("json garbage", entry(b"not json at all"), "bad_encoding", "'update'"),
+    ("invalid utf-8 in update", entry(b'{"contents": [{"type": "text", "text": "\xff\xfe"}]}'),
+     "bad_encoding", "'update'"),
+    ("invalid utf-8 in a field", {b"response_id": b"r-\xff", b"update": update_json()},
+     "bad_encoding", "'response_id'"),
+    ("invalid utf-8 in kind", entry(update_json(), kind=b"\xc3"), "bad_encoding", "'kind'"),
+    ("text not a string", entry(json.dumps({"contents": [{"type": "text", "text": 5}]})),
+     "invalid_update", "$.update.contents[0].text"),
+    ("contents not a list", entry(json.dumps({"contents": "nope"})),
+     "invalid_update", "$.update.contents"),
+    ("content not an object", entry(json.dumps({"contents": [TEXT, 7]})),
+     "invalid_update", "$.update.contents[1]"),
+    ("content without type", entry(json.dumps({"contents": [{"text": "x"}]})),
+     "invalid_update", "$.update.contents[0]"),
+    ("role not a string", entry(update_json(role=3)), "invalid_update", "$.update.role"),
+    ("usage not an integer",
+     entry(json.dumps({"contents": [{"type": "usage", "usage_details": {"input": 1.5}}]})),
+     "invalid_update", "$.update.contents[0].usage_details"),
+    ("properties not an object", entry(update_json(unknown=1, additional_properties=[])),
+     "invalid_update", "$.update.additional_properties"),
+    ("update is an array", entry(b"[1, 2]"), "invalid_update", "$.update"),
+    ("update is a number", entry(b"5"), "invalid_update", "$.update"),
+    ("update is a string", entry(b'"text"'), "invalid_update", "$.update"),
+    ("update is null", entry(b"null"), "invalid_update", "$.update"),
+    ("update missing", entry(None), "invalid_update", "'update'"),
+    ("no turn key", {b"update": update_json()}, "missing_turn_key", "response_id"),
+    ("empty turn key", {b"response_id": b"", b"update": update_json()},
+     "missing_turn_key", "turn_id"),
+    ("unknown kind", entry(update_json(), kind=b"explode"), "invalid_entry", "'kind'"),
+    ("unknown encoding", entry(update_json(), enc=b"xml"), "bad_encoding", "'enc'"),
+    ("id too long", entry(update_json(), attempt_id=b"a" * 600), "invalid_entry", "'attempt_id'"),
+    ("msgpack garbage", entry(b"\xc1\xc1\xc1", enc=b"msgpack"), "bad_encoding", "msgpack"),
+    ("msgpack truncated", entry(msgspec.msgpack.encode({"contents": [TEXT]})[:-3], enc=b"msgpack"),
+     "bad_encoding", "msgpack"),
+    ("msgpack not a map", entry(msgspec.msgpack.encode([1, 2]), enc=b"msgpack"),
+     "invalid_update", "$.update"),
+    ("msgpack extension type", entry(msgspec.msgpack.encode(
+        {"contents": [{"type": "function_result", "call_id": "c",
+                       "result": {"x": msgspec.msgpack.Ext(3, b"?")}}]}), enc=b"msgpack"),
+     "invalid_update", "$.update.contents[0].result.x"),
+    ("msgpack integer keys", entry(msgspec.msgpack.encode(
+        {"contents": [{"type": "function_result", "call_id": "c", "result": {1: "one"}}]}),
+        enc=b"msgpack"), "invalid_update", "$.update.contents[0].result"),
+    ("integer too big to store", entry(
+        b'{"contents": [{"type": "function_result", "call_id": "c", "result": [1, '
+        + str(1 << 70).encode() + b"]}]}"),
+     "invalid_update", "$.update.contents[0].result[1]"),
+    ("usage too big to store", entry(
+        b'{"contents": [{"type": "usage", "usage_details": {"n": ' + str(1 << 70).encode()
+        + b"}}]}"), "invalid_update", "$.update.contents[0].usage_details.n"),
+    ("nested deeper than allowed", entry(json.dumps(
+        {"contents": [{"type": "function_result", "call_id": "c", "result": deep(MAX_DEPTH)}]})),
+     "invalid_update", "$.update.contents[0].result[0]"),
+    ("nested beyond the parser", entry(b'{"contents": [{"type": "text", "x": '
+                                       + b"[" * 100_000 + b"]" * 100_000 + b"}]}"),
+     "invalid_update", "nested deeper"),
+    ("unknown field nested beyond the parser", entry(b'{"extra": ' + b"[" * 100_000
+                                                     + b"]" * 100_000 + b"}"),
+     "invalid_update", "nested deeper"),
+    ("msgpack nested beyond the parser",
+     entry(b"\x81\xa8contents" + b"\x91" * 100_000 + b"\xc0", enc=b"msgpack"),
+     "invalid_update", "nested deeper"),
+    ("nested content without type", entry(json.dumps({"contents": [
+        {"type": "function_result", "call_id": "c", "items": [{"text": "x"}]}]})),
+     "invalid_update", "$.update.contents[0].items[0].type"),
+    ("nested content with a bad field", entry(json.dumps({"contents": [
+        {"type": "function_approval_request", "id": "a",
+         "function_call": {"type": "function_call", "call_id": 5}}]})),
+     "invalid_update", "$.update.contents[0].function_call.call_id"),
+    ("oversize", entry(update_json(), padding=b"x" * (1 << 20)), "too_large", "limit is 1048576"),
+    ("oversize in UTF-8 bytes", {"response_id": "r1", "update": json.dumps(
+        {"contents": [{"type": "text", "text": "é" * 600_000}]}, ensure_ascii=False)},
+     "too_large", "limit is 1048576"),
+    ("offline field of the wrong type", {"response_id": "r1", "kind": 5, "update": "{}"},
+     "invalid_entry", "'kind'"),
+    ("offline id of the wrong type", {"response_id": ["r1"], "update": "{}"},
+     "invalid_entry", "'response_id'"),
+    ("offline update of the wrong type", {"response_id": "r1", "update": 5},
+     "invalid_update", "'update'"),
+]
+
+
+@pytest.mark.parametrize(("fields", "reason", "detail"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_entry_is_refused_with_its_reason(fields: dict[Any, Any], reason: str,
+                                              detail: str) -> None:
+    error = refused(fields)
+    assert (error.reason, detail in error.detail) == (reason, True), error.detail
+    assert len(error.detail) < 600, "a detail echoes a bounded prefix, not the payload"
+
+
+def test_a_refused_entry_still_names_its_turn() -> None:
+    # The DLQ entry and the turn's dlq count need the turn of a bad update.
+    error = refused(entry(b"[1]", attempt_id=b"a2"))
+    assert error.turn == ("r1", "a2")
+
+
+def test_the_size_limit_is_configurable() -> None:
+    assert refused(entry(update_json()), max_entry_bytes=10).reason == "too_large"
+    decode_entry(entry(update_json()), max_entry_bytes=1000)
+
+
+def test_depth_at_the_limit_is_accepted() -> None:
+    # result sits at level 4 (update, contents, content, result): MAX_DEPTH - 4
+    # more lists reach the limit exactly.
+    result = deep(MAX_DEPTH - 4)
+    _, record = decode_entry(entry(json.dumps(
+        {"contents": [{"type": "function_result", "call_id": "c", "result": result}]})))
+    assert record.update is not None and record.update.contents[0].result == result
+
+
+def test_unknown_fields_and_types_are_kept_not_refused() -> None:
+    update = {"contents": [{"type": "x_chart", "series": [1, 2], "data": "raw",
+                            "additional_properties": {"k": "v"}}],
+              "x_trace": {"span": 1}}
+    _, record = decode_entry(entry(json.dumps(update)))
+    assert record.update is not None
+    (content,) = record.update.contents
+    assert content.type == "x_chart"
+    assert content.additional_properties == {"series": [1, 2], "data": "raw", "k": "v"}
+    assert record.update.additional_properties == {"x_trace": {"span": 1}}
+
+
+def test_nested_contents_keep_their_unknown_fields_too() -> None:
+    update = {"contents": [{"type": "function_result", "call_id": "c", "result": "ok",
+                            "items": [{"type": "text", "text": "ok", "x_score": 0.5}]}]}
+    _, record = decode_entry(entry(json.dumps(update)))
+    assert record.update is not None
+    assert record.update.contents[0].items == [
+        {"type": "text", "text": "ok", "additional_properties": {"x_score": 0.5}}
+    ]
+
+
+# ---------------------------------------------------------------- fuzzing
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=12,
+)
+FIELD_NAMES = st.sampled_from(["type", "text", "contents", "role", "message_id", "call_id",
+                               "arguments", "result", "items", "usage_details", "function_call",
+                               "additional_properties", "response_id", "x_other", "$type",
+                               "callId", "details", "messageId", "authorName"])
+
+
+@st.composite
+def mangled_updates(draw: Any) -> Any:
+    """A plausible update with random values planted at random places."""
+    contents: list[dict[str, Any]] = [dict(TEXT)]
+    update: dict[str, Any] = {"contents": contents, "role": "assistant"}
+    for _ in range(draw(st.integers(1, 4))):
+        target = draw(st.sampled_from(["update", "content", "new content"]))
+        if target == "new content":
+            contents.append({"type": draw(st.sampled_from(
+                ["text", "function_call", "function_result", "usage", "text_reasoning", "odd"]))})
+        obj = update if target == "update" else contents[-1]
+        obj[draw(FIELD_NAMES)] = draw(JSON)
+    return update
+
+
+def _must_be_storable(fields: dict[Any, Any]) -> None:
+    """Decoding either refuses with a reason or gives a record the merge can
+    fold, store, resume and publish."""
+    try:
+        key, record = decode_entry(fields)
+    except EntryError as error:
+        assert error.reason in {"bad_encoding", "invalid_update", "invalid_entry",
+                                "missing_turn_key", "too_large"}
+        assert error.detail
+        return
+    turn = Turn(key)
+    turn.apply(record)
+    turn = Turn.from_bytes(turn.to_bytes())
+    encode_response(turn.finish())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mangled_updates(), st.sampled_from(["json", "msgpack", "object"]))
+def test_mangled_updates_never_raise_anything_else(update: Any, enc: str) -> None:
+    if enc == "json":
+        _must_be_storable(entry(json.dumps(update).encode()))
+    elif enc == "msgpack":
+        try:
+            raw = msgspec.msgpack.encode(update)
+        except OverflowError:
+            assume(False)  # msgpack cannot carry it: no such entry exists
+        _must_be_storable(entry(raw, enc=b"msgpack"))
+    else:
+        _must_be_storable({"response_id": "r1", "update": update})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["response_id", "turn_id", "attempt_id", "kind", "update", "enc", "error",
+                     "step_id", "session_id", "id", b"response_id", b"update"]),
+    st.binary(max_size=20) | st.text(max_size=20) | JSON, max_size=6))
+def test_random_fields_never_raise_anything_else(fields: dict[Any, Any]) -> None:
+    _must_be_storable(fields)
+
+
+# ---------------------------------------------------------------- processor merge
+
+
+def run_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "processor.cli", *args], input=stdin,
+                          capture_output=True, check=False, timeout=60)
+
+
+def test_processor_merge_reports_bad_lines_and_merges_the_rest() -> None:
+    good = scenario_path("seed_two_turns_interleaved").read_bytes().splitlines()
+    bad = [
+        b'{"response_id": "turn-a", "update": {"contents": "nope"}}',
+        b"this is not json",
+        b"[1, 2, 3]",
+        b'{"response_id": "turn-a", "update": "\xff"}',
+        b'{"response_id": "deep", "update": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"update": {"contents": []}}',
+        b'{"response_id": "turn-b", "kind": "later"}',
+    ]
+    lines = [good[0], bad[0], bad[1], good[1], bad[2], good[2], bad[3], bad[4], bad[5], good[3],
+             bad[6], *good[4:]]
+    run = run_cli("merge", "-", stdin=b"\n".join(lines) + b"\n")
+    assert run.returncode == 0, run.stderr
+    turns = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(t["response_id"], t["status"]) for t in turns] == [
+        ("turn-a", "completed"), ("turn-b", "completed")]
+    texts = [t["response"]["messages"][0]["contents"][0]["text"] for t in turns]
+    assert texts == ["a1 a2", "b1 b2"]
+    dead = [json.loads(line)["dlq"] for line in run.stderr.splitlines()]
+    got = [(d["line"], d["reason"]) for d in dead]
+    assert got == [(2, "invalid_update"), (3, "bad_encoding"), (5, "invalid_entry"),
+                   (7, "bad_encoding"), (8, "invalid_entry"), (9, "missing_turn_key"),
+                   (11, "invalid_entry")]
+    assert "$.update.contents" in dead[0]["detail"] and dead[0]["response_id"] == "turn-a"
+    assert turns[0]["meta"]["counts"]["dlq"] == 1, "turn-a's bad entry is counted on it"
+
+
+def test_processor_merge_of_a_missing_file_fails_with_one_line() -> None:
+    run = run_cli("merge", "/nonexistent/entries.jsonl")
+    assert run.returncode != 0
+    assert len(run.stderr.decode().strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- processor schema
+
+
+@pytest.fixture(scope="module")
+def schema_doc() -> dict[str, Any]:
+    run = run_cli("schema")
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    jsonschema.Draft202012Validator.check_schema(doc)
+    return doc
+
+
+def validator(doc: dict[str, Any], name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({"$defs": doc["$defs"], **doc["properties"][name]})
+
+
+def test_schema_names_every_wire_shape(schema_doc: dict[str, Any]) -> None:
+    assert set(schema_doc["properties"]) >= {
+        "entry", "update", "merged_entry", "response", "meta", "events_entry", "event",
+        "dlq_entry", "merge_line"}
+
+
+def test_one_schema_alone_is_valid(schema_doc: dict[str, Any]) -> None:
+    run = run_cli("schema", "merge_line")
+    assert run.returncode == 0
+    alone = json.loads(run.stdout)
+    jsonschema.Draft202012Validator.check_schema(alone)
+    assert alone["$defs"] == schema_doc["$defs"]
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_scenario_outputs_validate_against_the_schemas(schema_doc: dict[str, Any],
+                                                       name: str) -> None:
+    run = run_cli("merge", str(scenario_path(name)))
+    assert run.returncode == 0
+    line_schema = validator(schema_doc, "merge_line")
+    parts = {key: validator(schema_doc, key) for key in ("response", "meta", "event")}
+    for line in run.stdout.splitlines():
+        result = json.loads(line)
+        line_schema.validate(result)
+        parts["response"].validate(result["response"])
+        parts["meta"].validate(result["meta"])
+        for event in result["events"]:
+            parts["event"].validate(event)
+    entry_schema, update_schema = validator(schema_doc, "entry"), validator(schema_doc, "update")
+    for text in scenario_lines(name):
+        fields = json.loads(text)
+        if fields.get("kind") == "cancel":
+            continue  # offline only, not a stream entry
+        if "update" in fields:
+            update_schema.validate(fields["update"])
+            fields["update"] = json.dumps(fields["update"])  # over Redis it is JSON text
+        entry_schema.validate(fields)
+
+
+def test_schemas_refuse_what_is_not_the_contract(schema_doc: dict[str, Any]) -> None:
+    # The schemas must not accept anything: a wrong status and a missing field fail.
+    run = run_cli("merge", str(scenario_path("net01_assembles_message")))
+    result = json.loads(run.stdout.splitlines()[0])
+    line_schema = validator(schema_doc, "merge_line")
+    with pytest.raises(jsonschema.ValidationError):
+        line_schema.validate({**result, "status": "finished"})
+    with pytest.raises(jsonschema.ValidationError):
+        line_schema.validate({k: v for k, v in result.items() if k != "response"})
