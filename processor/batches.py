@@ -16,9 +16,11 @@ from processor.decode import EntryError, decode_entry, entry_size, routing_id
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
+from processor.models import TURN_IDS
 from processor.settle import Settled, encode_stored, event_fields
 
 _pack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,14 @@ class _Turns:
         self.keys: list[str] = []
         self.args: list[Any] = []
 
-    def number(self, key: TurnKey, ids: dict[str, str], ts: int) -> int:
+    def number(self, key: TurnKey, ts: int) -> int:
         n = self.index.get(key)
         if n is None:
             n = self.index[key] = len(self.index) + 1
             self.keys += self.shard.turn_keys(key)
-            started = ev.started(key, ids, ts)
+            # Turn-level ids are left null: apply_entries fills in the ones
+            # the turn has (first applied wins), on this and every event.
+            started = ev.started(key, {}, ts)
             self.args += [key.encode(), _pack.encode(event_fields(key, started))]
         return n
 
@@ -98,12 +102,12 @@ def _entry_args(
     if deliveries > options.max_deliveries:
         limit = options.max_deliveries
         detail = f"delivered {deliveries} times without being acked (limit {limit})"
-        return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries]
+        return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries, ""]
     try:
         key, record = decode_entry(fields, max_entry_bytes=options.limits.max_entry_bytes)
     except EntryError as exc:
-        n = turns.number(exc.turn, {}, now_ms) if exc.turn else 0
-        return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries]
+        n = turns.number(exc.turn, now_ms) if exc.turn else 0
+        return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries, ""]
     # Field names are bytes from Redis; one that is not UTF-8 is just an
     # unknown field (decode_entry ignored it), never a reason to fail the batch.
     expected = 0
@@ -113,16 +117,27 @@ def _entry_args(
         expected = shard_of(routing_id(named), options.shards)
     if expected != shard.index:
         detail = f"the turn belongs to shard {expected}, not {shard.index}"
-        return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries]
-    n = turns.number(key, record.ids, now_ms)
+        return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries, ""]
+    n = turns.number(key, now_ms)
     progress = b""
     if options.progress and record.update is not None:
-        found = ev.progress(key, record.ids, record, now_ms)
+        found = ev.progress(key, {}, record, now_ms)
         if found:
             progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
     return [entry_id, n, op, encode_stored(entry_size(fields), record), entry_size(fields),
-            progress, deliveries]
+            progress, deliveries, _turn_ids(record.ids)]
+
+
+def _turn_ids(ids: dict[str, str]) -> bytes | str:
+    """An entry's turn-level correlation ids for ``apply_entries`` to remember
+    (msgpack [name, JSON value, ...]); attempt_id is part of the turn key."""
+    flat: list[str] = []
+    for name in TURN_IDS:
+        value = ids.get(name)
+        if value is not None and name != "attempt_id":
+            flat += [name, _json.encode(value).decode()]
+    return _pack.encode(flat) if flat else ""
 
 
 def parse_member(member: Any) -> TurnKey:

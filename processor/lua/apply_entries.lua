@@ -5,7 +5,10 @@ For each entry, atomically: XACK it (the fence: an entry another consumer
 already acked is skipped, so every entry is applied exactly once), XDEL it,
 then either dead-letter it, drop it (cancelled turn) or store its record in
 the turn's state, publishing synthesis.started on a turn's first entry and
-the entry's progress events with gap-free seq.
+the entry's progress events with gap-free seq. A turn's correlation ids
+(first value applied wins) are kept in its hash and filled into the
+synthesis.started and progress events that do not carry them themselves, so
+that every event of the turn has them (contract section 3).
 
 Finally report which turns are ready to finalise: turns found cancelled, and
 turns whose closing entry (end, error, limit) lies below the shard's
@@ -22,9 +25,10 @@ ARGV[5] max updates per turn  ARGV[6] max bytes per turn
 ARGV[7] max bytes of one field value copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
-then per entry, 7 values:     id, turn index (0 = none), op, a, b, c, deliveries
+then per entry, 8 values:     id, turn index (0 = none), op, a, b, c, deliveries, ids
   op "u" update / "e" end|error: a = stored record, b = size, c = progress events
-                                  (msgpack array of field arrays)
+                                  (msgpack array of field arrays), ids = the entry's
+                                  turn-level ids (msgpack [name, JSON value, ...]) or ""
   op "d" dead letter:            a = reason, b = detail
 
 Returns { cancelled tks, ready closing members }
@@ -51,10 +55,38 @@ local function turn_keys(ti)
   return KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
 end
 
-local function start_turn(ti, tkey)
-  if redis.call('EXISTS', tkey) == 1 then return end
+-- The turn's remembered ids ("id:<name>" = JSON value) replace the event's
+-- "<name>":null (the base fields come first in every event's JSON).
+local function fill_ids(tkey, fields)
+  local json = fields[#fields]
+  local hash = redis.call('HGETALL', tkey)
+  for j = 1, #hash, 2 do
+    local name = string.match(hash[j], '^id:(.+)$')
+    if name then
+      local s, e = string.find(json, '"' .. name .. '":null', 1, true)
+      if s then json = string.sub(json, 1, s - 1) .. '"' .. name .. '":' .. hash[j + 1] .. string.sub(json, e + 1) end
+    end
+  end
+  fields[#fields] = json
+  return fields
+end
+
+local function remember_ids(tkey, ids)
+  if ids == '' then return end
+  local flat = cmsgpack.unpack(ids)
+  for j = 1, #flat, 2 do redis.call('HSETNX', tkey, 'id:' .. flat[j], flat[j + 1]) end
+end
+
+-- Create the turn's hash if missing; publish synthesis.started once the
+-- first entry's ids are remembered. Returns nothing.
+local function start_turn(ti, tkey, ids)
+  if redis.call('EXISTS', tkey) == 1 then
+    remember_ids(tkey, ids)
+    return
+  end
   redis.call('HSET', tkey, 'seq', 1, 'ver', 0, 'started', now_ms)
-  local fields = cmsgpack.unpack(ARGV[9 + 2 * (ti - 1) + 1])
+  remember_ids(tkey, ids)
+  local fields = fill_ids(tkey, cmsgpack.unpack(ARGV[9 + 2 * (ti - 1) + 1]))
   redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
@@ -67,16 +99,18 @@ local function mark_closing(tkey, tk, id)
   redis.call('HSET', tkey, 'closing', member)
 end
 
-local function store(ti, id, op, record, size, progress)
+local function store(ti, id, op, record, size, progress, ids)
   local tkey, rkey = turn_keys(ti)
   local tk = ARGV[9 + 2 * (ti - 1)]
-  start_turn(ti, tkey)
+  start_turn(ti, tkey, ids)
   redis.call('HSET', rkey, id, record)
   redis.call('HINCRBY', tkey, 'ver', 1)
   local n = redis.call('HINCRBY', tkey, 'n', op == 'u' and 1 or 0)
   local bytes = redis.call('HINCRBY', tkey, 'bytes', size)
   if progress ~= '' then
-    for _, fields in ipairs(cmsgpack.unpack(progress)) do publish_event(tkey, events, events_max, fields) end
+    for _, fields in ipairs(cmsgpack.unpack(progress)) do
+      publish_event(tkey, events, events_max, fill_ids(tkey, fields))
+    end
   end
   redis.call('ZADD', active, now_ms, tk)
   if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(tkey, tk, id) end
@@ -84,7 +118,7 @@ end
 
 local function drop(ti)
   local tkey = turn_keys(ti)
-  start_turn(ti, tkey)
+  start_turn(ti, tkey, '')
   redis.call('HINCRBY', tkey, 'dropped', 1)
   redis.call('HINCRBY', tkey, 'ver', 1)
   local tk = ARGV[9 + 2 * (ti - 1)]
@@ -94,7 +128,7 @@ local function drop(ti)
   end
 end
 
-local function apply_one(id, ti, op, a, b, c, deliveries)
+local function apply_one(id, ti, op, a, b, c, deliveries, ids)
   if op == 'd' then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
     if ti > 0 then
@@ -112,19 +146,20 @@ local function apply_one(id, ti, op, a, b, c, deliveries)
   elseif redis.call('EXISTS', ckey) == 1 then
     drop(ti)
   else
-    store(ti, id, op, a, tonumber(b), c)
+    store(ti, id, op, a, tonumber(b), c, ids)
   end
 end
 
 local base = 9 + 2 * nturns
 local i = base
-while i + 6 <= #ARGV do
+while i + 7 <= #ARGV do
   local id = ARGV[i]
   if redis.call('XACK', updates, group, id) == 1 then
-    apply_one(id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6])
+    apply_one(id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
+              ARGV[i + 6], ARGV[i + 7])
     redis.call('XDEL', updates, id)
   end
-  i = i + 7
+  i = i + 8
 end
 
 --- includes/ready_closing
