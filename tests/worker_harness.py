@@ -55,8 +55,10 @@ def entry_fields(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def entry_line(entry: dict[str, Any]) -> str:
-    """The ``processor merge`` line of a test entry (``update`` may stay an object)."""
-    return json.dumps(entry)
+    """The ``processor merge`` line of a test entry: the very field values a
+    producer XADDs (``update`` as the same JSON text), so that sizes and
+    limits are counted alike offline and live."""
+    return json.dumps({**entry_fields(entry), **({"id": entry["id"]} if "id" in entry else {})})
 
 
 def routing_id(entry: dict[str, Any]) -> str:
@@ -134,6 +136,14 @@ def _fields(raw: dict[Any, Any]) -> dict[str, str]:
             for k, v in raw.items()}
 
 
+def offline_dead(
+    entries: Iterable[dict[str, Any]], limits: Limits | None = None
+) -> list[tuple[int, str, str]]:
+    """What ``processor merge`` dead-letters: (entry index, reason, detail)."""
+    merge = merge_lines([entry_line(e) for e in entries], limits=limits)
+    return [(d.line - 1, d.reason, d.detail) for d in merge.dead]
+
+
 @dataclass
 class OfflineTurn:
     key: TurnKey
@@ -143,10 +153,10 @@ class OfflineTurn:
 
 
 def offline_results(
-    entries: Iterable[dict[str, Any]], limits: Limits | None = None
+    entries: Iterable[dict[str, Any]], limits: Limits | None = None, progress: bool = False
 ) -> dict[TurnKey, OfflineTurn]:
     """``processor merge`` of the entries (file order = arrival order)."""
-    merge = merge_lines([entry_line(e) for e in entries], limits=limits)
+    merge = merge_lines([entry_line(e) for e in entries], limits=limits, progress=progress)
     out: dict[TurnKey, OfflineTurn] = {}
     for result in merge.results():
         key = TurnKey(result.response_id, result.attempt_id or "")
