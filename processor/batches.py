@@ -150,12 +150,13 @@ def build_finalise(
 ) -> ScriptCall:
     """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn."""
     call = ScriptCall(
-        [shard.merged, shard.events, shard.dlq, shard.active, shard.closing],
+        [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates],
         [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
-         len(settled)],
+         len(settled), options.group],
     )
     for key, version, outcome in settled:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
-        call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters]
+        call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters,
+                      outcome.ending]
     return call

@@ -46,6 +46,10 @@ class Settled(msgspec.Struct):
     status: Status
     outputs: bytes  # msgpack [merged entry fields, terminal event entry fields]
     dead_letters: bytes  # msgpack array of DLQ entry field arrays
+    # The entry whose replay ended the turn (end, error, limit), "" when the
+    # cancel or the timeout did. finalise_turns publishes only once every
+    # earlier entry of the stream is acked, so the replay had all of them.
+    ending: str = ""
 
 
 def _text(value: Any) -> str:
@@ -69,11 +73,14 @@ def settle(
     life = TurnLife(key, limits)
     late: list[tuple[str, Record, Verdict]] = []
     records = {_text(k): v for k, v in recs.items()}
+    ending = ""
     for entry_id in sorted(records, key=id_order):
         stored = _stored_decoder.decode(records[entry_id])
         verdict = life.feed(entry_id, stored.record, stored.size)
         if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
             late.append((entry_id, stored.record, verdict))
+        if not ending and life.outcome is not None:
+            ending = entry_id
     if reason == "cancel":
         life.cancel()
     elif reason == "timeout":
@@ -90,7 +97,7 @@ def settle(
     final = ev.terminal(key, life.turn.state.ids, life.outcome, response, meta.counts, 0, now_ms)
     outputs = [struct_fields(merged), event_fields(key, final)]
     dead = [_late_fields(key, entry_id, record, verdict) for entry_id, record, verdict in late]
-    return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead))
+    return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), ending)
 
 
 def struct_fields(struct: msgspec.Struct) -> list[str]:

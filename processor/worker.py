@@ -227,6 +227,10 @@ class Worker:
             turn_hash, recs = replies[2 * i], replies[2 * i + 1]
             if not turn_hash:
                 continue  # finalised by another worker already
+            if todo[key] != "closing" and (b"closing" in turn_hash or "closing" in turn_hash):
+                # An entry ended the turn before the cancel or the timeout: it
+                # is finalised as that ending says, once ready (sweep).
+                continue
             try:
                 outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
             except Exception:  # one turn that cannot be replayed must not block the others

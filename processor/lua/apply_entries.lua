@@ -143,6 +143,10 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     redis.call('HINCRBY', dkey, 'dropped', 1)
   elseif status then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+  elseif redis.call('HEXISTS', tkey, 'closing') == 1 then
+    -- Its end (or limit) was applied before any cancel was seen: the cancel
+    -- changes nothing, this entry is replayed (merged, or turn_closed after the end).
+    store(ti, id, op, a, tonumber(b), c, ids)
   elseif redis.call('EXISTS', ckey) == 1 then
     drop(ti)
   else

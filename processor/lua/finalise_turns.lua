@@ -8,32 +8,62 @@ turn's next seq, so it is always last), dead-letter the entries the replay
 found after the turn's end, mark the turn done (hash with TTL, for dedup and
 drop counting) and delete its state.
 
+A turn ended by one of its entries (end, error, limit) is published only once
+that entry is below the shard's watermark (every earlier entry of the stream
+acked, so the caller's replay had all of them): until then its closing member
+is moved to that entry, for a later sweep, and the turn is left alone. The
+apply script counts limits in apply order, which may cross a limit "early".
+
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
-KEYS[4] active zset     KEYS[5] closing zset
-KEYS[5 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
+KEYS[4] active zset     KEYS[5] closing zset    KEYS[6] updates stream
+KEYS[6 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
-ARGV[4] done TTL (seconds) ARGV[5] number of turns T
-ARGV[6 + 5*(t-1) + 0..4]   per turn t: tk, expected version, status,
+ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
+ARGV[7 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
                            merged fields + terminal event fields (msgpack [[...], [...]]),
-                           dead letters (msgpack array of field arrays)
+                           dead letters (msgpack array of field arrays),
+                           id of the entry that ended the turn ("" = cancel or timeout)
 
-Returns one integer per turn: 1 published, 0 already done or gone, -1 changed
+Returns one integer per turn: 1 published, 0 already done or gone, -1 changed,
+2 not yet (an entry before the one that ended it is still pending)
 ]==]
 
 local merged, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local updates = KEYS[6]
 local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
+local group = ARGV[6]
 
+--- includes/pad_id
 --- includes/publish_event
 
+-- The oldest pending entry of the shard (padded), or nil when none is.
+local function oldest_pending()
+  local ok, pending = pcall(redis.call, 'XPENDING', updates, group)
+  if not ok or tonumber(pending[1]) == 0 then return nil end
+  return pad_id(pending[2])
+end
+local watermark = oldest_pending()
+
 local function finalise(t)
-  local k, a = 5 + 3 * (t - 1), 6 + 5 * (t - 1)
+  local k, a = 6 + 3 * (t - 1), 7 + 6 * (t - 1)
   local tkey, rkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local ending = ARGV[a + 5]
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
+  if ending ~= '' and watermark and watermark < pad_id(ending) then
+    local member = pad_id(ending) .. '|' .. tk
+    local current = redis.call('HGET', tkey, 'closing')
+    if current ~= member then
+      if current then redis.call('ZREM', closing, current) end
+      redis.call('ZADD', closing, 0, member)
+      redis.call('HSET', tkey, 'closing', member)
+    end
+    return 2
+  end
   local out = cmsgpack.unpack(ARGV[a + 3])
   redis.call('XADD', merged, 'MAXLEN', '~', merged_max, '*', unpack(out[1]))
   publish_event(tkey, events, events_max, out[2])
