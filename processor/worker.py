@@ -120,6 +120,9 @@ class Worker:
         connection errors (Redis restarting, failing over, unreachable)."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT),
+            # Once stopping, give up: what was read stays pending for another
+            # worker to reclaim, and a SIGTERM never waits for Redis to return.
+            stop=lambda _state: self.stopping,
             wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1),
             before_sleep=lambda s: log.warning("redis unavailable, retrying",
                                                extra={"error": repr(s.outcome.exception())}),
@@ -143,6 +146,10 @@ class Worker:
                     await self._retrying(self.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
             except Exception:
+                if self.stopping:
+                    log.warning("stopping without finishing a step", exc_info=True,
+                                extra={"shard": shard.index})
+                    break
                 # A bug or an unexpected reply must not stop the worker: what
                 # was not applied stays pending, is reclaimed and, if it keeps
                 # failing, dead-lettered after max_deliveries.

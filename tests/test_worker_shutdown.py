@@ -9,7 +9,7 @@ import asyncio
 import random
 
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results
+from worker_harness import Harness, compare_with_offline, interleave, offline_results, simple_turn
 
 TURNS = 300
 
@@ -94,3 +94,21 @@ async def test_sigterm_while_entries_flow(redis_url: str, namespace: str, tmp_pa
     compare_with_offline(outputs, offline, "SIGTERM")
     assert outputs.dlq == []
     assert '"stopped cleanly"' in first.log()
+
+
+async def test_stop_while_redis_is_down(make_redis_server, namespace: str) -> None:
+    """A worker told to stop while Redis is unreachable does not wait for
+    Redis to come back: run() returns (what it had read stays pending in
+    Redis for another worker to reclaim)."""
+    server = make_redis_server()
+    async with Harness(server.url, namespace) as harness:
+        running = await harness.start_worker()
+        await harness.add(simple_turn("before", 3))
+        await harness.wait_drained()
+        server.stop()
+        running.worker.stop()
+        # Without the fix this waits for Redis forever; 60 s is only a guard.
+        await asyncio.wait_for(asyncio.shield(running.task), 60)
+        harness.workers.remove(running)
+        await running.client.aclose()
+        server.start()
