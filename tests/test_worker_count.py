@@ -56,3 +56,21 @@ async def test_worker_count_does_not_matter(redis_url: str) -> None:
         result = outputs.turns[key].result()
         check_invariants(result, f"turn {key.response_id}")
         check_deltas(turns[i], result["response"])
+
+
+async def test_workers_on_a_redis_cluster(redis_cluster) -> None:
+    """The same random turns on a 3-master Redis Cluster, 3 shards spread over
+    the nodes by their hash tags, 2 workers: still processor merge's output."""
+    rng = random.Random(SEED + 3)
+    arrival = interleave([random_turn(rng, f"cl-{i:04d}") for i in range(200)], rng)
+    offline = offline_results(arrival)
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    async with Harness(redis_cluster.url, namespace, shards=3, cluster=True) as harness:
+        await harness.start_workers(2)
+        await harness.add(arrival)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+    compare_with_offline(outputs, offline, "cluster")
+    assert outputs.dlq == []

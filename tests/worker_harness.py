@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from processor.events import encode_response
 from processor.ids import TurnKey, shard_of
@@ -194,16 +195,23 @@ class Harness:
 
     def __init__(
         self, url: str, namespace: str, shards: int = 1, *, log_dir: Path | None = None,
-        **config: Any,
+        cluster: bool = False, **config: Any,
     ) -> None:
         self.url = url
+        self.cluster = cluster  # a Redis Cluster: every client is a cluster client
         self.ns = Namespace(namespace, shards)
         self.config = config  # WorkerConfig keyword arguments shared by every worker
-        self.client = redis.asyncio.Redis.from_url(url)
+        self.client = self.connect()
         self.workers: list[InProcessWorker] = []
         self.procs: list[SubprocessWorker] = []
         self.log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         self._serial = 0
+
+    def connect(self, **kwargs: Any) -> Any:
+        """A new client on the harness's Redis (bytes responses)."""
+        if self.cluster:
+            return RedisCluster.from_url(self.url, **kwargs)
+        return redis.asyncio.Redis.from_url(self.url, **kwargs)
 
     @property
     def shards(self) -> list[Shard]:
@@ -225,7 +233,7 @@ class Harness:
 
     async def start_worker(self, **overrides: Any) -> InProcessWorker:
         """An in-process worker with its own connection; returns once its groups exist."""
-        client = redis.asyncio.Redis.from_url(self.url, socket_timeout=10)
+        client = self.connect(socket_timeout=10)
         worker = Worker(client, self.worker_config(**overrides))
         task = asyncio.create_task(worker.run(), name=worker.config.consumer)
         running = InProcessWorker(worker, client, task)
