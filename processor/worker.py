@@ -221,7 +221,19 @@ class Worker:
     async def _finalise_once(
         self, shard: Shard, todo: dict[TurnKey, Reason]
     ) -> dict[TurnKey, Reason]:
-        keys = list(todo)
+        keys = [key for key, reason in todo.items() if reason == "closing"]
+        others = [key for key, reason in todo.items() if reason != "closing"]
+        if others:
+            # A turn that one of its entries ended is left to the closing path
+            # (below): check that before reading its records, which the sweep
+            # would otherwise re-read every round while the turn waits.
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in others:
+                    pipe.hexists(shard.turn(key.encode()), "closing")
+                ended = await pipe.execute()
+            keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
+        if not keys:
+            return {}
         async with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 tk = key.encode()
