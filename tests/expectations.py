@@ -22,6 +22,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,8 @@ class _Update:
     streams: list[tuple[Any, list[str]]]  # (stream, tokens): "seq" or ("call", call_id)
     results: list[str] = field(default_factory=list)
     message_id: str | None = None
+    role: str | None = None
+    author: str | None = None
 
 
 def _updates(entries: Iterable[dict[str, Any]], response_id: str) -> list[_Update]:
@@ -268,7 +271,8 @@ def _updates(entries: Iterable[dict[str, Any]], response_id: str) -> list[_Updat
 def _parse_update(
     index: int, group: tuple[str, Any], blocks: tuple[str, str], update: dict[str, Any]
 ) -> _Update:
-    parsed = _Update(index, group, *blocks, [], message_id=update.get("message_id") or None)
+    parsed = _Update(index, group, *blocks, [], message_id=update.get("message_id") or None,
+                     role=update.get("role"), author=update.get("author_name"))
     for content in update.get("contents", []):
         kind = content.get("type")
         if kind == "function_call":
@@ -302,7 +306,9 @@ def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> Non
     ]
     assert sorted(sent, key=int) == sorted(where, key=int), "tokens lost or invented"
     home = _check_groups(updates, where, response)
+    _check_names(updates, home, response)
     _check_ids(updates, response)
+    _check_no_missed_fold(updates, response)
     _check_order(updates, home, response, response_id)
     _check_results_after_calls(response)
     _check_turn_fields(entries, response)
@@ -341,6 +347,30 @@ def _check_groups(
     return home
 
 
+def _check_names(
+    updates: list[_Update], home: dict[tuple[str, Any], int], response: dict[str, Any]
+) -> None:
+    """A message's role and author are the first ones its updates name (role
+    defaults to assistant); a folded message is its keyed message."""
+    role: dict[tuple[str, Any], str] = {}
+    author: dict[tuple[str, Any], str] = {}
+    for u in updates:
+        if u.role is not None:
+            role.setdefault(u.group, u.role)
+        if u.author is not None:
+            author.setdefault(u.group, u.author)
+    for index, message in enumerate(response["messages"]):
+        groups = [g for g, m in home.items() if m == index]
+        keyed = [g for g in groups if g[0] == "k"]
+        if not keyed:
+            assert len(groups) <= 1, f"id-less runs {groups} merged into one message"
+        if not groups:
+            continue
+        group = keyed[0] if keyed else groups[0]
+        assert message["role"] == role.get(group, "assistant"), f"{group}: role"
+        assert message.get("author_name") == author.get(group), f"{group}: author"
+
+
 def _check_folds(
     home: dict[tuple[str, Any], int],
     where: dict[str, tuple[int, int, int]],
@@ -363,6 +393,20 @@ def _check_folds(
         for group in groups:
             if group[0] == "r":
                 assert max(spots[group]) <= first_keyed, f"run {group} not folded in front"
+
+
+def _check_no_missed_fold(updates: list[_Update], response: dict[str, Any]) -> None:
+    """Rule 4's exception: an id-less message right before a keyed message of
+    the same role and author (or no author) is folded into it, so no such
+    pair is left in the output."""
+    producer_ids = {u.message_id for u in updates if u.message_id}
+    messages = response["messages"]
+    for a, b in pairwise(messages):
+        if a["message_id"] in producer_ids or b["message_id"] not in producer_ids:
+            continue
+        authors = (a.get("author_name"), b.get("author_name"))
+        same_author = None in authors or authors[0] == authors[1]
+        assert not (a["role"] == b["role"] and same_author), f"{a['message_id']} not folded"
 
 
 def _check_ids(updates: list[_Update], response: dict[str, Any]) -> None:

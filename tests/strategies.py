@@ -86,9 +86,10 @@ def pick(ch: Chooser, options: Sequence[T]) -> T:
 class Options:
     """Knobs of the generator. The defaults are the full mix.
 
-    ``agents=1, idless=False, interleave=False`` gives turns where Agent
-    Framework's own ``AgentResponse.from_updates`` is right (one inner
-    response, every update keyed, no message interleaved with another).
+    ``agents=1, idless=False, interleave=False, relabel=False`` gives turns
+    where Agent Framework's own ``AgentResponse.from_updates`` is right (one
+    inner response, every update keyed, no message interleaved with another,
+    no message renaming its role or author).
     """
 
     max_messages: int = 8
@@ -97,6 +98,7 @@ class Options:
     interleave: bool = True
     extras: bool = True  # unknown contents, created_at, usage, finish reasons, ids
     lookalike_ids: bool = True  # producer ids shaped like assigned ids
+    relabel: bool = True  # a later update of a message names another role or author
 
 
 @dataclass
@@ -255,6 +257,12 @@ class _TurnBuilder:
                 update.pop("author_name", None)
             if later and self.ch.chance(0.2):
                 update.pop("agent_id", None)
+            if later and self.opts.relabel and self.ch.chance(0.05):
+                # The first role and author a message names are its own (rule 3);
+                # in an id-less run a new name starts a new message (rule 4).
+                update["role"] = pick(self.ch, ("assistant", "tool", "user"))
+            if later and self.opts.relabel and self.ch.chance(0.05):
+                update["author_name"] = pick(self.ch, AUTHORS)
             if self.opts.extras and self.ch.chance(0.2):
                 update["created_at"] = _timestamp(self.ch)
             if self.opts.extras and self.ch.chance(0.1):

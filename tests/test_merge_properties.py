@@ -77,7 +77,7 @@ def test_seeded_turns_satisfy_the_contract() -> None:
 
 
 @PROPERTY
-@given(turns(agents=1, idless=False, interleave=False))
+@given(turns(agents=1, idless=False, interleave=False, relabel=False))
 def test_plain_turns_keep_every_delta(entries: list[dict[str, Any]]) -> None:
     key, records = decoded(entries)
     check_deltas(entries, as_json(merged(key, records).finish()))
