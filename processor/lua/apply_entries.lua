@@ -114,6 +114,10 @@ local function store(ti, id, op, record, size, progress, ids)
   end
   redis.call('ZADD', active, now_ms, tk)
   if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(tkey, tk, id) end
+  if op == 'e' then
+    local ended = redis.call('HGET', tkey, 'ended')
+    if not ended or pad_id(id) < ended then redis.call('HSET', tkey, 'ended', pad_id(id)) end
+  end
 end
 
 local function drop(ti)
@@ -145,8 +149,16 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
   elseif redis.call('HEXISTS', tkey, 'closing') == 1 then
     -- Its end (or limit) was applied before any cancel was seen: the cancel
-    -- changes nothing, this entry is replayed (merged, or turn_closed after the end).
-    store(ti, id, op, a, tonumber(b), c, ids)
+    -- changes nothing. An entry after an applied end is turn_closed whatever
+    -- else comes (dead-lettered now, with its original fields); any other is
+    -- replayed (merged, or dead-lettered by the replay).
+    local ended = redis.call('HGET', tkey, 'ended')
+    if ended and pad_id(id) > ended then
+      dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+      redis.call('HINCRBY', tkey, 'dlq', 1)
+    else
+      store(ti, id, op, a, tonumber(b), c, ids)
+    end
   elseif redis.call('EXISTS', ckey) == 1 then
     drop(ti)
   else
