@@ -385,21 +385,26 @@ def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
 
     Walks from the end so that the merged order is what decides "right after":
     a chain of id-less runs that all match lands in the same keyed message.
+    "Match" counts the authors already folded in: a keyed message without an
+    author that took in bob's run does not then take alice's run too, so a
+    message never mixes two speakers the run split kept apart.
     """
     out: list[tuple[Segment, list[Content]]] = []
+    speaker: str | None = None  # the author of out[-1], its folded runs included
     for seg in reversed(order):
         if seg.message_id is None and out:
             nxt, nxt_contents = out[-1]
             if (
                 nxt.message_id is not None
                 and (seg.role or "assistant") == (nxt.role or "assistant")
-                and (seg.author_name is None or nxt.author_name is None
-                     or seg.author_name == nxt.author_name)
+                and _same(speaker, seg.author_name)
             ):
                 out[-1] = (nxt, _join(seg.contents, nxt_contents))
+                speaker = speaker or seg.author_name
                 continue
         # Copies: the response must not share contents the next apply() mutates.
         out.append((seg, [_copy(c) for c in seg.contents]))
+        speaker = seg.author_name
     out.reverse()
     return out
 

@@ -308,7 +308,7 @@ def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> Non
     home = _check_groups(updates, where, response)
     _check_names(updates, home, response)
     _check_ids(updates, response)
-    _check_no_missed_fold(updates, response)
+    _check_no_missed_fold(updates, home, response)
     _check_order(updates, home, response, response_id)
     _check_results_after_calls(response)
     _check_turn_fields(entries, response)
@@ -369,6 +369,9 @@ def _check_names(
         group = keyed[0] if keyed else groups[0]
         assert message["role"] == role.get(group, "assistant"), f"{group}: role"
         assert message.get("author_name") == author.get(group), f"{group}: author"
+        # Folding never mixes speakers: one role, at most one named author.
+        assert {role.get(g, "assistant") for g in groups} == {message["role"]}, groups
+        assert len({author[g] for g in groups if g in author}) <= 1, f"{groups}: authors"
 
 
 def _check_folds(
@@ -395,16 +398,27 @@ def _check_folds(
                 assert max(spots[group]) <= first_keyed, f"run {group} not folded in front"
 
 
-def _check_no_missed_fold(updates: list[_Update], response: dict[str, Any]) -> None:
+def _check_no_missed_fold(
+    updates: list[_Update], home: dict[tuple[str, Any], int], response: dict[str, Any]
+) -> None:
     """Rule 4's exception: an id-less message right before a keyed message of
     the same role and author (or no author) is folded into it, so no such
-    pair is left in the output."""
+    pair is left in the output. A keyed message's author counts the runs it
+    already took in (it never takes in a second speaker)."""
     producer_ids = {u.message_id for u in updates if u.message_id}
+    named: dict[tuple[str, Any], str] = {}
+    for u in updates:
+        if u.author is not None:
+            named.setdefault(u.group, u.author)
+    speaker: dict[int, str] = {}
+    for group, message in home.items():
+        if group in named:
+            speaker.setdefault(message, named[group])
     messages = response["messages"]
-    for a, b in pairwise(messages):
+    for i, (a, b) in enumerate(pairwise(messages)):
         if a["message_id"] in producer_ids or b["message_id"] not in producer_ids:
             continue
-        authors = (a.get("author_name"), b.get("author_name"))
+        authors = (a.get("author_name"), b.get("author_name") or speaker.get(i + 1))
         same_author = None in authors or authors[0] == authors[1]
         assert not (a["role"] == b["role"] and same_author), f"{a['message_id']} not folded"
 

@@ -270,6 +270,19 @@ def test_an_unnamed_role_then_tool_splits_an_idless_run() -> None:
     assert [c.type for c in response.messages[1].contents] == ["function_result", "text"]
 
 
+def test_folding_never_mixes_two_speakers() -> None:
+    # alice's run and bob's run are split (author changed); bob's folds into
+    # the author-less keyed message after it, alice's then stands alone.
+    rid = "turn-speakers"
+    response = _merge([
+        _entry(rid, author_name="alice", contents=[{"type": "text_reasoning", "text": "a"}]),
+        _entry(rid, author_name="bob", contents=[{"type": "text_reasoning", "text": "b"}]),
+        _entry(rid, message_id="k", contents=[{"type": "text", "text": "answer"}]),
+    ])
+    summary = [(m.author_name, [c.text for c in m.contents]) for m in response.messages]
+    assert summary == [("alice", ["a"]), (None, ["b", "answer"])]
+
+
 def test_only_turn_level_ids_are_kept_for_the_turn() -> None:
     result = next(merge_lines([
         json.dumps({"response_id": "t", "step_id": "s1", "session_id": "sess",
