@@ -361,3 +361,37 @@ def test_schemas_refuse_what_is_not_the_contract(schema_doc: dict[str, Any]) -> 
         line_schema.validate({**result, "status": "finished"})
     with pytest.raises(jsonschema.ValidationError):
         line_schema.validate({k: v for k, v in result.items() if k != "response"})
+
+
+_EVENT_DEFS = {"synthesis.started": "SynthesisStarted", "synthesis.chunk": "SynthesisChunk",
+               "step": "Step", "synthesis": "Synthesis"}
+
+
+@pytest.mark.parametrize("name", ["seed_handoff_two_agents", "net12_idless_reasoning_chunks_fold",
+                                  "seed_correlation_ids_kept", "seed_producer_error"])
+def test_progress_events_carry_every_field_of_their_schema(schema_doc: dict[str, Any],
+                                                           name: str) -> None:
+    run = run_cli("merge", "--progress", str(scenario_path(name)))
+    assert run.returncode == 0
+    event_schema = validator(schema_doc, "event")
+    seen = set()
+    for line in run.stdout.splitlines():
+        events = json.loads(line)["events"]
+        assert [e["seq"] for e in events] == list(range(len(events)))
+        for event in events:
+            event_schema.validate(event)
+            fields = schema_doc["$defs"][_EVENT_DEFS[event["type"]]]["properties"]
+            # Contract 5.2: every field of the schema is present (null when unknown).
+            assert set(event) == set(fields), (event["type"], set(fields) ^ set(event))
+            seen.add(event["type"])
+    assert {"synthesis.started", "synthesis", "step"} <= seen
+
+
+def test_entry_level_ids_stay_on_their_progress_event() -> None:
+    run = run_cli("merge", "--progress", str(scenario_path("seed_correlation_ids_kept")))
+    (turn,) = [json.loads(line) for line in run.stdout.splitlines()]
+    steps = [e for e in turn["events"] if e["type"] == "step"]
+    summary = [(s["step"], s["step_id"], s["session_id"]) for s in steps]
+    assert summary == [("text", "step-1", "s-1")]
+    assert "step_id" not in turn["meta"]["ids"], "an entry-level id is not a turn-level id"
+    assert all(e["run_id"] == "run-1" for e in turn["events"])
