@@ -136,3 +136,37 @@ async def test_timeout_while_earlier_entry_held(redis_url: str, namespace: str) 
     outputs, _ = await _run(redis_url, namespace, stream, limits, script)
     compare_with_offline(outputs, offline_results(stream, limits), "timeout vs held entry")
     assert outputs.dlq == []
+
+
+async def test_cancelled_before_start_then_worker_dies(redis_url: str, namespace: str) -> None:
+    """A turn cancelled before its first entry: the worker that drops its
+    entries dies before finalising. Another worker still publishes the
+    cancelled turn, and no state is left behind."""
+    stream = [{"response_id": "gone", "update": _update("never")},
+              {"response_id": "gone", "kind": "end"}]
+
+    async def script(s: Stepper, harness: Harness, ids: list[str]) -> None:
+        async def no_finalise(*_args: object) -> None:
+            return None
+
+        s.worker.finalise = no_finalise  # type: ignore[method-assign]
+        await s.read_and_apply()
+
+    async with Harness(redis_url, namespace) as harness:
+        await harness.cancel("gone")
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            stepper = Stepper(harness, client)
+            await stepper.start()
+            ids = await harness.add(stream)
+            await script(stepper, harness, ids)
+        finally:
+            await client.aclose()
+        await harness.start_worker()
+        await harness.wait_merged(1)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+    [turn] = outputs.turns.values()
+    assert turn.result()["status"] == "cancelled"
+    assert turn.result()["meta"]["counts"]["dropped"] == 2

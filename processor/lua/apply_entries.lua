@@ -126,6 +126,8 @@ local function drop(ti)
   redis.call('HINCRBY', tkey, 'dropped', 1)
   redis.call('HINCRBY', tkey, 'ver', 1)
   local tk = ARGV[9 + 2 * (ti - 1)]
+  -- Active, so that a sweep finalises it if this worker dies before doing so.
+  redis.call('ZADD', active, now_ms, tk)
   if not seen_cancel[tk] then
     seen_cancel[tk] = true
     cancelled[#cancelled + 1] = tk
