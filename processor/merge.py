@@ -65,6 +65,9 @@ class TurnState(msgspec.Struct, array_like=True, omit_defaults=True):
     agent_id: str | None = None
     properties: dict[str, Any] = msgspec.field(default_factory=dict)
     ids: dict[str, str] = msgspec.field(default_factory=dict)
+    # Usage per inner response ("" = the turn's own). Appended last so states
+    # written before it still load; ``usage`` above is only read, for them.
+    block_usage: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -140,9 +143,10 @@ class Turn:
         if update.agent_id is not None:
             st.agent_id = update.agent_id
         if update.additional_properties:
-            st.properties.update(update.additional_properties)
+            _merge_properties(st.properties, update.additional_properties)
         block = self._block(update.response_id)
-        contents = [c for c in update.contents if not self._take_usage(c)]
+        inner = st.blocks[block].inner_id
+        contents = [c for c in update.contents if not self._take_usage(c, inner)]
         if update.message_id:
             seg = self._keyed_segment(update, block, ordinal)
             st.open_run = -1
@@ -150,20 +154,37 @@ class Turn:
         else:
             seg = self._idless_segment(update, self._result_block(block, contents), ordinal)
         self._describe(seg, update)
+        if update.merge_mode == "replace":
+            self._clear(seg)
         for content in contents:
             self._append(seg, content)
 
-    def _take_usage(self, content: Content) -> bool:
-        """Usage leaves the messages and is summed per counter (rule 5)."""
+    def _take_usage(self, content: Content, inner: str) -> bool:
+        """Usage leaves the messages and is summed per counter (rule 5).
+
+        A usage content with ``merge_mode="replace"`` is Agent Framework's
+        correction: the running total of its run so far (its function-calling
+        loop emits one). Summing it would count that run twice, so it replaces
+        what its inner response reported before; other inner responses (other
+        agents of the turn) keep theirs.
+        """
         if content.type != "usage":
             return False
-        if content.usage_details:
-            usage = self.state.usage if self.state.usage is not None else {}
-            for name, value in content.usage_details.items():
-                if value is not None:
-                    usage[name] = usage.get(name, 0) + value
-            self.state.usage = usage
+        details = {k: v for k, v in (content.usage_details or {}).items() if v is not None}
+        if content.merge_mode == "replace":
+            self.state.block_usage[inner] = details
+        elif details:
+            mine = self.state.block_usage.setdefault(inner, {})
+            for name, value in details.items():
+                mine[name] = mine.get(name, 0) + value
         return True
+
+    def _clear(self, seg: int) -> None:
+        """An update with ``merge_mode="replace"`` restarts its message's
+        contents (Agent Framework's ``from_updates`` does the same)."""
+        self.state.segments[seg].contents = []
+        for key in [k for k in self._parts if k[0] == seg]:
+            del self._parts[key]
 
     def _block(self, inner_id: str | None) -> int:
         key = "" if not inner_id or inner_id == self.state.response_id else inner_id
@@ -289,19 +310,27 @@ class Turn:
     def _extend(self, seg: int, idx: int, piece: str, chunk: Content) -> None:
         target = self.state.segments[seg].contents[idx]
         parts = self._parts.get((seg, idx))
-        if parts is None:
+        if chunk.merge_mode == "replace":
+            # A snapshot, not a delta: it replaces what came before.
+            self._parts[(seg, idx)] = [piece]
+        elif parts is None:
             current = target.arguments if target.type == "function_call" else target.text
-            parts = self._parts[(seg, idx)] = [current if isinstance(current, str) else ""]
-        parts.append(piece)
+            self._parts[(seg, idx)] = [current if isinstance(current, str) else "", piece]
+        else:
+            parts.append(piece)
         _merge_extras(target, chunk)
 
     def _extend_call(self, seg: int, idx: int, chunk: Content) -> None:
         target = self.state.segments[seg].contents[idx]
-        if not target.name and chunk.name:
+        if chunk.name and (not target.name or chunk.merge_mode == "replace"):
             target.name = chunk.name
         pending = (seg, idx) in self._parts
         args = chunk.arguments
-        if isinstance(args, str) and (pending or isinstance(target.arguments, str | None)):
+        if chunk.merge_mode == "replace" and not isinstance(args, str):
+            self._parts.pop((seg, idx), None)
+            target.arguments = args
+            _merge_extras(target, chunk)
+        elif isinstance(args, str) and (pending or isinstance(target.arguments, str | None)):
             self._extend(seg, idx, args, chunk)
         elif isinstance(args, dict) and not pending and isinstance(target.arguments, dict):
             target.arguments = {**target.arguments, **args}
@@ -328,9 +357,20 @@ class Turn:
             response_id=st.response_id,
             agent_id=st.agent_id,
             finish_reason=st.finish_reason,
-            usage_details=dict(st.usage) if st.usage is not None else None,
+            usage_details=self._usage(),
             additional_properties=dict(st.properties),
         )
+
+    def _usage(self) -> dict[str, int] | None:
+        """The turn's usage: every inner response's, summed per counter."""
+        st = self.state
+        if st.usage is None and not st.block_usage:
+            return None
+        total = dict(st.usage or {})
+        for usage in st.block_usage.values():
+            for name, value in usage.items():
+                total[name] = total.get(name, 0) + value
+        return total
 
     def _message(
         self, seg: Segment, contents: list[Content], reserved: set[str], tag: str
@@ -399,11 +439,11 @@ def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
                 and (seg.role or "assistant") == (nxt.role or "assistant")
                 and _same(speaker, seg.author_name)
             ):
-                out[-1] = (nxt, _join(seg.contents, nxt_contents))
+                out[-1] = (nxt, _join([_final(c) for c in seg.contents], nxt_contents))
                 speaker = speaker or seg.author_name
                 continue
         # Copies: the response must not share contents the next apply() mutates.
-        out.append((seg, [_copy(c) for c in seg.contents]))
+        out.append((seg, [_final(c) for c in seg.contents]))
         speaker = seg.author_name
     out.reverse()
     return out
@@ -423,15 +463,58 @@ def _copy(content: Content) -> Content:
     return msgspec.structs.replace(content)
 
 
+def _final(content: Content) -> Content:
+    """A copy for the response. ``merge_mode`` says how a chunk combines with
+    the previous one; a merged content is no chunk (Agent Framework clears it
+    when it finalises a response too)."""
+    return msgspec.structs.replace(content, merge_mode=None)
+
+
+def _merge_properties(target: dict[str, Any], incoming: dict[str, Any]) -> None:
+    """Update-level properties: the later update wins per key, one level deep
+    (``merge_additional_properties(..., incoming_wins=True)`` in Agent Framework,
+    so namespaced objects like ``{"openai": {...}}`` combine)."""
+    for key, value in incoming.items():
+        current = target.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            target[key] = {**current, **value}
+        else:
+            target[key] = dict(value) if isinstance(value, dict) else value
+
+
 def _merge_extras(target: Content, chunk: Content) -> None:
-    """Per-chunk extras survive a fold: first value wins per property key,
-    annotations concatenate (as Agent Framework's own coalescing does)."""
+    """What a later chunk adds to the content it continues, as Agent
+    Framework's ``Content.__add__`` does: the earliest value wins per property
+    key (one level deep), annotations concatenate; for reasoning the id is the
+    first one given, signature (``protected_data``) and status the last ones;
+    for calls ids and servers are the first ones, status and exception the
+    last, flags are or-ed. Nothing a provider sends on a later chunk is lost.
+    """
     if chunk.additional_properties:
         merged = dict(chunk.additional_properties)
-        merged.update(target.additional_properties or {})
+        _merge_properties(merged, target.additional_properties or {})
         target.additional_properties = merged
     if chunk.annotations:
         target.annotations = [*(target.annotations or []), *chunk.annotations]
+    if target.type == "text_reasoning":
+        target.id = target.id or chunk.id
+        if chunk.protected_data is not None or chunk.merge_mode == "replace":
+            target.protected_data = chunk.protected_data
+        target.status = chunk.status if chunk.status is not None else target.status
+    elif target.type == "function_call":
+        target.id = target.id or chunk.id
+        target.call_id = target.call_id or chunk.call_id
+        target.server_name = target.server_name or chunk.server_name
+        target.status = chunk.status if chunk.status is not None else target.status
+        target.exception = chunk.exception if chunk.exception is not None else target.exception
+        target.hosted = _either(target.hosted, chunk.hosted)
+        target.informational_only = _either(target.informational_only, chunk.informational_only)
+        target.user_input_request = _either(target.user_input_request, chunk.user_input_request)
+
+
+def _either(a: bool | None, b: bool | None) -> bool | None:
+    """``a or b`` for optional flags, staying unset when neither is set."""
+    return None if a is None and b is None else bool(a or b)
 
 
 def merged_text(response: Response) -> str:

@@ -486,17 +486,30 @@ def _check_results_after_calls(response: dict[str, Any]) -> None:
 
 
 def _check_turn_fields(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
-    """Usage summed per counter; finish_reason the last non-null one."""
-    usage: dict[str, int] = {}
+    """Usage summed per counter (a ``replace`` usage resets what its inner
+    response reported so far); finish_reason the last non-null one."""
+    per_block: dict[str, dict[str, int]] = {}
     finish = None
     for entry in entries:
         update = entry.get("update")
         if not isinstance(update, dict):
             continue
         finish = update.get("finish_reason") or finish
+        inner = update.get("response_id")
+        block = "" if not inner or inner == response["response_id"] else inner
         for content in update.get("contents", []):
-            if content.get("type") == "usage":
-                for name, value in (content.get("usage_details") or {}).items():
-                    usage[name] = usage.get(name, 0) + value
+            if content.get("type") != "usage":
+                continue
+            details = content.get("usage_details") or {}
+            if content.get("merge_mode") == "replace":
+                per_block[block] = dict(details)
+                continue
+            mine = per_block.setdefault(block, {})
+            for name, value in details.items():
+                mine[name] = mine.get(name, 0) + value
+    usage: dict[str, int] = {}
+    for counters in per_block.values():
+        for name, value in counters.items():
+            usage[name] = usage.get(name, 0) + value
     assert (response.get("usage_details") or {}) == usage, "usage not summed per counter"
     assert response.get("finish_reason") == finish, "finish_reason is not the last one"

@@ -233,7 +233,11 @@ class _TurnBuilder:
         }
         if self.ch.chance(0.5):
             details["x_custom_count"] = self.ch.integer(0, 9)  # an unknown counter
-        return {"type": "usage", "usage_details": details}
+        usage: dict[str, Any] = {"type": "usage", "usage_details": details}
+        if self.ch.chance(0.1):
+            # Agent Framework's correction: the running total of this agent's run.
+            usage["merge_mode"] = "replace"
+        return usage
 
     def _update(self, stream: _Stream, contents: list[dict[str, Any]]) -> dict[str, Any]:
         update: dict[str, Any] = {"type": "agent_response_update", "contents": contents}

@@ -130,6 +130,45 @@ def test_agent_framework_updates_merge_like_agent_framework() -> None:
     assert ours.finish_reason == theirs.finish_reason == "stop"
 
 
+def test_chunk_details_merge_like_agent_framework() -> None:
+    # What later chunks add besides text: reasoning ids and signatures, call
+    # status and flags, per-chunk and per-update properties, snapshot
+    # ("replace") chunks, and the usage correction a function-calling loop emits.
+    def update(*contents: Content, **fields: Any) -> AgentResponseUpdate:
+        return AgentResponseUpdate(contents=list(contents), response_id="af-3",
+                                   **{"message_id": "m1", **fields})
+
+    updates = [
+        update(Content.from_text_reasoning(text="Let"), role="assistant",
+               additional_properties={"openai": {"a": 1}, "k": "first"}),
+        update(Content.from_text_reasoning(id="rs_1", text=" me")),
+        update(Content.from_text_reasoning(text="", protected_data="sig", status="completed"),
+               additional_properties={"openai": {"b": 2}, "k": "last"}),
+        update(Content.from_text("Answer", additional_properties={"ns": {"a": 1}, "k": 1})),
+        update(Content.from_text(" here", additional_properties={"ns": {"b": 2}, "k": 2})),
+        update(Content.from_usage({"input_token_count": 5, "output_token_count": 1})),
+        update(Content.from_function_call("c1", "f", arguments='{"a": ', id="fc_1")),
+        # (Agent Framework only joins chunks that all carry the occurrence id.)
+        update(Content.from_function_call("c1", "", arguments="1}", status="completed",
+                                          informational_only=True, id="fc_1")),
+        update(Content.from_usage({"input_token_count": 7, "output_token_count": 2})),
+        update(Content.from_usage({"input_token_count": 12, "output_token_count": 3},
+                                  merge_mode="replace")),
+        update(Content.from_text("Draft"), message_id="m2"),
+        update(Content.from_text("Final", merge_mode="replace"), message_id="m2"),
+        update(Content.from_text("gone"), message_id="m3"),
+        update(Content.from_text("kept"), message_id="m3", merge_mode="replace"),
+        update(Content.from_usage({"output_token_count": 4}), message_id="m3"),
+    ]
+    ours = loaded(merge_one(entries_of("af-3", updates)))
+    theirs = AgentResponse.from_updates(updates)
+    assert [[c.to_dict() for c in m.contents] for m in ours.messages] == [
+        [c.to_dict() for c in m.contents] for m in theirs.messages]
+    assert ours.usage_details == theirs.usage_details == {"input_token_count": 12,
+                                                          "output_token_count": 7}
+    assert ours.additional_properties == theirs.additional_properties
+
+
 def _summary(response: AgentResponse) -> list[tuple[Any, ...]]:
     return [
         (m.message_id, m.role, m.author_name, [c.type for c in m.contents], m.text,

@@ -283,6 +283,33 @@ def test_folding_never_mixes_two_speakers() -> None:
     assert summary == [("alice", ["a"]), (None, ["b", "answer"])]
 
 
+def test_a_usage_correction_replaces_only_its_own_agents_usage() -> None:
+    rid = "turn-usage"
+
+    def usage(inner: str, count: int, **extra: Any) -> dict[str, Any]:
+        content = {"type": "usage", "usage_details": {"input_token_count": count}, **extra}
+        return _entry(rid, response_id=inner, contents=[content])
+
+    response = _merge([usage("A", 5), usage("B", 7), usage("B", 3),
+                       usage("B", 10, merge_mode="replace"), usage("A", 1)])
+    assert response.usage_details == {"input_token_count": 16}
+
+
+def test_a_state_written_before_block_usage_still_loads() -> None:
+    # Workers of the previous release kept the summed usage in ``usage`` and
+    # had no trailing ``block_usage`` field.
+    key, records = decoded([_entry("old", message_id="m", contents=[{"type": "text",
+                                                                    "text": "x"}])])
+    state = merged(key, records).state
+    state.usage = {"input_token_count": 4}
+    old = msgspec.msgpack.encode(msgspec.structs.astuple(state)[:-1])
+    resumed = Turn.from_bytes(old)
+    _, more = decoded([_entry("old", contents=[
+        {"type": "usage", "usage_details": {"input_token_count": 1}}])])
+    resumed.apply(more[0])
+    assert resumed.finish().usage_details == {"input_token_count": 5}
+
+
 def test_only_turn_level_ids_are_kept_for_the_turn() -> None:
     result = next(merge_lines([
         json.dumps({"response_id": "t", "step_id": "s1", "session_id": "sess",
