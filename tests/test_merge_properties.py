@@ -343,3 +343,48 @@ def test_argument_chunks_of_one_call_concatenate(args: list[Any]) -> None:
     (call,) = response.messages[0].contents
     expected = "".join(args) if isinstance(args[0], str) else {"a": 1, "b": 2}
     assert call.arguments == expected and call.name == "f"
+
+
+@PROPERTY
+@given(st.lists(st.tuples(st.sampled_from(["text", "text_reasoning", "function_call"]),
+                          st.booleans(), st.integers(0, 9)), min_size=1, max_size=12),
+       st.sets(st.integers(0, 12), max_size=3))
+def test_snapshot_chunks_replace_and_survive_resuming(
+    chunks: list[tuple[str, bool, int]], cuts: set[int]
+) -> None:
+    # merge_mode="replace" chunks restart their content; the rest append. The
+    # expected text follows that rule directly, whatever the state went through.
+    rid = "turn-replace"
+    entries = []
+    for kind, replace, n in chunks:
+        content: dict[str, Any] = {"type": kind, "text": f"<{n}>"}
+        if kind == "function_call":
+            content = {"type": kind, "call_id": "c", "name": "f", "arguments": f"<{n}>"}
+        if replace:
+            content["merge_mode"] = "replace"
+        entries.append(_entry(rid, message_id="m", contents=[content]))
+    key, records = decoded(entries)
+    turn = Turn(key)
+    for i, record in enumerate(records):
+        if i in cuts:
+            turn = Turn.from_bytes(turn.to_bytes())
+        turn.apply(record)
+    response = turn.finish()
+    assert encode_response(response) == encode_response(merged(key, records).finish())
+    expected: list[tuple[str, str]] = []
+    calls: dict[str, int] = {}
+    for kind, replace, n in chunks:
+        piece = f"<{n}>"
+        if kind == "function_call" and "c" in calls:
+            i = calls["c"]
+            expected[i] = (kind, piece if replace else expected[i][1] + piece)
+        elif kind != "function_call" and expected and expected[-1][0] == kind:
+            expected[-1] = (kind, piece if replace else expected[-1][1] + piece)
+        else:
+            if kind == "function_call":
+                calls["c"] = len(expected)
+            expected.append((kind, piece))
+    got = [(c.type, c.arguments if c.type == "function_call" else c.text)
+           for c in response.messages[0].contents]
+    assert got == expected
+    assert all(c.merge_mode is None for c in response.messages[0].contents)
