@@ -1,12 +1,15 @@
 -- dead_letter: copy an input entry's fields into the DLQ (each value cut to
--- a bounded prefix), with reason, detail, source_id and deliveries.
+-- a bounded prefix, at most 1000 fields: one XADD cannot take more arguments
+-- than Lua can unpack), with reason, detail, source_id and deliveries.
 local function dead_letter(updates, dlq, dlq_max, value_max, id, reason, detail, deliveries)
   local fields = {}
   local found = redis.call('XRANGE', updates, id, id)
   local truncated = false
   if found[1] then
     local orig = found[1][2]
-    for j = 1, #orig, 2 do
+    local last = #orig
+    if last > 2000 then last = 2000; truncated = true end
+    for j = 1, last, 2 do
       local v = orig[j + 1]
       if #v > value_max then v = string.sub(v, 1, value_max); truncated = true end
       fields[#fields + 1] = orig[j]
