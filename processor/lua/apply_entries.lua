@@ -173,8 +173,17 @@ local i = base
 while i + 7 <= #ARGV do
   local id = ARGV[i]
   if redis.call('XACK', updates, group, id) == 1 then
-    apply_one(id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
-              ARGV[i + 6], ARGV[i + 7])
+    local ok, err = pcall(apply_one, id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
+                          ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    if not ok then
+      -- A bug here must not lose the acked entry (scripts are not rolled
+      -- back): it goes to the DLQ, with its fields if that still works.
+      local detail = 'applying the entry failed: ' .. tostring(type(err) == 'table' and err.err or err)
+      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_value_max, id, 'internal_error', detail, ARGV[i + 6]) then
+        redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'reason', 'internal_error',
+                   'detail', detail, 'source_id', id, 'deliveries', ARGV[i + 6])
+      end
+    end
     redis.call('XDEL', updates, id)
   end
   i = i + 8
