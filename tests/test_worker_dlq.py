@@ -74,12 +74,17 @@ async def test_garbage_entries_are_dead_lettered(redis_url: str, namespace: str)
         harness.assert_workers_alive()
         outputs = await harness.outputs()
 
-    by_source = {d["source_id"]: d for d in outputs.dlq}
+    # Entry ids are per stream: two shards may use the same one.
+    by_source = {(int(d["_shard"]), d["source_id"]): d for d in outputs.dlq}
     assert len(by_source) == len(outputs.dlq), "an entry was dead-lettered twice"
+
+    def where(i: int) -> tuple[int, str]:
+        return harness.shard_of(stream[i]).index, ids[i]
+
     expected_ids = set()
     for entry, reason, detail in GARBAGE:
         i = stream.index(entry)
-        dead = by_source.get(ids[i])
+        dead = by_source.get(where(i))
         assert dead is not None, f"{entry} not in the DLQ"
         assert dead["reason"] == reason, (entry, dead)
         assert detail in dead["detail"], (entry, dead["detail"])
@@ -90,8 +95,9 @@ async def test_garbage_entries_are_dead_lettered(redis_url: str, namespace: str)
         # processor merge says the same of the same line.
         same = [d for d in offline_dead if d.source_id == f"0-{i + 1}"]
         assert [(d.reason, d.detail) for d in same] == [(reason, dead["detail"])]
-        expected_ids.add(ids[i])
-    assert by_source[ids[stream.index(GARBAGE[3][0])]].get("truncated") == "1"
+        expected_ids.add(where(i))
+    assert by_source[where(stream.index(GARBAGE[3][0]))].get("truncated") == "1"
+    bad_utf8, wrong = (home.index, bad_utf8), (other.index, wrong)
     assert by_source[bad_utf8]["reason"] == "bad_encoding"
     assert "response_id" in by_source[bad_utf8]["detail"]
     assert by_source[wrong]["reason"] == "wrong_shard"
@@ -181,3 +187,60 @@ def test_garbage_table_is_json_lines() -> None:
     """The table above is what processor merge can read (guards the comparison)."""
     for entry, _, _ in GARBAGE:
         assert msgspec.json.decode(json.dumps(entry)) == entry
+
+
+async def test_entry_with_thousands_of_fields(redis_url: str, namespace: str) -> None:
+    """An entry with more fields than a Lua call can pass on is still
+    dead-lettered (its fields cut, marked truncated), never lost; the entries
+    around it merge."""
+    many = {f"f{i}": "x" for i in range(9000)}
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_workers(1)
+        before = await harness.add([{"response_id": "ok-1", "update": _update("a")},
+                                    {"response_id": "ok-1", "kind": "end"}])
+        bad = await harness.add_raw(harness.shards[0], many)  # no response_id
+        also = await harness.add_raw(harness.shards[0], {"response_id": "wide", **many})
+        after = await harness.add([{"response_id": "ok-2", "update": _update("b")},
+                                   {"response_id": "ok-2", "kind": "end"}])
+        await harness.wait_merged(2)
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+    assert len(before) == len(after) == 2
+    by_source = {d["source_id"]: d for d in outputs.dlq}
+    assert set(by_source) == {bad, also}
+    assert by_source[bad]["reason"] == "missing_turn_key"
+    assert by_source[also]["reason"] == "invalid_update"
+    for dead in by_source.values():
+        assert dead["truncated"] == "1" and dead["deliveries"] == "1"
+
+
+async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, namespace: str) -> None:
+    """Should applying an entry fail inside the script (a bug; scripts are not
+    rolled back), the acked entry goes to the DLQ as internal_error instead of
+    vanishing, and the rest of its batch is applied."""
+    from processor.batches import build_apply
+    from processor.scripts import Scripts
+    from processor.worker import WorkerConfig
+
+    async with Harness(redis_url, namespace) as harness:
+        shard = harness.shards[0]
+        config = WorkerConfig(namespace=namespace, consumer="bug", progress=True)
+        await harness.client.xgroup_create(shard.updates, config.group, id="0", mkstream=True)
+        ids = await harness.add([{"response_id": "bug", "update": _update("a")},
+                                 {"response_id": "bug", "update": _update("b")},
+                                 {"response_id": "bug", "kind": "end"}])
+        [[_, entries]] = await harness.client.xreadgroup(
+            config.group, "bug", {shard.updates: ">"}, count=10)
+        call = build_apply(shard, entries, {}, config.batch_options(), 0)
+        # Corrupt the progress events of the first entry: unpacking them fails.
+        first = call.args.index(ids[0])
+        call.args[first + 5] = b"\xc1"
+        await Scripts(harness.client).apply_entries(keys=call.keys, args=call.args)
+        assert await harness.client.xlen(shard.updates) == 0
+        assert (await harness.client.xpending(shard.updates, config.group))["pending"] == 0
+        outputs = await harness.outputs()
+    [dead] = outputs.dlq
+    assert dead["source_id"] == ids[0] and dead["reason"] == "internal_error"
+    assert "applying the entry failed" in dead["detail"]
+    assert dead["response_id"] == "bug" and dead["deliveries"] == "1"
