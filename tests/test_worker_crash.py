@@ -6,26 +6,31 @@ merge``, nothing is dead-lettered, and no per-turn state is left behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from collections import Counter
 
 import redis.asyncio
 from strategies import random_turn
 from worker_harness import Harness, compare_with_offline, interleave, offline_results
 
+from processor.models import TURN_IDS
 from processor.worker import Worker
 
 TURNS = 600
 KILLS = 5
 # Short, so that the entries a killed worker held are reclaimed quickly.
 RECLAIM_IDLE_MS = 500
-WORKER_FLAGS = {"reclaim_idle_ms": RECLAIM_IDLE_MS, "batch": 50, "log_level": "info"}
+WORKER_FLAGS = {
+    "reclaim_idle_ms": RECLAIM_IDLE_MS, "batch": 50, "log_level": "info", "progress": True,
+}
 
 
 async def test_sigkill_workers_mid_batch(redis_url: str, namespace: str, tmp_path) -> None:
     rng = random.Random(7)
     turns = [random_turn(rng, f"crash-{i:04d}") for i in range(TURNS)]
     arrival = interleave(turns, random.Random(8))
-    offline = offline_results(arrival)
+    offline = offline_results(arrival, progress=True)
 
     async with Harness(redis_url, namespace, shards=2, log_dir=tmp_path) as harness:
         for _ in range(3):
@@ -62,6 +67,11 @@ async def test_sigkill_workers_mid_batch(redis_url: str, namespace: str, tmp_pat
         leftover = await harness.state_keys()
 
     compare_with_offline(outputs, offline, "after SIGKILLs")
+    # Every progress event published exactly once (in apply order, with the
+    # ids known when applied: compared without seq, ts and turn-level ids).
+    for key, want in offline.items():
+        got = Counter(_strip(e) for e in outputs.turns[key].events)
+        assert got == Counter(_strip(e) for e in want.line["events"]), key
     assert outputs.merged_count == len(offline)
     assert outputs.dlq == [], outputs.dlq[:3]
     assert leftover == [], leftover
@@ -79,7 +89,9 @@ async def _dies_before_finalise(harness: Harness) -> None:
     the turns it made ready: a survivor's sweep must finalise them."""
     client = redis.asyncio.Redis.from_url(harness.url)
     try:
-        worker = Worker(client, harness.worker_config(consumer="applies-only", batch=100))
+        worker = Worker(
+            client, harness.worker_config(consumer="applies-only", batch=100, progress=True)
+        )
 
         async def no_finalise(*_args: object) -> None:
             return None
@@ -89,3 +101,8 @@ async def _dies_before_finalise(harness: Harness) -> None:
             await worker._read_once(shard)
     finally:
         await client.aclose()
+
+
+def _strip(event: dict) -> str:
+    drop = {"seq", "ts", *TURN_IDS}
+    return json.dumps({k: v for k, v in event.items() if k not in drop}, sort_keys=True)
