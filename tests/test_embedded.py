@@ -12,7 +12,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
-from redis_servers import LocalRedisCluster, start_redis_cluster, tls_redis_server_or_skip
+from redis_servers import LocalRedisCluster, start_redis_cluster, tls_redis_server
 
 from processor import embedded
 from processor.embedded import (
@@ -173,7 +173,7 @@ def test_startup_error_shows_log_tail() -> None:
 
 
 def test_tls_server(make_redis_server: MakeServer) -> None:
-    binary = tls_redis_server_or_skip()
+    binary = tls_redis_server()
     server = make_redis_server(tls=True, binary=binary)
     assert server.url.startswith("rediss://127.0.0.1:")
     client = redis.Redis.from_url(server.url)
