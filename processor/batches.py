@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from processor import events as ev
+from processor.connections import as_text
 from processor.decode import EntryError, decode_entry, entry_size, routing_id
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
@@ -43,9 +44,6 @@ class ScriptCall:
     keys: list[str] = field(default_factory=list)
     args: list[Any] = field(default_factory=list)
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class _Turns:
@@ -80,7 +78,7 @@ def build_apply(
     turns = _Turns(shard)
     per_entry: list[Any] = []
     for raw_id, fields in entries:
-        entry_id = _text(raw_id)
+        entry_id = as_text(raw_id)
         count = deliveries.get(entry_id, 1)
         per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms)
     lim = options.limits
@@ -142,7 +140,7 @@ def _turn_ids(ids: dict[str, str]) -> bytes | str:
 
 def parse_member(member: Any) -> TurnKey:
     """A ``closing`` zset member ``<padded id>|<tk>`` -> its turn key."""
-    return TurnKey.decode(_text(member).partition("|")[2])
+    return TurnKey.decode(as_text(member).partition("|")[2])
 
 
 def build_finalise(

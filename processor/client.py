@@ -37,7 +37,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from processor.connections import TRANSIENT
+from processor.connections import TRANSIENT, as_text
 from processor.ids import response_id_for_turn, shard_of
 from processor.keys import DEFAULT_NAMESPACE, Namespace, Shard
 from processor.models import ENTRY_IDS, TURN_IDS
@@ -67,10 +67,6 @@ STREAMS = ("merged", "events", "dlq", "updates")
 #: How long an auto-generated idempotency key lives: it only guards the built-in retry.
 AUTO_IDEMPOTENCY_TTL = 600
 
-
-def _text(value: Any) -> str:
-    """A Redis reply value as ``str`` (clients may or may not decode responses)."""
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 # --------------------------------------------------------------------------- retries
@@ -345,7 +341,7 @@ class Producer:
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
         keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex)]
         args = [ttl, *turn.fields(), *body]
-        return _text(await self.retry.run(lambda: self._send_update(keys=keys, args=args)))
+        return as_text(await self.retry.run(lambda: self._send_update(keys=keys, args=args)))
 
 
 # --------------------------------------------------------------------------- watch
@@ -419,7 +415,7 @@ class CancelWatch(Generic[T]):
             return False
         if value is None:
             return False
-        self.reason = _text(value)
+        self.reason = as_text(value)
         return True
 
     async def _stop(self, step: asyncio.Future[T]) -> None:
@@ -514,21 +510,21 @@ Item = MergedItem | EventItem | EntryItem
 
 def _decode_item(stream: str, kind: str, entry_id: str, raw: Mapping[Any, Any]) -> Item:
     """A typed item from one stream entry."""
-    fields = {_text(k): v for k, v in raw.items()}
+    fields = {as_text(k): v for k, v in raw.items()}
     if kind == "merged":
         return MergedItem(
             stream,
             entry_id,
-            _text(fields["response_id"]),
-            _text(fields["status"]),
+            as_text(fields["response_id"]),
+            as_text(fields["status"]),
             json.loads(fields["response"]),
             json.loads(fields["meta"]),
-            _text(fields.get("synthesis_id", "")),
-            _text(fields.get("attempt_id", "")),
+            as_text(fields.get("synthesis_id", "")),
+            as_text(fields.get("attempt_id", "")),
         )
     if kind == "events":
         return EventItem(stream, entry_id, json.loads(fields["event"]))
-    return EntryItem(stream, entry_id, {k: _text(v) for k, v in fields.items()})
+    return EntryItem(stream, entry_id, {k: as_text(v) for k, v in fields.items()})
 
 
 def _xread_entries(reply: Any) -> list[tuple[str, list[Any]]]:
@@ -544,7 +540,7 @@ def _xread_entries(reply: Any) -> list[tuple[str, list[Any]]]:
             and entries[0]
             and isinstance(entries[0][0], list | tuple)
         )
-        out.append((_text(name), entries[0] if nested else entries))
+        out.append((as_text(name), entries[0] if nested else entries))
     return out
 
 
@@ -727,7 +723,7 @@ class Subscriber:
         fetch = self._fetch_cluster if self._cluster else self._fetch_single
         batches = await self.retry.run(lambda: fetch(block_ms))
         items = [
-            _decode_item(stream, self._kinds[stream], _text(entry_id), fields)
+            _decode_item(stream, self._kinds[stream], as_text(entry_id), fields)
             for stream, entries in batches
             for entry_id, fields in entries
         ]
@@ -739,7 +735,7 @@ class Subscriber:
         for key, position in self.positions.items():
             if position == "$":
                 last = await self.retry.run(lambda key=key: self.client.xrevrange(key, count=1))
-                self.positions[key] = _text(last[0][0]) if last else "0-0"
+                self.positions[key] = as_text(last[0][0]) if last else "0-0"
 
     async def _fetch_single(self, block_ms: int | None) -> list[tuple[str, list[Any]]]:
         """One XREAD over every followed stream."""

@@ -26,6 +26,11 @@ class RedisOptions:
     socket_timeout: float = 10.0
 
 
+def as_text(value: Any) -> str:
+    """A Redis reply value as ``str`` (clients may or may not decode responses)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe for logs and errors)."""
     parts = urlsplit(url)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgspec
 
 from processor import events as ev
+from processor.connections import as_text
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife, Verdict
 from processor.models import Record, Status
@@ -52,9 +53,6 @@ class Settled(msgspec.Struct):
     ending: str = ""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
 
 def settle(
     key: TurnKey,
@@ -72,7 +70,7 @@ def settle(
     """
     life = TurnLife(key, limits)
     late: list[tuple[str, Record, Verdict]] = []
-    records = {_text(k): v for k, v in recs.items()}
+    records = {as_text(k): v for k, v in recs.items()}
     ending = ""
     for entry_id in sorted(records, key=id_order):
         stored = _stored_decoder.decode(records[entry_id])
@@ -87,7 +85,7 @@ def settle(
         life.expire()
     if life.outcome is None:
         return None
-    counters = {_text(k): int(v) for k, v in turn_hash.items() if _text(v).isdigit()}
+    counters = {as_text(k): int(v) for k, v in turn_hash.items() if as_text(v).isdigit()}
     life.counts.dropped += counters.get("dropped", 0)
     life.counts.dlq += counters.get("dlq", 0)
     started_ms = counters.get("started", now_ms)

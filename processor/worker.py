@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
 
 from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
-from processor.connections import TRANSIENT
+from processor.connections import TRANSIENT, as_text
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
@@ -189,7 +189,7 @@ class Worker:
         except Exception:
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
-                              extra={"shard": shard.index, "entry_id": _text(entries[0][0])})
+                              extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
                 return
             log.exception("batch failed, applying its entries one by one",
                           extra={"shard": shard.index, "count": len(entries)})
@@ -206,7 +206,7 @@ class Worker:
         cancelled, ready = await self.scripts.apply_entries(keys=call.keys, args=call.args)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
-            todo.setdefault(TurnKey.decode(_text(tk)), "cancel")
+            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
         if todo:
             await self.finalise(shard, todo)
 
@@ -256,7 +256,7 @@ class Worker:
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue
             if outcome is not None:
-                settled.append((key, _text(turn_hash.get(b"ver", b"0")), outcome))
+                settled.append((key, as_text(turn_hash.get(b"ver", b"0")), outcome))
         if not settled:
             return {}
         call = build_finalise(shard, settled, self.options)
@@ -275,13 +275,13 @@ class Worker:
         self._cursor[shard.index] = 0 if start + cfg.cancel_slice >= count else start + len(active)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
-            turns = [TurnKey.decode(_text(tk)) for tk in active]
+            turns = [TurnKey.decode(as_text(tk)) for tk in active]
             flags = await self.client.mget([shard.cancel(t.response_id) for t in turns])
             for key, flag in zip(turns, flags, strict=True):
                 if flag is not None:
                     todo.setdefault(key, "cancel")
         for tk in expired:
-            todo.setdefault(TurnKey.decode(_text(tk)), "timeout")
+            todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         if todo:
             await self.finalise(shard, todo)
 
@@ -295,7 +295,7 @@ class Worker:
             shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
             start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
         )
-        self._reclaim_cursor[shard.index] = _text(reply[0])
+        self._reclaim_cursor[shard.index] = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
         gone = [i for i, f in reply[1] if f is None]
         if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
@@ -306,7 +306,7 @@ class Worker:
             shard.updates, cfg.group, min=entries[0][0], max=entries[-1][0],
             count=len(entries) * 2, consumername=cfg.consumer,
         )
-        deliveries = {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        deliveries = {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
         log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
         await self._apply_isolated(shard, entries, deliveries)
 
@@ -325,6 +325,3 @@ class Worker:
             except (*TRANSIENT, ResponseError) as exc:
                 log.warning("could not remove consumer", extra={"error": repr(exc)})
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
