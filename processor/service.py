@@ -12,7 +12,6 @@ from typing import Any
 
 from processor.config import worker_config
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
-from processor.keys import Namespace
 from processor.worker import Worker
 
 log = logging.getLogger("processor.service")
@@ -72,12 +71,25 @@ async def run_worker(values: dict[str, Any]) -> int:
 
 
 async def cancel(url: str, args: argparse.Namespace) -> int:
-    """``processor cancel``: SET the cancellation key with a TTL."""
+    """``processor cancel``: SET the cancellation key with a TTL (via the client,
+    so the CLI and producers route the key the same way)."""
+    from processor.client import Producer
+    from processor.ids import response_id_for_turn
+
+    if args.turn_id and args.response_id != response_id_for_turn(args.turn_id):
+        print(
+            f"processor cancel: turn_id {args.turn_id!r} has the ResponseId "
+            f"{response_id_for_turn(args.turn_id)!r}, not {args.response_id!r}",
+            file=sys.stderr,
+        )
+        return 2
     client = await connect(RedisOptions(url))
     try:
-        shard = Namespace(args.namespace, args.shards).shard_for(args.turn_id or args.response_id)
-        await client.set(shard.cancel(args.response_id), args.reason, ex=args.ttl)
-        print(f"cancelled {args.response_id} ({shard.cancel(args.response_id)}, ttl {args.ttl}s)")
+        producer = Producer(client, namespace=args.namespace, shards=args.shards)
+        rid = None if args.turn_id else args.response_id
+        await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
+        key = producer.cancel_key(rid, turn_id=args.turn_id)
+        print(f"cancelled {args.response_id} ({key}, ttl {args.ttl}s)")
         return 0
     finally:
         await client.aclose()
