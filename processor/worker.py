@@ -28,6 +28,7 @@ from processor.connections import TRANSIENT, as_text
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
+from processor.metrics import Metrics
 from processor.scripts import Scripts
 from processor.settle import Reason, settle
 
@@ -76,9 +77,10 @@ def _now_ms() -> int:
 class Worker:
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
-    def __init__(self, client: Any, config: WorkerConfig) -> None:
+    def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
         self.config = config
+        self.metrics = metrics or Metrics()
         self.options = config.batch_options()
         self.namespace = Namespace(config.namespace, config.shards)
         self.scripts = Scripts(client)
@@ -118,14 +120,19 @@ class Worker:
     async def _retrying(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on
         connection errors (Redis restarting, failing over, unreachable)."""
+
+        def before_sleep(state: Any) -> None:
+            self.metrics.redis_error(state.outcome.exception())
+            log.warning("redis unavailable, retrying",
+                        extra={"error": repr(state.outcome.exception())})
+
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT),
             # Once stopping, give up: what was read stays pending for another
             # worker to reclaim, and a SIGTERM never waits for Redis to return.
             stop=lambda _state: self.stopping,
             wait=wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1),
-            before_sleep=lambda s: log.warning("redis unavailable, retrying",
-                                               extra={"error": repr(s.outcome.exception())}),
+            before_sleep=before_sleep,
             reraise=True,
         ):
             with attempt:
@@ -153,12 +160,14 @@ class Worker:
                 # A bug or an unexpected reply must not stop the worker: what
                 # was not applied stays pending, is reclaimed and, if it keeps
                 # failing, dead-lettered after max_deliveries.
+                self.metrics.step_failures.inc()
                 log.exception("shard loop step failed", extra={"shard": shard.index})
                 await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
     async def _read_once(self, shard: Shard) -> None:
         entries = await self._retrying(self._read, shard)
         if entries:
+            self.metrics.read(shard.index, len(entries))
             # On a connection error the same batch is applied again: the XACK
             # fence makes that idempotent, and nothing waits for a reclaim.
             await self._retrying(self._apply_isolated, shard, entries, {})
@@ -203,7 +212,9 @@ class Worker:
     ) -> None:
         """Apply a batch, then finalise whatever it made ready."""
         call = build_apply(shard, entries, deliveries, self.options, _now_ms())
-        cancelled, ready = await self.scripts.apply_entries(keys=call.keys, args=call.args)
+        cancelled, ready, counts = await self.scripts.apply_entries(
+            keys=call.keys, args=call.args)
+        self.metrics.applied(counts)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -213,7 +224,8 @@ class Worker:
     async def finalise(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Merge and publish finished turns; re-read any that changed meanwhile."""
         for _ in range(5):
-            todo = await self._finalise_once(shard, todo)
+            with self.metrics.timed(self.metrics.finalise_seconds):
+                todo = await self._finalise_once(shard, todo)
             if not todo:
                 return
         log.warning("turns still changing after 5 finalise attempts", extra={"turns": len(todo)})
@@ -251,7 +263,8 @@ class Worker:
                 # is finalised as that ending says, once ready (sweep).
                 continue
             try:
-                outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
+                with self.metrics.timed(self.metrics.merge_seconds):
+                    outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue
@@ -261,6 +274,7 @@ class Worker:
             return {}
         call = build_finalise(shard, settled, self.options)
         results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
+        self.metrics.finalised(settled, results)
         return {key: todo[key] for (key, _, _), r in zip(settled, results, strict=True) if r == -1}
 
     async def sweep(self, shard: Shard) -> None:
@@ -307,6 +321,7 @@ class Worker:
             count=len(entries) * 2, consumername=cfg.consumer,
         )
         deliveries = {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        self.metrics.read(shard.index, len(entries), "reclaim")
         log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
         await self._apply_isolated(shard, entries, deliveries)
 

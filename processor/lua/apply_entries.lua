@@ -31,7 +31,9 @@ then per entry, 8 values:     id, turn index (0 = none), op, a, b, c, deliveries
                                   turn-level ids (msgpack [name, JSON value, ...]) or ""
   op "d" dead letter:            a = reason, b = detail
 
-Returns { cancelled tks, ready closing members }
+Returns { cancelled tks, ready closing members, counts } where counts is a
+flat [name, n, ...] of what this call did, for the worker's metrics:
+"stored", "dropped" and "dlq:<reason>" (only the names that occurred).
 ]==]
 
 local updates, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -50,6 +52,9 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 --- includes/dead_letter
 
 local cancelled, seen_cancel = {}, {}
+local counts = {}
+-- Called last in each branch, so a failing branch is counted once, as internal_error.
+local function count(name) counts[name] = (counts[name] or 0) + 1 end
 local function turn_keys(ti)
   local k = 5 + 4 * (ti - 1)
   return KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
@@ -141,14 +146,17 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
       local tkey = turn_keys(ti)
       if redis.call('EXISTS', tkey) == 1 then redis.call('HINCRBY', tkey, 'dlq', 1) end
     end
+    count('dlq:' .. a)
     return
   end
   local tkey, _, dkey, ckey = turn_keys(ti)
   local status = redis.call('HGET', dkey, 'status')
   if status == 'cancelled' then
     redis.call('HINCRBY', dkey, 'dropped', 1)
+    count('dropped')
   elseif status then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+    count('dlq:turn_closed')
   elseif redis.call('HEXISTS', tkey, 'closing') == 1 then
     -- Its end (or limit) was applied before any cancel was seen: the cancel
     -- changes nothing. An entry after an applied end is turn_closed whatever
@@ -158,13 +166,17 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     if ended and pad_id(id) > ended then
       dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
       redis.call('HINCRBY', tkey, 'dlq', 1)
+      count('dlq:turn_closed')
     else
       store(ti, id, op, a, tonumber(b), c, ids)
+      count('stored')
     end
   elseif redis.call('EXISTS', ckey) == 1 then
     drop(ti)
+    count('dropped')
   else
     store(ti, id, op, a, tonumber(b), c, ids)
+    count('stored')
   end
 end
 
@@ -183,6 +195,7 @@ while i + 7 <= #ARGV do
         redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'reason', 'internal_error',
                    'detail', detail, 'source_id', id, 'deliveries', ARGV[i + 6])
       end
+      count('dlq:internal_error')
     end
     redis.call('XDEL', updates, id)
   end
@@ -190,4 +203,6 @@ while i + 7 <= #ARGV do
 end
 
 --- includes/ready_closing
-return { cancelled, ready_closing(updates, group, closing, ready_limit) }
+local flat = {}
+for name, n in pairs(counts) do flat[#flat + 1] = name; flat[#flat + 1] = n end
+return { cancelled, ready_closing(updates, group, closing, ready_limit), flat }

@@ -1,0 +1,249 @@
+"""Prometheus metrics of one worker: this module owns every metric object.
+
+The worker calls a few small hooks (:meth:`Metrics.read`, :meth:`applied`,
+:meth:`finalised`, ...); what the Lua scripts decide (dead letters by
+reason, dropped entries) is counted from their replies, and what is
+published (terminal status, dead letters found by the replay) from what the
+worker hands to ``finalise_turns`` and that script's per-turn result.
+Shared state (lag, pending, active turns, DLQ length) is sampled per shard
+every few seconds by :class:`Sampler`, never per entry.
+
+Labels are bounded: a shard index, a status, a reason code, an exception
+class name. Never a response id, a consumer name or anything from a URL.
+See the README's "Metrics" section for what each metric means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.exceptions import ResponseError
+
+from processor import logs
+from processor.connections import TRANSIENT, as_text
+from processor.keys import Namespace, Shard
+
+log = logging.getLogger("processor.metrics")
+turn_log = logging.getLogger("processor.turns")
+
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+_unpack = msgspec.msgpack.Decoder()
+
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+def label(value: Any) -> str:
+    """A label value from a code the program chose; anything else is ``other``
+    (so a surprising reply can never create an unbounded series)."""
+    text = as_text(value)
+    return text if _LABEL.match(text) else "other"
+
+
+class Metrics:
+    """The metric objects of one worker, in a registry of their own (several
+    in-process workers never clash; ``processor run`` serves this registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.consumed = Counter(
+            "processor_entries_consumed", "Input entries delivered to this worker "
+            "(source=read: XREADGROUP, source=reclaim: XAUTOCLAIM)", ["shard", "source"],
+            registry=r)
+        self.stored = Counter(
+            "processor_entries_stored", "Entries applied to their turn's state (merged at "
+            "finalisation), as counted by apply_entries", registry=r)
+        self.merged = Counter(
+            "processor_merged_published", "Merged entries published, by status", ["status"],
+            registry=r)
+        self.terminal = Counter(
+            "processor_terminal_events_published", "Terminal synthesis events published, "
+            "by status", ["status"], registry=r)
+        self.dlq = Counter(
+            "processor_dlq_entries", "Entries dead-lettered, by reason", ["reason"], registry=r)
+        self.cancels = Counter(
+            "processor_cancels", "Turns published as cancelled", registry=r)
+        self.dropped = Counter(
+            "processor_dropped_entries", "Entries of cancelled turns acked and dropped",
+            registry=r)
+        self.reclaimed = Counter(
+            "processor_reclaimed_entries", "Entries taken over from an idle consumer",
+            ["shard"], registry=r)
+        self.redis_errors = Counter(
+            "processor_redis_errors", "Redis calls that failed, by exception class",
+            ["error"], registry=r)
+        self.redis_retries = Counter(
+            "processor_redis_retries", "Redis calls retried after a connection error",
+            registry=r)
+        self.step_failures = Counter(
+            "processor_step_failures", "Shard loop steps that failed with an unexpected "
+            "error (the step is retried; its entries stay pending)", registry=r)
+        self.batch = Histogram(
+            "processor_batch_entries", "Entries per batch read", buckets=BATCH_BUCKETS,
+            registry=r)
+        self.merge_seconds = Histogram(
+            "processor_merge_seconds", "Replaying one turn's stored entries into its "
+            "outputs (the merge)", buckets=LATENCY_BUCKETS, registry=r)
+        self.finalise_seconds = Histogram(
+            "processor_finalise_seconds", "One finalisation round: read the turns' state, "
+            "merge, publish with finalise_turns", buckets=LATENCY_BUCKETS, registry=r)
+        self.active = Gauge(
+            "processor_active_turns", "Turns started and not yet published (sampled)",
+            ["shard"], registry=r)
+        self.lag = Gauge(
+            "processor_group_lag", "Entries of the updates stream not yet delivered to the "
+            "group (sampled)", ["shard"], registry=r)
+        self.pending = Gauge(
+            "processor_group_pending", "Entries delivered but not yet acked (sampled)",
+            ["shard"], registry=r)
+        self.consumers = Gauge(
+            "processor_group_consumers", "Consumers in the group (sampled)", ["shard"],
+            registry=r)
+        self.dlq_length = Gauge(
+            "processor_dlq_length", "Length of the dlq stream (sampled)", ["shard"], registry=r)
+        self.heartbeat = Gauge(
+            "processor_loop_heartbeat_seconds", "Unix time of the event loop's last "
+            "heartbeat", registry=r)
+        self.sample_errors = Counter(
+            "processor_sample_errors", "Periodic samples of shard state that failed",
+            registry=r)
+
+    # ------------------------------------------------------------ hooks
+
+    def read(self, shard: int, count: int, source: str = "read") -> None:
+        """A batch of ``count`` entries was delivered from ``shard``."""
+        self.consumed.labels(str(shard), source).inc(count)
+        self.batch.observe(count)
+        if source == "reclaim":
+            self.reclaimed.labels(str(shard)).inc(count)
+
+    def applied(self, counts: Sequence[Any]) -> None:
+        """``apply_entries``' third reply: flat ``[name, n, ...]`` with
+        ``stored``, ``dropped`` and ``dlq:<reason>``."""
+        for i in range(0, len(counts) - 1, 2):
+            name, n = as_text(counts[i]), int(counts[i + 1])
+            if name == "stored":
+                self.stored.inc(n)
+            elif name == "dropped":
+                self.dropped.inc(n)
+            elif name.startswith("dlq:"):
+                self.dlq.labels(label(name[4:])).inc(n)
+
+    def finalised(self, settled: Sequence[tuple[Any, str, Any]], results: Sequence[Any]) -> None:
+        """``finalise_turns`` was called with ``settled`` (turn, version,
+        :class:`~processor.settle.Settled`) and replied ``results``: a 1 is
+        a turn published, with its merged entry, terminal event and the dead
+        letters its replay found. Also logs each published turn: completed
+        ones at debug, cancelled and failed ones at info."""
+        for (_key, _version, outcome), result in zip(settled, results, strict=True):
+            if int(result) != 1:
+                continue
+            status = label(outcome.status)
+            self.merged.labels(status).inc()
+            self.terminal.labels(status).inc()
+            if status == "cancelled":
+                self.cancels.inc()
+            for reason in dead_letter_reasons(outcome.dead_letters):
+                self.dlq.labels(label(reason)).inc()
+            level = logging.DEBUG if status == "completed" else logging.INFO
+            if turn_log.isEnabledFor(level):
+                turn_log.log(level, "turn published", extra=logs.turn_fields(outcome.outputs))
+
+    def redis_error(self, exc: BaseException | None, retried: bool = True) -> None:
+        self.redis_errors.labels(label(type(exc).__name__)).inc()
+        if retried:
+            self.redis_retries.inc()
+
+    @contextmanager
+    def timed(self, histogram: Histogram) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            histogram.observe(time.perf_counter() - start)
+
+
+def dead_letter_reasons(packed: bytes) -> list[str]:
+    """The ``reason`` of each DLQ entry in a msgpack array of field arrays."""
+    reasons = []
+    for fields in _unpack.decode(packed) if packed else []:
+        for i in range(0, len(fields) - 1, 2):
+            if fields[i] == "reason":
+                reasons.append(str(fields[i + 1]))
+    return reasons
+
+
+class Sampler:
+    """Samples each shard's group lag, pending count, consumers, active turns
+    and DLQ length every ``interval`` seconds (one pipeline per shard)."""
+
+    def __init__(
+        self, client: Any, namespace: Namespace, group: str, metrics: Metrics,
+        interval: float = 5.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.group = group
+        self.metrics = metrics
+        self.interval = interval
+
+    async def run(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval)
+
+    async def sample(self) -> None:
+        for shard in self.namespace.all():
+            try:
+                await self._sample_shard(shard)
+            except (*TRANSIENT, ResponseError) as exc:
+                self.metrics.sample_errors.inc()
+                log.debug("sampling failed", extra={"shard": shard.index, "error": repr(exc)})
+
+    async def _sample_shard(self, shard: Shard) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xinfo_groups(shard.updates)
+            pipe.xlen(shard.updates)
+            pipe.zcard(shard.active)
+            pipe.xlen(shard.dlq)
+            groups, length, active, dlq = await pipe.execute(raise_on_error=False)
+        m, s = self.metrics, str(shard.index)
+        if not isinstance(active, Exception):
+            m.active.labels(s).set(active)
+        if not isinstance(dlq, Exception):
+            m.dlq_length.labels(s).set(dlq)
+        info = find_group(groups, self.group) if isinstance(groups, list) else None
+        if info is None:
+            return  # no stream or no group yet: nothing meaningful to report
+        pending = int(info.get("pending") or 0)
+        m.pending.labels(s).set(pending)
+        m.consumers.labels(s).set(int(info.get("consumers") or 0))
+        m.lag.labels(s).set(group_lag(info, int(length), pending))
+
+
+def find_group(groups: list[dict[Any, Any]], group: str) -> dict[str, Any] | None:
+    """Our group's entry of an XINFO GROUPS reply, with str keys."""
+    for entry in groups:
+        info = {as_text(k): v for k, v in entry.items()}
+        if as_text(info.get("name", b"")) == group:
+            return info
+    return None
+
+
+def group_lag(info: dict[str, Any], length: int, pending: int) -> int:
+    """XINFO GROUPS ``lag`` (Redis 7.0+). Redis reports it as nil when entries
+    were deleted out of order; then (and on Redis 6.2) the lag is the stream
+    length minus the pending entries: the worker XDELs every entry it acks,
+    so what is left in the stream is pending or not yet delivered."""
+    lag = info.get("lag")
+    if lag is not None:
+        return int(lag)
+    return max(0, length - pending)
