@@ -6,6 +6,7 @@ validation that reports every problem on its own line before start.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class Option:
     default: Any
     help: str
     minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def flag(self) -> str:
@@ -40,16 +42,28 @@ def _flag(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+#: What a kind is called in an error line.
+_KIND_NAMES = {_flag: "true or false", _number: "a number", int: "an integer", str: "text"}
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
     Option("shards", int, 1, "number of shards S (must match the producers')", 1),
     Option("group", str, "processor", "consumer group on each updates stream"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
-    Option("turn_timeout", float, 300.0, "seconds without an entry before a turn times out", 0.01),
+    Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
+           0.01),
     Option("progress", _flag, False, "publish progress events (synthesis.chunk, step)"),
     Option("batch", int, 500, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, 100, "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
-    Option("sweep_interval", float, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
+    Option("sweep_interval", _number, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
     Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (dead worker)", 1),
     Option("max_deliveries", int, 5, "deliveries before an entry goes to the DLQ", 1),
     Option("max_entry_bytes", int, 1 << 20, "largest entry accepted (too_large)", 1),
@@ -59,8 +73,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("events_maxlen", int, 1_000_000, "approximate cap of each events stream", 1),
     Option("dlq_maxlen", int, 100_000, "approximate cap of each dlq stream", 1),
     Option("done_ttl", int, 86_400, "seconds a finished turn is remembered (dedup)", 1),
-    Option("metrics_port", int, 0, "serve Prometheus metrics on this port (0 = off)", 0),
+    Option("metrics_port", int, 0, "serve /metrics, /healthz and /readyz on this port "
+           "(0 = off)", 0, 65535),
+    Option("metrics_host", str, "0.0.0.0", "address the metrics port listens on"),
+    Option("metrics_interval", _number, 5.0, "seconds between samples of lag, pending, active "
+           "turns and DLQ length per shard", 0.1),
+    Option("health_stall", _number, 30.0, "/healthz answers 503 once the event loop has not "
+           "run for this many seconds", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),
+    Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
+           "(user data; off by default, never in production)"),
     Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),
     Option("ssl_certfile", str, None, "client certificate for rediss:// URLs"),
     Option("ssl_keyfile", str, None, "client key for rediss:// URLs"),
@@ -86,11 +108,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                 help=f"{opt.help} (env {opt.env})",
             )
         else:
+            default = "" if opt.default is None else f", default {opt.default}"
             parser.add_argument(
                 opt.flag,
                 default=None,
                 metavar=opt.name.upper(),
-                help=f"{opt.help} (env {opt.env}, default {opt.default})",
+                help=f"{opt.help} (env {opt.env}{default})",
             )
 
 
@@ -110,23 +133,53 @@ def resolve(
         if raw is None:
             values[opt.name] = opt.default
             continue
-        try:
-            value = opt.kind(raw)
-        except ValueError:
-            problems.append(f"{source}: expected {opt.kind.__name__.strip('_')}, got {raw!r}")
+        problem = _check(opt, raw)
+        if problem:
+            problems.append(f"{source}: {problem}")
             continue
-        if opt.minimum is not None and value < opt.minimum:
-            problems.append(f"{source}: must be at least {opt.minimum:g}, got {raw!r}")
-            continue
-        values[opt.name] = value
+        values[opt.name] = opt.kind(raw)
+    problems += _cross_checks(values)
+    return values, problems
+
+
+def _check(opt: Option, raw: str) -> str | None:
+    """Why ``raw`` is not a valid value of ``opt``, or None."""
+    try:
+        value = opt.kind(raw)
+    except ValueError:
+        return f"expected {_KIND_NAMES.get(opt.kind, opt.kind.__name__)}, got {raw!r}"
+    if opt.minimum is not None and value < opt.minimum:
+        return f"must be at least {opt.minimum:g}, got {raw!r}"
+    if opt.maximum is not None and value > opt.maximum:
+        return f"must be at most {opt.maximum:g}, got {raw!r}"
+    return None
+
+
+def _cross_checks(values: Mapping[str, Any]) -> list[str]:
+    """Problems that involve an option's meaning rather than its type."""
+    problems = []
     if str(values["log_level"]).lower() not in ("debug", "info", "warning", "error"):
         problems.append(
             f"log level must be debug, info, warning or error, got {values['log_level']!r}"
         )
     url = values["redis_url"]
+    # Never echo the URL: it may hold a password.
     if url and not url.startswith(("redis://", "rediss://", "unix://")):
         problems.append("redis URL must start with redis://, rediss:// or unix://")
-    return values, problems
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        path = values[name]
+        if path and not os.path.isfile(path):
+            problems.append(f"--{name.replace('_', '-')}: no such file {path!r}")
+    if values["ssl_keyfile"] and not values["ssl_certfile"]:
+        problems.append("--ssl-keyfile needs --ssl-certfile")
+    return problems
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """``PROCESSOR_*`` variables that name no option (a typo is otherwise silent)."""
+    env = os.environ if env is None else env
+    known = {opt.env for opt in OPTIONS}
+    return sorted(name for name in env if name.startswith("PROCESSOR_") and name not in known)
 
 
 def worker_config(values: Mapping[str, Any]) -> WorkerConfig:

@@ -1,8 +1,10 @@
 """Structured JSON log lines on stderr.
 
-A line carries the message, level, logger and any ``extra=`` fields (turn
-and correlation ids). Update text is user data: it is never passed to a log
-call. Anything that looks like a Redis URL has its password masked.
+A line carries ts, level, logger, msg and any ``extra=`` fields (turn and
+correlation ids, shard, counts). Update text is user data: it is never
+passed to a log call, except the merged text of a published turn when the
+debug flag ``--log-payloads`` is on (:func:`turn_fields`). Anything that
+looks like a Redis URL has its password masked, whatever logger wrote it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,23 @@ import logging
 import re
 import sys
 import time
+from typing import Any, TextIO
+
+import msgspec
 
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
-_URL_PASSWORD = re.compile(r"(rediss?://[^:/@\s]*:)[^@\s]+@")
+# The userinfo password up to the last "@" of the authority (a password may
+# hold "@"), and a password given as a query parameter.
+_URL_PASSWORD = re.compile(r"((?:rediss?|unix)://[^:/@\s\"]*:)[^\s/\"]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s\"]+")
+_unpack = msgspec.msgpack.Decoder()
+
+_payloads = False
 
 
 def redact_text(text: str) -> str:
     """Mask passwords inside any Redis URL in ``text``."""
-    return _URL_PASSWORD.sub(r"\1***@", text)
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,12 +51,46 @@ class JsonFormatter(logging.Formatter):
         return redact_text(json.dumps(line, default=str))
 
 
-def setup(level: str = "info") -> None:
-    """Send the ``processor`` loggers to stderr as JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None) -> None:
+    """Send the ``processor`` loggers to stderr as JSON lines; ``payloads``
+    lets published turns' text into debug lines (``--log-payloads``)."""
+    global _payloads
+    _payloads = payloads
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger("processor")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
     logging.Formatter.converter = time.gmtime
+
+
+def set_payloads(enabled: bool) -> None:
+    global _payloads
+    _payloads = enabled
+
+
+def turn_fields(outputs: bytes) -> dict[str, Any]:
+    """Log fields of a published turn from its ``finalise_turns`` outputs
+    (msgpack [merged entry fields, terminal event fields]): ids, correlation
+    ids and counts; its merged text only with ``--log-payloads``."""
+    merged, terminal = (_pairs(fields) for fields in _unpack.decode(outputs))
+    meta = json.loads(merged.get("meta", "{}"))
+    out: dict[str, Any] = {
+        "response_id": merged.get("response_id"),
+        "synthesis_id": merged.get("synthesis_id"),
+        "status": merged.get("status"),
+        **({"attempt_id": merged["attempt_id"]} if "attempt_id" in merged else {}),
+        **{k: v for k, v in (meta.get("ids") or {}).items() if v is not None},
+        "counts": meta.get("counts"),
+    }
+    error = meta.get("error")
+    if error:
+        out["error_code"] = error.get("code")
+    if _payloads:
+        out["content"] = json.loads(terminal.get("event", "{}")).get("content")
+    return out
+
+
+def _pairs(fields: list[Any]) -> dict[str, str]:
+    return {str(fields[i]): fields[i + 1] for i in range(0, len(fields) - 1, 2)}

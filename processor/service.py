@@ -10,8 +10,10 @@ import signal
 import sys
 from typing import Any
 
-from processor.config import worker_config
+from processor import config, logs
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
+from processor.health import Health, Server, groups_check
+from processor.metrics import Metrics, Sampler
 from processor.worker import Worker
 
 log = logging.getLogger("processor.service")
@@ -47,27 +49,56 @@ async def connect_retrying(options: RedisOptions) -> Any:
 
 async def run_worker(values: dict[str, Any]) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain."""
+    logs.set_payloads(values["log_payloads"])
+    for name in config.unknown_env():
+        log.warning("unknown environment variable ignored", extra={"name": name})
+    metrics = Metrics()
+    health = Health(metrics, stall_seconds=values["health_stall"])
+    try:
+        server = serve_metrics(values, health)
+    except OSError as exc:
+        print(f"processor run: cannot serve metrics on {values['metrics_host']}:"
+              f"{values['metrics_port']}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    background = [asyncio.create_task(health.beat())] if server else []
     embedded = None if values["redis_url"] else start_embedded()
     url = values["redis_url"] or embedded.url
     options = RedisOptions(
         url, values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )
     try:
+        log.info("connecting", extra={"url": redact(url), "namespace": values["namespace"]})
         client = await connect_retrying(options)
-        worker = Worker(client, worker_config(values))
+        worker = Worker(client, config.worker_config(values), metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        if values["metrics_port"]:
-            log.warning("metrics are not served yet; --metrics-port is ignored")
-        log.info("connecting", extra={"url": redact(url), "namespace": values["namespace"]})
+        if server:
+            health.ready_check = groups_check(client, worker.namespace, worker.config.group)
+            sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
+                              values["metrics_interval"])
+            background.append(asyncio.create_task(sampler.run()))
         await worker.run()
         await client.aclose()
         log.info("stopped cleanly")
         return 0
     finally:
+        for task in background:
+            task.cancel()
+        if server:
+            server.close()
         if embedded is not None:
             embedded.close()
+
+
+def serve_metrics(values: dict[str, Any], health: Health) -> Server | None:
+    """Start the metrics/health server when a metrics port is set."""
+    if not values["metrics_port"]:
+        return None
+    server = Server(health, values["metrics_port"], values["metrics_host"]).start()
+    log.info("serving metrics", extra={"host": values["metrics_host"], "port": server.port,
+                                       "paths": ["/metrics", "/healthz", "/readyz"]})
+    return server
 
 
 async def cancel(url: str, args: argparse.Namespace) -> int:
