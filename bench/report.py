@@ -1,0 +1,271 @@
+"""Rendering ``bench/run.py``'s figures: docs/benchmarks.md sections and PNG charts.
+
+Each generated section sits between its own marker comments; writing one
+replaces only what is between its markers, so the other sections (the pure
+merge's, the cancellation's, hand-written text) stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from scenarios import Latency, Memory, RssRun, Throughput, percentile
+
+MIB = 1 << 20
+DRAIN_TARGET = 0.5
+PEER_TARGET = 5.0
+LATENCY_TARGET_MS = 20.0
+
+
+def write_section(path: Path, name: str, body: str, after: str | None = None) -> None:
+    """Put ``body`` between ``<!-- name:start -->`` and ``<!-- name:end -->``.
+    A new section goes right after section ``after`` (or the title), else last."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    section = f"{start}\n{body.strip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    i, j = text.find(start), text.find(end)
+    if i >= 0 and j > i:
+        text = text[:i] + section + text[j + len(end):]
+    else:
+        anchor = f"<!-- {after}:end -->" if after else None
+        k = text.find(anchor) if anchor else -1
+        if k >= 0:
+            k += len(anchor)  # type: ignore[arg-type]
+        elif after is None and text.startswith("# "):
+            k = text.find("\n") + 1
+        if k >= 0:
+            text = text[:k] + "\n\n" + section + "\n" + text[k:]
+        else:
+            text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text.replace("\n\n\n\n", "\n\n"))
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def summary(r: dict[str, Any]) -> str:
+    """The headline: command, machine, throughput and the two ratios."""
+    runs: list[Throughput] = r["throughput"]
+    drain = next(t for t in runs if t.name == "drain")
+    peer = next((t for t in runs if t.name == "FastStream"), None)
+    one = next(t for t in runs if t.name.endswith(" 1 worker"))
+    lines = [
+        "## End to end: throughput against the limit and the peer",
+        "",
+        f"Regenerate every figure and chart on this page with `{r['command']}` "
+        f"(from the repository root, after `pip install -e '.[test,bench]'`; about "
+        f"{r['minutes']:.0f} minutes). It starts its own redis-server on a free port. "
+        "`python bench/run.py --quick` (under a minute, docs untouched) prints the two "
+        "ratios as its last line.",
+        "",
+        f"Measured {r['date']} at commit `{r['commit']}`. {r['load_note']}",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in r["machine"].items()) + ".",
+        "",
+        f"Workload: {r['turns']:,} turns, {r['updates']:,} updates "
+        f"({r['raw_mb']:.0f} MB of fields) plus one `end` entry per turn: the pure-merge "
+        "benchmark's turns (2-3 agents per turn handing off, 10-40 updates per turn, text "
+        "deltas of 2-20 characters, reasoning, tool calls in argument chunks with their "
+        "results, usage and finish reason last; 8 turns in flight, interleaved). Each run "
+        "gets the whole stream at once (a server-side `COPY` of a pre-filled stream, its "
+        "consumers already up and idle) and is timed on Redis's clock from the `COPY` to "
+        "the last output: the last `merged` entry, or the drain's last `XACK`.",
+        "",
+        "| consumer | updates/s | seconds | CPU s: consumers | CPU s: redis-server |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for t in runs:
+        lines.append(f"| {t.name} | {t.rate:,.0f} | {t.seconds:.2f} | "
+                     f"{t.cpu.get('consumers', 0):.1f} | {t.cpu.get('redis', 0):.1f} |")
+    ratio_drain = one.rate / drain.rate
+    lines += [
+        "",
+        f"- **processor / drain (1 worker): {ratio_drain:.2f}** (target at least "
+        f"{DRAIN_TARGET:g}: {verdict(ratio_drain >= DRAIN_TARGET)}). The drain is "
+        "`XREADGROUP COUNT 500` + `XACK` per batch and nothing else (`bench/drain.py`).",
+    ]
+    if peer is not None:
+        ratio_peer = one.rate / peer.rate
+        lines.append(
+            f"- **processor / FastStream (1 worker each): {ratio_peer:.2f}x** (target at "
+            f"least {PEER_TARGET:g}x: {verdict(ratio_peer >= PEER_TARGET)}). The peer "
+            "(`bench/peer_faststream.py`) is the same job written with FastStream's batch "
+            "stream subscriber: consumer group, FastStream's ack after each batch, the "
+            "turn's updates kept in a Redis hash (one pipeline per batch), merged with "
+            "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
+            "published to a stream."
+        )
+    lines += ["", "![throughput](bench-throughput.png)"]
+    return "\n".join(lines)
+
+
+def latency_section(lat: Latency, r: dict[str, Any]) -> str:
+    p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
+    return "\n".join([
+        "## Latency at half the measured throughput",
+        "",
+        f"One worker, a producer pacing {lat.rate:,.0f} updates/s (half the 1-worker "
+        f"throughput above; it kept up {lat.achieved:,.0f}/s) over {r['latency_turns']:,} "
+        f"turns; time from sending a turn's `end` entry (XADD) to reading its `merged` "
+        f"entry (XREAD BLOCK), both clocks in the harness process; {len(lat.samples):,} "
+        "turns after the first 100.",
+        "",
+        "| p50 | p99 | p99.9 | max |",
+        "|---:|---:|---:|---:|",
+        f"| {p50:.1f} ms | {p99:.1f} ms | {p999:.1f} ms | {max(lat.samples):.1f} ms |",
+        "",
+        f"Target p99 under {LATENCY_TARGET_MS:g} ms: {verdict(p99 < LATENCY_TARGET_MS)}.",
+        "",
+        "![latency](bench-latency.png)",
+    ])
+
+
+def memory_section(mem: Memory | None, rss: RssRun | None) -> str:
+    lines = ["## Memory", ""]
+    if mem is not None:
+        held = mem.active - mem.before
+        lines += [
+            f"Redis `used_memory` with {mem.turns:,} turns active (every update applied, "
+            "no `end` yet; one worker):",
+            "",
+            "| | total | per active turn |",
+            "|---|---:|---:|",
+            f"| raw bytes of the turns' update entries (field names + values) | "
+            f"{mem.raw_bytes / MIB:.1f} MiB | {mem.raw_bytes / mem.turns:,.0f} B |",
+            f"| `used_memory` growth | {held / MIB:.1f} MiB | {held / mem.turns:,.0f} B |",
+            f"| of which turn state (`turn:` + `recs:` hashes, `MEMORY USAGE`) | "
+            f"{mem.state_bytes / MIB:.1f} MiB | {mem.state_bytes / mem.turns:,.0f} B |",
+            f"| of which the events stream (`synthesis.started`) | "
+            f"{mem.started_events / MIB:.1f} MiB | {mem.started_events / mem.turns:,.0f} B |",
+            "",
+            f"Turn state is {held / mem.raw_bytes:.2f}x the raw bytes of its updates. After "
+            f"the turns ended: `used_memory` {(mem.drained - mem.before) / MIB:+.1f} MiB "
+            f"over the start with the outputs still in their streams, "
+            f"{(mem.cleaned - mem.before) / MIB:+.2f} MiB once the outputs are read and "
+            "deleted and the done markers' TTL has passed.",
+            "",
+        ]
+    if rss is not None:
+        first = [p for p in rss.points if p[0] >= rss.updates * 0.1] or rss.points
+        start, end = first[0][1], rss.points[-1][1]
+        peak = max(p[1] for p in rss.points)
+        lines += [
+            f"Worker RSS over {rss.updates:,} updates ({rss.seconds:.0f} s, one worker, "
+            "the stream topped up as it drains): "
+            f"{start / MIB:.1f} MiB after the first 10%, {end / MIB:.1f} MiB at the end, "
+            f"peak {peak / MIB:.1f} MiB ({(end - start) / MIB:+.1f} MiB over the last 90%).",
+            "",
+            "![worker RSS](bench-rss.png)",
+        ]
+    return "\n".join(lines)
+
+
+def profile_section(raw: Path, run: Throughput, top: int = 25) -> str:
+    """py-spy's samples of one worker: the functions where time goes."""
+    own: Counter[str] = Counter()
+    total_in: Counter[str] = Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [_short(f) for f in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in set(frames):
+            total_in[frame] += n
+    worker = run.cpu.get("consumers", 0)
+    redis = run.cpu.get("redis", 0)
+    lines = [
+        "## Profile of one worker",
+        "",
+        f"`py-spy record --format raw --rate 250` on the worker of the 1-worker run above "
+        f"({samples:,} samples). CPU seconds per 100,000 updates: worker "
+        f"{100_000 * worker / run.updates:.2f} s, redis-server (mostly the Lua scripts) "
+        f"{100_000 * redis / run.updates:.2f} s, wall {100_000 / run.rate:.2f} s.",
+        "",
+        "| own time | function |",
+        "|---:|---|",
+    ]
+    lines += [f"| {n / samples:.1%} | `{f}` |" for f, n in own.most_common(top)]
+    lines += ["", "| time inside | function |", "|---:|---|"]
+    inside = [(f, n) for f, n in total_in.most_common() if "processor/" in f]
+    lines += [f"| {n / samples:.1%} | `{f}` |" for f, n in inside[:top]]
+    return "\n".join(lines)
+
+
+def _short(frame: str) -> str:
+    """``fn (path/to/site-packages/pkg/mod.py:12)`` -> ``fn (pkg/mod.py:12)``."""
+    name, _, where = frame.partition(" (")
+    for marker in ("site-packages/", "python3.11/", "/work/"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+    if where.startswith("wt/") and "/" in where[3:]:
+        where = where.split("/", 2)[2]
+    return f"{name} ({where}" if where else name
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def throughput_chart(runs: list[Throughput], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    names = [t.name for t in runs]
+    rates = [t.rate for t in runs]
+    colors = ["#999999" if t.name == "drain" else "#d9822b" if t.name == "FastStream"
+              else "#2b6cb0" for t in runs]
+    bars = ax.barh(names, rates, color=colors)
+    ax.bar_label(bars, labels=[f"{r:,.0f}" for r in rates], padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("updates/s (higher is better)")
+    ax.set_xlim(0, max(rates) * 1.2)
+    ax.set_title("End-to-end throughput, same stream, same redis-server", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def latency_chart(lat: Latency, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    ordered = sorted(lat.samples)
+    n = len(ordered)
+    ax.plot(ordered, [100 * (i + 1) / n for i in range(n)], color="#2b6cb0")
+    for q in (50, 99, 99.9):
+        v = percentile(ordered, q)
+        ax.axvline(v, color="#999999", linestyle=":", linewidth=1)
+        ax.text(v, 3 + q / 25, f" p{q:g} {v:.1f} ms", fontsize=8)
+    ax.axvline(LATENCY_TARGET_MS, color="#c53030", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("end XADD -> merged entry read (ms, log scale)")
+    ax.set_ylabel("% of turns")
+    ax.set_title(f"Latency at {lat.rate:,.0f} updates/s, one worker", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def rss_chart(rss: RssRun, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    xs = [p[0] for p in rss.points]
+    ax.plot(xs, [p[1] / MIB for p in rss.points], color="#2b6cb0", label="worker RSS")
+    ax.plot(xs, [p[2] / MIB for p in rss.points], color="#d9822b",
+            label="Redis used_memory (incl. backlog)")
+    ax.set_xlabel("updates processed")
+    ax.set_ylabel("MiB")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("Memory over a long run, one worker", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

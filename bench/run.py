@@ -1,0 +1,237 @@
+"""End-to-end benchmarks: processor against the limit (a raw drain) and the
+peer (FastStream), on the same stream, the same redis-server, in one run.
+
+    python bench/run.py            # every figure: rewrites docs/benchmarks.md and docs/*.png
+    python bench/run.py --quick    # under a minute, docs untouched; last line: the ratios
+
+It starts its own redis-server (processor.embedded: a free port, a temp
+directory), builds the workload (:mod:`workload`), and measures, in order:
+the drain, ``processor run`` with 1, 2 and 4 workers, the FastStream peer,
+latency at half the 1-worker throughput, Redis memory per active turn and
+after the drain, and a worker's RSS over a long run; then refreshes the pure
+merge (``bench/merge_bench.py``) and cancellation (``bench/cancel_bench.py``)
+sections by running those scripts. Needs the ``bench`` extra
+(``pip install -e '.[test,bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio
+import report
+import scenarios
+import workload
+from scenarios import Ctx, Throughput
+from workload import ROOT
+
+from processor.embedded import EmbeddedRedis
+
+DOCS = ROOT / "docs"
+PAGE = DOCS / "benchmarks.md"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="2,000 turns, 1 worker, drain and FastStream only; docs untouched")
+    p.add_argument("--turns", type=int, help="turns in the stream (default 20,000)")
+    p.add_argument("--workers", default=None, help="worker counts, e.g. 1,2,4 (default)")
+    p.add_argument("--peer-turns", type=int, help="turns for the FastStream run (default: all)")
+    p.add_argument("--latency-turns", type=int, default=4000)
+    p.add_argument("--memory-turns", type=int, default=2000)
+    p.add_argument("--rss-updates", type=int, default=1_000_000,
+                   help="updates of the worker RSS run (0: skip)")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy the 1-worker run and write the profile section")
+    p.add_argument("--skip-merge", action="store_true", help="do not run bench/merge_bench.py")
+    p.add_argument("--skip-cancel", action="store_true", help="do not run bench/cancel_bench.py")
+    p.add_argument("--no-docs", action="store_true", help="print only")
+    p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.turns = args.turns or 2000
+        args.workers = args.workers or "1"
+        args.latency_turns = args.memory_turns = args.rss_updates = 0
+        args.skip_merge = args.skip_cancel = args.no_docs = True
+    args.turns = args.turns or 20_000
+    args.worker_counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
+    if 1 not in args.worker_counts:
+        p.error("--workers must include 1 (the ratios are per worker)")
+    return args
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def show(t: Throughput) -> None:
+    cpu = ", ".join(f"{k} {v:.1f} s CPU" for k, v in t.cpu.items())
+    say(f"{t.name:>24}: {t.rate:>10,.0f} updates/s  ({t.seconds:.2f} s; {cpu})")
+
+
+async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    r: dict[str, Any] = {}
+    with EmbeddedRedis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        ctx = Ctx(server.url, client, server.pid or 0, log_dir)
+        info = await client.info("server")
+        r["redis"] = f"redis-server {info['redis_version']}"
+        t0 = time.perf_counter()
+        work = workload.build(args.turns)
+        await workload.make_template(client, ctx.template, work, ["processor"])
+        say(f"{'workload':>24}: {len(work.turns):,} turns, {work.updates:,} updates, "
+            f"{work.raw_bytes / 1e6:.0f} MB ({time.perf_counter() - t0:.0f} s to build and fill)")
+        r.update(turns=len(work.turns), updates=work.updates, raw_mb=work.raw_bytes / 1e6)
+        runs: list[Throughput] = [await scenarios.drain(ctx, work)]
+        show(runs[-1])
+        for n in args.worker_counts:
+            profile = log_dir / "worker.pyspy" if args.profile and n == 1 else None
+            runs.append(await scenarios.processor(ctx, work, n, profile))
+            show(runs[-1])
+        peer = work
+        if args.peer_turns and args.peer_turns < len(work.turns):
+            peer = work.head(args.peer_turns)
+            ctx_peer = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:peer")
+            await workload.make_template(client, ctx_peer.template, peer, ["processor"])
+            runs.append(await scenarios.faststream(ctx_peer, peer))
+        else:
+            runs.append(await scenarios.faststream(ctx, peer))
+        show(runs[-1])
+        r["throughput"] = runs
+        await scenarios.forget(client, "bench:template*")
+        one = next(t for t in runs if t.name.endswith(" 1 worker"))
+        if args.latency_turns:
+            lat = await scenarios.latency(ctx, work.head(args.latency_turns), one.rate / 2)
+            r["latency"] = lat
+            r["latency_turns"] = args.latency_turns
+            p = [scenarios.percentile(lat.samples, q) for q in (50, 99, 99.9)]
+            say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 {p[2]:.1f} ms "
+                f"at {lat.achieved:,.0f} updates/s")
+        if args.memory_turns:
+            mem = await scenarios.memory(ctx, work.head(args.memory_turns))
+            r["memory"] = mem
+            say(f"{'memory':>24}: {(mem.active - mem.before) / mem.turns:,.0f} B per active "
+                f"turn (raw updates {mem.raw_bytes / mem.turns:,.0f} B); after the drain "
+                f"{(mem.cleaned - mem.before) / 1024:+,.0f} KiB")
+        if args.rss_updates:
+            rounds, total = [], 0
+            while total < args.rss_updates:
+                rounds.append(work.renamed(f"~r{len(rounds)}"))
+                total += work.updates
+            rss = await scenarios.worker_rss(ctx, rounds)
+            r["rss"] = rss
+            say(f"{'worker RSS':>24}: {rss.points[0][1] / 2**20:.0f} -> "
+                f"{rss.points[-1][1] / 2**20:.0f} MiB over {rss.updates:,} updates")
+        await client.aclose()
+    return r
+
+
+def machine(redis_version: str) -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from merge_bench import machine as merge_machine
+
+    base = merge_machine()
+    return {
+        "CPU": base["cpu"],
+        "Python": base["python"],
+        "Redis": redis_version,
+        "OS": base["platform"],
+        "libraries": ", ".join(f"{name} {metadata.version(name)}" for name in
+                               ("redis", "hiredis", "msgspec", "faststream",
+                                "agent-framework-core")),
+    }
+
+
+def git_commit() -> str:
+    def git(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("diff", "--quiet", "HEAD", "--", "processor", "bench").returncode != 0
+    return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
+def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str]) -> None:
+    r["command"] = shlex.join(["python", "bench/run.py", *sys.argv[1:]])
+    r["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    r["commit"] = git_commit()
+    r["machine"] = machine(r["redis"])
+    note = args.note or (
+        "The machine (2 cores) was shared with other jobs while this ran: "
+        f"load average {load[0]} at the start, {load[1]} at the end, so every figure is "
+        "noisy (±20% or worse); ratios from one run are more telling than absolute "
+        "figures.")
+    r["load_note"] = note
+    report.write_section(PAGE, "e2e-bench", report.summary(r))
+    report.throughput_chart(r["throughput"], DOCS / "bench-throughput.png")
+    if "latency" in r:
+        report.write_section(PAGE, "e2e-latency", report.latency_section(r["latency"], r),
+                             after="e2e-bench")
+        report.latency_chart(r["latency"], DOCS / "bench-latency.png")
+    if "memory" in r or "rss" in r:
+        report.write_section(PAGE, "e2e-memory",
+                             report.memory_section(r.get("memory"), r.get("rss")),
+                             after="e2e-latency")
+        if "rss" in r:
+            report.rss_chart(r["rss"], DOCS / "bench-rss.png")
+    one = next(t for t in r["throughput"] if t.name.endswith(" 1 worker"))
+    if one.profile:
+        report.write_section(PAGE, "e2e-profile", report.profile_section(Path(one.profile), one),
+                             after="e2e-memory")
+    say(f"{'docs':>24}: updated {PAGE.relative_to(ROOT)} and its charts")
+
+
+def refresh_others(args: argparse.Namespace) -> None:
+    """The pure-merge and cancellation sections, by their own scripts."""
+    scripts = []
+    if not args.skip_merge:
+        scripts.append(["bench/merge_bench.py"])
+    if not args.skip_cancel and (ROOT / "bench" / "cancel_bench.py").exists():
+        scripts.append(["bench/cancel_bench.py"])
+    for script in scripts:
+        say(f"{'running':>24}: python {shlex.join(script)}")
+        subprocess.run([sys.executable, *script], cwd=ROOT, check=True)
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    started = time.perf_counter()
+    load_start = load_average()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        r = asyncio.run(measure(args, Path(tmp)))
+        if not args.no_docs:
+            r["minutes"] = (time.perf_counter() - started) / 60 + 3
+            write_docs(args, r, (load_start, load_average()))
+    refresh_others(args)
+    runs: list[Throughput] = r["throughput"]
+    drain = next(t for t in runs if t.name == "drain")
+    peer = next(t for t in runs if t.name == "FastStream")
+    one = next(t for t in runs if t.name.endswith(" 1 worker"))
+    say(f"ratio processor/drain {one.rate / drain.rate:.2f} (target >= {report.DRAIN_TARGET:g}), "
+        f"processor/FastStream {one.rate / peer.rate:.2f}x (target >= {report.PEER_TARGET:g}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""The end-to-end measurements of ``bench/run.py``, one coroutine each.
+
+Every run gets its own namespace on the same redis-server. Throughput runs
+start their consumers first (idle, groups created), then fill the stream with
+one server-side ``COPY`` of the template (:mod:`workload`): the clock starts
+at the ``COPY`` (Redis time) and stops at the Redis time of the last output
+(the stream id of the last merged entry, or the drain's own reading), so
+consumer start-up and producer speed are outside every figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import workload
+from workload import ROOT, Workload, copy_into, id_ms
+
+sys.path.insert(0, str(ROOT / "tests"))
+from worker_harness import Harness, drain_outputs, used_memory
+
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass
+class Ctx:
+    """What every run needs: the server, a client on it, where logs go."""
+
+    url: str
+    client: Any
+    server_pid: int
+    log_dir: Path
+    template: str = "bench:template"
+
+
+@dataclass
+class Throughput:
+    name: str
+    updates: int
+    seconds: float
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process kind
+    profile: str = ""  # py-spy raw output file, when profiled
+
+    @property
+    def rate(self) -> float:
+        return self.updates / self.seconds
+
+
+class Consumer:
+    """A bench consumer process (drain, peer) that prints ``ready`` once its
+    consumer group exists; other output lines are kept for error reports."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+
+    async def line(self, prefix: str, timeout: float) -> str:
+        async def read() -> str:
+            while True:
+                line = await asyncio.to_thread(self.proc.stdout.readline)  # type: ignore[union-attr]
+                if not line:
+                    tail = "".join(self.lines[-20:])
+                    raise RuntimeError(f"{self.proc.args} exited:\n{tail}")
+                self.lines.append(line)
+                if line.startswith(prefix):
+                    return line
+
+        return await asyncio.wait_for(read(), timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class CpuMeter:
+    """CPU seconds used by the consumers and by redis-server during a run."""
+
+    def __init__(self, consumers: list[int], server: int) -> None:
+        self.pids = {"consumers": consumers, "redis": [server]}
+        self.start = {k: _cpu(v) for k, v in self.pids.items()}
+
+    def read(self) -> dict[str, float]:
+        return {k: _cpu(v) - self.start[k] for k, v in self.pids.items()}
+
+
+async def wait_len(client: Any, key: str, count: int, timeout: float, alive: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while await client.xlen(key) < count:
+        alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out: {key} has {await client.xlen(key)} of {count}")
+        await asyncio.sleep(0.02)
+
+
+async def last_id_ms(client: Any, key: str) -> int:
+    last = await client.xrevrange(key, count=1)
+    return id_ms(last[0][0])
+
+
+async def forget(client: Any, pattern: str) -> None:
+    """Delete a finished run's keys, so the next run starts from the same memory."""
+    keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+    for start in range(0, len(keys), 1000):
+        await client.unlink(*keys[start:start + 1000])
+
+
+# --------------------------------------------------------------------------- the limit
+
+
+async def drain(ctx: Ctx, work: Workload) -> Throughput:
+    client, stream = ctx.client, "{drain:0}:updates"
+    proc = Consumer([str(BENCH / "drain.py"), ctx.url, stream, str(work.size)])
+    try:
+        await proc.line("ready", 60)
+        meter = CpuMeter([proc.proc.pid], ctx.server_pid)
+        start = await copy_into(client, ctx.template, stream)
+        done = int((await proc.line("done", 600)).split()[1])
+        return Throughput("drain", work.updates, (done - start) / 1000, meter.read())
+    finally:
+        proc.stop()
+        await client.delete(stream)
+
+
+# --------------------------------------------------------------------------- the peer
+
+
+async def faststream(ctx: Ctx, work: Workload) -> Throughput:
+    client, stream, merged = ctx.client, "{peer:0}:updates", "{peer:0}:merged"
+    proc = Consumer([str(BENCH / "peer_faststream.py"), ctx.url, stream, merged])
+    try:
+        await proc.line("ready", 60)
+        meter = CpuMeter([proc.proc.pid], ctx.server_pid)
+        start = await copy_into(client, ctx.template, stream)
+
+        def alive() -> None:
+            if proc.proc.poll() is not None:
+                raise RuntimeError("the FastStream peer exited:\n" + "".join(proc.lines[-20:]))
+
+        await wait_len(client, merged, len(work.turns), 3600, alive)
+        end = await last_id_ms(client, merged)
+        return Throughput("FastStream", work.updates, (end - start) / 1000, meter.read())
+    finally:
+        proc.stop()
+        await forget(client, "{peer:0}*")
+        await forget(client, "peer:*")
+
+
+# --------------------------------------------------------------------------- processor
+
+
+def spawn_workers(harness: Harness, n: int, **options: Any) -> list[Any]:
+    return [harness.spawn(None, "--log-level", "info", **options) for _ in range(n)]
+
+
+async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling one worker (raw collapsed stacks, 250 Hz)."""
+    spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "250",
+                            "--output", str(out), "--pid", str(pid)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    await asyncio.sleep(1.0)  # py-spy attaches
+    if spy.poll() is not None:
+        raise RuntimeError("py-spy failed: " + (spy.stderr.read().decode() if spy.stderr else ""))
+    return spy
+
+
+async def processor(
+    ctx: Ctx, work: Workload, workers: int, profile: Path | None = None
+) -> Throughput:
+    client, ns = ctx.client, f"e2e{workers}"
+    async with Harness(ctx.url, ns, log_dir=ctx.log_dir) as harness:
+        subs = spawn_workers(harness, workers)
+        try:
+            await harness.wait_started(subs, timeout=120)
+            spy = await profiler(subs[0].proc.pid, profile) if profile else None
+            meter = CpuMeter([s.proc.pid for s in subs], ctx.server_pid)
+            shard = harness.shards[0]
+            start = await copy_into(client, ctx.template, shard.updates)
+            await wait_len(client, shard.merged, len(work.turns), 3600,
+                           harness.assert_workers_alive)
+            end = await last_id_ms(client, shard.merged)
+            cpu = meter.read()
+            if spy is not None:
+                spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+                spy.wait(60)
+            dead = await client.xlen(shard.dlq)
+            if dead:
+                raise RuntimeError(f"{dead} entries dead-lettered in a clean run")
+        finally:
+            for sub in list(harness.procs):
+                harness.terminate(sub)
+        await forget(client, f"{{{ns}:*")
+    label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
+    return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""))
+
+
+# --------------------------------------------------------------------------- latency
+
+
+@dataclass
+class Latency:
+    rate: float  # updates/s offered
+    achieved: float  # updates/s the producer kept up
+    samples: list[float]  # ms, one per turn, after the warm-up turns
+
+
+async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100) -> Latency:
+    """A paced producer at ``rate`` updates/s and one worker: time from sending
+    a turn's ``end`` entry to reading its merged entry (both clocks here)."""
+    client = ctx.client
+    async with Harness(ctx.url, "lat", log_dir=ctx.log_dir) as harness:
+        subs = spawn_workers(harness, 1)
+        shard = harness.shards[0]
+        sent: dict[bytes, float] = {}
+        got: dict[bytes, float] = {}
+        try:
+            await harness.wait_started(subs, timeout=120)
+            reader = asyncio.create_task(_read_merged(harness.connect(), shard.merged,
+                                                      len(work.turns), got))
+            per_second = rate * work.size / work.updates  # entries, ends included
+            started = time.perf_counter()
+            done = 0
+            while done < work.size:
+                await asyncio.sleep(0.002)
+                due = min(work.size, int((time.perf_counter() - started) * per_second))
+                if due <= done:
+                    continue
+                chunk = work.entries[done:due]
+                now = time.perf_counter()
+                async with client.pipeline(transaction=False) as pipe:
+                    for fields in chunk:
+                        pipe.xadd(shard.updates, fields)
+                        if fields.get("kind") == "end":
+                            sent[fields["response_id"].encode()] = now
+                    await pipe.execute()
+                done = due
+            achieved = work.updates / (time.perf_counter() - started)
+            await asyncio.wait_for(reader, 600)
+        finally:
+            for sub in list(harness.procs):
+                harness.terminate(sub)
+        await forget(client, "{lat:*")
+    order = [rid.encode() for rid in work.turns][warmup:]
+    samples = [1000 * (got[rid] - sent[rid]) for rid in order]
+    return Latency(rate, achieved, samples)
+
+
+async def _read_merged(client: Any, stream: str, count: int, got: dict[bytes, float]) -> None:
+    last = "0-0"
+    while len(got) < count:
+        reply = await client.xread({stream: last}, count=1000, block=1000)
+        now = time.perf_counter()
+        for _name, entries in reply or []:
+            for entry_id, fields in entries:
+                got[fields[b"response_id"]] = now
+                last = entry_id
+    await client.aclose()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclass
+class Memory:
+    turns: int
+    raw_bytes: int  # field names + values of the active turns' update entries
+    before: int  # used_memory, worker idle, nothing stored
+    active: int  # used_memory with every update applied, no turn ended
+    state_bytes: int  # MEMORY USAGE of the turn and recs hashes, all turns
+    started_events: int  # MEMORY USAGE of the events stream (synthesis.started)
+    drained: int  # used_memory after the ends, outputs still in their streams
+    cleaned: int  # used_memory after the outputs are read and the done TTL passed
+
+
+async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1) -> Memory:
+    """Redis memory held per active turn (every update applied, none ended)."""
+    updates = [e for e in work.entries if e.get("kind") != "end"]
+    ends = [e for e in work.entries if e.get("kind") == "end"]
+    raw = sum(len(k) + len(v) for e in updates for k, v in e.items())
+    client = ctx.client
+    async with Harness(ctx.url, "mem", log_dir=ctx.log_dir, done_ttl=done_ttl) as harness:
+        subs = spawn_workers(harness, 1, done_ttl=done_ttl)
+        shard = harness.shards[0]
+        try:
+            await harness.wait_started(subs, timeout=120)
+            before = await used_memory(client)
+            await harness.add(updates, chunk=5000)
+            await harness.wait_applied(timeout=600)
+            active = await used_memory(client)
+            state = 0
+            for key_fn in (shard.turn, shard.recs):
+                for rid in work.turns:
+                    state += await client.memory_usage(key_fn(rid), samples=0) or 0
+            events = await client.memory_usage(shard.events, samples=0) or 0
+            await harness.add(ends)
+            await harness.wait_merged(len(work.turns), timeout=600)
+            await harness.wait_drained(timeout=600)
+            drained = await used_memory(client)
+            await drain_outputs(harness, done_ttl)
+            cleaned = await used_memory(client)
+        finally:
+            for sub in list(harness.procs):
+                harness.terminate(sub)
+        await forget(client, "{mem:*")
+    return Memory(len(work.turns), raw, before, active, state, events, drained, cleaned)
+
+
+# --------------------------------------------------------------------------- worker RSS
+
+
+@dataclass
+class RssRun:
+    updates: int
+    seconds: float
+    points: list[tuple[int, int, int]]  # (updates processed, worker RSS, Redis used_memory)
+
+
+async def worker_rss(ctx: Ctx, rounds: list[Workload], backlog: int = 60_000,
+                     every: float = 0.5) -> RssRun:
+    """One worker over every round's entries, fed so the stream never holds
+    more than ``backlog`` entries; samples the worker's RSS as it goes."""
+    entries = [e for work in rounds for e in work.entries]
+    updates = sum(work.updates for work in rounds)
+    update_at = []  # updates among the first i entries
+    n = 0
+    for e in entries:
+        n += e.get("kind") != "end"
+        update_at.append(n)
+    client = ctx.client
+    async with Harness(ctx.url, "rss", log_dir=ctx.log_dir, done_ttl=60) as harness:
+        subs = spawn_workers(harness, 1, done_ttl=60)
+        shard = harness.shards[0]
+        points: list[tuple[int, int, int]] = []
+        try:
+            await harness.wait_started(subs, timeout=120)
+            proc = psutil.Process(subs[0].proc.pid)
+            started = time.perf_counter()
+            fed = 0
+            next_sample = 0.0
+            while True:
+                harness.assert_workers_alive()
+                waiting = await client.xlen(shard.updates)
+                processed = fed - waiting
+                now = time.perf_counter()
+                if now >= next_sample:
+                    done_updates = update_at[processed - 1] if processed else 0
+                    points.append((done_updates, proc.memory_info().rss,
+                                   await used_memory(client)))
+                    next_sample = now + every
+                if processed >= len(entries):
+                    break
+                if fed < len(entries) and waiting < backlog // 2:
+                    chunk = entries[fed:fed + backlog // 2]
+                    await harness.add(chunk, chunk=5000)
+                    fed += len(chunk)
+                else:
+                    await asyncio.sleep(0.05)
+            await harness.wait_drained(timeout=600)
+            seconds = time.perf_counter() - started
+            points.append((updates, proc.memory_info().rss, await used_memory(client)))
+        finally:
+            for sub in list(harness.procs):
+                harness.terminate(sub)
+        await forget(client, "{rss:*")
+    return RssRun(updates, seconds, points)
+
+
+__all__ = ["Ctx", "Latency", "Memory", "RssRun", "Throughput", "workload"]
