@@ -43,7 +43,9 @@ def write_section(path: Path, name: str, body: str, after: str | None = None) ->
             text = text[:k] + "\n\n" + section + "\n" + text[k:]
         else:
             text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text.replace("\n\n\n\n", "\n\n"))
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    path.write_text(text)
 
 
 def verdict(ok: bool) -> str:

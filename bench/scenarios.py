@@ -23,6 +23,8 @@ import psutil
 import workload
 from workload import ROOT, Workload, copy_into, id_ms
 
+from processor.ids import TurnKey
+
 sys.path.insert(0, str(ROOT / "tests"))
 from worker_harness import Harness, drain_outputs, used_memory
 
@@ -317,7 +319,8 @@ async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1) -> Memory:
             state = 0
             for key_fn in (shard.turn, shard.recs):
                 for rid in work.turns:
-                    state += await client.memory_usage(key_fn(rid), samples=0) or 0
+                    key = key_fn(TurnKey(rid, "").encode())
+                    state += await client.memory_usage(key, samples=0) or 0
             events = await client.memory_usage(shard.events, samples=0) or 0
             await harness.add(ends)
             await harness.wait_merged(len(work.turns), timeout=600)
