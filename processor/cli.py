@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schemas of inputs and outputs")
     schema.add_argument("name", nargs="?", help="print only this schema (default: all)")
     schema.set_defaults(func=_cmd_schema)
+
+    from processor.tools_cli import register as register_tools
+
+    register_tools(sub, _redis_flags)  # stats, tail, dlq
     return parser
 
 

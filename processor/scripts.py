@@ -24,7 +24,9 @@ def source(name: str) -> str:
     return _INCLUDE.sub(lambda m: (root / "includes" / f"{m.group(1)}.lua").read_text(), text)
 
 
-NAMES = ("apply_entries", "finalise_turns", "sweep_shard", "send_update")
+NAMES = (
+    "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter"
+)
 
 
 class Scripts:
