@@ -293,7 +293,10 @@ def _cmd_dlq_replay(args: argparse.Namespace) -> int:
         return _fail("dlq replay", "give DLQ entry ids or --all (not both)", 2)
     if args.from_file and len(args.ids) != 1:
         return _fail("dlq replay", "--from-file replays exactly one DLQ entry id", 2)
-    fields = _read_fields(args.from_file) if args.from_file else None
+    try:
+        fields = _read_fields(args.from_file) if args.from_file else None
+    except Refused as exc:
+        return _fail("dlq replay", str(exc), 2)
 
     async def body(client: Any, keys: Namespace) -> int:
         shards = _shard_list(args)

@@ -1,0 +1,47 @@
+"""Running the operator tools (``processor stats|tail|dlq``) as a user would:
+``python -m processor.cli`` in a subprocess, with a wide fixed terminal
+width so rich never wraps a table row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(ROOT)}
+
+
+def command(url: str, namespace: str, shards: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "processor.cli", *args, "--redis-url", url,
+            "--namespace", namespace, "--shards", str(shards)]
+
+
+def run(url: str, namespace: str, shards: int, *args: str,
+        stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one tool to completion (blocking: no in-process worker moves meanwhile)."""
+    return subprocess.run(command(url, namespace, shards, *args), capture_output=True,
+                          text=True, timeout=60, check=False, env=ENV, input=stdin)
+
+
+async def arun(url: str, namespace: str, shards: int, *args: str) -> tuple[int, str, str]:
+    """Run one tool to completion while the event loop (in-process workers) keeps going."""
+    proc = await asyncio.create_subprocess_exec(
+        *command(url, namespace, shards, *args), env=ENV,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of every rich table in ``text``, as lists of cell texts."""
+    return [[cell.strip() for cell in line.strip().strip("│").split("│")]
+            for line in text.splitlines() if line.startswith("│")]

@@ -1,0 +1,111 @@
+"""`processor stats` against a live run: the numbers it prints (table and
+--json) are the ones the test produced, on one node and on a Redis Cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from cli_tools import arun, run, table_rows
+from worker_harness import Harness
+
+from processor.ids import shard_of
+
+
+def _update(text: str) -> dict[str, Any]:
+    return {"type": "agent_response_update", "role": "assistant", "message_id": "m",
+            "contents": [{"type": "text", "text": text}]}
+
+
+def ids_on(shard: int, shards: int, prefix: str, n: int) -> list[str]:
+    """``n`` response ids that land on ``shard``."""
+    found = [f"{prefix}{i}" for i in range(1000) if shard_of(f"{prefix}{i}", shards) == shard]
+    return found[:n]
+
+
+def _url(request: pytest.FixtureRequest, topology: str) -> str:
+    if topology == "cluster":
+        return request.getfixturevalue("redis_cluster").url
+    return request.getfixturevalue("redis_url")
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"])
+async def test_stats_shows_what_the_test_pushed(
+    request: pytest.FixtureRequest, topology: str, namespace: str
+) -> None:
+    url = _url(request, topology)
+    shards = 2
+    open0, open1 = ids_on(0, shards, "open", 2), ids_on(1, shards, "open", 1)
+    done1 = ids_on(1, shards, "done", 1)[0]
+    async with Harness(url, namespace, shards, cluster=topology == "cluster") as harness:
+        worker = await harness.start_worker()
+        entries = [{"response_id": rid, "update": _update("hi")} for rid in open0 + open1]
+        # Poison: one on shard 0, two on shard 1 (in turns that stay open).
+        entries += [{"response_id": open0[0], "update": "{bad"},
+                    {"response_id": open1[0], "update": "[1]"},
+                    {"response_id": open1[0], "update": "{bad"}]
+        entries += [{"response_id": done1, "update": _update("x")},
+                    {"response_id": done1, "kind": "end"}]
+        await harness.add(entries)
+        await harness.wait_merged(1)
+        await harness.wait_applied()
+        await harness.stop_worker(worker)
+        # No worker now: 3 entries wait on shard 0 (2 of them read, not acked), 1 on shard 1.
+        later0, later1 = ids_on(0, shards, "later", 1)[0], ids_on(1, shards, "later", 1)[0]
+        await harness.add([{"response_id": later0, "update": _update(str(i))} for i in range(3)])
+        await harness.add([{"response_id": later1, "update": _update("y")}])
+        shard0 = harness.ns.shard(0).updates
+        await harness.client.xreadgroup(harness.group, "stuck", {shard0: ">"}, count=2)
+
+        code, out, err = await arun(url, namespace, shards, "stats", "--json")
+        assert code == 0, err
+        got = json.loads(out)
+        code, table, err = await arun(url, namespace, shards, "stats")
+        assert code == 0, err
+
+    want = {0: {"length": 3, "lag": 1, "pending": 2, "active_turns": 2, "closing_turns": 0,
+                "dlq": 1, "merged": 0, "events": 2},
+            1: {"length": 1, "lag": 1, "pending": 0, "active_turns": 1, "closing_turns": 0,
+                "dlq": 2, "merged": 1, "events": 3}}
+    assert got["namespace"] == namespace and got["group"] == "processor"
+    for shard in got["shards"]:
+        figures = {name: shard[name] for name in want[shard["shard"]]}
+        assert figures == want[shard["shard"]], f"shard {shard['shard']}"
+        assert shard["group"] is True
+    stuck = [c for c in got["shards"][0]["consumers"] if c["name"] == "stuck"]
+    assert len(stuck) == 1 and stuck[0]["pending"] == 2 and stuck[0]["idle_ms"] >= 0
+
+    # The table says the same: one row per shard, then one row per consumer.
+    rows = table_rows(table)
+    by_shard = {row[0]: row for row in rows if len(row) == 10}
+    for index, figures in want.items():
+        row = by_shard[str(index)]
+        assert row[1] == str(figures["length"])
+        assert row[2].lstrip("~") == str(figures["lag"])
+        assert row[3] == str(figures["pending"])
+        assert [row[5], row[6], row[7], row[8], row[9]] == [
+            str(figures[k]) for k in ("active_turns", "closing_turns", "dlq", "merged", "events")]
+    consumers = [row for row in rows if len(row) == 4]
+    assert ["0", "stuck", "2"] in [row[:3] for row in consumers]
+
+
+def test_stats_of_a_namespace_nobody_used(redis_url: str, namespace: str) -> None:
+    proc = run(redis_url, namespace, 3, "stats", "--json")
+    assert proc.returncode == 0, proc.stderr
+    shards = json.loads(proc.stdout)["shards"]
+    assert [s["shard"] for s in shards] == [0, 1, 2]
+    for shard in shards:
+        assert (shard["length"], shard["group"], shard["lag"], shard["pending"]) == (0, False, 0, 0)
+    table = run(redis_url, namespace, 3, "stats")
+    assert "no group" in table.stdout
+
+
+def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str) -> None:
+    proc = run(redis_url, namespace, 0, "stats")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "processor stats: --shards must be at least 1, not 0"
+    down = run("redis://127.0.0.1:1", namespace, 1, "stats")
+    assert down.returncode == 1
+    lines = down.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("processor stats: cannot reach Redis at")
