@@ -1,0 +1,95 @@
+"""The long chaos soak, recorded in docs/reliability.md.
+
+    python bench/chaos_soak.py [--turns 1000] [--seconds 120] [--seed 2] [--no-write]
+
+Starts a private redis-server with the AOF on (appendfsync always) and runs
+tests/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
+per turn over the given number of turns, a worker SIGKILLed every ~2 s and
+restarted, Redis SIGKILLed and restarted once, every worker connection
+CLIENT KILLed once. Prints the figures and, unless ``--no-write``, writes them
+into docs/reliability.md between the ``chaos-soak`` marker comments. Exits 1
+if any check failed (a lost, duplicated or differing turn, an error logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+from chaos import ChaosConfig, ChaosRun  # noqa: E402
+
+from processor.embedded import EmbeddedRedis  # noqa: E402
+
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- chaos-soak:begin -->", "<!-- chaos-soak:end -->"
+
+
+async def soak(cfg: ChaosConfig) -> tuple[list[str], list[str]]:
+    server = EmbeddedRedis(appendonly=True).start()
+    try:
+        async def restart() -> None:
+            await server.akill()
+            await server.astart()
+
+        with tempfile.TemporaryDirectory() as logs:
+            run = ChaosRun(server.url, f"soak{uuid.uuid4().hex[:6]}", cfg, [server.url],
+                           restart=restart, log_dir=Path(logs))
+            figures = await run.run()
+        return figures.lines(), run.problems
+    finally:
+        server.close()
+
+
+def record(lines: list[str], cfg: ChaosConfig, command: str) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    block = "\n".join([
+        BEGIN,
+        f"Measured at commit `{commit}` with `{command}` on {platform.system()} "
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {load} (a shared "
+        "machine: times are noisy, counts are not).",
+        "",
+        "```text",
+        *lines,
+        "```",
+        END,
+    ])
+    text = DOC.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(head + block + tail)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=120.0, help="producing time")
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    cfg = ChaosConfig(turns=args.turns, produce_seconds=args.seconds, seed=args.seed)
+    lines, problems = asyncio.run(soak(cfg))
+    print("\n".join(lines))
+    for problem in problems[:20]:
+        print("PROBLEM:", problem, file=sys.stderr)
+    if not args.no_write and not problems:
+        command = (f"python bench/chaos_soak.py --turns {args.turns} "
+                   f"--seconds {args.seconds:g} --seed {args.seed}")
+        record(lines, cfg, command)
+        print(f"written to {DOC.relative_to(ROOT)}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""The chaos soak: random multi-agent turns through ``processor run`` workers
+while workers are SIGKILLed, Redis restarts and connections are cut.
+
+Used by tests/test_chaos.py (short form in CI), tests/test_cluster.py (on a
+Redis Cluster) and bench/chaos_soak.py (the long form recorded in
+docs/reliability.md).
+
+The producer writes turns a window at a time (about ``window`` turns open at
+once, entries interleaved), with some turns cancelled part-way, some ending
+with a producer ``error`` and some never ending (silent producers, which end
+as ``turn_timeout``). Meanwhile the chaos task SIGKILLs a random worker every
+``kill_every`` seconds and starts a new one, restarts Redis once and kills
+the workers' connections once (``CLIENT KILL``).
+
+**Where a cancel cut the turn.** A cancelled or timed-out turn's response is
+the merge of the entries the workers had applied when the cancel or the
+timeout was seen. Which ones that was is decided by a race (a killed
+worker's entries may still be pending while later ones are applied), so the
+test makes it observable: every update carries a marker key of its own in
+its ``additional_properties``, and the merged response's
+``additional_properties`` is the union of the markers of the updates it
+merged. The expected response is then ``processor merge`` of exactly those
+entries followed by the contract's offline ``cancel`` line (or by nothing,
+for a timeout): the comparison stays byte for byte, and the markers also
+prove which entries were merged, dropped or dead-lettered (none twice, none
+lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio
+from strategies import random_turn
+from worker_harness import Harness, SubprocessWorker, offline_results
+
+from processor.ids import TurnKey
+
+PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
+MARKER = "chaos_e"  # additional_properties key prefix of an update's marker
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    turns: int = 150
+    max_messages: int = 9  # about 21 updates per turn
+    workers: int = 3
+    shards: int = 1
+    kill_every: float = 2.0  # seconds between SIGKILLs (jittered +-50 %)
+    cancel_rate: float = 0.10
+    error_rate: float = 0.05
+    silent_rate: float = 0.02
+    window: int = 40  # turns open at once
+    chunk: int = 50  # entries per XADD pipeline
+    produce_seconds: float = 20.0  # the producer spreads its writes over this long
+    turn_timeout: float = 6.0
+    reclaim_idle_ms: int = 1000
+    batch: int = 100
+    restart_redis: bool = True  # needs ChaosRun.restart
+    client_kill: bool = True
+    seed: int = 1
+
+
+@dataclass
+class PlannedTurn:
+    rid: str
+    entries: list[dict[str, Any]]  # every entry the producer may send, markers set
+    plan: str  # completed | error | silent | cancelled
+    cancel_at: int | None = None  # the cancel key is SET before entries[cancel_at]
+    stop_after_cancel: bool = False  # a cooperative producer stops at the cancel
+
+    @property
+    def sent(self) -> list[int]:
+        """Indexes of the entries the producer sends."""
+        if self.cancel_at is not None and self.stop_after_cancel:
+            return list(range(self.cancel_at))
+        return list(range(len(self.entries)))
+
+
+def marker(index: int) -> str:
+    return f"{MARKER}{index}"
+
+
+def plan_turns(cfg: ChaosConfig) -> list[PlannedTurn]:
+    rng = random.Random(cfg.seed)
+    out = []
+    for t in range(cfg.turns):
+        rid = f"chaos-{cfg.seed}-{t:05d}"
+        entries = random_turn(rng, rid, max_messages=cfg.max_messages)
+        for i, entry in enumerate(entries):
+            if "update" in entry:
+                props = entry["update"].setdefault("additional_properties", {})
+                props[marker(i)] = 1
+        roll = rng.random()
+        turn = PlannedTurn(rid, entries, "completed")
+        if roll < cfg.cancel_rate:
+            turn.plan = "cancelled"
+            turn.cancel_at = rng.randrange(len(entries))
+            # A cancel before the first entry: the producer goes on (else the
+            # turn would never exist); otherwise half of them stop at once.
+            turn.stop_after_cancel = turn.cancel_at > 0 and rng.random() < 0.5
+        elif roll < cfg.cancel_rate + cfg.error_rate:
+            turn.plan = "error"
+            entries[-1] = {"response_id": rid, "kind": "error", "error": "model overloaded",
+                           "code": "503"}
+        elif roll < cfg.cancel_rate + cfg.error_rate + cfg.silent_rate:
+            turn.plan = "silent"
+            entries.pop()  # never ends: turn_timeout
+        out.append(turn)
+    return out
+
+
+Action = tuple[str, int, int]  # ("entry" | "cancel", turn index, entry index)
+
+
+def arrival(turns: list[PlannedTurn], window: int, rng: random.Random) -> list[Action]:
+    """The producers' writes in one order: ``window`` turns open at once,
+    each turn's own entries (and its cancel) in order."""
+    todo: list[list[Action]] = []
+    for t, turn in enumerate(turns):
+        acts: list[Action] = []
+        for i in turn.sent:
+            if i == turn.cancel_at:
+                acts.append(("cancel", t, i))
+            acts.append(("entry", t, i))
+        if turn.cancel_at is not None and turn.cancel_at not in turn.sent:
+            acts.append(("cancel", t, turn.cancel_at))
+        todo.append(acts)
+    out: list[Action] = []
+    waiting = list(range(len(turns)))[::-1]
+    open_: list[list[Action]] = []
+    while waiting or open_:
+        while waiting and len(open_) < window:
+            open_.append(list(reversed(todo[waiting.pop()])))
+        k = rng.randrange(len(open_))
+        out.append(open_[k].pop())
+        if not open_[k]:
+            open_[k] = open_[-1]
+            open_.pop()
+    return out
+
+
+@dataclass
+class Figures:
+    """What happened and what came out (printed, and recorded by the bench)."""
+
+    turns: int = 0
+    entries_sent: int = 0
+    updates_sent: int = 0
+    planned: Counter[str] = field(default_factory=Counter)
+    worker_kills: int = 0
+    kills_holding_entries: int = 0  # killed while holding read, unapplied entries
+    redis_restarts: int = 0
+    client_kills: int = 0  # connections killed
+    seconds_producing: float = 0.0
+    seconds_total: float = 0.0
+    statuses: Counter[str] = field(default_factory=Counter)
+    merged_entries: int = 0  # entries merged into responses
+    dropped: int = 0
+    dlq: Counter[str] = field(default_factory=Counter)  # by reason
+    lost: int = 0
+    duplicated: int = 0
+    mismatches: int = 0  # responses differing from processor merge
+    unexpected: int = 0  # turns whose outcome is not their plan (e.g. an early timeout)
+    reclaim_logs: int = 0  # "reclaimed entries" log lines
+    error_logs: int = 0  # worker log lines at level error
+    leftover_keys: int = 0
+
+    def lines(self) -> list[str]:
+        return [
+            f"turns {self.turns}: {dict(self.planned)}; entries sent {self.entries_sent} "
+            f"({self.updates_sent} updates)",
+            f"faults: {self.worker_kills} worker SIGKILLs ({self.kills_holding_entries} holding "
+            f"unapplied entries), {self.redis_restarts} Redis "
+            f"restarts, {self.client_kills} connections killed",
+            f"time: {self.seconds_producing:.1f} s producing, {self.seconds_total:.1f} s "
+            f"until drained",
+            f"outcomes: {dict(self.statuses)}; entries merged {self.merged_entries}, "
+            f"dropped {self.dropped}, dlq {dict(self.dlq)}",
+            f"lost {self.lost}, duplicated {self.duplicated}, responses differing from "
+            f"processor merge {self.mismatches}, unexpected outcomes {self.unexpected}, "
+            f"state keys left {self.leftover_keys}",
+            f"worker logs: {self.reclaim_logs} reclaims, {self.error_logs} error lines",
+        ]
+
+
+@dataclass
+class ChaosRun:
+    """One soak. ``restart`` kills and restarts the Redis server (or a node);
+    ``admin_urls`` are the nodes whose worker connections ``CLIENT KILL`` cuts."""
+
+    url: str
+    namespace: str
+    cfg: ChaosConfig
+    admin_urls: list[str]
+    restart: Callable[[], Awaitable[None]] | None = None
+    cluster: bool = False
+    log_dir: Any = None
+    figures: Figures = field(default_factory=Figures)
+    problems: list[str] = field(default_factory=list)
+    _all_procs: list[SubprocessWorker] = field(default_factory=list)
+    _progress: float = 0.0
+    _gate: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    # ------------------------------------------------------------ running
+
+    def _flags(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"reclaim_idle_ms": cfg.reclaim_idle_ms, "batch": cfg.batch,
+                "turn_timeout": cfg.turn_timeout, "log_level": "info"}
+
+    def _spawn(self, harness: Harness) -> SubprocessWorker:
+        sub = harness.spawn(**self._flags())
+        self._all_procs.append(sub)
+        return sub
+
+    async def run(self) -> Figures:
+        cfg, fig = self.cfg, self.figures
+        turns = plan_turns(cfg)
+        actions = arrival(turns, cfg.window, random.Random(cfg.seed + 1))
+        fig.turns = len(turns)
+        fig.planned = Counter(t.plan for t in turns)
+        started = time.monotonic()
+        async with Harness(self.url, self.namespace, shards=cfg.shards, log_dir=self.log_dir,
+                           cluster=self.cluster) as harness:
+            old = harness.client
+            harness.client = harness.connect(client_name=PRODUCER_NAME)
+            await old.aclose()
+            for _ in range(cfg.workers):
+                self._spawn(harness)
+            await harness.wait_started(harness.procs, timeout=60)
+            ids: dict[tuple[int, int], tuple[int, str]] = {}
+            producing = asyncio.create_task(self._produce(harness, turns, actions, ids))
+            chaos = asyncio.create_task(self._chaos(harness, producing))
+            try:
+                await producing
+                fig.seconds_producing = time.monotonic() - started
+                await chaos
+                await harness.wait_merged(len(turns), timeout=120 + 2 * cfg.turn_timeout)
+                await harness.wait_drained(timeout=120)
+                await asyncio.sleep(0.5)  # entries dropped after a terminal event settle
+                harness.assert_workers_alive()
+            finally:
+                for task in (producing, chaos):
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            fig.seconds_total = time.monotonic() - started
+            outputs = await harness.outputs()
+            fig.leftover_keys = len(await harness.state_keys())
+            done_dropped = await self._done_dropped(harness, turns)
+            for sub in list(harness.procs):
+                code = harness.terminate(sub)
+                if code != 0:
+                    self.problems.append(f"{sub.consumer} exited {code} on SIGTERM")
+        self._logs()
+        self._check(turns, ids, outputs, done_dropped)
+        return fig
+
+    async def _produce(
+        self, harness: Harness, turns: list[PlannedTurn], actions: list[Action],
+        ids: dict[tuple[int, int], tuple[int, str]],
+    ) -> None:
+        cfg, fig = self.cfg, self.figures
+        batch: list[tuple[int, int]] = []
+        pace = cfg.produce_seconds * cfg.chunk / max(1, len(actions))
+
+        async def flush() -> None:
+            if not batch:
+                return
+            entries = [turns[t].entries[i] for t, i in batch]
+            async with self._gate:
+                got = await harness.add(entries, chunk=len(entries))
+            for (t, i), entry_id in zip(batch, got, strict=True):
+                ids[(t, i)] = (harness.shard_of(turns[t].entries[i]).index, entry_id)
+            fig.entries_sent += len(batch)
+            fig.updates_sent += sum("update" in turns[t].entries[i] for t, i in batch)
+            batch.clear()
+            await asyncio.sleep(pace)
+
+        for n, (what, t, i) in enumerate(actions):
+            if what == "cancel":
+                await flush()
+                async with self._gate:
+                    await harness.cancel(turns[t].rid, reason="chaos")
+            else:
+                batch.append((t, i))
+                if len(batch) >= cfg.chunk:
+                    await flush()
+            self._progress = n / len(actions)
+        await flush()
+        self._progress = 1.0
+
+    async def _chaos(self, harness: Harness, producing: asyncio.Task[None]) -> None:
+        """Kill a worker every ~kill_every s until production is over (plus two
+        more kills), restart Redis at 35 % and cut connections at 65 %."""
+        cfg = self.cfg
+        rng = random.Random(cfg.seed + 2)
+        restarted = not (cfg.restart_redis and self.restart is not None)
+        cut = not cfg.client_kill
+        tail_kills = 2
+        while tail_kills > 0:
+            await asyncio.sleep(cfg.kill_every * rng.uniform(0.5, 1.5))
+            await self._kill_one(harness, rng.choice(harness.procs))
+            self._spawn(harness)
+            if not restarted and self._progress >= 0.35:
+                restarted = True
+                await self._restart_redis(harness)
+            if not cut and self._progress >= 0.65:
+                cut = True
+                await harness.wait_started(harness.procs, timeout=60)  # all connected
+                await self._client_kill()
+            if producing.done():
+                tail_kills -= 1
+
+    async def _kill_one(self, harness: Harness, victim: SubprocessWorker) -> None:
+        """SIGKILL ``victim``, preferably while it holds entries it read but has
+        not applied yet (frozen with SIGSTOP until its pending list shows some,
+        for up to ~0.5 s): those must be reclaimed by the others."""
+        fig = self.figures
+        for _ in range(25):
+            victim.proc.send_signal(signal.SIGSTOP)
+            if await self._holds_entries(harness, victim.consumer):
+                fig.kills_holding_entries += 1
+                break
+            victim.proc.send_signal(signal.SIGCONT)
+            await asyncio.sleep(0.02)
+        harness.kill(victim)
+        fig.worker_kills += 1
+
+    async def _holds_entries(self, harness: Harness, consumer: str) -> bool:
+        for shard in harness.shards:
+            with contextlib.suppress(redis.ResponseError):
+                if await harness.client.xpending_range(
+                    shard.updates, harness.group, min="-", max="+", count=1,
+                    consumername=consumer,
+                ):
+                    return True
+        return False
+
+    async def _restart_redis(self, harness: Harness) -> None:
+        assert self.restart is not None
+        async with self._gate:  # the producer waits: its XADDs are not retried blindly
+            await self.restart()
+            # Pooled connections are dead: start afresh rather than retry a write.
+            with contextlib.suppress(Exception):
+                await harness.client.connection_pool.disconnect()
+            for _ in range(100):
+                try:
+                    await harness.client.ping()
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
+        self.figures.redis_restarts += 1
+
+    async def _client_kill(self) -> None:
+        for url in self.admin_urls:
+            admin = redis.asyncio.Redis.from_url(url, decode_responses=True)
+            try:
+                for client in await admin.client_list(_type="normal"):
+                    if client.get("name") == PRODUCER_NAME:
+                        continue
+                    # SKIPME (the default) spares this admin connection.
+                    killed = await admin.execute_command("CLIENT", "KILL", "ID", client["id"])
+                    self.figures.client_kills += int(killed)
+            finally:
+                await admin.aclose()
+
+    async def _done_dropped(self, harness: Harness, turns: list[PlannedTurn]) -> dict[str, int]:
+        """Entries dropped after the terminal event (counted on the done marker)."""
+        out: dict[str, int] = {}
+        for turn in turns:
+            if turn.cancel_at is None:
+                continue
+            key = TurnKey(turn.rid)
+            shard = harness.ns.shard_for(turn.rid)
+            value = await harness.client.hget(shard.done(key.encode()), "dropped")
+            out[turn.rid] = int(value or 0)
+        return out
+
+    def _logs(self) -> None:
+        for sub in self._all_procs:
+            for line in sub.log().splitlines():
+                if '"reclaimed entries"' in line:
+                    self.figures.reclaim_logs += 1
+                if '"level": "error"' in line:
+                    self.figures.error_logs += 1
+                    if len(self.problems) < 20:
+                        self.problems.append(f"{sub.consumer} logged an error: {line[:200]} "
+                                             f"... {line[-800:]}")
+
+    # ------------------------------------------------------------ checking
+
+    def _check(self, turns: list[PlannedTurn], ids: dict[tuple[int, int], tuple[int, str]],
+               outputs: Any, done_dropped: dict[str, int]) -> None:
+        fig = self.figures
+        where = {loc: key for key, loc in ids.items()}
+        dead: dict[int, list[dict[str, str]]] = {}
+        seen_sources: Counter[tuple[int, str]] = Counter()
+        for entry in outputs.dlq:
+            loc = (int(entry["_shard"]), entry.get("source_id", ""))
+            seen_sources[loc] += 1
+            fig.dlq[entry.get("reason", "?")] += 1
+            if loc in where:
+                dead.setdefault(where[loc][0], []).append(entry)
+            else:
+                self.problems.append(f"DLQ entry of no sent entry: {entry}"[:500])
+        fig.duplicated += sum(n - 1 for n in seen_sources.values() if n > 1)
+        for t, turn in enumerate(turns):
+            got = outputs.turns.get(TurnKey(turn.rid))
+            self._check_turn(t, turn, got, dead.get(t, []), done_dropped.get(turn.rid, 0))
+        if fig.leftover_keys:
+            self.problems.append(f"{fig.leftover_keys} state keys left")
+
+    def _check_turn(self, t: int, turn: PlannedTurn, got: Any, dead: list[dict[str, str]],
+                    late_drops: int) -> None:
+        fig = self.figures
+        sent = turn.sent
+        if got is None or not got.merged:
+            fig.lost += len(sent)
+            self.problems.append(f"{turn.rid}: never merged")
+            return
+        if len(got.merged) != 1:
+            fig.duplicated += len(got.merged) - 1
+            self.problems.append(f"{turn.rid}: merged {len(got.merged)} times")
+        self._check_events(turn, got)
+        entry = got.merged[0]
+        response = json.loads(entry["response"])
+        meta = json.loads(entry["meta"])
+        status = entry["status"]
+        code = (meta.get("error") or {}).get("code")
+        outcome = code or status
+        fig.statuses[outcome] += 1
+        props = response.get("additional_properties") or {}
+        merged = {i for i in sent if marker(i) in props}
+        closing = len(turn.entries) - 1 if turn.plan != "silent" else None
+        if status in ("completed", "error") and code != "turn_timeout" and closing in sent:
+            merged.add(closing)
+        # The expected response: processor merge of what was merged, then the cut.
+        lines = [turn.entries[i] for i in sorted(merged)]
+        if status == "cancelled":
+            lines.append({"kind": "cancel", "response_id": turn.rid})
+        if status == "cancelled" and not merged:
+            # Nothing applied before the cancel: offline, the cancel line comes
+            # first and every entry after it is dropped.
+            lines = [lines[-1], *(turn.entries[i] for i in sent)]
+        want = offline_results(lines, self._limits())
+        key = TurnKey(turn.rid)
+        if key not in want or want[key].status != status or want[key].response != entry["response"]:
+            fig.mismatches += 1
+            self.problems.append(f"{turn.rid}: live {status} differs from processor merge\n"
+                                 f"live:    {entry['response'][:1500]}\n"
+                                 f"offline: {want.get(key) and want[key].response[:1500]}")
+        expected = {"completed": "completed", "error": "producer_error",
+                    "silent": "turn_timeout", "cancelled": None}[turn.plan]
+        if expected is not None and (outcome != expected or merged != set(sent)):
+            fig.unexpected += 1
+            self.problems.append(f"{turn.rid}: planned {turn.plan}, got {outcome} with "
+                                 f"{len(merged)}/{len(sent)} entries merged")
+        # Every sent entry exactly once: merged, dropped or dead-lettered.
+        counts = meta["counts"]
+        dropped = counts["dropped"] + late_drops
+        if counts["entries"] != len(merged):
+            self.problems.append(f"{turn.rid}: meta counts {counts['entries']} entries, "
+                                 f"markers show {len(merged)}")
+        fig.merged_entries += len(merged)
+        fig.dropped += dropped
+        accounted = len(merged) + dropped + len(dead)
+        if accounted < len(sent):
+            fig.lost += len(sent) - accounted
+            self.problems.append(f"{turn.rid}: {len(sent) - accounted} entries lost")
+        elif accounted > len(sent):
+            fig.duplicated += accounted - len(sent)
+            self.problems.append(f"{turn.rid}: {accounted - len(sent)} entries counted twice")
+        for d in dead:
+            update = d.get("update", "")
+            if any(f'"{marker(i)}"' in update for i in merged):
+                fig.duplicated += 1
+                self.problems.append(f"{turn.rid}: entry both merged and dead-lettered")
+
+    def _check_events(self, turn: PlannedTurn, got: Any) -> None:
+        types = [e["type"] for e in got.events]
+        seqs = [e["seq"] for e in got.events]
+        if (types.count("synthesis") != 1 or types[-1] != "synthesis"
+                or types.count("synthesis.started") != 1 or types[0] != "synthesis.started"
+                or seqs != list(range(len(seqs)))):
+            self.problems.append(f"{turn.rid}: events {list(zip(types, seqs, strict=True))}")
+        elif got.events[-1]["status"] != got.merged[0]["status"]:
+            self.problems.append(f"{turn.rid}: terminal status differs from merged status")
+
+    def _limits(self) -> Any:
+        from processor.lifecycle import Limits
+
+        return Limits(turn_timeout=self.cfg.turn_timeout)

@@ -1,0 +1,44 @@
+"""The chaos soak (short form; the long one is bench/chaos_soak.py, recorded in
+docs/reliability.md): 3 ``processor run`` workers, random multi-agent turns
+with cancels, producer errors and silent producers, while a random worker is
+SIGKILLed every ~2 s and restarted, redis-server (AOF, appendfsync always) is
+SIGKILLed and restarted once, and every worker connection is CLIENT KILLed
+once. Every turn ends with exactly one merged entry and one terminal event,
+its response equals ``processor merge`` of the entries it merged (cut where
+the cancel or the timeout was seen, see tests/chaos.py), every sent entry is
+merged, dropped or dead-lettered exactly once, and no state is left.
+
+``PROCESSOR_CHAOS_TURNS=1000 PROCESSOR_CHAOS_SECONDS=120 python -m pytest -s
+tests/test_chaos.py`` runs a longer soak (``PROCESSOR_CHAOS_SEED`` picks the turns).
+"""
+
+from __future__ import annotations
+
+import os
+
+from chaos import ChaosConfig, ChaosRun
+
+
+async def test_chaos_soak(make_redis_server, namespace: str, tmp_path) -> None:
+    server = make_redis_server(appendonly=True)  # appendfsync always
+    assert server.appendonly
+    turns = int(os.environ.get("PROCESSOR_CHAOS_TURNS", "150"))
+    cfg = ChaosConfig(
+        turns=turns,
+        seed=int(os.environ.get("PROCESSOR_CHAOS_SEED", "1")),
+        produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "20")),
+    )
+
+    async def restart() -> None:
+        await server.akill()  # a crash: only what the AOF fsynced survives
+        await server.astart()
+
+    run = ChaosRun(server.url, namespace, cfg, [server.url], restart=restart, log_dir=tmp_path)
+    figures = await run.run()
+    print("\nchaos soak:\n  " + "\n  ".join(figures.lines()))
+    assert run.problems == [], "\n".join(run.problems[:20])
+    assert figures.worker_kills >= 5 and figures.redis_restarts == 1
+    assert figures.client_kills >= cfg.workers
+    assert figures.lost == figures.duplicated == figures.mismatches == 0
+    assert figures.unexpected == 0 and figures.leftover_keys == 0
+    assert sum(figures.statuses.values()) == figures.turns
