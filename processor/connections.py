@@ -8,11 +8,35 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, MasterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: Errors after which a worker waits and retries (Redis restarting, failover, network).
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+#: Cluster states that pass: a master restarting or failing over, a slot migrating.
+CLUSTER_TRANSIENT = (ClusterDownError, MasterDownError, SlotNotCoveredError, TryAgainError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a step that failed with ``exc`` should wait and be retried."""
+    if isinstance(exc, TRANSIENT + CLUSTER_TRANSIENT):
+        return True
+    # redis-py's asyncio cluster client, on CLUSTERDOWN or an uncovered slot,
+    # closes every node connection, including ones other tasks of the same
+    # client are using: those fail with AttributeError inside redis-py's
+    # connection code (``_writer`` is None). Found by tests/test_cluster.py's
+    # chaos run; the retry reconnects.
+    return isinstance(exc, AttributeError) and _raised_in(exc, "redis.asyncio.")
+
+
+def _raised_in(exc: BaseException, module_prefix: str) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(
+        module_prefix
+    )
 
 
 @dataclass(frozen=True)

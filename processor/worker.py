@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential, wait_random
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential, wait_random
 
 from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
-from processor.connections import TRANSIENT, as_text
+from processor.connections import TRANSIENT, as_text, is_transient
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
@@ -127,7 +127,7 @@ class Worker:
                         extra={"error": repr(state.outcome.exception())})
 
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TRANSIENT),
+            retry=retry_if_exception(is_transient),
             # Once stopping, give up: what was read stays pending for another
             # worker to reclaim, and a SIGTERM never waits for Redis to return.
             stop=lambda _state: self.stopping,
@@ -193,9 +193,9 @@ class Worker:
         (and reaches max_deliveries alone) instead of taking its batch along."""
         try:
             await self.apply(shard, entries, deliveries)
-        except TRANSIENT:
-            raise
-        except Exception:
+        except Exception as exc:
+            if is_transient(exc):
+                raise
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
                               extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})

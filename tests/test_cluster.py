@@ -1,0 +1,129 @@
+"""``processor run --shards 6`` on a real 3-master Redis Cluster.
+
+Every shared scenario (tests/data/scenarios) goes through three worker
+processes started with the URL of one cluster node (the worker sees
+``cluster_enabled:1`` and uses the cluster client) and comes out as
+``processor merge`` prints it; then a short chaos soak runs on a cluster
+whose nodes use the AOF, with worker SIGKILLs, one master SIGKILLed and
+restarted, and every worker connection on every node cut once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+import redis
+import redis.asyncio
+from chaos import ChaosConfig, ChaosRun
+from expectations import check_scenario, scenario_lines, scenario_names
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis_servers import LocalRedisCluster, wait_cluster_ok
+from test_worker_scenarios import _segments
+from worker_harness import Harness, compare_with_offline, offline_results
+
+from processor.connections import is_transient
+from processor.keys import Namespace
+from processor.lifecycle import Limits
+
+SHARDS = 6
+TURN_TIMEOUT = 3.0
+
+
+def spread_namespace(cluster: LocalRedisCluster, shards: int = SHARDS) -> str:
+    """A fresh namespace whose shards' hash tags land on every master."""
+    client = cluster.client()
+    masters = {node.port for node in cluster.nodes}
+    for _ in range(1000):
+        name = f"t{uuid.uuid4().hex[:8]}"
+        ports = {client.get_node_from_key(s.updates).port for s in Namespace(name, shards).all()}
+        if ports == masters:
+            return name
+    raise AssertionError("no namespace spreads over every master")
+
+
+async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path) -> None:
+    names = scenario_names()
+    lines = {name: scenario_lines(name) for name in names}
+    offline: dict = {}
+    for name in names:  # the scenarios' response ids are distinct: one run for all
+        entries = [json.loads(line) for line in lines[name] if line.strip()]
+        offline |= offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
+    segments = {name: _segments(lines[name]) for name in names}
+    namespace = spread_namespace(redis_cluster)
+
+    async with Harness(redis_cluster.url, namespace, shards=SHARDS, cluster=True,
+                       log_dir=tmp_path) as harness:
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(3)]
+        await harness.wait_started(procs, timeout=60)
+        for phase in range(max(len(s) for s in segments.values())):
+            cancels = []
+            for name in names:
+                if phase < len(segments[name]):
+                    entries, cancel = segments[name][phase]
+                    await harness.add(entries)
+                    if cancel is not None:
+                        cancels.append(cancel)
+            # A cancel line means: the entries before it were applied, then the key was set.
+            await harness.wait_applied()
+            for response_id in cancels:
+                await harness.cancel(response_id)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+        for sub in list(harness.procs):
+            assert harness.terminate(sub) == 0
+
+    compare_with_offline(outputs, offline, "scenarios on a cluster")
+    by_id = {key.response_id: turn.result() for key, turn in outputs.turns.items()}
+    for name in names:
+        want = {key.response_id for key in offline_results(
+            [json.loads(line) for line in lines[name] if line.strip()],
+            Limits(turn_timeout=TURN_TIMEOUT))}
+        check_scenario(name, [by_id[rid] for rid in want])
+    assert all(d["reason"] == "turn_closed" for d in outputs.dlq), outputs.dlq
+
+
+async def test_chaos_on_a_cluster(make_redis_cluster, tmp_path) -> None:
+    cluster = make_redis_cluster(3, appendonly=True)
+    namespace = spread_namespace(cluster)
+    victim = cluster.nodes[1]
+
+    async def restart() -> None:
+        await victim.akill()
+        await victim.astart()
+        await asyncio.to_thread(wait_cluster_ok, cluster.nodes)
+
+    cfg = ChaosConfig(turns=80, shards=SHARDS, produce_seconds=12, seed=3)
+    run = ChaosRun(cluster.url, namespace, cfg, cluster.urls, restart=restart, cluster=True,
+                   log_dir=tmp_path)
+    figures = await run.run()
+    print("\nchaos soak on a cluster:\n  " + "\n  ".join(figures.lines()))
+    assert run.problems == [], "\n".join(run.problems[:20])
+    assert figures.redis_restarts == 1 and figures.worker_kills >= 3
+    assert figures.lost == figures.duplicated == figures.mismatches == 0
+    assert figures.unexpected == 0 and figures.leftover_keys == 0
+    info = redis.Redis(**victim.client_kwargs()).info("persistence")
+    assert info["aof_enabled"] == 1
+
+
+
+async def test_cluster_hiccups_are_transient() -> None:
+    """Errors a cluster client raises while a master restarts are retried,
+    including redis-py closing a connection another task is using."""
+    for exc in (ClusterDownError("CLUSTERDOWN"), TryAgainError("TRYAGAIN"),
+                SlotNotCoveredError("slot"), redis.ConnectionError("gone")):
+        assert is_transient(exc)
+    connection = redis.asyncio.Connection()  # never connected: its writer is None
+    with pytest.raises(AttributeError) as caught:
+        await connection._send_packed_command([b"PING"])
+    assert is_transient(caught.value)
+    try:
+        None.writelines  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert not is_transient(exc)  # a bug of ours is not retried forever
+    assert not is_transient(redis.ResponseError("WRONGTYPE"))
