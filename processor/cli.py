@@ -63,6 +63,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(run_worker(values))
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    from processor import config
+    from processor.service import init_groups
+
+    values, problems = config.resolve(args)
+    if not values["redis_url"]:
+        problems.append("give --redis-url or set REDIS_URL (init never starts an embedded Redis)")
+    for problem in problems:
+        print(f"processor init: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    return asyncio.run(init_groups(values))
+
+
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from processor.service import cancel
 
@@ -119,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_options(run)
     run.set_defaults(func=_cmd_run)
+
+    init = sub.add_parser(
+        "init",
+        help="create every shard's consumer group (idempotent), then exit",
+        description="Create the updates stream and consumer group of every shard if missing, "
+        "as a worker does at start, and exit 0. Run it before autoscalers read the groups "
+        "(e.g. a Kubernetes Job before KEDA polls). Takes the same options and environment "
+        "variables as run; only the Redis, namespace, shards and group ones matter.",
+    )
+    add_options(init)
+    init.set_defaults(func=_cmd_init)
 
     cancel = sub.add_parser(
         "cancel",

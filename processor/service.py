@@ -124,3 +124,21 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
         return 0
     finally:
         await client.aclose()
+
+
+async def init_groups(values: dict[str, Any]) -> int:
+    """``processor init``: create every shard's stream and consumer group (idempotent),
+    so that autoscalers reading the group (KEDA) find it before any worker ran."""
+    options = RedisOptions(
+        values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
+    )
+    client = await connect_retrying(options)
+    try:
+        worker = Worker(client, config.worker_config(values))  # the worker's own ensure_groups
+        await worker.ensure_groups()
+        streams = [shard.updates for shard in worker.namespace.all()]
+        print(f"consumer group {values['group']!r} ready on {len(streams)} stream(s): "
+              + ", ".join(streams))
+        return 0
+    finally:
+        await client.aclose()
