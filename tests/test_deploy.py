@@ -1,0 +1,335 @@
+"""docker-compose.yml, deploy/Dockerfile and the Kubernetes manifests in
+deploy/: they parse, the worker command in each is accepted by the CLI's own
+parser and option validation, the core Kubernetes objects validate offline
+against the API schemas, the KEDA objects have what KEDA requires, and the
+pieces agree with each other (ConfigMap, Secret, probes, shards, groups).
+Also ``processor init``, which the Job and the compose init service run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import redis
+import yaml
+
+from processor import config
+from processor.cli import build_parser
+from processor.connections import RedisOptions
+from processor.keys import Namespace
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+SECRET = ROOT / "deploy" / "secret.example.yaml"
+# Kubernetes versions the manifests must be valid for: an old supported one and the newest
+# schema kubernetes-validate ships.
+K8S_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
+# A drain applies and acks one batch: a read, an apply and a finalise call, each bounded
+# by the Redis socket timeout. Termination grace must exceed it.
+DRAIN_BOUND_S = 3 * RedisOptions("redis://x").socket_timeout
+
+
+@cache  # parsed once: callers must not change what they get
+def load_all(path: Path) -> list[dict[str, Any]]:
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    assert docs, f"{path} has no YAML document"
+    return docs
+
+
+def k8s_objects() -> list[dict[str, Any]]:
+    return [doc for path in [*K8S, SECRET] for doc in load_all(path)]
+
+
+def one(kind: str) -> dict[str, Any]:
+    found = [doc for doc in k8s_objects() if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def configmap_env() -> dict[str, str]:
+    return one("ConfigMap")["data"]
+
+
+def secret_keys() -> set[str]:
+    return set(one("Secret")["stringData"])
+
+
+def accepted(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Parse argv with the CLI's parser and validate it with the environment, exactly
+    as ``processor`` does at start; returns the resolved option values."""
+    args = build_parser().parse_args(argv)
+    assert args.command in ("run", "init"), argv
+    values, problems = config.resolve(args, env)
+    assert problems == [], f"{argv} with {env}: {problems}"
+    return values
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in lines
+            if ln and not ln.startswith("#")]
+
+
+def dockerfile_exec(name: str) -> list[str]:
+    """The JSON (exec) form of the last ENTRYPOINT or CMD."""
+    value = [arg for instr, arg in dockerfile_instructions() if instr == name][-1]
+    parsed = json.loads(value)
+    assert isinstance(parsed, list), f"{name} must use the exec form (signals reach processor)"
+    return parsed
+
+
+def image_argv(command: list[str] | None = None) -> list[str]:
+    """What the image runs (ENTRYPOINT + CMD, or + the given command), without the program."""
+    entrypoint = dockerfile_exec("ENTRYPOINT")
+    assert entrypoint == ["processor"]
+    return command if command is not None else dockerfile_exec("CMD")
+
+
+def test_dockerfile_is_slim_non_root_and_runs_the_worker() -> None:
+    instructions = dockerfile_instructions()
+    froms = [arg for instr, arg in instructions if instr == "FROM"]
+    assert froms[-1] == "python:3.11-slim"
+    user = [arg for instr, arg in instructions if instr == "USER"][-1]
+    assert user not in ("0", "root") and not user.startswith("0:")
+    assert any(instr == "RUN" and "pip install" in arg for instr, arg in instructions)
+    assert image_argv() == ["run"]
+    accepted(image_argv(), {"REDIS_URL": "redis://redis:6379"})
+    for instr, arg in instructions:  # everything copied from the build context exists
+        if instr == "COPY" and not arg.startswith("--from"):
+            for source in shlex.split(arg)[:-1]:
+                assert (ROOT / source).exists(), f"COPY {source}: no such file"
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def compose() -> dict[str, Any]:
+    (doc,) = load_all(COMPOSE)
+    return doc
+
+
+def test_compose_redis_is_7_with_aof_and_a_healthcheck() -> None:
+    redis_service = compose()["services"]["redis"]
+    assert re.match(r"redis:7(\.|-|$)", redis_service["image"])
+    command = redis_service["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert redis_service["healthcheck"]["test"][:2] == ["CMD", "redis-cli"]
+    assert any(str(v).endswith(":/data") for v in redis_service["volumes"])
+
+
+def test_compose_worker_is_built_from_the_dockerfile_and_scalable() -> None:
+    services = compose()["services"]
+    worker = services["worker"]
+    assert Path(worker["build"]["context"], worker["build"]["dockerfile"]) == Path(
+        "deploy/Dockerfile")
+    # --scale worker=4 needs: no fixed container name or hostname, no host port.
+    assert not {"container_name", "hostname", "ports"} & set(worker)
+    assert "profiles" not in worker
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert worker["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    grace = int(worker["stop_grace_period"].rstrip("s"))
+    assert grace > DRAIN_BOUND_S
+
+
+@pytest.mark.parametrize("service", ["worker", "init"])
+def test_compose_commands_are_accepted_by_the_cli(service: str) -> None:
+    spec = compose()["services"][service]
+    env = {k: str(v) for k, v in spec["environment"].items()}
+    values = accepted(image_argv(spec["command"]), env)
+    assert values["redis_url"] == "redis://redis:6379/0"
+    assert values["shards"] >= 1
+    if service == "worker":
+        assert values["metrics_port"] == 9090
+
+
+def test_compose_demo_producer_is_under_a_profile() -> None:
+    producer = compose()["services"]["producer"]
+    assert producer["profiles"] == ["demo"]
+    assert producer["entrypoint"][1] == "/opt/processor/demo_producer.py"
+    copied = [arg for instr, arg in dockerfile_instructions() if instr == "COPY"]
+    assert "deploy/demo_producer.py /opt/processor/demo_producer.py" in copied
+    sys.path.insert(0, str(ROOT / "deploy"))
+    try:
+        import demo_producer  # its own parser accepts the compose command
+    finally:
+        sys.path.remove(str(ROOT / "deploy"))
+    args = demo_producer.parse_args(["--redis-url", "redis://redis:6379", *producer["command"]])
+    assert args.turns == 0 and args.interval > 0
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+def test_every_manifest_parses_into_objects() -> None:
+    for path in [*K8S, SECRET]:
+        for doc in load_all(path):
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), path
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_core_objects_validate_against_the_kubernetes_schemas(version: str) -> None:
+    checked = set()
+    for doc in k8s_objects():
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue  # KEDA's CRDs are not in kubernetes-validate's schemas: see below
+        kubernetes_validate.validate(doc, version, strict=True)
+        checked.add(doc["kind"])
+    assert checked == {"ConfigMap", "Deployment", "PodDisruptionBudget", "Job", "Secret"}
+
+
+def pod_spec(kind: str) -> dict[str, Any]:
+    return one(kind)["spec"]["template"]["spec"]
+
+
+def container(kind: str) -> dict[str, Any]:
+    (only,) = pod_spec(kind)["containers"]
+    return only
+
+
+def container_env(kind: str) -> dict[str, str]:
+    """The container's environment: the ConfigMap it loads, and placeholders for secrets."""
+    spec = container(kind)
+    env: dict[str, str] = {}
+    for source in spec.get("envFrom", []):
+        assert source["configMapRef"]["name"] == one("ConfigMap")["metadata"]["name"]
+        env.update(configmap_env())
+    for var in spec.get("env", []):
+        ref = var["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == one("Secret")["metadata"]["name"]
+        assert ref["key"] in secret_keys(), f"{var['name']}: no key {ref['key']} in the Secret"
+        env[var["name"]] = one("Secret")["stringData"][ref["key"]]
+    return env
+
+
+@pytest.mark.parametrize(("kind", "command"), [("Deployment", "run"), ("Job", "init")])
+def test_container_commands_are_accepted_by_the_cli(kind: str, command: str) -> None:
+    spec = container(kind)
+    assert "command" not in spec  # the image's ENTRYPOINT (processor) stays
+    assert spec["args"][0] == command
+    values = accepted(image_argv(spec["args"]), container_env(kind))
+    assert values["redis_url"].startswith("redis://processor:")  # the ACL user
+    assert pod_spec(kind)["securityContext"]["runAsNonRoot"] is True
+
+
+def test_configmap_holds_only_known_settings() -> None:
+    known = {opt.env for opt in config.OPTIONS}
+    for name in configmap_env():
+        assert name in known or name == "REDIS_ADDRESS", f"unknown setting {name}"
+
+
+def test_deployment_probes_resources_and_grace() -> None:
+    spec = container("Deployment")
+    port = int(configmap_env()["PROCESSOR_METRICS_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
+    assert ports["metrics"] == port
+    assert spec["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert spec["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"cpu", "memory"} <= set(spec["resources"]["requests"])
+    assert "memory" in spec["resources"]["limits"]
+    assert pod_spec("Deployment")["terminationGracePeriodSeconds"] > DRAIN_BOUND_S
+
+
+def test_pdb_selects_the_worker_pods() -> None:
+    labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert one("Deployment")["spec"]["selector"]["matchLabels"] == selector
+
+
+# --------------------------------------------------------------------------- KEDA
+
+
+def test_scaled_object_has_a_lag_and_a_pending_trigger_per_shard_stream() -> None:
+    scaled, auth = one("ScaledObject"), one("TriggerAuthentication")
+    assert scaled["apiVersion"] == auth["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaled["spec"]
+    deployment = one("Deployment")
+    assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert spec["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    settings = configmap_env()
+    ns = Namespace(settings["PROCESSOR_NAMESPACE"], int(settings["PROCESSOR_SHARDS"]))
+    group = settings["PROCESSOR_GROUP"]
+    triggers = spec["triggers"]
+    names = [t["name"] for t in triggers]
+    assert len(set(names)) == len(names), "KEDA rejects duplicate trigger names"
+    by_stream: dict[str, set[str]] = {}
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-streams"
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+        assert meta["consumerGroup"] == group
+        assert meta["addressFromEnv"] in container_env("Deployment")
+        assert all(isinstance(v, str) for v in meta.values()), "KEDA metadata values are strings"
+        measures = {"lagCount", "pendingEntriesCount", "streamLength"} & set(meta)
+        assert len(measures) == 1, f"{trigger['name']}: one measure per trigger"
+        (measure,) = measures
+        assert int(meta[measure]) > 0
+        by_stream.setdefault(meta["stream"], set()).add(measure)
+    assert by_stream == {s.updates: {"lagCount", "pendingEntriesCount"} for s in ns.all()}
+
+
+def test_trigger_authentication_reads_the_keda_user_from_the_secret() -> None:
+    refs = one("TriggerAuthentication")["spec"]["secretTargetRef"]
+    assert {r["parameter"] for r in refs} == {"username", "password"}
+    for ref in refs:
+        assert ref["name"] == one("Secret")["metadata"]["name"]
+        assert ref["key"] in secret_keys()
+    username = next(r for r in refs if r["parameter"] == "username")
+    assert one("Secret")["stringData"][username["key"]] == "keda"  # the read-only ACL user
+
+
+# --------------------------------------------------------------------------- processor init
+
+
+def _init(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "processor.cli", "init", *args],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
+def test_init_creates_every_shard_group_idempotently(
+    redis_url: str, namespace: str, redis_client: redis.Redis
+) -> None:
+    ns = Namespace(namespace, 3)
+    for _ in range(2):  # the second run finds everything in place
+        proc = _init("--redis-url", redis_url, "--namespace", namespace, "--shards", "3",
+                     "--group", "g1")
+        assert proc.returncode == 0, proc.stderr
+        assert all(s.updates in proc.stdout for s in ns.all())
+    for shard in ns.all():
+        groups = redis_client.xinfo_groups(shard.updates)
+        assert [g["name"] for g in groups] == [b"g1"]
+    assert not redis_client.exists(Namespace(namespace, 4).shard(3).updates)
+
+
+def test_init_reads_the_environment_like_run(redis_url: str, namespace: str,
+                                             redis_client: redis.Redis) -> None:
+    env = {"REDIS_URL": redis_url, "PROCESSOR_NAMESPACE": namespace, "PROCESSOR_SHARDS": "2",
+           "PATH": "/usr/bin:/bin"}
+    proc = _init(env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert redis_client.xinfo_groups(Namespace(namespace, 2).shard(1).updates)
+
+
+def test_init_without_a_url_or_with_a_bad_setting_exits_2() -> None:
+    proc = _init(env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert "REDIS_URL" in proc.stderr
+    proc = _init("--redis-url", "redis://localhost:1", "--shards", "zero",
+                 env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert "--shards" in proc.stderr
