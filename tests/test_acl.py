@@ -17,11 +17,17 @@ import redis
 import redis.asyncio
 from expectations import check_scenario, scenario_lines, scenario_names
 from redis.exceptions import NoPermissionError, ResponseError
+from scrape import scrape, wait_status
 from test_worker_scenarios import TURN_TIMEOUT, _segments, offline_results_of_lines
 from worker_harness import ROOT, Harness, compare_with_offline
 
 from processor.client import Producer
-from processor.embedded import EmbeddedRedis, _server_candidates, redis_server_version
+from processor.embedded import (
+    EmbeddedRedis,
+    _server_candidates,
+    free_port,
+    redis_server_version,
+)
 from processor.keys import Namespace
 from processor.lifecycle import Limits
 
@@ -193,7 +199,9 @@ async def test_init_worker_producer_and_keda_each_as_their_user(
 ) -> None:
     """The compose/Kubernetes setup on one Redis with the ACL: `processor init`
     and `processor run` as processor, the demo producer as producer, KEDA's
-    reads as keda; KEDA sees the backlog, then none once the workers caught up."""
+    reads as keda; KEDA sees the backlog, then none once the workers caught up.
+    The worker serves its metrics port: readiness and the sampled gauges work
+    with the user's rights too."""
     shards, worker_url = 2, url_for(acl_server, "processor")
     ns = Namespace(NAMESPACE, shards)
     init = _cli("init", "--redis-url", worker_url, "--shards", str(shards))
@@ -212,10 +220,17 @@ async def test_init_worker_producer_and_keda_each_as_their_user(
 
     async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
         harness.url = worker_url
-        worker = harness.spawn(None, "--log-level", "info")
+        port = free_port()
+        worker = harness.spawn(None, "--log-level", "info", metrics_port=port,
+                               metrics_interval=0.2)
         await harness.wait_started([worker])
         await harness.wait_merged(6)
         await harness.wait_drained()
+        await wait_status(port, "/readyz", 200)
+        await asyncio.sleep(0.5)  # a sample after the drain
+        metrics = await scrape(port)
+        assert metrics.by_label("processor_group_lag", "shard") == {"0": 0, "1": 0}
+        assert metrics.total("processor_group_pending") == 0
         # The worker acks and deletes what it applied: Redis still knows the lag.
         for shard in ns.all():
             (group,) = keda.xinfo_groups(shard.updates)
