@@ -44,9 +44,11 @@ def _run(
     if args.shards < 1:
         return _fail(prog, f"--shards must be at least 1, not {args.shards}", 2)
 
+    options = RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
+
     async def main() -> int:
         try:
-            client = await connect(RedisOptions(url))
+            client = await connect(options)
         except TRANSIENT as exc:
             return _fail(prog, f"cannot reach Redis at {redact(url)}: {exc}", 1)
         try:
@@ -60,6 +62,20 @@ def _run(
         return _fail(prog, str(exc), 2)
     except TRANSIENT as exc:
         return _fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
+
+
+def _with_tls(redis_flags: AddFlags) -> AddFlags:
+    """The shared Redis flags plus the TLS files of ``processor run`` (same env names)."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        redis_flags(parser)
+        for name, what in (("ca_certs", "CA bundle"), ("certfile", "client certificate"),
+                           ("keyfile", "client key")):
+            env = f"PROCESSOR_SSL_{name.upper()}"
+            parser.add_argument(f"--ssl-{name.replace('_', '-')}", default=os.environ.get(env),
+                                metavar="FILE", help=f"{what} for rediss:// URLs (env {env})")
+
+    return add
 
 
 def _stderr_console() -> Any:
@@ -372,6 +388,7 @@ def _add_dlq(sub: Any, redis_flags: AddFlags) -> None:
 
 def register(sub: Any, redis_flags: AddFlags) -> None:
     """Add ``stats``, ``tail`` and ``dlq`` to the ``processor`` subcommands."""
+    redis_flags = _with_tls(redis_flags)
     _add_stats(sub, redis_flags)
     _add_tail(sub, redis_flags)
     _add_dlq(sub, redis_flags)

@@ -205,3 +205,38 @@ def test_dlq_bad_arguments_give_one_line(redis_url: str, namespace: str, tmp_pat
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
         assert lines[0].startswith("processor dlq")
+
+
+async def test_replay_on_a_redis_cluster(
+    redis_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The DLQ and the updates stream of a shard share a hash tag: one script moves
+    the entry on whichever master holds the shard."""
+    shards = 3
+    cli = (redis_cluster.url, namespace, shards)
+    async with Harness(redis_cluster.url, namespace, shards, cluster=True) as harness:
+        await harness.start_worker()
+        # One turn per shard (so per master): each replay runs on its own node.
+        turns = [next(f"k{i}" for i in range(100) if shard_of(f"k{i}", shards) == s)
+                 for s in range(shards)]
+        await harness.add([{"response_id": t, "update": "{broken"} for t in turns])
+        await harness.wait_applied()
+        code, out, err = await arun(*cli, "dlq", "list", "--json")
+        assert code == 0, err
+        letters = json_lines(out)
+        assert sorted(d["turn"] for d in letters) == sorted(turns)
+        assert {d["shard"] for d in letters} == set(range(shards))
+        for letter in letters:
+            path = tmp_path / f"{letter['turn']}.json"
+            path.write_text(json.dumps({"response_id": letter["turn"],
+                                        "update": json.loads(_update(letter["turn"]))}))
+            code, _, err = await arun(*cli, "dlq", "replay", letter["id"], "--shard",
+                                      str(letter["shard"]), "--from-file", str(path))
+            assert code == 0, err
+        assert not (await harness.outputs()).dlq
+        await harness.add([{"response_id": t, "kind": "end"} for t in turns])
+        await harness.wait_merged(len(turns))
+        outputs = await harness.outputs()
+    for t in turns:
+        [merged] = outputs.turns[TurnKey(t, "")].merged
+        assert json.loads(merged["response"])["messages"][0]["contents"][0]["text"] == t

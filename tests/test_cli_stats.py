@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import pytest
+import redis
 from cli_tools import arun, run, table_rows
+from redis_servers import tls_redis_server
 from worker_harness import Harness
 
 from processor.ids import shard_of
@@ -109,3 +111,29 @@ def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str) -> No
     assert down.returncode == 1
     lines = down.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("processor stats: cannot reach Redis at")
+
+
+def test_stats_over_tls_reads_the_lag_redis_7_reports(make_redis_server: Any) -> None:
+    """rediss:// with the CA given by flag; Redis 7 reports the group's lag itself."""
+    server = make_redis_server(tls=True, binary=tls_redis_server(), password="s3cret-pw")
+    plain_url = server.url.split("?", 1)[0]  # without the CA in the URL
+    client = redis.Redis.from_url(server.url)
+    try:
+        for i in range(3):
+            client.xadd("{ns:0}:updates", {"response_id": "r", "n": str(i)})
+        client.xgroup_create("{ns:0}:updates", "processor", id="0")
+        client.xreadgroup("processor", "reader", {"{ns:0}:updates": ">"}, count=1)
+    finally:
+        client.close()
+    ca = str(server.tls.ca_file)
+    proc = run(plain_url, "ns", 1, "stats", "--json", "--ssl-ca-certs", ca)
+    assert proc.returncode == 0, proc.stderr
+    [shard] = json.loads(proc.stdout)["shards"]
+    assert (shard["length"], shard["pending"], shard["lag"]) == (3, 1, 2)
+    if server.version_info >= (7,):
+        assert shard["lag_exact"] is True
+    # Without the CA the certificate is refused: one line, and no password in it.
+    proc = run(plain_url, "ns", 1, "stats")
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1 and "s3cret-pw" not in proc.stderr
+    assert ":***@" in proc.stderr

@@ -179,3 +179,24 @@ async def test_tail_limit_and_bad_from(redis_url: str, namespace: str) -> None:
         code, _, err = await arun(redis_url, namespace, SHARDS, "tail", "--from", bad)
         assert code == 2
         assert err.strip().startswith("processor tail: --from") and message in err, err
+
+
+async def test_tail_on_a_redis_cluster(redis_cluster: Any, namespace: str) -> None:
+    """Three shards spread over three masters: one XREAD per shard, merged into one tail."""
+    shards = 3
+    async with Harness(redis_cluster.url, namespace, shards, cluster=True) as harness:
+        await harness.start_worker()
+        turns = [f"c{i}" for i in range(6)]
+        assert len({harness.shard_of({"response_id": t}).index for t in turns}) == shards
+        await harness.add([e for t in turns for e in (
+            {"response_id": t, "update": _update(f"text of {t}")},
+            {"response_id": t, "kind": "end"})])
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        code, out, err = await arun(redis_cluster.url, namespace, shards, "tail", "--json",
+                                    "--from", "beginning", "--no-follow")
+    assert code == 0, err
+    lines = json_lines(out)
+    assert sorted(line["response_id"] for line in lines if line["type"] == "merged") == turns
+    assert len(lines) == 3 * len(turns)  # merged, synthesis.started, synthesis
+    assert {line["shard"] for line in lines} == set(range(shards))
