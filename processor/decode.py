@@ -7,6 +7,7 @@ anything else on bad input: the worker dead-letters the entry and moves on.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -419,10 +420,15 @@ def _check_value(value: Any, path: str, depth: int) -> None:
         elif cls is int:
             if not _INT_MIN <= value <= _INT_MAX:
                 raise EntryError("invalid_update", f"{_spell(path, link)}: integer out of range")
-        elif cls is msgspec.msgpack.Ext:
-            raise EntryError(
-                "invalid_update", f"{_spell(path, link)}: msgpack extension types are not JSON"
-            )
+        elif cls is msgspec.msgpack.Ext or cls is bytes:
+            # msgpack input is "the same map" as JSON (contract section 3):
+            # binary would come out as base64 text, silently changed.
+            kind = "extension types" if cls is not bytes else "binary values"
+            raise EntryError("invalid_update", f"{_spell(path, link)}: msgpack {kind} are not JSON")
+        elif cls is float and not math.isfinite(value):
+            # JSON has no NaN or infinity: it would be published as null.
+            where = _spell(path, link)
+            raise EntryError("invalid_update", f"{where}: {value} is not a JSON number")
 
 
 #: Longest object key an error path spells out (a detail echoes a bounded prefix).
