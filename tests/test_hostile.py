@@ -14,18 +14,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import tracemalloc
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from strategies import random_turn
+from worker_harness import (
+    Harness,
+    compare_with_offline,
+    entry_fields,
+    interleave,
+    offline_dead,
+    offline_results,
+)
 
+from processor.batches import BatchOptions
 from processor.decode import EntryError, decode_entry
 from processor.events import encode_response
+from processor.ids import TurnKey
+from processor.lifecycle import Limits
 from processor.merge import Turn
 
 
@@ -62,6 +78,7 @@ def test_error_paths_echo_a_bounded_prefix_of_keys() -> None:
 TEXT_UPDATE = {"type": "agent_response_update", "role": "assistant",
                "contents": [{"type": "text", "text": "ok"}]}
 MAX_ENTRY = 1 << 20
+DLQ_VALUE_MAX = BatchOptions.dlq_value_max  # the prefix of a value the DLQ keeps
 #: msgpack headers announcing ~4 GB of array, map, str, bin and ext data.
 ABSURD = [b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xff",
           b"\xc6\xff\xff\xff\xff", b"\xc9\xff\xff\xff\xff\x01",
@@ -226,3 +243,149 @@ def test_decoder_fuzz_raw_bytes(raw: bytes, enc: str, prefix: bytes) -> None:
     turn = Turn(key)
     turn.apply(record)
     encode_response(Turn.from_bytes(turn.to_bytes()).finish())
+
+
+# --------------------------------------------------------------------------- live workers
+
+#: Kinds that may target a valid turn (their response_id is a plain string).
+RETARGETABLE = {"bad_json", "not_an_object", "wrong_types", "missing_update", "deep_nesting",
+                "huge_string", "huge_array", "unknown_kind", "unknown_enc", "long_id",
+                "int_out_of_range"}
+WORKER_FLAGS = {"batch": 50, "log_level": "info"}
+#: Peak RSS a worker may reach while it refuses ~1.3 MB entries in batches of 50.
+MAX_WORKER_RSS = 400 << 20
+
+
+@st.composite
+def hostile_runs(draw: Any) -> tuple[list[list[dict[str, Any]]], list[Hostile], list[Any]]:
+    """Valid random turns (some with ids full of ``{}``, ``:`` and newlines),
+    malformed entries (some aimed at those turns), and where each goes."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    rids = [f"v{i}-{draw(RIDS)}" for i in range(12)]
+    turns = [random_turn(rng, rid, max_messages=4) for rid in rids]
+    hostile = []
+    for i in range(draw(st.integers(20, 30))):
+        entry = draw(hostile_entries(f"h{i}-{draw(RIDS)}"))
+        if entry.category in RETARGETABLE and entry.as_line and draw(st.booleans()):
+            entry.fields["response_id"] = draw(st.sampled_from(rids))
+        hostile.append(entry)
+    return turns, hostile, [rng.random() for _ in hostile]
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@settings(max_examples=3, deadline=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(hostile_runs())
+def test_hostile_entries_through_live_workers(redis_url: str, tmp_path: Path, run: Any) -> None:
+    """Every generated malformed entry lands in the DLQ with the reason and
+    detail the decoder gives it; the workers neither crash nor stall; the
+    valid turns around them (and those the bad entries aimed at) merge as
+    ``processor merge`` merges them; worker memory stays bounded."""
+    asyncio.run(_hostile_run(redis_url, tmp_path, *run))
+
+
+async def _hostile_run(url: str, tmp_path: Path, turns: list[list[dict[str, Any]]],
+                       hostile: list[Hostile], spots: list[float]) -> None:
+    arrival: list[Any] = interleave(turns, random.Random(len(hostile)))
+    for entry, spot in zip(hostile, spots, strict=True):
+        arrival.insert(int(spot * (len(arrival) + 1)), entry)
+    lines = [e.fields if isinstance(e, Hostile) else e for e in arrival
+             if not isinstance(e, Hostile) or e.as_line]
+    offline = offline_results(lines)
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    async with Harness(url, namespace, log_dir=tmp_path) as harness:
+        procs = [harness.spawn(**WORKER_FLAGS) for _ in range(2)]
+        await harness.wait_started(procs)
+        shard = harness.ns.shard(0)
+        ids: dict[int, str] = {}
+        async with harness.client.pipeline(transaction=False) as pipe:
+            for entry in arrival:
+                fields = entry.fields if isinstance(entry, Hostile) else entry_fields(entry)
+                pipe.xadd(shard.updates, fields)
+            for i, entry_id in enumerate(await pipe.execute()):
+                ids[i] = entry_id.decode()
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+        rss = [peak_rss(p.proc.pid) for p in procs]
+        logs = "".join(p.log() for p in procs)
+        assert '"level": "error"' not in logs, logs[-3000:]
+
+    dead = {d["source_id"]: d for d in outputs.dlq}
+    assert len(dead) == len(outputs.dlq) == len(hostile), "DLQ entries != malformed entries"
+    for i, entry in enumerate(arrival):
+        if not isinstance(entry, Hostile):
+            continue
+        got = dead[ids[i]]
+        with pytest.raises(EntryError) as caught:
+            decode_entry(entry.fields)
+        where = f"{entry.category}: {got.get('reason')} {got.get('detail', '')[:200]}"
+        assert got["reason"] == caught.value.reason and got["reason"] in entry.reasons, where
+        assert got["detail"] == caught.value.detail and len(got["detail"]) <= MAX_DETAIL, where
+        assert got["deliveries"] == "1"
+        for name, value in entry.fields.items():
+            size = len(value.encode() if isinstance(value, str) else value)
+            if size > DLQ_VALUE_MAX:
+                assert got["truncated"] == "1", where
+                assert len(got[name].encode()) <= DLQ_VALUE_MAX + 3 * 1024, where
+    compare_with_offline(outputs, offline, "around hostile entries")
+    for key, want in offline.items():
+        counts = json.loads(outputs.turns[key].merged[0]["meta"])["counts"]
+        offline_counts = want.line["meta"]["counts"]
+        # A bad entry aimed at a turn counts on its meta only if applied while
+        # the turn was open: offline the whole file counts (the turn's end is
+        # not the end of the file), live it depends on what was applied first.
+        assert counts["dlq"] <= offline_counts["dlq"], key
+        assert {**counts, "dlq": 0} == {**offline_counts, "dlq": 0}, key
+    assert max(rss) < MAX_WORKER_RSS, f"worker peak RSS {max(rss) >> 20} MiB"
+
+
+def _delta(rid: str, text: str) -> dict[str, Any]:
+    return {"response_id": rid, "update": {"type": "agent_response_update", "role": "assistant",
+                                           "message_id": "m1",
+                                           "contents": [{"type": "text", "text": text}]}}
+
+
+async def test_limits_set_by_processor_run_flags(redis_url: str, namespace: str,
+                                                 tmp_path: Path) -> None:
+    """``--max-entry-bytes``, ``--max-turn-updates`` and ``--max-turn-bytes``:
+    a bigger entry is ``too_large`` and its turn goes on; a turn over a limit
+    ends with ``turn_limit`` (the entry that crossed it dead-lettered as
+    ``turn_limit``, later ones ``turn_closed``), as ``processor merge`` says.
+    A turn whose id holds ``{}``, ``:`` and a newline is cancelled by its key."""
+    limits = Limits(max_entry_bytes=3000, max_turn_updates=6, max_turn_bytes=2500)
+    flags = {**WORKER_FLAGS, "max_entry_bytes": 3000, "max_turn_updates": 6,
+             "max_turn_bytes": 2500}
+    odd = "{odd}:id\nwith:{braces}"
+    entries = [_delta("many", f"d{i} ") for i in range(10)] + [{"response_id": "many",
+                                                                 "kind": "end"}]
+    entries += [_delta("bytes", "b" * 600) for _ in range(6)]
+    entries += [_delta("big", "x" * 3500), _delta("big", "small"), {"response_id": "big",
+                                                                     "kind": "end"}]
+    entries += [_delta(odd, "partial ")]
+    offline = offline_results([*entries, {"kind": "cancel", "response_id": odd}], limits)
+    dead = offline_dead(entries, limits)
+    assert {r for _, r, _ in dead} == {"too_large", "turn_limit", "turn_closed"}
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness:
+        await harness.wait_started([harness.spawn(**flags) for _ in range(2)])
+        ids = await harness.add(entries)
+        await harness.wait_applied()
+        await harness.cancel(odd)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline, "limits")
+    codes = {k.response_id: t.events[-1].get("error") and t.events[-1]["error"]["code"]
+             for k, t in outputs.turns.items()}
+    assert codes == {"many": "turn_limit", "bytes": "turn_limit", "big": None, odd: None}
+    assert outputs.turns[TurnKey(odd)].merged[0]["status"] == "cancelled"
+    live = sorted((d["source_id"], d["reason"]) for d in outputs.dlq)
+    assert live == sorted((ids[i], reason) for i, reason, _ in dead)
