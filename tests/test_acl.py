@@ -19,9 +19,10 @@ from expectations import check_scenario, scenario_lines, scenario_names
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
 from test_worker_scenarios import TURN_TIMEOUT, _segments, offline_results_of_lines
-from worker_harness import ROOT, Harness, compare_with_offline
+from worker_harness import ROOT, Harness, compare_with_offline, offline_results
 
 from processor.client import Producer
+from processor.connections import RedisOptions, connect
 from processor.embedded import (
     EmbeddedRedis,
     _server_candidates,
@@ -251,3 +252,48 @@ async def test_init_worker_producer_and_keda_each_as_their_user(
     assert PASSWORDS["processor"] not in log
     denied = acl_log(acl_server)
     assert denied == [], json.dumps(denied, default=str)[:2000]
+
+
+async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, tmp_path) -> None:
+    """On a 3-master Redis Cluster whose nodes load the ACL file, workers started
+    as `processor run` with the processor user's URL (cluster client: CLUSTER
+    SLOTS, COMMAND, ...) merge every scenario, and no node refused anything."""
+    path = tmp_path / "users.acl"
+    path.write_text(rendered_acl())
+    cluster = make_redis_cluster(3, binary=redis7_binary(), use_redis_cli=False,
+                                 password=ADMIN_PASSWORD, args=["--aclfile", str(path)])
+    names = scenario_names()
+    entries = [json.loads(line) for name in names for line in scenario_lines(name)
+               if line.strip()]
+    # The scenarios' response ids are distinct, so they run at once; cancels
+    # are set after everything before them was applied, as the file order says.
+    segments = _segments([json.dumps(entry) for entry in entries])
+    offline = offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
+    worker_url = url_for(cluster.nodes[1], "processor")  # any node works
+    async with Harness(cluster.url, NAMESPACE, shards=6, cluster=True,
+                       log_dir=tmp_path) as harness:
+        harness.url = worker_url
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(2)]
+        await harness.wait_started(procs, timeout=60)
+        for batch, cancel in segments:
+            await harness.add(batch)
+            if cancel is not None:
+                await harness.wait_applied()
+                await harness.cancel(cancel)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        for sub in list(harness.procs):
+            assert harness.terminate(sub) == 0
+    compare_with_offline(outputs, offline, "scenarios on an ACL cluster")
+    for node in cluster.nodes:
+        assert acl_log(node) == [], f"node {node.port} refused something"
+    # The producer user's client works on the cluster too (Producer and its script).
+    client = await connect(RedisOptions(url_for(cluster.nodes[2], "producer")))
+    try:
+        await Producer(client, namespace=NAMESPACE, shards=6).send(
+            "after", {"contents": [{"type": "text", "text": "x"}]})
+    finally:
+        await client.aclose()
+    for node in cluster.nodes:
+        assert acl_log(node) == [], f"node {node.port} refused the producer"
