@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import Any
 
+from redis.exceptions import AuthenticationError, NoPermissionError
+
 from processor import config, logs
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
 from processor.health import Health, Server, groups_check
@@ -34,11 +36,16 @@ def start_embedded() -> Any:
 
 
 async def connect_retrying(options: RedisOptions) -> Any:
-    """Connect, retrying while Redis is unreachable (it may still be starting)."""
+    """Connect, retrying while Redis is unreachable (it may still be starting).
+    Refused credentials or rights are configuration, not an outage: they end
+    the process with one line instead of retrying forever."""
     delay = 0.1
     while True:
         try:
             return await connect(options)
+        except (AuthenticationError, NoPermissionError) as exc:
+            raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
+                             f"connection's credentials or rights: {exc}") from None
         except TRANSIENT as exc:
             log.warning(
                 "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
@@ -135,7 +142,11 @@ async def init_groups(values: dict[str, Any]) -> int:
     client = await connect_retrying(options)
     try:
         worker = Worker(client, config.worker_config(values))  # the worker's own ensure_groups
-        await worker.ensure_groups()
+        try:
+            await worker.ensure_groups()
+        except NoPermissionError as exc:
+            print(f"processor init: redis refused to create the groups: {exc}", file=sys.stderr)
+            return 1
         streams = [shard.updates for shard in worker.namespace.all()]
         print(f"consumer group {values['group']!r} ready on {len(streams)} stream(s): "
               + ", ".join(streams))

@@ -297,3 +297,23 @@ async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, 
         await client.aclose()
     for node in cluster.nodes:
         assert acl_log(node) == [], f"node {node.port} refused the producer"
+
+
+def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRedis) -> None:
+    """A wrong password or a user without the rights is a configuration error:
+    one line and a non-zero exit, not an endless "unreachable, retrying"."""
+    base = f"{acl_server.host}:{acl_server.port}"
+    cases = [
+        ("run", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
+        ("init", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
+        ("run", url_for(acl_server, "keda"), "permission"),  # no INFO for keda
+        ("init", url_for(acl_server, "producer"), "refused to create the groups"),
+    ]
+    for command, url, why in cases:
+        proc = _cli(command, "--redis-url", url, timeout=30)
+        assert proc.returncode != 0, (command, url)
+        # Log lines are JSON; the reason is the one plain line.
+        lines = [ln for ln in proc.stderr.splitlines() if ln and not ln.startswith("{")]
+        assert len(lines) == 1 and why.lower() in lines[0].lower(), proc.stderr
+        assert "wrong-pw" not in proc.stderr
+        assert all(pw not in proc.stderr for pw in PASSWORDS.values())
