@@ -60,8 +60,15 @@ def _run(
         return asyncio.run(main())
     except Refused as exc:
         return _fail(prog, str(exc), 2)
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, and keep the interpreter's
+        # final flush of stdout from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except TRANSIENT as exc:
         return _fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
+    except KeyboardInterrupt:  # before a tool installed its own handler
+        return 130
 
 
 def _with_tls(redis_flags: AddFlags) -> AddFlags:
@@ -76,6 +83,17 @@ def _with_tls(redis_flags: AddFlags) -> AddFlags:
                                 metavar="FILE", help=f"{what} for rediss:// URLs (env {env})")
 
     return add
+
+
+def _stdout_console() -> Any:
+    """A rich console on stdout that lets :func:`_run` handle a closed pipe (exit 0)."""
+    from rich.console import Console
+
+    class Stdout(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return Stdout(highlight=False)
 
 
 def _stderr_console() -> Any:
@@ -106,7 +124,6 @@ def _print_json(obj: Any) -> None:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from processor import stats
 
@@ -116,7 +133,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.buffer.write(stats.to_json(figures) + b"\n")
         else:
-            stats.render(figures, Console())
+            stats.render(figures, _stdout_console())
         return 0
 
     return _run("stats", args, body)
@@ -163,20 +180,14 @@ def _cmd_tail(args: argparse.Namespace) -> int:
                 _print_json(as_json(item))
                 sys.stdout.flush()
         else:
-            from rich.console import Console
-
-            out = Console(highlight=False)
+            out = _stdout_console()
 
             def emit(item: Any) -> None:
                 out.print(line(item, args.width), soft_wrap=True)
         if not args.quiet:
             note.print(f"following merged and events of {keys.shards} shard(s) of "
                        f"{keys.name}; Ctrl-C stops", style="dim")
-        try:
-            seen = await tail.run(emit)
-        except BrokenPipeError:
-            sys.stderr.close()  # the reader went away (| head): nothing left to say
-            return 0
+        seen = await tail.run(emit)
         if not args.quiet:
             resume = " ".join(tail.resume_args())
             note.print(f"{seen} entries; resume with: {resume}", style="dim", soft_wrap=True)
@@ -224,7 +235,6 @@ def _shard_list(args: argparse.Namespace) -> list[int]:
 
 
 def _cmd_dlq_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from processor.dlq import clip, listing
@@ -245,14 +255,13 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
             table.add_row(str(d.shard), d.id, d.reason, d.added["source_id"], d.turn(),
                           d.added["deliveries"], clip(d.added["detail"], args.width),
                           clip(d.payload(), args.width))
-        Console(highlight=False).print(table)
+        _stdout_console().print(table)
         return 0
 
     return _run("dlq list", args, body)
 
 
 def _cmd_dlq_show(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from processor.dlq import DlqError, find
@@ -276,7 +285,7 @@ def _cmd_dlq_show(args: argparse.Namespace) -> int:
                 table.add_row(name, value)
             for name, value in letter.original_fields().items():
                 table.add_row(name, _pretty(value) if name == "update" else value)
-            Console(highlight=False).print(table)
+            _stdout_console().print(table)
         return 0
 
     return _run("dlq show", args, body)
