@@ -234,8 +234,8 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
             config.group, "bug", {shard.updates: ">"}, count=10)
         call = build_apply(shard, entries, {}, config.batch_options(), 0)
         # Corrupt the progress events of the first entry: unpacking them fails.
-        first = call.args.index(ids[0])
-        call.args[first + 5] = b"\xc1"
+        first = call.entries.index(ids[0])
+        call.entries[first + 5] = b"\xc1"
         await Scripts(harness.client).apply_entries(keys=call.keys, args=call.args)
         assert await harness.client.xlen(shard.updates) == 0
         assert (await harness.client.xpending(shard.updates, config.group))["pending"] == 0

@@ -2,13 +2,14 @@
 apply_entries: apply a batch of entries read from one shard's updates stream.
 
 For each entry, atomically: XACK it (the fence: an entry another consumer
-already acked is skipped, so every entry is applied exactly once), XDEL it,
-then either dead-letter it, drop it (cancelled turn) or store its record in
+already acked is skipped, so every entry is applied exactly once), then
+either dead-letter it, drop it (cancelled turn) or store its record in
 the turn's state, publishing synthesis.started on a turn's first entry and
 the entry's progress events with gap-free seq. A turn's correlation ids
 (first value applied wins) are kept in its hash and filled into the
 synthesis.started and progress events that do not carry them themselves, so
-that every event of the turn has them (contract section 3).
+that every event of the turn has them (contract section 3). The entries
+acked are XDELed at the end, in one call per 1000.
 
 Finally report which turns are ready to finalise: turns found cancelled, and
 turns whose closing entry (end, error, limit) lies below the shard's
@@ -25,7 +26,8 @@ ARGV[5] max updates per turn  ARGV[6] max bytes per turn
 ARGV[7] max bytes of one field value copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
-then per entry, 8 values:     id, turn index (0 = none), op, a, b, c, deliveries, ids
+ARGV[9 + 2*T]                 the entries: one msgpack array, 8 values per entry:
+                              id, turn index (0 = none), op, a, b, c, deliveries, ids
   op "u" update / "e" end|error: a = stored record, b = size, c = progress events
                                   (msgpack array of field arrays), ids = the entry's
                                   turn-level ids (msgpack [name, JSON value, ...]) or ""
@@ -180,26 +182,28 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
   end
 end
 
-local base = 9 + 2 * nturns
-local i = base
-while i + 7 <= #ARGV do
-  local id = ARGV[i]
+local E = cmsgpack.unpack(ARGV[9 + 2 * nturns])
+local acked = {}
+for i = 1, #E, 8 do
+  local id = E[i]
   if redis.call('XACK', updates, group, id) == 1 then
-    local ok, err = pcall(apply_one, id, tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
-                          ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
+    local ok, err = pcall(apply_one, id, tonumber(E[i + 1]), E[i + 2], E[i + 3],
+                          E[i + 4], E[i + 5], E[i + 6], E[i + 7])
     if not ok then
       -- A bug here must not lose the acked entry (scripts are not rolled
       -- back): it goes to the DLQ, with its fields if that still works.
       local detail = 'applying the entry failed: ' .. tostring(type(err) == 'table' and err.err or err)
-      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_value_max, id, 'internal_error', detail, ARGV[i + 6]) then
+      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_value_max, id, 'internal_error', detail, E[i + 6]) then
         redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'reason', 'internal_error',
-                   'detail', detail, 'source_id', id, 'deliveries', ARGV[i + 6])
+                   'detail', detail, 'source_id', id, 'deliveries', E[i + 6])
       end
       count('dlq:internal_error')
     end
-    redis.call('XDEL', updates, id)
+    acked[#acked + 1] = id
   end
-  i = i + 8
+end
+for j = 1, #acked, 1000 do
+  redis.call('XDEL', updates, unpack(acked, j, math.min(j + 999, #acked)))
 end
 
 --- includes/ready_closing
