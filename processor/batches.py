@@ -34,7 +34,7 @@ class BatchOptions:
     events_maxlen: int = 1_000_000
     dlq_maxlen: int = 100_000
     merged_maxlen: int = 100_000
-    dlq_value_max: int = 64 * 1024
+    dlq_value_max: int = 64 * 1024  # bytes of a bad entry copied into its DLQ entry, in all
     ready_limit: int = 1000
     done_ttl: int = 86_400
 

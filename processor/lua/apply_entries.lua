@@ -23,7 +23,7 @@ KEYS[5 + 4*(t-1) + 1..4]      per turn t: turn hash, recs hash, done hash, cance
 ARGV[1] consumer group        ARGV[2] events MAXLEN (~)
 ARGV[3] dlq MAXLEN (~)        ARGV[4] number of turns T
 ARGV[5] max updates per turn  ARGV[6] max bytes per turn
-ARGV[7] max bytes of one field value copied into the DLQ
+ARGV[7] max bytes of an entry's names and values copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
 ARGV[9 + 2*T]                 the entries: one msgpack array, 8 values per entry:
