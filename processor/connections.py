@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +29,31 @@ def is_transient(exc: BaseException) -> bool:
     # connection code (``_writer`` is None). Found by tests/test_cluster.py's
     # chaos run; the retry reconnects.
     return isinstance(exc, AttributeError) and _raised_in(exc, "redis.asyncio.")
+
+
+#: TLS failures that are configuration, not an outage: a certificate one side
+#: does not trust, a missing client certificate, TLS against a plain port.
+_TLS_REFUSALS = ("CERTIFICATE", "UNKNOWN_CA", "WRONG_VERSION_NUMBER")
+
+
+def tls_refusal(exc: BaseException) -> str | None:
+    """The TLS reason when ``exc`` comes from a refused handshake, else None.
+
+    Redis restarting mid-handshake gives other errors (EOF, resets); these
+    will not go away by retrying.
+    """
+    seen: BaseException | None = exc
+    for _ in range(5):  # redis-py wraps the ssl error once or twice
+        if seen is None:
+            return None
+        reason = getattr(seen, "reason", None)
+        if isinstance(seen, ssl.SSLError) and isinstance(reason, str) and any(
+            word in reason for word in _TLS_REFUSALS
+        ):
+            return str(seen.verify_message if isinstance(seen, ssl.SSLCertVerificationError)
+                       else reason)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _raised_in(exc: BaseException, module_prefix: str) -> bool:

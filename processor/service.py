@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import AuthenticationError, NoPermissionError
 
 from processor import config, logs
-from processor.connections import TRANSIENT, RedisOptions, connect, redact
+from processor.connections import TRANSIENT, RedisOptions, connect, redact, tls_refusal
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
 from processor.worker import Worker
@@ -37,8 +37,8 @@ def start_embedded() -> Any:
 
 async def connect_retrying(options: RedisOptions) -> Any:
     """Connect, retrying while Redis is unreachable (it may still be starting).
-    Refused credentials or rights are configuration, not an outage: they end
-    the process with one line instead of retrying forever."""
+    Refused credentials, rights or TLS certificates are configuration, not an
+    outage: they end the process with one line instead of retrying forever."""
     delay = 0.1
     while True:
         try:
@@ -47,6 +47,11 @@ async def connect_retrying(options: RedisOptions) -> Any:
             raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
                              f"connection's credentials or rights: {exc}") from None
         except TRANSIENT as exc:
+            refusal = tls_refusal(exc)
+            if refusal:
+                raise SystemExit(f"processor: TLS with redis at {redact(options.url)} failed: "
+                                 f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "
+                                 "--ssl-keyfile)") from None
             log.warning(
                 "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
             )

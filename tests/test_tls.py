@@ -1,0 +1,150 @@
+"""TLS: ``processor run`` on a TLS-only redis-server that requires client
+certificates (all made by the test: a CA, the server's and a client's), with
+the CA and the client certificate given as options (flags or environment)
+and an ACL user and password in the ``rediss://`` URL. A certificate the
+server or the worker does not trust stops the worker with one line."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis_servers import make_tls_files, tls_redis_server
+from strategies import random_turn
+from worker_harness import ROOT, Harness, compare_with_offline, interleave, offline_results
+
+from processor.embedded import EmbeddedRedis, TlsFiles
+
+USER, PASSWORD = "worker", "tls-and-acl-pw"
+NO_RETRY = Retry(NoBackoff(), 0)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def client_certificate(ca: TlsFiles, directory: Path, name: str = "client") -> tuple[Path, Path]:
+    """A client certificate (clientAuth) signed by ``ca``: (cert, key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ca.ca_file.parent / "ca.key"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=processor {name}",
+             cwd=directory)
+    (directory / f"{name}.ext").write_text(
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca.ca_file), "-CAkey",
+             str(ca_key), "-CAcreateserial", "-out", f"{name}.crt", "-days", "3",
+             "-extfile", f"{name}.ext", cwd=directory)
+    return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+@dataclass
+class TlsSetup:
+    server: EmbeddedRedis
+    ca: Path
+    cert: Path
+    key: Path
+    foreign_ca: Path  # a CA nobody here trusts
+    foreign_cert: Path  # a client certificate it signed
+    foreign_key: Path
+
+    @property
+    def url(self) -> str:
+        """The worker's URL: TLS, an ACL user and password, no file in it."""
+        return f"rediss://{USER}:{quote(PASSWORD)}@127.0.0.1:{self.server.port}"
+
+    def producer_url(self) -> str:
+        return (f"{self.url}?ssl_ca_certs={self.ca}&ssl_certfile={self.cert}"
+                f"&ssl_keyfile={self.key}")
+
+    def flags(self) -> dict[str, str]:
+        return {"ssl_ca_certs": str(self.ca), "ssl_certfile": str(self.cert),
+                "ssl_keyfile": str(self.key)}
+
+
+@pytest.fixture
+def tls_setup(make_redis_server, tls_files: TlsFiles, tmp_path: Path) -> TlsSetup:
+    server = make_redis_server(tls=True, binary=tls_redis_server())
+    cert, key = client_certificate(tls_files, tmp_path / "client")
+    foreign = make_tls_files(tmp_path / "foreign")
+    foreign_cert, foreign_key = client_certificate(foreign, tmp_path / "foreign-client")
+    admin = redis.Redis(host="127.0.0.1", port=server.port, ssl=True,
+                        ssl_ca_certs=str(tls_files.ca_file), ssl_certfile=str(cert),
+                        ssl_keyfile=str(key))
+    admin.execute_command("ACL", "SETUSER", USER, "on", f">{PASSWORD}", "~*", "&*", "+@all")
+    # From now on a client needs a certificate the CA signed (the fixture's
+    # own PING at start-up had none: it is switched on afterwards).
+    admin.config_set("tls-auth-clients", "yes")
+    admin.close()
+    return TlsSetup(server, tls_files.ca_file, cert, key, foreign.ca_file, foreign_cert,
+                    foreign_key)
+
+
+async def test_workers_over_tls_with_client_certificates(
+    tls_setup: TlsSetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers on the TLS-only server, one given the CA and its client
+    certificate as flags, the other as environment variables; random turns
+    come out as ``processor merge`` makes them."""
+    rng = random.Random(41)
+    arrival = interleave([random_turn(rng, f"tls-{i}") for i in range(150)], rng)
+    offline = offline_results(arrival)
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    async with Harness(tls_setup.producer_url(), namespace, log_dir=tmp_path) as harness:
+        harness.url = tls_setup.url  # what the workers get: no file in the URL
+        by_flags = harness.spawn(**tls_setup.flags())
+        for name, value in tls_setup.flags().items():
+            monkeypatch.setenv(f"PROCESSOR_{name.upper()}", value)
+        by_env = harness.spawn()
+        monkeypatch.undo()
+        await harness.wait_started([by_flags, by_env])
+        await harness.add(arrival)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+        logs = by_flags.log() + by_env.log()
+        for sub in list(harness.procs):
+            assert harness.terminate(sub) == 0
+    compare_with_offline(outputs, offline, "over TLS")
+    assert outputs.dlq == []
+    assert PASSWORD not in logs and "rediss://worker:***@127.0.0.1" in logs
+    # The server speaks TLS only, and only to clients with a certificate.
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=tls_setup.server.port, socket_timeout=2, retry=NO_RETRY).ping()
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=tls_setup.server.port, ssl=True, ssl_ca_certs=str(tls_setup.ca),
+                    socket_timeout=2, retry=NO_RETRY).ping()
+
+
+@pytest.mark.parametrize("case", ["no client certificate", "server not trusted",
+                                  "client not trusted"])
+def test_untrusted_certificates_stop_the_worker_with_one_line(tls_setup: TlsSetup,
+                                                              case: str) -> None:
+    s = tls_setup
+    files = {"no client certificate": ["--ssl-ca-certs", str(s.ca)],
+             "server not trusted": ["--ssl-ca-certs", str(s.foreign_ca), "--ssl-certfile",
+                                    str(s.cert), "--ssl-keyfile", str(s.key)],
+             "client not trusted": ["--ssl-ca-certs", str(s.ca), "--ssl-certfile",
+                                    str(s.foreign_cert), "--ssl-keyfile", str(s.foreign_key)]}
+    result = subprocess.run(
+        [sys.executable, "-m", "processor.cli", "run", "--redis-url", s.url, *files[case]],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"processor: TLS with redis at rediss://{USER}:***@127.0.0.1:"), last
+    words = {"no client certificate": "CERTIFICATE_REQUIRED",
+             "server not trusted": "self-signed certificate",
+             "client not trusted": "UNKNOWN_CA"}
+    assert words[case] in last and "--ssl-ca-certs" in last
+    assert PASSWORD not in result.stderr
