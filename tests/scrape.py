@@ -58,8 +58,13 @@ class Scrape:
                    if s.name == sample)
 
     def by_label(self, sample: str, label: str) -> dict[str, float]:
-        return {s.labels[label]: s.value for f in self.families.values() for s in f.samples
-                if s.name == sample and label in s.labels}
+        """A sample summed per value of one label."""
+        out: dict[str, float] = {}
+        for family in self.families.values():
+            for s in family.samples:
+                if s.name == sample and label in s.labels:
+                    out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+        return out
 
 
 async def scrape(port: int) -> Scrape:

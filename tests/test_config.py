@@ -1,0 +1,77 @@
+"""``processor run`` configuration: every option is a flag and an environment
+variable, documented in ``--help``; bad values are reported one line each
+before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from worker_harness import ROOT
+
+from processor.cli import build_parser, main
+from processor.config import OPTIONS, resolve, unknown_env
+
+
+def _args(*argv: str):
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_help_documents_every_option_with_its_variable(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--redis-url" in text and "REDIS_URL" in text
+    for opt in OPTIONS:
+        assert opt.flag in text and opt.env in text, opt.name
+
+
+def test_every_option_is_settable_by_environment_and_flags_win() -> None:
+    env = dict(PROCESSOR_NAMESPACE="envns", PROCESSOR_PROGRESS="yes",
+               PROCESSOR_TURN_TIMEOUT="2.5", PROCESSOR_LOG_LEVEL="debug",
+               REDIS_URL="redis://:pw@h:1")
+    values, problems = resolve(_args(), env)
+    assert problems == []
+    assert values["namespace"] == "envns" and values["progress"] is True
+    assert values["turn_timeout"] == 2.5 and values["shards"] == 1
+    assert values["redis_url"] == "redis://:pw@h:1" and values["log_level"] == "debug"
+    values, _ = resolve(_args("--namespace", "flagns", "--shards", "3",
+                              "--redis-url", "redis://x:2"), {**env, "PROCESSOR_SHARDS": "9"})
+    assert (values["namespace"], values["shards"], values["redis_url"]) == (
+        "flagns", 3, "redis://x:2")
+    # Each option is read from its own variable.
+    for opt in OPTIONS:
+        if opt.kind is int:
+            values, problems = resolve(_args(), {opt.env: "7"})
+            assert values[opt.name] == 7 and not problems, opt.name
+
+
+def test_bad_configuration_is_one_line_per_problem() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PROCESSOR_") and k != "REDIS_URL"}
+    env.update(PROCESSOR_BATCH="lots", PROCESSOR_PROGRESS="maybe", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "processor.cli", "run", "--shards", "0", "--turn-timeout", "nan",
+         "--metrics-port", "70000", "--log-level", "loud", "--ssl-ca-certs", "/no/such/ca.pem",
+         "--redis-url", "http://user:hunter2@h"],
+        capture_output=True, text=True, timeout=30, cwd=ROOT, env=env,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "processor run: --shards: must be at least 1, got '0'",
+        "processor run: --turn-timeout: expected a number, got 'nan'",
+        "processor run: PROCESSOR_PROGRESS: expected true or false, got 'maybe'",
+        "processor run: PROCESSOR_BATCH: expected an integer, got 'lots'",
+        "processor run: --metrics-port: must be at most 65535, got '70000'",
+        "processor run: log level must be debug, info, warning or error, got 'loud'",
+        "processor run: redis URL must start with redis://, rediss:// or unix://",
+        "processor run: --ssl-ca-certs: no such file '/no/such/ca.pem'",
+    ]
+
+
+def test_unknown_processor_variables_are_named() -> None:
+    assert unknown_env({"PROCESSOR_SHARD": "4", "PROCESSOR_SHARDS": "4", "HOME": "/"}) == [
+        "PROCESSOR_SHARD"]

@@ -1,0 +1,85 @@
+"""Logs of a live ``processor run`` at debug level, on a Redis with a
+password: JSON lines with the turn and correlation ids, and neither the
+update text nor the password; ``--log-payloads`` lets the text in."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from urllib.parse import quote
+
+from worker_harness import Harness
+
+from processor import logs
+
+PASSWORD = "pw-S3cr3t@x/y"
+TEXT = "user-data-7f3a9c"
+
+
+def _turn(response_id: str) -> list[dict[str, object]]:
+    update = {"type": "agent_response_update", "role": "assistant", "message_id": "m1",
+              "contents": [{"type": "text", "text": f"{TEXT} said {response_id}"}]}
+    ids = {"session_id": f"s-{response_id}", "task_id": "task-9"}
+    return [{"response_id": response_id, "update": json.dumps(update), **ids},
+            {"response_id": response_id, "update": json.dumps(update), **ids},
+            {"response_id": response_id, "kind": "end"}]
+
+
+async def _run(harness: Harness, tag: str, *extra: str) -> list[dict[str, object]]:
+    sub = harness.spawn(None, *extra, log_level="debug")
+    await harness.wait_started([sub])
+    before = await harness.merged_count()
+    await harness.add([*_turn(f"{tag}-ok"),
+                       {"response_id": f"{tag}-failed", "update": json.dumps(
+                           {"contents": [{"type": "text", "text": TEXT}]})},
+                       {"response_id": f"{tag}-failed", "kind": "error",
+                        "error": f"the model said {TEXT}", "code": "upstream"},
+                       {"response_id": f"{tag}-bad", "update": json.dumps(
+                           {"contents": [{"type": "text", "text": TEXT, "x": {"y": TEXT}}],
+                            "role": 5})}])
+    await harness.wait_merged(before + 2)
+    await harness.wait_applied()
+    assert harness.terminate(sub) == 0
+    text = sub.log()
+    lines = [json.loads(line) for line in text.splitlines()]  # every line is JSON
+    assert PASSWORD not in text and quote(PASSWORD, safe="") not in text
+    assert "S3cr3t" not in text
+    return lines
+
+
+async def test_logs_carry_ids_but_no_text_and_no_password(make_redis_server, namespace, tmp_path):
+    server = make_redis_server(password=PASSWORD)
+    async with Harness(server.url, namespace, log_dir=tmp_path) as harness:
+        lines = await _run(harness, "quiet")
+        text = "\n".join(json.dumps(line) for line in lines)
+        assert TEXT not in text
+        published = {line["response_id"]: line for line in lines
+                     if line["msg"] == "turn published"}
+        ok = published["quiet-ok"]
+        assert ok["level"] == "debug" and ok["status"] == "completed"
+        assert ok["synthesis_id"] == "quiet-ok:synthesis"
+        assert (ok["session_id"], ok["task_id"]) == ("s-quiet-ok", "task-9")
+        assert ok["counts"]["updates"] == 2
+        failed = published["quiet-failed"]
+        assert (failed["level"], failed["status"]) == ("info", "error")
+        assert failed["error_code"] == "producer_error"
+        connecting = next(line for line in lines if line["msg"] == "connecting")
+        assert connecting["url"] == f"redis://:***@127.0.0.1:{server.port}"
+
+        # The debug flag lets the merged text in (so the check above can fail).
+        loud = await _run(harness, "loud", "--log-payloads")
+        contents = [line.get("content") for line in loud if line["msg"] == "turn published"]
+        assert f"{TEXT} said loud-ok{TEXT} said loud-ok" in contents
+
+
+def test_redis_urls_are_redacted_in_any_log_line() -> None:
+    out = io.StringIO()
+    logs.setup("info", stream=out)
+    log = logging.getLogger("processor.test")
+    log.info("connecting to redis://u:p@ss:w0rd@h:1/0 and rediss://:q@h2?password=zz&db=1",
+             extra={"url": "unix://:sock-pw@/tmp/r.sock", "other": "redis://h:2"})
+    line = json.loads(out.getvalue())
+    assert line["msg"] == "connecting to redis://u:***@h:1/0 and rediss://:***@h2?password=***&db=1"
+    assert line["url"] == "unix://:***@/tmp/r.sock"
+    assert line["other"] == "redis://h:2"
