@@ -207,6 +207,9 @@ class Sampler:
             except (*TRANSIENT, ResponseError) as exc:
                 self.metrics.sample_errors.inc()
                 log.debug("sampling failed", extra={"shard": shard.index, "error": repr(exc)})
+            except Exception:  # an odd reply must not end the sampling for good
+                self.metrics.sample_errors.inc()
+                log.exception("sampling failed", extra={"shard": shard.index})
 
     async def _sample_shard(self, shard: Shard) -> None:
         async with self.client.pipeline(transaction=False) as pipe:

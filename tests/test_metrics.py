@@ -157,3 +157,25 @@ def test_dead_letter_reasons_read_the_packed_fields() -> None:
                                      ["reason", "turn_closed"]])
     assert dead_letter_reasons(packed) == ["turn_limit", "turn_closed"]
     assert dead_letter_reasons(msgspec.msgpack.encode([])) == []
+
+
+async def test_sampler_and_readiness_work_on_a_cluster(redis_cluster, namespace) -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    from processor.health import groups_check
+
+    ns = Namespace(namespace, 3)  # each shard on the master its hash tag picks
+    client = RedisCluster.from_url(redis_cluster.url)
+    try:
+        check = groups_check(client, ns, "processor")
+        assert "shard 0" in await check()
+        for shard in ns.all():
+            await client.xgroup_create(shard.updates, "processor", mkstream=True)
+            await client.xadd(shard.updates, {"n": 1})
+        assert await check() is None
+        metrics = Metrics()
+        await Sampler(client, ns, "processor", metrics).sample()
+        assert metrics.sample_errors._value.get() == 0
+        assert [metrics.lag.labels(str(s.index))._value.get() for s in ns.all()] == [1, 1, 1]
+    finally:
+        await client.aclose()
