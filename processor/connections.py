@@ -84,8 +84,12 @@ def as_text(value: Any) -> str:
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe for logs and errors)."""
     parts = urlsplit(url)
+    if "password=" in parts.query:  # redis-py also takes ?password=...
+        query = "&".join("password=***" if p.startswith("password=") else p
+                         for p in parts.query.split("&"))
+        parts = parts._replace(query=query)
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     user = parts.username or ""
     host = parts.hostname or ""
     if parts.port:

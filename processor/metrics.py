@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from processor import logs
 from processor.connections import TRANSIENT, as_text
@@ -161,6 +161,13 @@ class Metrics:
         self.redis_errors.labels(label(type(exc).__name__)).inc()
         if retried:
             self.redis_retries.inc()
+
+    def step_failed(self, exc: BaseException) -> None:
+        """A shard loop step failed past the retries; a Redis error reply
+        (OOM, NOPERM, READONLY, ...) is a Redis error too."""
+        self.step_failures.inc()
+        if isinstance(exc, RedisError):
+            self.redis_error(exc, retried=False)
 
     @contextmanager
     def timed(self, histogram: Histogram) -> Iterator[None]:

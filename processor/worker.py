@@ -152,7 +152,7 @@ class Worker:
                 if now >= next_reclaim:
                     await self._retrying(self.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
-            except Exception:
+            except Exception as exc:
                 if self.stopping:
                     log.warning("stopping without finishing a step", exc_info=True,
                                 extra={"shard": shard.index})
@@ -160,7 +160,7 @@ class Worker:
                 # A bug or an unexpected reply must not stop the worker: what
                 # was not applied stays pending, is reclaimed and, if it keeps
                 # failing, dead-lettered after max_deliveries.
-                self.metrics.step_failures.inc()
+                self.metrics.step_failed(exc)
                 log.exception("shard loop step failed", extra={"shard": shard.index})
                 await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 

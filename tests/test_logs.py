@@ -83,3 +83,12 @@ def test_redis_urls_are_redacted_in_any_log_line() -> None:
     assert line["msg"] == "connecting to redis://u:***@h:1/0 and rediss://:***@h2?password=***&db=1"
     assert line["url"] == "unix://:***@/tmp/r.sock"
     assert line["other"] == "redis://h:2"
+
+
+def test_redact_masks_every_password_form() -> None:
+    from processor.connections import redact
+
+    assert redact("redis://:p%40ss@h:1/0") == "redis://:***@h:1/0"
+    assert redact("rediss://user:p@ss@h:2") == "rediss://user:***@h:2"
+    assert redact("redis://h:3?password=zz&db=1") == "redis://h:3?password=***&db=1"
+    assert redact("redis://h:4/0") == "redis://h:4/0"

@@ -179,3 +179,14 @@ async def test_sampler_and_readiness_work_on_a_cluster(redis_cluster, namespace)
         assert [metrics.lag.labels(str(s.index))._value.get() for s in ns.all()] == [1, 1, 1]
     finally:
         await client.aclose()
+
+
+def test_a_redis_error_reply_counts_as_a_redis_error_and_a_step_failure() -> None:
+    from redis.exceptions import ResponseError
+
+    metrics = Metrics()
+    metrics.step_failed(ResponseError("OOM command not allowed"))
+    metrics.step_failed(KeyError("bug"))
+    assert metrics.step_failures._value.get() == 2
+    assert metrics.redis_errors.labels("ResponseError")._value.get() == 1
+    assert metrics.redis_retries._value.get() == 0
