@@ -45,3 +45,14 @@ def table_rows(text: str) -> list[list[str]]:
     """The body rows of every rich table in ``text``, as lists of cell texts."""
     return [[cell.strip() for cell in line.strip().strip("│").split("│")]
             for line in text.splitlines() if line.startswith("│")]
+
+
+def call(capsys: Any, url: str, namespace: str, shards: int, *args: str) -> tuple[int, str, str]:
+    """The same command in-process (``processor.cli.main``): for quick checks of
+    arguments and messages, from sync tests only (the tool runs its own loop)."""
+    from processor.cli import main
+
+    capsys.readouterr()
+    code = main(command(url, namespace, shards, *args)[3:])
+    out, err = capsys.readouterr()
+    return code, out, err

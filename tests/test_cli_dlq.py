@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_tools import arun, json_lines, run, table_rows
+from cli_tools import arun, call, json_lines, table_rows
 from redis.exceptions import ResponseError
 from worker_harness import Harness, offline_results
 
@@ -188,7 +188,9 @@ async def test_replay_script_is_all_or_nothing(async_redis_client: Any, namespac
     assert [i.decode() for i, _ in await client.xrange(shard.dlq)] == [foreign]
 
 
-def test_dlq_bad_arguments_give_one_line(redis_url: str, namespace: str, tmp_path: Path) -> None:
+def test_dlq_bad_arguments_give_one_line(
+    redis_url: str, namespace: str, tmp_path: Path, capsys: Any
+) -> None:
     cases = [
         (["dlq", "replay"], 2, "give DLQ entry ids or --all"),
         (["dlq", "replay", "1-0", "2-0", "--from-file", "x.json"], 2, "exactly one"),
@@ -200,10 +202,10 @@ def test_dlq_bad_arguments_give_one_line(redis_url: str, namespace: str, tmp_pat
     cases.append((["dlq", "replay", "1-0", "--from-file", str(tmp_path / "bad.json")], 2,
                   "must be a non-empty JSON object"))
     for args, status, message in cases:
-        proc = run(redis_url, namespace, SHARDS, *args)
-        assert proc.returncode == status, (args, proc.stderr)
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
+        code, _, err = call(capsys, redis_url, namespace, SHARDS, *args)
+        assert code == status, (args, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, err)
         assert lines[0].startswith("processor dlq")
 
 

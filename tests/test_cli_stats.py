@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis
-from cli_tools import arun, run, table_rows
+from cli_tools import arun, call, run, table_rows
 from redis_servers import tls_redis_server
 from worker_harness import Harness
 
@@ -92,25 +92,29 @@ async def test_stats_shows_what_the_test_pushed(
     assert ["0", "stuck", "2"] in [row[:3] for row in consumers]
 
 
-def test_stats_of_a_namespace_nobody_used(redis_url: str, namespace: str) -> None:
-    proc = run(redis_url, namespace, 3, "stats", "--json")
-    assert proc.returncode == 0, proc.stderr
-    shards = json.loads(proc.stdout)["shards"]
+def test_stats_of_a_namespace_nobody_used(
+    redis_url: str, namespace: str, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, err = call(capsys, redis_url, namespace, 3, "stats", "--json")
+    assert code == 0, err
+    shards = json.loads(out)["shards"]
     assert [s["shard"] for s in shards] == [0, 1, 2]
     for shard in shards:
         assert (shard["length"], shard["group"], shard["lag"], shard["pending"]) == (0, False, 0, 0)
-    table = run(redis_url, namespace, 3, "stats")
-    assert "no group" in table.stdout
+    code, out, err = call(capsys, redis_url, namespace, 3, "stats")
+    assert code == 0 and [row[4] for row in table_rows(out)] == ["no group"] * 3
 
 
-def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str) -> None:
-    proc = run(redis_url, namespace, 0, "stats")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "processor stats: --shards must be at least 1, not 0"
-    down = run("redis://127.0.0.1:1", namespace, 1, "stats")
-    assert down.returncode == 1
-    lines = down.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("processor stats: cannot reach Redis at")
+def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
+    code, _, err = call(capsys, redis_url, namespace, 0, "stats")
+    assert code == 2
+    assert err.strip() == "processor stats: --shards must be at least 1, not 0"
+    code, _, err = call(capsys, "redis://:pw@127.0.0.1:1", namespace, 1, "stats")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "processor stats: cannot reach Redis at redis://:***@127.0.0.1:1")
 
 
 def test_stats_over_tls_reads_the_lag_redis_7_reports(make_redis_server: Any) -> None:

@@ -9,7 +9,7 @@ import json
 import signal
 from typing import Any
 
-from cli_tools import ENV, arun, command, json_lines
+from cli_tools import ENV, arun, call, command, json_lines
 from worker_harness import Harness
 
 SHARDS = 2
@@ -162,7 +162,7 @@ async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Proc
         (a.get("response_id") or a["event"]["response_id"]).startswith("late") for a in after)
 
 
-async def test_tail_limit_and_bad_from(redis_url: str, namespace: str) -> None:
+async def test_tail_limit_and_now(redis_url: str, namespace: str) -> None:
     async with Harness(redis_url, namespace, SHARDS) as harness:
         await harness.start_worker()
         await _run_turns(harness, "t")
@@ -173,12 +173,16 @@ async def test_tail_limit_and_bad_from(redis_url: str, namespace: str) -> None:
         code, out, _ = await arun(redis_url, namespace, SHARDS, "tail", "--from", "now",
                                   "--no-follow")
         assert (code, out) == (0, "")
+
+
+def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
     for bad, message in [("yesterday", "expected beginning, now, an entry id or STREAM=ID"),
                          ("{x:0}:merged=1-0", "is not a followed stream"),
                          (f"{{{namespace}:0}}:merged=abc", "is not an entry id")]:
-        code, _, err = await arun(redis_url, namespace, SHARDS, "tail", "--from", bad)
+        code, _, err = call(capsys, redis_url, namespace, SHARDS, "tail", "--from", bad)
         assert code == 2
         assert err.strip().startswith("processor tail: --from") and message in err, err
+        assert len(err.strip().splitlines()) == 1
 
 
 async def test_tail_on_a_redis_cluster(redis_cluster: Any, namespace: str) -> None:
