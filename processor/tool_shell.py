@@ -1,0 +1,128 @@
+"""The shell every operator tool shares: connecting, exit statuses, output.
+
+A tool's body gets a connected client and the namespace's keys; bad
+arguments and an unreachable Redis give one line on stderr and exit status 2
+(bad arguments) or 1 (Redis); a closed stdout pipe ends the tool with 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from processor.connections import TRANSIENT, RedisOptions, connect, redact
+from processor.keys import Namespace
+
+AddFlags = Callable[[argparse.ArgumentParser], None]
+
+
+class Refused(Exception):
+    """A one-line reason to stop with exit status 2."""
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def fail(prog: str, message: str, status: int) -> int:
+    print(f"processor {prog}: {message}", file=sys.stderr)
+    return status
+
+
+def run_tool(
+    prog: str, args: argparse.Namespace, body: Callable[[Any, Namespace], Awaitable[int]]
+) -> int:
+    """Connect, run ``body(client, keys)``, close; one line and a status on any failure."""
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        return fail(prog, "give --redis-url or set REDIS_URL", 2)
+    if args.shards < 1:
+        return fail(prog, f"--shards must be at least 1, not {args.shards}", 2)
+
+    options = RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
+
+    async def main() -> int:
+        try:
+            client = await connect(options)
+        except TRANSIENT as exc:
+            return fail(prog, f"cannot reach Redis at {redact(url)}: {exc}", 1)
+        try:
+            return await body(client, Namespace(args.namespace, args.shards))
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(main())
+    except Refused as exc:
+        return fail(prog, str(exc), 2)
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, and keep the interpreter's
+        # final flush of stdout from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except TRANSIENT as exc:
+        return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
+    except KeyboardInterrupt:  # before a tool installed its own handler
+        return 130
+
+
+def with_tls(redis_flags: AddFlags) -> AddFlags:
+    """The shared Redis flags plus the TLS files of ``processor run`` (same env names)."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        redis_flags(parser)
+        for name, what in (("ca_certs", "CA bundle"), ("certfile", "client certificate"),
+                           ("keyfile", "client key")):
+            env = f"PROCESSOR_SSL_{name.upper()}"
+            parser.add_argument(f"--ssl-{name.replace('_', '-')}", default=os.environ.get(env),
+                                metavar="FILE", help=f"{what} for rediss:// URLs (env {env})")
+
+    return add
+
+
+def stdout_console() -> Any:
+    """A rich console on stdout that lets :func:`_run` handle a closed pipe (exit 0)."""
+    from rich.console import Console
+
+    class Stdout(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return Stdout(highlight=False)
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@contextmanager
+def progress(what: str, total: int) -> Iterator[Callable[[], None]]:
+    """A transient progress bar on stderr (only on a terminal); yields ``advance()``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = stderr_console()
+    with Progress(
+        TextColumn(what), BarColumn(), MofNCompleteColumn(), console=console, transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda: progress.advance(task)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
