@@ -108,10 +108,16 @@ def test_dockerfile_is_slim_non_root_and_runs_the_worker() -> None:
     assert any(instr == "RUN" and "pip install" in arg for instr, arg in instructions)
     assert image_argv() == ["run"]
     accepted(image_argv(), {"REDIS_URL": "redis://redis:6379"})
-    for instr, arg in instructions:  # everything copied from the build context exists
+    # Everything copied from the build context exists and is let through by the
+    # Dockerfile's own ignore file (which excludes everything else).
+    ignore = DOCKERFILE.with_name("Dockerfile.dockerignore").read_text().splitlines()
+    assert "*" in ignore
+    let_in = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
+    for instr, arg in instructions:
         if instr == "COPY" and not arg.startswith("--from"):
             for source in shlex.split(arg)[:-1]:
                 assert (ROOT / source).exists(), f"COPY {source}: no such file"
+                assert source.rstrip("/") in let_in, f"COPY {source}: excluded from the context"
 
 
 # --------------------------------------------------------------------------- compose
