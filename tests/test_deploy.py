@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,20 @@ def test_dockerfile_is_slim_non_root_and_runs_the_worker() -> None:
             for source in shlex.split(arg)[:-1]:
                 assert (ROOT / source).exists(), f"COPY {source}: no such file"
                 assert source.rstrip("/") in let_in, f"COPY {source}: excluded from the context"
+
+
+def test_the_installed_package_carries_every_data_file() -> None:
+    """The image installs a built wheel, not the source tree: every non-Python
+    file the package reads (Lua scripts and the includes they pull in) must be
+    package data, as setuptools globs it."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["processor"]
+    package = ROOT / "processor"
+    shipped = {path for pattern in patterns for path in package.glob(pattern)}
+    data = {path for path in package.rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc")}
+    missing = sorted(str(path.relative_to(package)) for path in data - shipped)
+    assert not missing, f"not in the wheel: {missing}"
 
 
 # --------------------------------------------------------------------------- compose
