@@ -189,4 +189,5 @@ def build_finalise(
         call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
         call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters,
                       outcome.ending]
+    call.keys.append(shard.agui)  # last, so the per-turn key layout stays as it is
     return call

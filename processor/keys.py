@@ -10,6 +10,7 @@ Public keys (contract section 2):
 - ``{ns:s}:merged``    one merged response per finished turn
 - ``{ns:s}:events``    lifecycle, progress and terminal events
 - ``{ns:s}:dlq``       entries that could not be merged
+- ``{ns:s}:agui``      with ``--agui``: each finished turn as an AG-UI 1.0 run
 - ``{ns:s}:cancel:<response_id>``  cancellation key
 
 Internal keys (the state machine, see docs/design.md):

@@ -28,6 +28,8 @@ SCHEMAS: dict[str, Any] = {
     "events_entry": EventEntry,
     "event": Event,
     "dlq_entry": DlqEntry,
+    # {ns:s}:agui entries (--agui): the same flat fields, `event` is an AG-UI 1.0 event.
+    "agui_entry": EventEntry,
     "merge_line": TurnResult,
 }
 

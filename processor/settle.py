@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from processor import agui
 from processor import events as ev
 from processor.connections import as_text
 from processor.ids import TurnKey
@@ -45,7 +46,8 @@ class Settled(msgspec.Struct):
     """What ``finalise_turns`` publishes for one turn."""
 
     status: Status
-    outputs: bytes  # msgpack [merged entry fields, terminal event entry fields]
+    # msgpack [merged entry fields, terminal event entry fields(, AG-UI entries)]
+    outputs: bytes
     dead_letters: bytes  # msgpack array of DLQ entry field arrays
     # The entry whose replay ended the turn (end, error, limit), "" when the
     # cancel or the timeout did. finalise_turns publishes only once every
@@ -61,6 +63,7 @@ def settle(
     reason: Reason,
     limits: Limits,
     now_ms: int,
+    with_agui: bool = False,
 ) -> Settled | None:
     """Replay a turn's stored records in entry-id order and render its outputs.
 
@@ -93,7 +96,10 @@ def settle(
     meta = life.meta(response, started_ms, now_ms)
     merged = ev.merged_entry(key, life.outcome, response, meta)
     final = ev.terminal(key, life.turn.state.ids, life.outcome, response, meta.counts, 0, now_ms)
-    outputs = [struct_fields(merged), event_fields(key, final)]
+    outputs: list[Any] = [struct_fields(merged), event_fields(key, final)]
+    if with_agui:  # published with the terminal event, so exactly once too
+        run = agui.project(response, meta, life.outcome.status)
+        outputs.append(agui.entry_fields(key, run))
     dead = [_late_fields(key, entry_id, record, verdict) for entry_id, record, verdict in late]
     return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), ending)
 

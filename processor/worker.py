@@ -50,6 +50,7 @@ class WorkerConfig:
     consumer: str = field(default_factory=default_consumer)
     limits: Limits = field(default_factory=Limits)
     progress: bool = False
+    agui: bool = False
     batch: int = 500
     block_ms: int = 100
     sweep_interval: float = 0.1
@@ -264,7 +265,8 @@ class Worker:
                 continue
             try:
                 with self.metrics.timed(self.metrics.merge_seconds):
-                    outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now)
+                    outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now,
+                                     self.config.agui)
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue

@@ -1,16 +1,22 @@
 """Every scenario of tests/data/scenarios through live workers on a real Redis:
-the same ``response`` as ``processor merge``, byte for byte, and the
-scenario's expectations hold on what the workers published."""
+the same ``response`` as ``processor merge``, byte for byte, the scenario's
+expectations hold on what the workers published, and (``--agui``) each
+turn's AG-UI run in ``{ns:s}:agui`` is valid AG-UI 1.0 and the run
+:func:`processor.agui.project` makes offline."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+from agui_checks import check_run, read_runs, without_timestamps
 from expectations import check_scenario, scenario_lines, scenario_names
 from worker_harness import Harness, compare_with_offline, offline_results
 
+from processor.agui import project
 from processor.lifecycle import Limits
+from processor.offline import merge_lines
 
 # Turns without an end entry end as turn_timeout, offline at the end of the
 # file and live after this many seconds without an entry.
@@ -38,7 +44,7 @@ def _segments(lines: list[str]) -> list[tuple[list[dict], str | None]]:
 async def test_scenario_live_equals_offline(name: str, redis_url: str, namespace: str) -> None:
     lines = scenario_lines(name)
     offline = offline_results_of_lines(lines)
-    async with Harness(redis_url, namespace,
+    async with Harness(redis_url, namespace, agui=True,
                        limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
         await harness.start_workers(2)
         for entries, cancel in _segments(lines):
@@ -50,8 +56,23 @@ async def test_scenario_live_equals_offline(name: str, redis_url: str, namespace
         await harness.wait_merged(len(offline))
         await harness.wait_drained()
         outputs = await harness.outputs()
+        runs = await read_runs(harness.client, [s.agui for s in harness.shards])
     compare_with_offline(outputs, offline, name)
     check_scenario(name, [t.result() for t in outputs.turns.values()])
+    _check_agui(lines, runs)
+
+
+def _check_agui(lines: list[str], runs: dict[str, list[dict]]) -> None:
+    """One valid AG-UI run per turn, the one ``project`` makes offline."""
+    want = {}
+    for result in merge_lines(lines, limits=Limits(turn_timeout=TURN_TIMEOUT)).results():
+        want[result.meta.synthesis_id] = (
+            json.loads(json.dumps(project(result.response, result.meta, result.status))),
+            json.loads(msgspec.json.encode(result.response)), result.status)
+    assert set(runs) == set(want)
+    for sid, (events, response, status) in want.items():
+        check_run(runs[sid], response, status)
+        assert without_timestamps(runs[sid]) == without_timestamps(events), sid
 
 
 def offline_results_of_lines(lines: list[str]) -> dict:

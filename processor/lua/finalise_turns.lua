@@ -17,11 +17,13 @@ apply script counts limits in apply order, which may cross a limit "early".
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] closing zset    KEYS[6] updates stream
 KEYS[6 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
+KEYS[6 + 3*T + 1]          agui stream (written only for turns whose outputs carry AG-UI events)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
 ARGV[7 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
-                           merged fields + terminal event fields (msgpack [[...], [...]]),
+                           merged fields + terminal event fields (+ AG-UI entries with
+                           --agui) (msgpack [[...], [...](, [[...], ...])]),
                            dead letters (msgpack array of field arrays),
                            id of the entry that ended the turn ("" = cancel or timeout)
 
@@ -35,6 +37,7 @@ local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group = ARGV[6]
+local agui = KEYS[6 + 3 * nturns + 1]
 
 --- includes/pad_id
 --- includes/publish_event
@@ -67,6 +70,9 @@ local function finalise(t)
   local out = cmsgpack.unpack(ARGV[a + 3])
   redis.call('XADD', merged, 'MAXLEN', '~', merged_max, '*', unpack(out[1]))
   publish_event(tkey, events, events_max, out[2])
+  for _, fields in ipairs(out[3] or {}) do
+    redis.call('XADD', agui, 'MAXLEN', '~', events_max, '*', unpack(fields))
+  end
   for _, fields in ipairs(cmsgpack.unpack(ARGV[a + 4])) do
     redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', unpack(fields))
   end
