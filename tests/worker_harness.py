@@ -8,7 +8,9 @@ entries, events and dead letters, per turn in the shape of a ``processor
 merge`` line so that :mod:`tests.expectations` can check them.
 
 Nothing here knows the merge rules: a test compares the live outputs with
-:func:`offline_results` (``processor merge`` of the same entries).
+:func:`offline_results` (``processor merge`` of the same entries). Every
+merged entry and event read is checked against ``processor schema``
+(tests/contract.py), so every integration test is also a contract test.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio
+from contract import check_event_entry, check_merged_entry
 from redis.asyncio.cluster import RedisCluster
 
 from processor.events import encode_response
@@ -447,12 +450,13 @@ class Harness:
         pending_events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for shard in self.shards:
             for _id, fields in await self._xrange_all(shard.merged):
+                check_merged_entry(fields)  # the contract test, on every live output
                 key = TurnKey(fields["response_id"], fields.get("attempt_id", ""))
                 turns.setdefault(key, TurnOutput(key)).merged.append(fields)
                 by_synthesis[fields["synthesis_id"]] = key
                 merged_count += 1
             for _id, fields in await self._xrange_all(shard.events):
-                pending_events[fields["synthesis_id"]].append(json.loads(fields["event"]))
+                pending_events[fields["synthesis_id"]].append(check_event_entry(fields))
                 events_count += 1
             dlq += [{**f, "_id": i, "_shard": str(shard.index)}
                     for i, f in await self._xrange_all(shard.dlq)]

@@ -1,0 +1,77 @@
+"""The contract test, by construction: every output entry the integration
+helpers read (tests/worker_harness.py reads every ``merged`` and ``events``
+entry of every live test) is checked here against the JSON Schema that
+``processor schema`` prints, so every integration test checks it.
+
+``processor schema`` prints :func:`processor.schema.document` (test_decode
+runs the CLI and checks that); it is built in-process here to stay fast.
+Besides the schema, each event must carry every field its schema names
+(contract 5.2: null when unknown, never missing; a ``step`` without
+``agent_name`` or ``content`` is exactly what this catches).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+import jsonschema
+
+from processor.schema import document
+
+
+@cache
+def _doc() -> dict[str, Any]:
+    return document()
+
+
+@cache
+def validator(name: str) -> jsonschema.Draft202012Validator:
+    doc = _doc()
+    return jsonschema.Draft202012Validator({"$defs": doc["$defs"], **doc["properties"][name]})
+
+
+@cache
+def _event_fields() -> dict[str, frozenset[str]]:
+    """Event type -> every field its schema names."""
+    defs = _doc()["$defs"]
+    mapping = _doc()["properties"]["event"]["discriminator"]["mapping"]
+    return {kind: frozenset(defs[ref.rpartition("/")[2]]["properties"])
+            for kind, ref in mapping.items()}
+
+
+def _fail(what: str, value: Any, exc: jsonschema.ValidationError) -> AssertionError:
+    return AssertionError(f"{what} does not match `processor schema`: {exc.message} "
+                          f"at {list(exc.absolute_path)}\n{json.dumps(value)[:2000]}")
+
+
+def check_event_entry(fields: dict[str, str]) -> dict[str, Any]:
+    """An ``events`` stream entry (flat fields) and its event; returns the event."""
+    try:
+        validator("events_entry").validate(fields)
+    except jsonschema.ValidationError as exc:
+        raise _fail("events entry", fields, exc) from exc
+    event = json.loads(fields["event"])
+    try:
+        validator("event").validate(event)
+    except jsonschema.ValidationError as exc:
+        raise _fail("event", event, exc) from exc
+    want = _event_fields()[event["type"]]
+    assert set(event) == want, (
+        f"{event['type']} event lacks {sorted(want - set(event))} / has extra "
+        f"{sorted(set(event) - want)}: {event}")
+    flat = {k: fields[k] for k in ("type", "response_id", "synthesis_id")}
+    assert flat == {k: event[k] for k in flat}, (fields, event)
+    assert fields.get("attempt_id") == (event["attempt_id"] or None), (fields, event)
+    return event
+
+
+def check_merged_entry(fields: dict[str, str]) -> None:
+    """A ``merged`` stream entry, its ``response`` and its ``meta``."""
+    for name, value in (("merged_entry", fields), ("response", json.loads(fields["response"])),
+                        ("meta", json.loads(fields["meta"]))):
+        try:
+            validator(name).validate(value)
+        except jsonschema.ValidationError as exc:
+            raise _fail(name, value, exc) from exc
