@@ -71,6 +71,12 @@ class WorkerConfig:
         )
 
 
+def _cancelling() -> bool:
+    """Whether the running task has a cancel request pending (``Task.cancel``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -153,6 +159,16 @@ class Worker:
                 if now >= next_reclaim:
                     await self._retrying(self.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            except asyncio.CancelledError as exc:
+                if _cancelling():
+                    raise  # this task is being cancelled: let run() unwind
+                # A CancelledError nobody asked this task for (raised inside a
+                # library, or an inner future cancelled under us) is a failed
+                # step like any other, not a reason to stop serving the shard.
+                # What it interrupted is finished by a later sweep or reclaim.
+                self.metrics.step_failed(exc)
+                log.exception("shard loop step was cancelled from inside",
+                              extra={"shard": shard.index})
             except Exception as exc:
                 if self.stopping:
                     log.warning("stopping without finishing a step", exc_info=True,
