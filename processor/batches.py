@@ -37,6 +37,7 @@ class BatchOptions:
     dlq_value_max: int = 64 * 1024  # bytes of a bad entry copied into its DLQ entry, in all
     ready_limit: int = 1000
     done_ttl: int = 86_400
+    agui: bool = False
 
 
 @dataclass
@@ -189,5 +190,6 @@ def build_finalise(
         call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
         call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters,
                       outcome.ending]
-    call.keys.append(shard.agui)  # last, so the per-turn key layout stays as it is
+    if options.agui:  # last, so the per-turn key layout stays as it is
+        call.keys.append(shard.agui)
     return call

@@ -67,7 +67,7 @@ class WorkerConfig:
             group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
             max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
             dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
-            done_ttl=self.done_ttl, ready_limit=max(self.batch, 100),
+            done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
         )
 
 
@@ -166,9 +166,12 @@ class Worker:
                 # library, or an inner future cancelled under us) is a failed
                 # step like any other, not a reason to stop serving the shard.
                 # What it interrupted is finished by a later sweep or reclaim.
+                if self.stopping:
+                    break
                 self.metrics.step_failed(exc)
                 log.exception("shard loop step was cancelled from inside",
                               extra={"shard": shard.index})
+                await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
             except Exception as exc:
                 if self.stopping:
                     log.warning("stopping without finishing a step", exc_info=True,

@@ -126,11 +126,13 @@ async def run_every_scenario(harness: Harness) -> None:
 async def test_every_scenario_as_the_processor_user(acl_server: EmbeddedRedis) -> None:
     # The harness's own client (producing, cancelling, reading outputs) is the
     # admin; the workers connect with the URL of the ACL user.
-    async with Harness(acl_server.url, NAMESPACE, shards=2,
+    # --agui: the user may write the AG-UI stream too.
+    async with Harness(acl_server.url, NAMESPACE, shards=2, agui=True,
                        limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
         harness.url = url_for(acl_server, "processor")
         await harness.start_workers(2)
         await run_every_scenario(harness)
+        assert sum([await harness.client.xlen(s.agui) for s in harness.shards]) > 0
         await harness.stop_all()  # the drain's XPENDING / XGROUP DELCONSUMER run as the user
     assert acl_log(acl_server) == []  # nothing the workers did was refused
 

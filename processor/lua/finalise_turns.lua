@@ -17,7 +17,7 @@ apply script counts limits in apply order, which may cross a limit "early".
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] closing zset    KEYS[6] updates stream
 KEYS[6 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
-KEYS[6 + 3*T + 1]          agui stream (written only for turns whose outputs carry AG-UI events)
+KEYS[6 + 3*T + 1]          agui stream (only with --agui: then every turn's outputs carry its run)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
