@@ -6,6 +6,7 @@ the same runs as live workers publish them to ``{ns:s}:agui``.)"""
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui, validate_agui
 from agui_checks import check_matches_response, check_run, rules_off
 from expectations import scenario_lines, scenario_names
 
+from processor import config
 from processor.agui import entry_fields, project
 from processor.ids import TurnKey
 from processor.offline import merge_lines
@@ -139,3 +141,18 @@ def test_stream_entries_carry_the_filter_fields() -> None:
     flat = dict(zip(fields[::2], fields[1::2], strict=True))
     assert flat == {"type": "RUN_STARTED", "response_id": "r", "synthesis_id": "r:a:synthesis",
                     "attempt_id": "a", "event": json.dumps(events[0], separators=(",", ":"))}
+
+
+def test_agui_is_off_by_default_and_set_by_flag_or_environment() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_options(parser)
+
+    def agui(argv: list[str], env: dict[str, str]) -> bool:
+        values, problems = config.resolve(parser.parse_args(argv), env)
+        assert problems == []
+        return config.worker_config(values).agui
+
+    assert not agui([], {})
+    assert agui(["--agui"], {})
+    assert agui([], {"PROCESSOR_AGUI": "1"})
+    assert not agui([], {"PROCESSOR_AGUI": "off"})

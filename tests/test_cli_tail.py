@@ -12,6 +12,10 @@ from typing import Any
 from cli_tools import ENV, arun, call, command, json_lines
 from worker_harness import Harness
 
+from processor import events as ev
+from processor.ids import TurnKey
+from processor.settle import event_fields
+
 SHARDS = 2
 
 
@@ -109,14 +113,20 @@ async def test_tail_follows_new_turns_and_stops_on_sigint(redis_url: str, namesp
                 await proc.wait()
 
 
+def _is_marker(line: dict[str, Any]) -> bool:
+    return "marker" in (line.get("response_id"), line.get("event", {}).get("response_id"))
+
+
 async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Process) -> None:
     redis_url, namespace = harness.url, harness.ns.name
     assert proc.stdout is not None and proc.stderr is not None
     assert b"following" in await asyncio.wait_for(proc.stderr.readline(), 30)
     # "now" is fixed at the first read, which follows the note: wait until it has
     # happened (a marker entry added now must be printed, the old ones not).
-    marker = {"type": "marker", "response_id": "marker", "synthesis_id": "marker:synthesis",
-              "event": json.dumps({"type": "marker", "response_id": "marker"})}
+    # A well-formed event of a turn of its own (the harness checks every event
+    # it reads against `processor schema`).
+    started = event_fields(TurnKey("marker"), ev.started(TurnKey("marker"), {}, 0))
+    marker = dict(zip(started[::2], started[1::2], strict=True))
     seen: list[dict[str, Any]] = []
     for _ in range(100):
         await harness.client.xadd(harness.ns.shard(0).events, marker)
@@ -125,9 +135,9 @@ async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Proc
         except TimeoutError:
             continue  # added before "now" was fixed: add another
         seen.append(json.loads(line))
-        if seen[-1]["type"] == "marker":
+        if _is_marker(seen[-1]):
             break
-    assert all(s["type"] == "marker" for s in seen), seen
+    assert all(_is_marker(s) for s in seen), seen
     await _run_turns(harness, "new")
     merged, events = await _published(harness)
     want = len([m for m in merged if m["response_id"].startswith("new")]) + \
@@ -135,7 +145,7 @@ async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Proc
     printed = []
     while len(printed) < want:
         line = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
-        if line["type"] != "marker":
+        if not _is_marker(line):
             printed.append(line)
     proc.send_signal(signal.SIGINT)
     code = await asyncio.wait_for(proc.wait(), 10)
@@ -148,7 +158,7 @@ async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Proc
     assert {(p["type"], p.get("response_id") or p["event"]["response_id"]) for p in printed
             if p["type"] in ("merged", "synthesis")} == {
         (t, f"new-{k}") for t in ("merged", "synthesis") for k in ("ok", "bad", "gone")}
-    assert not [line for line in json_lines(rest) if line["type"] != "marker"]
+    assert not [line for line in json_lines(rest) if not _is_marker(line)]
     resume = err.split("resume with: ", 1)[1].split()
     assert resume.count("--from") == 2 * SHARDS
 
