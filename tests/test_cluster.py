@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import time
 import uuid
 
 import pytest
@@ -21,10 +23,12 @@ from chaos import ChaosConfig, ChaosRun
 from expectations import check_scenario, scenario_lines, scenario_names
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis_servers import LocalRedisCluster, wait_cluster_ok
+from strategies import random_turn
 from test_worker_scenarios import _segments
-from worker_harness import Harness, compare_with_offline, offline_results
+from worker_harness import Harness, compare_with_offline, interleave, offline_results
 
 from processor.connections import is_transient
+from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 from processor.lifecycle import Limits
 
@@ -127,3 +131,92 @@ async def test_cluster_hiccups_are_transient() -> None:
     except AttributeError as exc:
         assert not is_transient(exc)  # a bug of ours is not retried forever
     assert not is_transient(redis.ResponseError("WRONGTYPE"))
+
+
+def _node_id(node: EmbeddedRedis) -> str:
+    with redis.Redis(**node.client_kwargs(), decode_responses=True) as client:
+        return client.execute_command("CLUSTER", "MYID")
+
+
+def add_master(cluster: LocalRedisCluster) -> EmbeddedRedis:
+    """Start an empty cluster-enabled node and introduce it to the cluster."""
+    node = EmbeddedRedis(cluster=True).start()
+    cluster.nodes.append(node)  # closed with the cluster
+    first = cluster.nodes[0]
+    with redis.Redis(**first.client_kwargs()) as client:
+        client.execute_command("CLUSTER", "MEET", node.host, node.port)
+    wait_cluster_ok(cluster.nodes)
+    return node
+
+
+def move_slot(slot: int, source: EmbeddedRedis, target: EmbeddedRedis,
+              nodes: list[EmbeddedRedis]) -> int:
+    """Migrate one hash slot with the cluster's own protocol (what
+    ``redis-cli --cluster reshard`` does per slot), a key at a time so that
+    the workers run into the migration; returns the number of keys moved."""
+    source_id, target_id = _node_id(source), _node_id(target)
+    src = redis.Redis(**source.client_kwargs(), decode_responses=True)
+    dst = redis.Redis(**target.client_kwargs(), decode_responses=True)
+    moved = 0
+    try:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
+            src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000,
+                                "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(0.02)
+        for node in nodes:
+            with redis.Redis(**node.client_kwargs()) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    finally:
+        src.close()
+        dst.close()
+    return moved
+
+
+async def test_a_shard_moves_to_a_new_master_under_load(make_redis_cluster, tmp_path) -> None:
+    """Growing the cluster online (docs/cluster.md): a fourth master joins
+    and one shard's slot migrates to it while two workers consume and a
+    producer writes; the workers follow (ASK/MOVED, TRYAGAIN retried) and
+    every turn still comes out once, as processor merge makes it."""
+    cluster = make_redis_cluster(3)
+    namespace = spread_namespace(cluster)
+    rng = random.Random(5)
+    arrival = interleave([random_turn(rng, f"grow-{i:03d}") for i in range(240)], rng)
+    offline = offline_results(arrival)
+    shard = Namespace(namespace, SHARDS).shard(0)
+    async with Harness(cluster.url, namespace, shards=SHARDS, cluster=True,
+                       log_dir=tmp_path) as harness:
+        procs = [harness.spawn(log_level="info") for _ in range(2)]
+        await harness.wait_started(procs, timeout=60)
+
+        async def produce() -> None:
+            for start in range(0, len(arrival), 100):
+                await harness.add(arrival[start:start + 100])
+                await asyncio.sleep(0.1)
+
+        producing = asyncio.create_task(produce())
+        await asyncio.sleep(1.0)
+        owner = cluster.client().get_node_from_key(shard.updates).port
+        slot = cluster.client().keyslot(shard.updates)
+        source = next(n for n in cluster.nodes if n.port == owner)
+        new = await asyncio.to_thread(add_master, cluster)
+        moved = await asyncio.to_thread(move_slot, slot, source, new, list(cluster.nodes))
+        await producing
+        await harness.wait_merged(len(offline), timeout=120)
+        await harness.wait_drained()
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+        logs = "".join(p.log() for p in procs)
+        for sub in list(harness.procs):
+            assert harness.terminate(sub) == 0
+    retries = logs.count("retrying")
+    print(f"\nmoved slot {slot} ({moved} keys) under load; {retries} retried steps logged")
+    assert moved >= 1
+    with redis.Redis(**new.client_kwargs()) as client:
+        assert client.exists(shard.updates, shard.merged) == 2  # the shard lives there now
+    compare_with_offline(outputs, offline, "a shard moved")
+    assert outputs.dlq == []
+    assert '"level": "error"' not in logs, logs[-3000:]
