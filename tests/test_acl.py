@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -319,3 +320,33 @@ def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRe
         assert len(lines) == 1 and why.lower() in lines[0].lower(), proc.stderr
         assert "wrong-pw" not in proc.stderr
         assert all(pw not in proc.stderr for pw in PASSWORDS.values())
+
+
+class AdminRedis(EmbeddedRedis):
+    """A server whose own pings and clients log in as the ``admin`` user."""
+
+    def client_kwargs(self) -> dict:
+        return {**super().client_kwargs(), "username": "admin", "password": ADMIN_PASSWORD}
+
+
+def test_the_readme_recipe_makes_a_loadable_file(tmp_path: Path) -> None:
+    """deploy/README.md's shell recipe (passwords as SHA-256, an admin line) on
+    the shipped file gives an ACL file Redis loads as is: each user logs in
+    with its password, the default user cannot."""
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    (recipe,) = [block for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                 if "users.acl" in block]
+    (tmp_path / "deploy").symlink_to(ROOT / "deploy")
+    env = {"PATH": "/usr/bin:/bin", "ADMIN_PASSWORD": ADMIN_PASSWORD,
+           **{f"{user.upper()}_PASSWORD": pw for user, pw in PASSWORDS.items()}}
+    env["WORKER_PASSWORD"] = env.pop("PROCESSOR_PASSWORD")
+    subprocess.run(["bash", "-euc", recipe], cwd=tmp_path, env=env, check=True, timeout=30)
+    text = (tmp_path / "users.acl").read_text()
+    assert all(pw not in text for pw in [ADMIN_PASSWORD, *PASSWORDS.values()])  # hashes only
+    with AdminRedis(binary=redis7_binary(), args=["--aclfile", str(tmp_path / "users.acl")]) as srv:
+        for user in PASSWORDS:
+            with redis.Redis.from_url(url_for(srv, user)) as client:
+                assert client.ping()
+        with pytest.raises(redis.AuthenticationError), redis.Redis(
+                host=srv.host, port=srv.port) as anonymous:
+            anonymous.ping()
