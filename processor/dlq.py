@@ -16,6 +16,7 @@ as ``turn_closed``), unless forced.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ ADDED = ("reason", "detail", "source_id", "deliveries")
 MAX_FIELDS = 1000
 
 Pairs = list[tuple[str, bytes]]
+_ENTRY_ID = re.compile(r"^\d+-\d+$")
 
 
 class DlqError(Exception):
@@ -154,6 +156,8 @@ async def listing(
 
 async def find(client: Any, keys: Namespace, entry_id: str, shard: int | None) -> DeadLetter:
     """The dead letter ``entry_id`` (of ``shard``, else of whichever shard has it)."""
+    if not _ENTRY_ID.match(entry_id):
+        raise DlqError(f"{entry_id!r} is not an entry id (like 1700000000000-0)")
     candidates = [shard] if shard is not None else list(range(keys.shards))
     found = []
     for index in candidates:

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
 from processor.keys import Namespace
 
@@ -75,6 +77,8 @@ def run_tool(
         return 0
     except TRANSIENT as exc:
         return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
+    except RedisError as exc:  # an error reply: NOPERM for a user without the command, ...
+        return fail(prog, f"Redis at {redact(url)} refused: {exc}", 1)
     except KeyboardInterrupt:  # before a tool installed its own handler
         return 130
 

@@ -196,6 +196,7 @@ def test_dlq_bad_arguments_give_one_line(
         (["dlq", "replay", "1-0", "2-0", "--from-file", "x.json"], 2, "exactly one"),
         (["dlq", "replay", "1-0", "--from-file", str(tmp_path / "none.json")], 2, "cannot read"),
         (["dlq", "show", "1-0"], 2, "no dead letter 1-0"),
+        (["dlq", "show", "latest"], 2, "'latest' is not an entry id"),
         (["dlq", "list", "--shard", "5"], 2, "--shard 5 is not one of the 2 shard(s)"),
     ]
     (tmp_path / "bad.json").write_text("[1, 2]")

@@ -141,3 +141,22 @@ def test_stats_over_tls_reads_the_lag_redis_7_reports(make_redis_server: Any) ->
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and "s3cret-pw" not in proc.stderr
     assert ":***@" in proc.stderr
+
+
+def test_a_command_the_user_may_not_run_gives_one_line(
+    make_redis_server: Any, capsys: Any
+) -> None:
+    server = make_redis_server()
+    admin = redis.Redis.from_url(server.url)
+    try:
+        admin.execute_command("ACL", "SETUSER", "viewer", "on", ">view-pw", "~*", "+@all",
+                              "-xinfo")
+    finally:
+        admin.close()
+    url = server.url.replace("redis://", "redis://viewer:view-pw@")
+    code, _, err = call(capsys, url, "ns", 1, "stats")
+    assert code == 1
+    [line] = err.strip().splitlines()
+    assert line.startswith("processor stats: Redis at redis://viewer:***@")
+    assert "no permissions to run the 'xinfo'" in line
+    assert "view-pw" not in err
