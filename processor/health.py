@@ -71,7 +71,10 @@ class Health:
         """None when ready, else why not. Called from the server's thread."""
         if self.ready_check is None or self.loop is None:
             return "starting"
-        future = asyncio.run_coroutine_threadsafe(self.ready_check(), self.loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(self.ready_check(), self.loop)
+        except RuntimeError:  # the loop has closed: the worker is exiting
+            return "stopping"
         try:
             return future.result(READY_TIMEOUT)
         except TimeoutError:

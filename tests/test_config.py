@@ -75,3 +75,12 @@ def test_bad_configuration_is_one_line_per_problem() -> None:
 def test_unknown_processor_variables_are_named() -> None:
     assert unknown_env({"PROCESSOR_SHARD": "4", "PROCESSOR_SHARDS": "4", "HOME": "/"}) == [
         "PROCESSOR_SHARD"]
+
+
+def test_the_readme_table_lists_every_option() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Configuration"):readme.index("## Operations")]
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `")
+            for line in section.splitlines() if line.startswith("| `--")}
+    assert rows.pop("--redis-url") == "REDIS_URL"
+    assert rows == {opt.flag: opt.env for opt in OPTIONS}
