@@ -126,13 +126,66 @@ class Turn:
     def apply(self, record: Record) -> None:
         """Fold one record (in arrival order). Only ``update`` records change
         the merge; the caller decides what ``end``/``error`` mean."""
-        for name, value in record.ids.items():
-            # Only turn-level ids belong to the turn; entry-level ids (step_id,
-            # ...) describe one entry and stay on its progress event.
-            if name in TURN_IDS:
-                self.state.ids.setdefault(name, value)
-        if record.update is not None:
-            self._apply_update(record.update)
+        if record.ids:
+            for name, value in record.ids.items():
+                # Only turn-level ids belong to the turn; entry-level ids
+                # (step_id, ...) describe one entry and stay on its progress event.
+                if name in TURN_IDS:
+                    self.state.ids.setdefault(name, value)
+        update = record.update
+        if update is not None and not self._append_delta(update):
+            self._apply_update(update)
+
+    def _append_delta(self, update: Update) -> bool:
+        """The usual update, folded in a few steps: one text or reasoning
+        delta that continues the last content of the message its id names.
+        Does exactly what :meth:`_apply_update` would, or nothing and returns
+        False (anything else, or any doubt)."""
+        contents = update.contents
+        if len(contents) != 1 or update.merge_mode is not None or update.additional_properties:
+            return False
+        chunk = contents[0]
+        kind = chunk.type
+        if (kind != "text" and kind != "text_reasoning") or chunk.merge_mode is not None:
+            return False
+        if chunk.additional_properties or chunk.annotations:
+            return False  # something for _merge_extras to combine
+        st = self.state
+        index = st.keyed.get(update.message_id)  # type: ignore[arg-type]
+        if index is None:
+            return False  # id-less, or a message not seen yet
+        inner = update.response_id
+        if (inner if inner and inner != st.response_id else "") not in self._block_of:
+            return False  # a new inner response: its block is created first
+        seg = st.segments[index]
+        last = len(seg.contents) - 1
+        if last < 0 or seg.contents[last].type != kind:
+            return False
+        # What _apply_update does for it, in the same order.
+        st.updates += 1
+        if update.finish_reason is not None:
+            st.finish_reason = update.finish_reason
+        if update.agent_id is not None:
+            st.agent_id = update.agent_id
+        st.open_run = -1
+        if seg.role is None:
+            seg.role = update.role
+        if seg.author_name is None:
+            seg.author_name = update.author_name
+        if seg.agent_id is None:
+            seg.agent_id = update.agent_id
+        if seg.created_at is None:
+            seg.created_at = update.created_at
+        key = (index, last)
+        parts = self._parts.get(key)
+        if parts is None:
+            current = seg.contents[last].text
+            self._parts[key] = [current if isinstance(current, str) else "", chunk.text or ""]
+        else:
+            parts.append(chunk.text or "")
+        if kind == "text_reasoning":
+            _merge_extras(seg.contents[last], chunk)
+        return True
 
     def _apply_update(self, update: Update) -> None:
         st = self.state

@@ -246,6 +246,75 @@ def test_mangled_updates_never_raise_anything_else(update: Any, enc: str) -> Non
         _must_be_storable({"response_id": "r1", "update": update})
 
 
+@pytest.mark.parametrize("name", ["response_id", "attempt_id", "turn_id", "kind", "enc", "update",
+                                  "session_id", "step_id", "error"])
+def test_a_lone_surrogate_in_a_str_field_is_bad_encoding_naming_it(name: str) -> None:
+    # redis-py with decode_responses, or a caller of the offline path, can hand
+    # us str values; "\ud800" cannot be written as UTF-8 anywhere downstream.
+    fields: dict[str, Any] = {"response_id": "r1", "update": update_json().decode()}
+    if name == "error":
+        fields["kind"] = "error"
+    if name == "turn_id":
+        del fields["response_id"]
+    fields[name] = '{"contents": [{"type": "text", "text": "\ud800"}]}' if name == "update" \
+        else "a\ud800"
+    error = refused(fields)
+    assert (error.reason, f"field {name!r}" in error.detail) == ("bad_encoding", True), error.detail
+
+
+def test_a_lone_surrogate_inside_an_update_object_is_bad_encoding() -> None:
+    update = {"contents": [{"type": "text", "text": "x\udc00"}]}
+    error = refused({"response_id": "r1", "update": update})
+    assert (error.reason, "field 'update'" in error.detail) == ("bad_encoding", True)
+
+
+# Any text, lone surrogates included (st.text never draws them).
+ANY_TEXT = st.lists(st.characters() | st.sampled_from(["\ud800", "\udc00", "\udfff"]),
+                    max_size=30).map("".join)
+FIELD_VALUES = st.binary(max_size=30) | ANY_TEXT
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["response_id", "turn_id", "attempt_id", "kind", "update", "enc", "error",
+                     "code", "step_id", "run_id", "id", "x_other"]),
+    FIELD_VALUES, max_size=6))
+def test_any_text_or_bytes_field_values_give_a_record_or_an_entry_error(
+        fields: dict[str, Any]) -> None:
+    _must_be_storable(fields)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ANY_TEXT.map(lambda t: '{"contents": [{"type": "text", "text": "' + t.replace("\\", "")
+                  .replace('"', "") + '"}], "message_id": "m"}') | ANY_TEXT)
+def test_any_update_text_gives_a_record_or_an_entry_error(text: str) -> None:
+    _must_be_storable({"response_id": "r1", "update": text})
+    _must_be_storable({"response_id": "r1", "update": text.encode("utf-8", "surrogatepass")})
+
+
+# A value the update check refuses, for each free-form content field: the
+# cheap "nothing to walk" test of a delta must not let any of them through.
+_REFUSED_FREE_FORM = {
+    "usage_details": {"n": 1 << 70}, "arguments": {"a": deep(MAX_DEPTH)},
+    "result": deep(MAX_DEPTH), "items": [{"text": "no type"}], "inputs": [{"text": "no type"}],
+    "outputs": deep(MAX_DEPTH), "timeout_ms": 1 << 70, "max_output_length": 1 << 70,
+    "actions": [{"a": deep(MAX_DEPTH)}], "screenshot": {"text": "no type"},
+    "pending_safety_checks": deep(MAX_DEPTH), "acknowledged_safety_checks": deep(MAX_DEPTH),
+    "exit_code": 1 << 70, "output": deep(MAX_DEPTH), "function_call": {"text": "no type"},
+    "annotations": deep(MAX_DEPTH), "additional_properties": {"a": deep(MAX_DEPTH)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REFUSED_FREE_FORM))
+def test_every_free_form_content_field_is_checked(name: str) -> None:
+    content = {"type": "text", "text": "hi", name: _REFUSED_FREE_FORM[name]}
+    text = json.dumps({"contents": [content], "message_id": "m1"})
+    for fields in ({"response_id": "r1", "update": text}, entry(text.encode())):
+        error = refused(fields)
+        assert error.reason == "invalid_update", error.detail
+        assert f"$.update.contents[0].{name}" in error.detail, error.detail
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(
     st.sampled_from(["response_id", "turn_id", "attempt_id", "kind", "update", "enc", "error",
