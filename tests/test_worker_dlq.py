@@ -219,7 +219,7 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
     """Should applying an entry fail inside the script (a bug; scripts are not
     rolled back), the acked entry goes to the DLQ as internal_error instead of
     vanishing, and the rest of its batch is applied."""
-    from processor.batches import build_apply
+    from processor.batches import build_apply, msgpack_str
     from processor.scripts import Scripts
     from processor.worker import WorkerConfig
 
@@ -235,7 +235,7 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
         call = build_apply(shard, entries, {}, config.batch_options(), 0)
         # Corrupt the progress events of the first entry: unpacking them fails.
         first = call.entries.index(ids[0])
-        call.entries[first + 5] = b"\xc1"
+        call.entries[first + 5] = msgpack_str(b"\xc1")
         await Scripts(harness.client).apply_entries(keys=call.keys, args=call.args)
         assert await harness.client.xlen(shard.updates) == 0
         assert (await harness.client.xpending(shard.updates, config.group))["pending"] == 0

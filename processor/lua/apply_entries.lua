@@ -8,8 +8,10 @@ the turn's state, publishing synthesis.started on a turn's first entry and
 the entry's progress events with gap-free seq. A turn's correlation ids
 (first value applied wins) are kept in its hash and filled into the
 synthesis.started and progress events that do not carry them themselves, so
-that every event of the turn has them (contract section 3). The entries
-acked are XDELed at the end, in one call per 1000.
+that every event of the turn has them (contract section 3). Acked entries
+leave the stream at the end: everything below the group's oldest pending
+entry (every one of them acked) in one XTRIM MINID, which frees whole
+listpack nodes instead of marking entries deleted one XDEL at a time.
 
 Finally report which turns are ready to finalise: turns found cancelled, and
 turns whose closing entry (end, error, limit) lies below the shard's
@@ -62,6 +64,16 @@ local function turn_keys(ti)
   return KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
 end
 
+-- What this call learnt about each turn (by index), so a turn's many entries
+-- in one batch read its done marker, cancel key and flags once: nothing else
+-- changes them while the script runs. false = looked up, absent.
+local status_of, cancel_of, closing_of, has_hash, touched = {}, {}, {}, {}, {}
+local function cached(cache, ti, fn)
+  local v = cache[ti]
+  if v == nil then v = fn() or false; cache[ti] = v end
+  return v
+end
+
 -- The turn's remembered ids ("id:<name>" = JSON value) replace the event's
 -- "<name>":null (the base fields come first in every event's JSON).
 local function fill_ids(tkey, fields)
@@ -87,17 +99,19 @@ end
 -- Create the turn's hash if missing; publish synthesis.started once the
 -- first entry's ids are remembered. Returns nothing.
 local function start_turn(ti, tkey, ids)
-  if redis.call('EXISTS', tkey) == 1 then
+  if cached(has_hash, ti, function() return redis.call('EXISTS', tkey) == 1 end) then
     remember_ids(tkey, ids)
     return
   end
+  has_hash[ti] = true
   redis.call('HSET', tkey, 'seq', 1, 'ver', 0, 'started', now_ms)
   remember_ids(tkey, ids)
   local fields = fill_ids(tkey, cmsgpack.unpack(ARGV[9 + 2 * (ti - 1) + 1]))
   redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
-local function mark_closing(tkey, tk, id)
+local function mark_closing(ti, tkey, tk, id)
+  closing_of[ti] = true
   local member = pad_id(id) .. '|' .. tk
   local current = redis.call('HGET', tkey, 'closing')
   if current and current <= member then return end
@@ -119,8 +133,8 @@ local function store(ti, id, op, record, size, progress, ids)
       publish_event(tkey, events, events_max, fill_ids(tkey, fields))
     end
   end
-  redis.call('ZADD', active, now_ms, tk)
-  if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(tkey, tk, id) end
+  touched[ti] = tk
+  if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(ti, tkey, tk, id) end
   if op == 'e' then
     local ended = redis.call('HGET', tkey, 'ended')
     if not ended or pad_id(id) < ended then redis.call('HSET', tkey, 'ended', pad_id(id)) end
@@ -134,7 +148,7 @@ local function drop(ti)
   redis.call('HINCRBY', tkey, 'ver', 1)
   local tk = ARGV[9 + 2 * (ti - 1)]
   -- Active, so that a sweep finalises it if this worker dies before doing so.
-  redis.call('ZADD', active, now_ms, tk)
+  touched[ti] = tk
   if not seen_cancel[tk] then
     seen_cancel[tk] = true
     cancelled[#cancelled + 1] = tk
@@ -152,14 +166,14 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     return
   end
   local tkey, _, dkey, ckey = turn_keys(ti)
-  local status = redis.call('HGET', dkey, 'status')
+  local status = cached(status_of, ti, function() return redis.call('HGET', dkey, 'status') end)
   if status == 'cancelled' then
     redis.call('HINCRBY', dkey, 'dropped', 1)
     count('dropped')
   elseif status then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
     count('dlq:turn_closed')
-  elseif redis.call('HEXISTS', tkey, 'closing') == 1 then
+  elseif cached(closing_of, ti, function() return redis.call('HEXISTS', tkey, 'closing') == 1 end) then
     -- Its end (or limit) was applied before any cancel was seen: the cancel
     -- changes nothing. An entry after an applied end is turn_closed whatever
     -- else comes (dead-lettered now, with its original fields); any other is
@@ -173,7 +187,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
       store(ti, id, op, a, tonumber(b), c, ids)
       count('stored')
     end
-  elseif redis.call('EXISTS', ckey) == 1 then
+  elseif cached(cancel_of, ti, function() return redis.call('EXISTS', ckey) == 1 end) then
     drop(ti)
     count('dropped')
   else
@@ -202,8 +216,32 @@ for i = 1, #E, 8 do
     acked[#acked + 1] = id
   end
 end
-for j = 1, #acked, 1000 do
-  redis.call('XDEL', updates, unpack(acked, j, math.min(j + 999, #acked)))
+-- The group's last delivered id (nothing pending: every delivered entry is acked).
+local function last_delivered()
+  for _, info in ipairs(redis.call('XINFO', 'GROUPS', updates)) do
+    local name, last
+    for j = 1, #info, 2 do
+      if info[j] == 'name' then name = info[j + 1] end
+      if info[j] == 'last-delivered-id' then last = info[j + 1] end
+    end
+    if name == group then return last end
+  end
+end
+if #acked > 0 then
+  local pending = redis.call('XPENDING', updates, group)
+  if tonumber(pending[1]) > 0 then
+    redis.call('XTRIM', updates, 'MINID', pending[2])
+  else
+    local last = last_delivered()
+    redis.call('XTRIM', updates, 'MINID', last)
+    redis.call('XDEL', updates, last)
+  end
+end
+-- The turns this call stored or dropped entries of, now active (one ZADD).
+local members = {}
+for _, tk in pairs(touched) do members[#members + 1] = now_ms; members[#members + 1] = tk end
+for j = 1, #members, 1000 do
+  redis.call('ZADD', active, unpack(members, j, math.min(j + 999, #members)))
 end
 
 --- includes/ready_closing
