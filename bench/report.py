@@ -192,8 +192,10 @@ def profile_section(raw: Path, run: Throughput, top: int = 25) -> str:
     lines = [
         "## Profile of one worker",
         "",
-        f"`py-spy record --format raw --rate 250` on the worker of the 1-worker run above "
-        f"({samples:,} samples). CPU seconds per 100,000 updates: worker "
+        f"`py-spy record --format raw --rate 250 --nonblocking` on one worker, in an extra "
+        f"run over the first {run.turns:,} turns of the same stream ({run.rate:,.0f} "
+        f"updates/s while sampled; {samples:,} samples). CPU seconds per 100,000 updates: "
+        "worker "
         f"{100_000 * worker / run.updates:.2f} s, redis-server (mostly the Lua scripts) "
         f"{100_000 * redis / run.updates:.2f} s, wall {100_000 / run.rate:.2f} s.",
         "",

@@ -53,8 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-turns", type=int, default=2000)
     p.add_argument("--rss-updates", type=int, default=1_000_000,
                    help="updates of the worker RSS run (0: skip)")
-    p.add_argument("--profile", action="store_true",
-                   help="py-spy the 1-worker run and write the profile section")
+    p.add_argument("--profile", type=int, default=0, metavar="TURNS",
+                   help="an extra 1-worker run over this many turns under py-spy, for the "
+                        "profile section (0: none)")
     p.add_argument("--skip-merge", action="store_true", help="do not run bench/merge_bench.py")
     p.add_argument("--skip-cancel", action="store_true", help="do not run bench/cancel_bench.py")
     p.add_argument("--no-docs", action="store_true", help="print only")
@@ -97,8 +98,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         runs: list[Throughput] = [await scenarios.drain(ctx, work)]
         show(runs[-1])
         for n in args.worker_counts:
-            profile = log_dir / "worker.pyspy" if args.profile and n == 1 else None
-            runs.append(await scenarios.processor(ctx, work, n, profile))
+            runs.append(await scenarios.processor(ctx, work, n))
             show(runs[-1])
         peer = work
         if args.peer_turns and args.peer_turns < len(work.turns):
@@ -110,6 +110,12 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             runs.append(await scenarios.faststream(ctx, peer))
         show(runs[-1])
         r["throughput"] = runs
+        if args.profile:
+            head = work.head(min(args.profile, len(work.turns)))
+            ctx_prof = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:profile")
+            await workload.make_template(client, ctx_prof.template, head, ["processor"])
+            r["profiled"] = await scenarios.processor(ctx_prof, head, 1, log_dir / "worker.pyspy")
+            say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
         await scenarios.forget(client, "bench:template*")
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
@@ -188,9 +194,10 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
                              after="e2e-latency")
         if "rss" in r:
             report.rss_chart(r["rss"], DOCS / "bench-rss.png")
-    one = next(t for t in r["throughput"] if t.name.endswith(" 1 worker"))
-    if one.profile:
-        report.write_section(PAGE, "e2e-profile", report.profile_section(Path(one.profile), one),
+    if "profiled" in r:
+        prof = r["profiled"]
+        report.write_section(PAGE, "e2e-profile",
+                             report.profile_section(Path(prof.profile), prof),
                              after="e2e-memory")
     say(f"{'docs':>24}: updated {PAGE.relative_to(ROOT)} and its charts")
 

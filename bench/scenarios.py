@@ -49,6 +49,7 @@ class Throughput:
     seconds: float
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process kind
     profile: str = ""  # py-spy raw output file, when profiled
+    turns: int = 0
 
     @property
     def rate(self) -> float:
@@ -178,9 +179,9 @@ def spawn_workers(harness: Harness, n: int, **options: Any) -> list[Any]:
 
 
 async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling one worker (raw collapsed stacks, 250 Hz)."""
+    """py-spy sampling one worker (raw collapsed stacks, 250 Hz, without pausing it)."""
     spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "250",
-                            "--output", str(out), "--pid", str(pid)],
+                            "--nonblocking", "--output", str(out), "--pid", str(pid)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attaches
     if spy.poll() is not None:
@@ -215,7 +216,8 @@ async def processor(
                 harness.terminate(sub)
         await forget(client, f"{{{ns}:*")
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
-    return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""))
+    return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
+                      len(work.turns))
 
 
 # --------------------------------------------------------------------------- latency

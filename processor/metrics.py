@@ -251,8 +251,9 @@ def find_group(groups: list[dict[Any, Any]], group: str) -> dict[str, Any] | Non
 def group_lag(info: dict[str, Any], length: int, pending: int) -> int:
     """XINFO GROUPS ``lag`` (Redis 7.0+). Redis reports it as nil when entries
     were deleted out of order; then (and on Redis 6.2) the lag is the stream
-    length minus the pending entries: the worker XDELs every entry it acks,
-    so what is left in the stream is pending or not yet delivered."""
+    length minus the pending entries: the worker trims the entries it acks
+    (all those below the oldest pending one), so what is left in the stream is
+    pending, not yet delivered, or acked above a still pending entry (few)."""
     lag = info.get("lag")
     if lag is not None:
         return int(lag)

@@ -83,9 +83,10 @@ def _lag(length: int, info: dict[str, Any] | None) -> tuple[int, bool]:
     """Entries the group has not been delivered yet, and whether Redis said so.
 
     Redis 7 reports ``lag`` unless entries were deleted in the range it would
-    count. Otherwise it is ``length - pending``: the worker XDELs every entry
-    in the same step that acks it, so the stream holds exactly the pending
-    entries and the ones not delivered yet.
+    count. Otherwise it is ``length - pending``: the worker trims the entries
+    it acks (all those below the oldest pending one) in the same step, so the
+    stream holds the pending entries, the ones not delivered yet and, while an
+    older entry is still pending, the few acked after it.
     """
     if info is None:
         return length, True
