@@ -18,7 +18,7 @@ from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
 from processor.models import TURN_IDS
-from processor.settle import Settled, encode_stored, event_fields
+from processor.settle import Compaction, Settled, encode_stored, event_fields
 
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
@@ -38,6 +38,7 @@ class BatchOptions:
     ready_limit: int = 1000
     done_ttl: int = 86_400
     agui: bool = False
+    compact_threshold: int = 256  # stored records of a turn before compaction; 0 = never
 
 
 @dataclass
@@ -114,7 +115,8 @@ def build_apply(
     lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
     head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
-            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit]
+            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit,
+            options.compact_threshold]
     return ApplyCall(keys, [*head, *turns.args], per_entry)
 
 
@@ -203,3 +205,14 @@ def build_finalise(
     if options.agui:  # last, so the per-turn key layout stays as it is
         call.keys.append(shard.agui)
     return call
+
+
+def build_compact(
+    shard: Shard, key: TurnKey, plan: Compaction, options: BatchOptions
+) -> ScriptCall:
+    """KEYS/ARGV of ``compact_turn`` for one turn's planned compaction."""
+    tk = key.encode()
+    return ScriptCall(
+        [shard.updates, shard.turn(tk), shard.recs(tk), shard.done(tk)],
+        [options.group, plan.expected, plan.cover, plan.state, *plan.folded],
+    )

@@ -81,6 +81,8 @@ OPTIONS: tuple[Option, ...] = (
            "turns and DLQ length per shard", 0.1),
     Option("health_stall", _number, 30.0, "/healthz answers 503 once the event loop has not "
            "run for this many seconds", 1),
+    Option("compact_threshold", int, 256,
+           "stored records of a turn before they are folded into one snapshot (0 = never)", 0),
     Option("log_level", str, "info", "debug, info, warning or error"),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
@@ -208,4 +210,5 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         events_maxlen=values["events_maxlen"],
         dlq_maxlen=values["dlq_maxlen"],
         done_ttl=values["done_ttl"],
+        compact_threshold=values["compact_threshold"],
     )

@@ -81,6 +81,11 @@ class TurnLife:
         self.last_id = entry_id
         return Verdict.MERGED
 
+    def ends_turn(self, record: Record, size: int = 0) -> bool:
+        """Whether feeding this entry next would end the turn (or find it ended)."""
+        return (self.outcome is not None or record.kind != "update"
+                or self._over_limit(size))
+
     def _over_limit(self, size: int) -> bool:
         return (
             self.counts.updates + 1 > self.limits.max_turn_updates

@@ -25,7 +25,8 @@ def source(name: str) -> str:
 
 
 NAMES = (
-    "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter"
+    "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
+    "compact_turn",
 )
 
 
@@ -37,3 +38,4 @@ class Scripts:
         self.finalise_turns = client.register_script(source("finalise_turns"))
         self.sweep_shard = client.register_script(source("sweep_shard"))
         self.send_update = client.register_script(source("send_update"))
+        self.compact_turn = client.register_script(source("compact_turn"))

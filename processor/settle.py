@@ -1,6 +1,12 @@
 """Finishing a turn from its stored state: the replay the worker runs before
-``finalise_turns``. Pure: the same stored records give the same response as
-``processor merge`` of the same entries.
+``finalise_turns``, and the compaction of a turn's stored records into one
+snapshot. Pure: the same stored records give the same response as
+``processor merge`` of the same entries, compacted or not.
+
+A turn's ``recs`` hash holds one record per applied entry (field = entry id)
+and, once compacted, a :class:`Snapshot` under the field :data:`STATE`: the
+:class:`~processor.lifecycle.TurnLife` after every record up to its
+``cover`` entry id, which those records were replaced by.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from processor import events as ev
 from processor.connections import as_text
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife, Verdict
-from processor.models import Record, Status
+from processor.merge import Turn
+from processor.models import Counts, Record, Status
 
 Reason = Literal["closing", "cancel", "timeout"]
 
@@ -26,8 +33,34 @@ class Stored(msgspec.Struct, array_like=True):
     record: Record
 
 
+#: The ``recs`` field of a turn's snapshot (never an entry id, which is ``<ms>-<seq>``).
+STATE = "state"
+
+
+class Snapshot(msgspec.Struct, array_like=True):
+    """A turn's :class:`TurnLife` after every stored record up to ``cover``.
+    Only taken while the turn has no outcome, so it holds no late records."""
+
+    cover: str  # the last entry id folded in
+    turn: bytes  # Turn.to_bytes()
+    counts: Counts
+    size: int  # bytes of the entries folded (for the byte limit)
+    first_id: str | None
+    last_id: str | None
+
+
+class Compaction(msgspec.Struct):
+    """What ``compact_turn`` needs: replace ``folded`` by ``state``."""
+
+    expected: str  # cover of the snapshot it extends ("" = none)
+    cover: str
+    folded: list[str]
+    state: bytes
+
+
 _stored_encoder = msgspec.msgpack.Encoder()
 _stored_decoder = msgspec.msgpack.Decoder(Stored)
+_snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 
@@ -71,9 +104,9 @@ def settle(
     closing record is not in the state any more), which only a concurrent
     finalisation can cause; the caller then leaves it alone.
     """
-    life = TurnLife(key, limits)
-    late: list[tuple[str, Record, Verdict]] = []
     records = {as_text(k): v for k, v in recs.items()}
+    life, _cover = resume(key, limits, records)
+    late: list[tuple[str, Record, Verdict]] = []
     ending = ""
     for entry_id in sorted(records, key=id_order):
         stored = _stored_decoder.decode(records[entry_id])
@@ -102,6 +135,54 @@ def settle(
         outputs.append(agui.entry_fields(key, run))
     dead = [_late_fields(key, entry_id, record, verdict) for entry_id, record, verdict in late]
     return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), ending)
+
+
+def resume(key: TurnKey, limits: Limits, records: dict[str, Any]) -> tuple[TurnLife, str]:
+    """The turn's life from its snapshot, if ``records`` (entry id -> stored
+    record, plus :data:`STATE`) has one, which is popped; and its cover ("" if none).
+    Every record left is after the cover: compaction deleted the others."""
+    life = TurnLife(key, limits)
+    blob = records.pop(STATE, None)
+    if blob is None:
+        return life, ""
+    snap = _snapshot_decoder.decode(blob)
+    life.turn = Turn.from_bytes(snap.turn)
+    life.counts = snap.counts
+    life.bytes = snap.size
+    life.first_id, life.last_id = snap.first_id, snap.last_id
+    return life, snap.cover
+
+
+def plan_compaction(
+    key: TurnKey, recs: dict[Any, Any], watermark: str | None, limits: Limits, minimum: int = 1
+) -> Compaction | None:
+    """Fold the turn's stored records below ``watermark`` (the shard's oldest
+    pending entry, None when nothing was pending) into a new snapshot.
+
+    Folding stops before the first record that would end the turn (end,
+    error, a limit): a snapshot never has an outcome, so what follows it is
+    replayed exactly as before. None when fewer than ``minimum`` records fold.
+    ``compact_turn`` checks that the records it replaces are still exactly
+    these and all below the watermark, so a stale plan changes nothing.
+    """
+    records = {as_text(k): v for k, v in recs.items()}
+    life, previous = resume(key, limits, records)
+    bound = id_order(watermark) if watermark else None
+    folded: list[str] = []
+    for entry_id in sorted(records, key=id_order):
+        if bound is not None and id_order(entry_id) >= bound:
+            break
+        stored = _stored_decoder.decode(records[entry_id])
+        if stored.record.kind != "update" or life.ends_turn(stored.record, stored.size):
+            break
+        life.feed(entry_id, stored.record, stored.size)
+        folded.append(entry_id)
+    if not folded or len(folded) < minimum:
+        return None
+    cover = folded[-1]
+    snap = Snapshot(cover, life.turn.to_bytes(), life.counts, life.bytes, life.first_id,
+                    life.last_id)
+    return Compaction(previous, cover, folded, _pack.encode(snap))
 
 
 def struct_fields(struct: msgspec.Struct) -> list[str]:

@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential, wait_random
 
 from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
+from processor.compaction import compact_turns
 from processor.connections import TRANSIENT, as_text, is_transient
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
@@ -61,6 +62,7 @@ class WorkerConfig:
     events_maxlen: int = 1_000_000
     dlq_maxlen: int = 100_000
     done_ttl: int = 86_400
+    compact_threshold: int = 256
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
@@ -68,6 +70,7 @@ class WorkerConfig:
             max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
             dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
             done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
+            compact_threshold=self.compact_threshold,
         )
 
 
@@ -232,7 +235,7 @@ class Worker:
     ) -> None:
         """Apply a batch, then finalise whatever it made ready."""
         call = build_apply(shard, entries, deliveries, self.options, _now_ms())
-        cancelled, ready, counts = await self.scripts.apply_entries(
+        cancelled, ready, counts, full = await self.scripts.apply_entries(
             keys=call.keys, args=call.args)
         self.metrics.applied(counts)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
@@ -240,6 +243,17 @@ class Worker:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
         if todo:
             await self.finalise(shard, todo)
+        if full:
+            await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
+
+    async def _compact(self, shard: Shard, keys: list[TurnKey]) -> None:
+        """Fold long turns' stored records into snapshots. Best effort: one that
+        fails or loses a race leaves the records as they were (still correct),
+        and the turn's next threshold crossing tries again."""
+        try:
+            await compact_turns(self.client, self.scripts, shard, keys, self.options)
+        except Exception as exc:
+            log.warning("compaction skipped", extra={"shard": shard.index, "error": repr(exc)})
 
     async def finalise(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Merge and publish finished turns; re-read any that changed meanwhile."""

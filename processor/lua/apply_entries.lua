@@ -15,7 +15,11 @@ listpack nodes instead of marking entries deleted one XDEL at a time.
 
 Finally report which turns are ready to finalise: turns found cancelled, and
 turns whose closing entry (end, error, limit) lies below the shard's
-watermark, i.e. every earlier entry of the stream has been acked.
+watermark, i.e. every earlier entry of the stream has been acked; and which
+turns to compact (compact_turn.lua): a store brought their recs hash to the
+threshold, or to the threshold plus a multiple of half of it (so a
+compaction that could not fold much is retried after that many more records,
+not on every store).
 
 KEYS[1] updates stream        KEYS[2] events stream
 KEYS[3] dlq stream            KEYS[4] active zset
@@ -27,17 +31,18 @@ ARGV[3] dlq MAXLEN (~)        ARGV[4] number of turns T
 ARGV[5] max updates per turn  ARGV[6] max bytes per turn
 ARGV[7] max bytes of an entry's names and values copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
-ARGV[9 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
-ARGV[9 + 2*T]                 the entries: one msgpack array, 8 values per entry:
+ARGV[9] compaction threshold (stored records of a turn; 0 = never)
+ARGV[10 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
+ARGV[10 + 2*T]                the entries: one msgpack array, 8 values per entry:
                               id, turn index (0 = none), op, a, b, c, deliveries, ids
   op "u" update / "e" end|error: a = stored record, b = size, c = progress events
                                   (msgpack array of field arrays), ids = the entry's
                                   turn-level ids (msgpack [name, JSON value, ...]) or ""
   op "d" dead letter:            a = reason, b = detail
 
-Returns { cancelled tks, ready closing members, counts } where counts is a
-flat [name, n, ...] of what this call did, for the worker's metrics:
-"stored", "dropped" and "dlq:<reason>" (only the names that occurred).
+Returns { cancelled tks, ready closing members, counts, tks to compact } where
+counts is a flat [name, n, ...] of what this call did, for the worker's
+metrics: "stored", "dropped" and "dlq:<reason>" (only the names that occurred).
 ]==]
 
 local updates, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -47,6 +52,9 @@ local nturns = tonumber(ARGV[4])
 local max_updates, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
 local dlq_value_max = tonumber(ARGV[7])
 local ready_limit = tonumber(ARGV[8])
+local compact_at = tonumber(ARGV[9])
+local compact_step = math.max(1, math.floor(compact_at / 2))
+local TURNS = 10  -- ARGV index of the first turn's tk
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -59,6 +67,7 @@ local cancelled, seen_cancel = {}, {}
 local counts = {}
 -- Called last in each branch, so a failing branch is counted once, as internal_error.
 local function count(name) counts[name] = (counts[name] or 0) + 1 end
+local full, seen_full = {}, {}
 local function turn_keys(ti)
   local k = 5 + 4 * (ti - 1)
   return KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
@@ -106,7 +115,7 @@ local function start_turn(ti, tkey, ids)
   has_hash[ti] = true
   redis.call('HSET', tkey, 'seq', 1, 'ver', 0, 'started', now_ms)
   remember_ids(tkey, ids)
-  local fields = fill_ids(tkey, cmsgpack.unpack(ARGV[9 + 2 * (ti - 1) + 1]))
+  local fields = fill_ids(tkey, cmsgpack.unpack(ARGV[TURNS + 2 * (ti - 1) + 1]))
   redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
@@ -122,9 +131,16 @@ end
 
 local function store(ti, id, op, record, size, progress, ids)
   local tkey, rkey = turn_keys(ti)
-  local tk = ARGV[9 + 2 * (ti - 1)]
+  local tk = ARGV[TURNS + 2 * (ti - 1)]
   start_turn(ti, tkey, ids)
   redis.call('HSET', rkey, id, record)
+  if compact_at > 0 and not seen_full[tk] then
+    local len = redis.call('HLEN', rkey)
+    if len >= compact_at and (len - compact_at) % compact_step == 0 then
+      seen_full[tk] = true
+      full[#full + 1] = tk
+    end
+  end
   redis.call('HINCRBY', tkey, 'ver', 1)
   local n = redis.call('HINCRBY', tkey, 'n', op == 'u' and 1 or 0)
   local bytes = redis.call('HINCRBY', tkey, 'bytes', size)
@@ -146,7 +162,7 @@ local function drop(ti)
   start_turn(ti, tkey, '')
   redis.call('HINCRBY', tkey, 'dropped', 1)
   redis.call('HINCRBY', tkey, 'ver', 1)
-  local tk = ARGV[9 + 2 * (ti - 1)]
+  local tk = ARGV[TURNS + 2 * (ti - 1)]
   -- Active, so that a sweep finalises it if this worker dies before doing so.
   touched[ti] = tk
   if not seen_cancel[tk] then
@@ -196,7 +212,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
   end
 end
 
-local E = cmsgpack.unpack(ARGV[9 + 2 * nturns])
+local E = cmsgpack.unpack(ARGV[TURNS + 2 * nturns])
 local acked = {}
 for i = 1, #E, 8 do
   local id = E[i]
@@ -247,4 +263,4 @@ end
 --- includes/ready_closing
 local flat = {}
 for name, n in pairs(counts) do flat[#flat + 1] = name; flat[#flat + 1] = n end
-return { cancelled, ready_closing(updates, group, closing, ready_limit), flat }
+return { cancelled, ready_closing(updates, group, closing, ready_limit), flat, full }
