@@ -26,7 +26,7 @@ async def test_chaos_soak(make_redis_server, namespace: str, tmp_path) -> None:
     cfg = ChaosConfig(
         turns=turns,
         seed=int(os.environ.get("PROCESSOR_CHAOS_SEED", "1")),
-        produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "20")),
+        produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "15")),
     )
 
     async def restart() -> None:
