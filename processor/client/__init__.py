@@ -1,0 +1,44 @@
+"""The client side of the wire contract: producers send updates, subscribers read outputs.
+
+:class:`Producer` writes input entries (contract section 3) to the right shard,
+idempotently and with retries; it also sets and reads cancellation keys
+(section 6) so a generator can stop when its turn is cancelled.
+:class:`Subscriber` follows the ``merged`` and ``events`` streams of every
+shard (section 5), resumable from the positions it reports, and waits for the
+merged response of one turn.
+
+Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
+``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`)::
+
+    producer = Producer(client, shards=4)
+    await producer.stream("resp_1", agent.run_stream("hi"))
+    item = await Subscriber(client, shards=4).wait_for("resp_1", timeout=60)
+    response = item.agent_response()
+"""
+
+# A package of one module per concern (entries, producer, watch, items, subscriber,
+# retry); this module keeps every name `processor.client` had. Names outside __all__
+# are re-exported with `as` so that `import *` offers exactly what it did before.
+from processor.client.entries import CORRELATION_IDS as CORRELATION_IDS
+from processor.client.entries import Encoding as Encoding
+from processor.client.entries import Sent
+from processor.client.entries import encode_update as encode_update
+from processor.client.items import EntryItem, EventItem, Item, MergedItem
+from processor.client.producer import AUTO_IDEMPOTENCY_TTL as AUTO_IDEMPOTENCY_TTL
+from processor.client.producer import Producer
+from processor.client.retry import RetryPolicy
+from processor.client.subscriber import STREAMS as STREAMS
+from processor.client.subscriber import Subscriber
+from processor.client.watch import CancelWatch
+
+__all__ = [
+    "CancelWatch",
+    "EntryItem",
+    "EventItem",
+    "Item",
+    "MergedItem",
+    "Producer",
+    "RetryPolicy",
+    "Sent",
+    "Subscriber",
+]

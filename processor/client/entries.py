@@ -1,0 +1,95 @@
+"""Input entries (contract section 3): their correlation ids and ``kind`` bodies.
+
+Pure functions: what :class:`processor.client.Producer` hands to ``send_update.lua``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from processor.models import ENTRY_IDS, TURN_IDS
+
+Encoding = Literal["json", "msgpack"]
+
+#: The correlation ids an entry may carry (contract section 3).
+CORRELATION_IDS = frozenset(TURN_IDS + ENTRY_IDS)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnIds:
+    """Who an entry belongs to: its ResponseId (or turn_id) and correlation ids."""
+
+    response_id: str | None
+    ids: dict[str, str]
+
+    @property
+    def routing_id(self) -> str:
+        """What the shard is computed from: the response_id, else the turn_id."""
+        return self.response_id or self.ids["turn_id"]
+
+    def fields(self) -> list[str]:
+        """The entry's identity fields, for XADD."""
+        out = ["response_id", self.response_id] if self.response_id else []
+        for name, value in self.ids.items():
+            out += [name, value]
+        return out
+
+
+def turn_ids(
+    response_id: str | None,
+    attempt_id: str | None,
+    turn_id: str | None,
+    ids: Mapping[str, str] | None,
+) -> TurnIds:
+    """Validate and combine an entry's ids (``attempt_id``/``turn_id`` may be in ``ids``)."""
+    merged = dict(ids or {})
+    unknown = sorted(set(merged) - CORRELATION_IDS)
+    if unknown:
+        raise ValueError(f"unknown correlation ids {unknown}; known: {sorted(CORRELATION_IDS)}")
+    for name, value in (("attempt_id", attempt_id), ("turn_id", turn_id)):
+        if value is not None and merged.setdefault(name, value) != value:
+            raise ValueError(f"{name} is given twice with different values")
+    for name, value in merged.items():
+        if not isinstance(value, str):
+            raise TypeError(f"correlation id {name!r} must be a str, not {type(value).__name__}")
+    merged = {name: value for name, value in merged.items() if value}
+    if not response_id and "turn_id" not in merged:
+        raise ValueError("an entry needs a response_id or a turn_id")
+    return TurnIds(response_id or None, merged)
+
+
+def encode_update(update: Any, enc: Encoding = "json") -> str | bytes:
+    """The ``update`` field of an entry: an ``AgentResponseUpdate`` (``.to_dict()``) or a dict."""
+    data = update.to_dict() if hasattr(update, "to_dict") else update
+    if not isinstance(data, Mapping):
+        raise TypeError(f"an update must be an AgentResponseUpdate or a dict, not {type(data)}")
+    if enc == "json":
+        return msgspec.json.encode(data).decode("utf-8")
+    if enc == "msgpack":
+        return msgspec.msgpack.encode(data)
+    raise ValueError(f"unknown encoding {enc!r} (json or msgpack)")
+
+
+def update_body(update: Any, enc: Encoding) -> list[Any]:
+    """The fields of a ``kind=update`` entry after its ids."""
+    body: list[Any] = ["kind", "update", "update", encode_update(update, enc)]
+    return body if enc == "json" else [*body, "enc", enc]
+
+
+def error_body(message: str, code: str | None) -> list[Any]:
+    """The fields of a ``kind=error`` entry after its ids."""
+    body = ["kind", "error", "error", message]
+    return [*body, "code", code] if code else body
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What :meth:`Producer.stream` wrote: first entry id, the final entry's id, update count."""
+
+    first_id: str
+    last_id: str
+    updates: int

@@ -1,0 +1,197 @@
+"""The producer side of the wire contract: input entries and cancellation keys.
+
+:class:`Producer` writes input entries (contract section 3) to the right shard,
+idempotently and with retries; it also sets and reads cancellation keys
+(section 6) so a generator can stop when its turn is cancelled.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterable, Mapping
+from typing import Any, TypeVar
+
+from processor.client.entries import (
+    Encoding,
+    Sent,
+    TurnIds,
+    error_body,
+    turn_ids,
+    update_body,
+)
+from processor.client.retry import RetryPolicy
+from processor.client.watch import CancelWatch
+from processor.connections import as_text
+from processor.ids import response_id_for_turn
+from processor.keys import DEFAULT_NAMESPACE, Namespace
+from processor.scripts import source
+
+T = TypeVar("T")
+
+#: How long an auto-generated idempotency key lives: it only guards the built-in retry.
+AUTO_IDEMPOTENCY_TTL = 600
+
+
+class Producer:
+    """Writes input entries to ``{<ns>:<s>}:updates`` (contract section 3).
+
+    Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
+    added with ``send_update.lua``: an idempotency key makes a retried send add
+    the entry once. Without an ``idempotency_key`` one is made per call (and
+    reused by the built-in retry); pass your own, unique per entry (say
+    ``f"{response_id}:{n}"``), to make your own retries safe as well. Keys are
+    kept ``idempotency_ttl`` seconds, per namespace and shard.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        namespace: str = DEFAULT_NAMESPACE,
+        shards: int = 1,
+        *,
+        idempotency_ttl: int = 86_400,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Use ``client`` (asyncio Redis or RedisCluster) for ``shards`` shards of ``namespace``."""
+        self.client = client
+        self.keys = Namespace(namespace, shards)
+        self.idempotency_ttl = idempotency_ttl
+        self.retry = retry or RetryPolicy()
+        self._send_update = client.register_script(source("send_update"))
+
+    async def send(
+        self,
+        response_id: str | None,
+        update: Any,
+        *,
+        attempt_id: str | None = None,
+        turn_id: str | None = None,
+        ids: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        enc: Encoding = "json",
+    ) -> str:
+        """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its entry id.
+
+        ``response_id`` may be ``None`` when ``turn_id`` is given (the processor
+        then assigns the ResponseId). ``ids`` holds the other correlation ids
+        (``session_id``, ``step_id``, ...). ``enc="msgpack"`` sends the update as msgpack.
+        """
+        turn = turn_ids(response_id, attempt_id, turn_id, ids)
+        return await self._add(turn, update_body(update, enc), idempotency_key)
+
+    async def end(
+        self,
+        response_id: str | None,
+        *,
+        attempt_id: str | None = None,
+        turn_id: str | None = None,
+        ids: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Mark the turn finished normally (``kind=end``); returns the entry id."""
+        turn = turn_ids(response_id, attempt_id, turn_id, ids)
+        return await self._add(turn, ["kind", "end"], idempotency_key)
+
+    async def error(
+        self,
+        response_id: str | None,
+        message: str,
+        code: str | None = None,
+        *,
+        attempt_id: str | None = None,
+        turn_id: str | None = None,
+        ids: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Report that the producer failed (``kind=error``); the turn ends as ``producer_error``."""
+        turn = turn_ids(response_id, attempt_id, turn_id, ids)
+        return await self._add(turn, error_body(message, code), idempotency_key)
+
+    async def stream(
+        self,
+        response_id: str | None,
+        updates: AsyncIterable[Any],
+        *,
+        attempt_id: str | None = None,
+        turn_id: str | None = None,
+        ids: Mapping[str, str] | None = None,
+        enc: Encoding = "json",
+    ) -> Sent:
+        """Send every update of ``updates``, then ``end``.
+
+        If iterating ``updates`` raises an ``Exception``, an ``error`` entry
+        (message ``"<Type>: <text>"``, code = the exception's type name) ends
+        the turn instead and the exception is re-raised. Errors of Redis itself
+        (after the retries) propagate as they are. To stop on cancellation, pass
+        ``producer.watch(response_id, updates)`` as ``updates``.
+        """
+        turn = turn_ids(response_id, attempt_id, turn_id, ids)
+        first, count = "", 0
+        iterator = aiter(updates)
+        while True:
+            try:
+                update = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                await self._add(
+                    turn, error_body(f"{type(exc).__name__}: {exc}", type(exc).__name__), None
+                )
+                raise
+            entry = await self._add(turn, update_body(update, enc), None)
+            first, count = first or entry, count + 1
+        last = await self._add(turn, ["kind", "end"], None)
+        return Sent(first or last, last, count)
+
+    async def cancel(
+        self,
+        response_id: str | None,
+        reason: str = "cancelled",
+        ttl: int = 3600,
+        *,
+        turn_id: str | None = None,
+    ) -> None:
+        """Cancel every attempt of a turn: SET ``{ns:s}:cancel:<response_id>`` for ``ttl`` s.
+
+        For a turn sent with only a ``turn_id``, pass ``response_id=None, turn_id=...``.
+        """
+        key = self.cancel_key(response_id, turn_id=turn_id)
+        await self.retry.run(lambda: self.client.set(key, reason, ex=ttl))
+
+    async def cancelled(self, response_id: str | None, *, turn_id: str | None = None) -> bool:
+        """True when the turn's cancellation key exists (one EXISTS)."""
+        key = self.cancel_key(response_id, turn_id=turn_id)
+        return bool(await self.retry.run(lambda: self.client.exists(key)))
+
+    def watch(
+        self,
+        response_id: str | None,
+        updates: AsyncIterable[T],
+        poll_interval: float = 0.2,
+        *,
+        turn_id: str | None = None,
+    ) -> CancelWatch[T]:
+        """Iterate ``updates`` until the turn is cancelled, then ``aclose()`` them.
+
+        The cancellation key is read at most once per ``poll_interval`` (and
+        once at the start), also while the generator is waiting for its next
+        update, which is interrupted when the key appears. See :class:`CancelWatch`.
+        """
+        key = self.cancel_key(response_id, turn_id=turn_id)
+        return CancelWatch(self.client, key, updates, poll_interval)
+
+    def cancel_key(self, response_id: str | None, *, turn_id: str | None = None) -> str:
+        """The cancellation key of a turn (of the ResponseId assigned from ``turn_id``)."""
+        if response_id:
+            return self.keys.shard_for(response_id).cancel(response_id)
+        if turn_id:
+            return self.keys.shard_for(turn_id).cancel(response_id_for_turn(turn_id))
+        raise ValueError("a response_id or a turn_id is needed")
+
+    async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
+        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries."""
+        shard = self.keys.shard_for(turn.routing_id)
+        ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
+        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex)]
+        args = [ttl, *turn.fields(), *body]
+        return as_text(await self.retry.run(lambda: self._send_update(keys=keys, args=args)))

@@ -1,0 +1,118 @@
+"""Stopping a generator when its turn's cancellation key appears (contract section 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from processor.connections import TRANSIENT, as_text
+
+# The name the logger had before processor.client became a package: log filters keep working.
+log = logging.getLogger("processor.client")
+
+T = TypeVar("T")
+
+
+async def _next(iterator: AsyncIterator[T]) -> T:
+    """``anext`` as a coroutine, so a Task can run it."""
+    return await anext(iterator)
+
+
+class CancelWatch(Generic[T]):
+    """An async iterator over ``updates`` that ends when a cancellation key appears.
+
+    It reads the key at most once per poll interval while it is iterated (no
+    background task outlives it). When the key is seen, the pending ``anext``
+    of the source is cancelled, the source is ``aclose()``-d, the iteration
+    ends, and :attr:`reason` holds the key's value. Use ``async with`` (or
+    :meth:`aclose`) when you may stop iterating early.
+    """
+
+    def __init__(self, client: Any, key: str, updates: AsyncIterable[T], poll_interval: float):
+        """Watch ``key`` on ``client`` while iterating ``updates``."""
+        self._client = client
+        self._key = key
+        self._source = updates
+        self._iterator = aiter(updates)
+        self._interval = poll_interval
+        self._next_poll = 0.0
+        self._closed = False
+        self.reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the cancellation key was seen."""
+        return self.reason is not None
+
+    def __aiter__(self) -> CancelWatch[T]:
+        """The watch itself."""
+        return self
+
+    async def __anext__(self) -> T:
+        """The next update, or ``StopAsyncIteration`` when exhausted or cancelled."""
+        if self._closed:
+            raise StopAsyncIteration
+        step = asyncio.ensure_future(_next(self._iterator))
+        try:
+            while not await self._step_done(step):
+                if await self._poll():
+                    await self._stop(step)
+                    raise StopAsyncIteration
+        except asyncio.CancelledError:
+            step.cancel()
+            raise
+        return step.result()
+
+    async def _step_done(self, step: asyncio.Future[T]) -> bool:
+        """Wait for ``step`` until the next poll is due; True when it finished first."""
+        delay = self._next_poll - asyncio.get_running_loop().time()
+        if delay <= 0:
+            return False
+        done, _ = await asyncio.wait({step}, timeout=delay)
+        return bool(done)
+
+    async def _poll(self) -> bool:
+        """Read the key once (a transient error counts as "not cancelled")."""
+        self._next_poll = asyncio.get_running_loop().time() + self._interval
+        try:
+            value = await self._client.get(self._key)
+        except TRANSIENT as exc:
+            log.warning("could not read the cancellation key %s: %s", self._key, exc)
+            return False
+        if value is None:
+            return False
+        self.reason = as_text(value)
+        return True
+
+    async def _stop(self, step: asyncio.Future[T]) -> None:
+        """Interrupt the pending ``anext`` and close the source."""
+        step.cancel()
+        await asyncio.wait({step})
+        if not step.cancelled():
+            step.exception()  # retrieved: it is superseded by the cancellation
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop iterating and ``aclose()`` the source (when it has one)."""
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._source, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def __aenter__(self) -> CancelWatch[T]:
+        """``async with producer.watch(...) as updates``: closed on exit."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close on exit."""
+        await self.aclose()
