@@ -306,6 +306,23 @@ async def test_watch_polls_per_interval_not_per_update(async_redis_client, names
     assert not watch.cancelled
 
 
+async def test_watch_as_context_manager_closes_the_generator(async_redis_client, namespace):
+    producer = Producer(async_redis_client, namespace)
+    closed = asyncio.Event()
+
+    async def updates() -> AsyncIterator[int]:
+        try:
+            for n in range(10):
+                yield n
+        finally:
+            closed.set()
+
+    async with producer.watch("resp_ctx", updates(), poll_interval=10) as watch:
+        assert await anext(watch) == 0
+    assert closed.is_set()
+    assert await _collect(watch) == []
+
+
 async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, namespace):
     producer = Producer(async_redis_client, namespace)
 
@@ -441,6 +458,20 @@ async def test_subscriber_stop_ends_iteration(async_redis_client, namespace):
     subscriber = Subscriber(async_redis_client, namespace, shards=2, block_ms=50)
     asyncio.get_running_loop().call_later(0.1, subscriber.stop)
     assert await asyncio.wait_for(_collect(subscriber), timeout=5) == []
+
+
+async def test_subscriber_as_context_manager_stops_and_cancels_reads(redis_cluster, namespace):
+    client = redis.asyncio.cluster.RedisCluster.from_url(redis_cluster.url)
+    try:
+        async with Subscriber(client, namespace, shards=2) as subscriber:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(subscriber.read(block_ms=5000), timeout=0.3)
+            pending = list(subscriber._pending.values())
+            assert len(pending) == 2 and not any(task.done() for task in pending)
+        assert all(task.cancelled() for task in pending) and not subscriber._pending
+        assert await _collect(subscriber) == []
+    finally:
+        await client.aclose()
 
 
 async def test_wait_for_finds_past_and_future_merged_entries(async_redis_client, namespace):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
+from processor.client.closing import AsyncClosing
 from processor.client.items import Item, MergedItem, decode_item, entry_ms, xread_entries
 from processor.client.retry import RetryPolicy
 from processor.connections import as_text
@@ -25,7 +25,7 @@ from processor.keys import DEFAULT_NAMESPACE, Namespace, Shard
 STREAMS = ("merged", "events", "dlq", "updates")
 
 
-class Subscriber:
+class Subscriber(AsyncClosing):
     """Follows the output streams of every shard: ``async for item in subscriber``.
 
     Items are :class:`MergedItem`, :class:`EventItem` (or :class:`EntryItem`
@@ -176,19 +176,6 @@ class Subscriber:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-
-    async def __aenter__(self) -> Subscriber:
-        """``async with Subscriber(...) as sub``: :meth:`aclose` on exit."""
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close on exit."""
-        await self.aclose()
 
     async def _read_batch(self, block_ms: int | None) -> list[Item]:
         """Read the next entries after the positions (not advancing them), in time order."""

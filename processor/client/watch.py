@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from processor.client.closing import AsyncClosing
 from processor.connections import TRANSIENT, as_text
 
 # The name the logger had before processor.client became a package: log filters keep working.
@@ -21,7 +21,7 @@ async def _next(iterator: AsyncIterator[T]) -> T:
     return await anext(iterator)
 
 
-class CancelWatch(Generic[T]):
+class CancelWatch(AsyncClosing, Generic[T]):
     """An async iterator over ``updates`` that ends when a cancellation key appears.
 
     It reads the key at most once per poll interval while it is iterated (no
@@ -103,16 +103,3 @@ class CancelWatch(Generic[T]):
         close = getattr(self._source, "aclose", None)
         if close is not None:
             await close()
-
-    async def __aenter__(self) -> CancelWatch[T]:
-        """``async with producer.watch(...) as updates``: closed on exit."""
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Close on exit."""
-        await self.aclose()
