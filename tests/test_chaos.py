@@ -14,9 +14,13 @@ tests/test_chaos.py`` runs a longer soak (``PROCESSOR_CHAOS_SEED`` picks the tur
 
 from __future__ import annotations
 
+import json
 import os
 
 from chaos import ChaosConfig, ChaosRun
+from worker_harness import Harness
+
+from processor.lifecycle import Limits
 
 
 async def test_chaos_soak(make_redis_server, namespace: str, tmp_path) -> None:
@@ -42,3 +46,36 @@ async def test_chaos_soak(make_redis_server, namespace: str, tmp_path) -> None:
     assert figures.lost == figures.duplicated == figures.mismatches == 0
     assert figures.unexpected == 0 and figures.leftover_keys == 0
     assert sum(figures.statuses.values()) == figures.turns
+
+
+async def test_no_timeout_while_the_turns_entries_wait_to_be_reclaimed(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the soak with a short turn timeout: a turn whose next entries
+    sat in a dead worker's pending list longer than ``--turn-timeout`` was
+    timed out although its producer never paused, and those entries then
+    went to the DLQ as turn_closed. Idle means no entry *arrived*: a turn
+    is not timed out while entries older than its timeout wait unapplied."""
+    async with Harness(redis_url, namespace, limits=Limits(turn_timeout=1.0),
+                       reclaim_idle_ms=3000) as harness:
+        (worker,) = await harness.start_workers(1)
+        await harness.add([_delta("slow", "a")])
+        await harness.wait_applied()
+        await harness.stop_worker(worker)
+        await harness.add([_delta("slow", "b"), {"response_id": "slow", "kind": "end"}])
+        # A consumer reads them and dies: they wait 3 s to be reclaimed.
+        shard = harness.shards[0]
+        await harness.client.xreadgroup(harness.group, "ghost", {shard.updates: ">"}, count=10)
+        await harness.start_workers(1)
+        await harness.wait_merged(1, timeout=30)
+        outputs = await harness.outputs()
+    (turn,) = outputs.turns.values()
+    assert turn.merged[0]["status"] == "completed", turn.events[-1]
+    assert json.loads(turn.response)["messages"][0]["contents"][0]["text"] == "ab"
+    assert outputs.dlq == []
+
+
+def _delta(rid: str, text: str) -> dict:
+    return {"response_id": rid, "update": {"type": "agent_response_update", "role": "assistant",
+                                           "message_id": "m1",
+                                           "contents": [{"type": "text", "text": text}]}}
