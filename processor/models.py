@@ -7,7 +7,7 @@ outputs sections 5.1 to 5.3. Field order here is the field order on the wire.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -302,12 +302,15 @@ class EventEntry(msgspec.Struct, omit_defaults=True):
 
 
 class DlqEntry(msgspec.Struct, omit_defaults=True):
-    """Fields added to the original fields of a dead-lettered entry (5.3)."""
+    """Fields added to the original fields of a dead-lettered entry (5.3).
+
+    Like every stream field value, ``deliveries`` is a string (a decimal count).
+    """
 
     reason: str
     detail: str
     source_id: str
-    deliveries: int
+    deliveries: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+$")]
 
 
 class TurnResult(msgspec.Struct):

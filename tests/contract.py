@@ -1,6 +1,6 @@
 """The contract test, by construction: every output entry the integration
-helpers read (tests/worker_harness.py reads every ``merged`` and ``events``
-entry of every live test) is checked here against the JSON Schema that
+helpers read (tests/worker_harness.py reads every ``merged``, ``events`` and
+``dlq`` entry of every live test) is checked here against the JSON Schema that
 ``processor schema`` prints, so every integration test checks it.
 
 ``processor schema`` prints :func:`processor.schema.document` (test_decode
@@ -77,6 +77,14 @@ def check_event_entry(fields: dict[str, str]) -> dict[str, Any]:
     assert flat == {k: event[k] for k in flat}, (fields, event)
     assert fields.get("attempt_id") == (event["attempt_id"] or None), (fields, event)
     return event
+
+
+def check_dlq_entry(fields: dict[str, str]) -> None:
+    """A ``dlq`` stream entry: the original fields plus what the schema adds."""
+    try:
+        validator("dlq_entry").validate(fields)
+    except jsonschema.ValidationError as exc:
+        raise _fail("dlq entry", fields, exc) from exc
 
 
 def check_merged_entry(fields: dict[str, str]) -> None:

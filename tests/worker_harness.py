@@ -9,7 +9,7 @@ merge`` line so that :mod:`tests.expectations` can check them.
 
 Nothing here knows the merge rules: a test compares the live outputs with
 :func:`offline_results` (``processor merge`` of the same entries). Every
-merged entry and event read is checked against ``processor schema``
+merged entry, event and dead letter read is checked against ``processor schema``
 (tests/contract.py), so every integration test is also a contract test.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio
-from contract import check_event_entry, check_merged_entry
+from contract import check_dlq_entry, check_event_entry, check_merged_entry
 from redis.asyncio.cluster import RedisCluster
 
 from processor.events import encode_response
@@ -458,8 +458,9 @@ class Harness:
             for _id, fields in await self._xrange_all(shard.events):
                 pending_events[fields["synthesis_id"]].append(check_event_entry(fields))
                 events_count += 1
-            dlq += [{**f, "_id": i, "_shard": str(shard.index)}
-                    for i, f in await self._xrange_all(shard.dlq)]
+            for i, f in await self._xrange_all(shard.dlq):
+                check_dlq_entry(f)
+                dlq.append({**f, "_id": i, "_shard": str(shard.index)})
         for synthesis_id, events in pending_events.items():
             key = by_synthesis.get(synthesis_id)
             if key is None:  # events of a turn never merged: keep them visible
