@@ -97,6 +97,10 @@ class Worker:
         self._stopping = asyncio.Event()
         self._cursor: dict[int, int] = {}
         self._reclaim_cursor: dict[int, str] = {}
+        # Shards where this consumer may hold entries it never received: a
+        # read whose reply a connection error lost (and, at start, a previous
+        # process with the same consumer name). See _take_back.
+        self._orphans: set[int] = {s.index for s in self.namespace.all()}
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
@@ -188,6 +192,8 @@ class Worker:
                 await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
     async def _read_once(self, shard: Shard) -> None:
+        if shard.index in self._orphans:
+            await self._retrying(self._take_back, shard)
         entries = await self._retrying(self._read, shard)
         if entries:
             self.metrics.read(shard.index, len(entries))
@@ -206,7 +212,47 @@ class Worker:
                 raise
             await self.ensure_groups()  # the stream was deleted under us
             return []
+        except Exception as exc:
+            if is_transient(exc):
+                # Redis may have delivered the batch and lost the reply.
+                self._orphans.add(shard.index)
+            raise
         return [entry for _stream, entries in reply or [] for entry in entries]
+
+    async def _take_back(self, shard: Shard) -> None:
+        """Apply what this consumer was delivered but never received, now,
+        rather than after --reclaim-idle-ms (a Redis restart or a dropped
+        connection would otherwise hold the shard's watermark, so every turn
+        of the shard, that long). Each shard loop reads, applies and acks in
+        turn, so this consumer's pending entries of a shard are all orphans
+        when its loop is back here (or ones left pending on purpose after a
+        failure: applying them again is what a reclaim would do)."""
+        cfg = self.config
+        start = "0"
+        while True:
+            reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
+                                                 {shard.updates: start}, count=cfg.batch)
+            found = [entry for _stream, entries in reply or [] for entry in entries]
+            if not found:
+                break
+            start = as_text(found[-1][0])
+            entries = [(i, f) for i, f in found if f]
+            gone = [i for i, f in found if not f]
+            if gone:  # deleted while pending: nothing to apply
+                await self.client.xack(shard.updates, cfg.group, *gone)
+            if entries:
+                log.info("took back undelivered entries",
+                         extra={"shard": shard.index, "count": len(entries)})
+                await self._apply_isolated(shard, entries, await self._deliveries(shard, entries))
+        self._orphans.discard(shard.index)
+
+    async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
+        """How many times each of this consumer's pending entries was delivered."""
+        pending = await self.client.xpending_range(
+            shard.updates, self.config.group, min=entries[0][0], max=entries[-1][0],
+            count=len(entries) * 2, consumername=self.config.consumer,
+        )
+        return {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
 
     async def _apply_isolated(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int]
@@ -340,10 +386,15 @@ class Worker:
         # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
-        reply = await self.client.xautoclaim(
-            shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
-            start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
-        )
+        try:
+            reply = await self.client.xautoclaim(
+                shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
+                start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
+            )
+        except Exception as exc:
+            if is_transient(exc):  # claimed for this consumer, maybe, and the reply lost
+                self._orphans.add(shard.index)
+            raise
         self._reclaim_cursor[shard.index] = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
         gone = [i for i, f in reply[1] if f is None]
@@ -351,11 +402,7 @@ class Worker:
             await self.client.xack(shard.updates, cfg.group, *gone)
         if not entries:
             return
-        pending = await self.client.xpending_range(
-            shard.updates, cfg.group, min=entries[0][0], max=entries[-1][0],
-            count=len(entries) * 2, consumername=cfg.consumer,
-        )
-        deliveries = {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        deliveries = await self._deliveries(shard, entries)
         self.metrics.read(shard.index, len(entries), "reclaim")
         log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
         await self._apply_isolated(shard, entries, deliveries)

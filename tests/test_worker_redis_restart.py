@@ -1,0 +1,193 @@
+"""Redis itself goes away under running workers: the private redis-server (AOF
+on, ``appendfsync always``) is SIGKILLed, shut down cleanly, and SIGKILLed
+again in the middle of a run, each time started again on the same port.
+
+The workers (two in-process, one ``processor run`` subprocess) keep retrying
+with backoff and resume; producers (``processor.client.Producer``) keep
+sending through the outages with their retries and idempotency keys; a
+``Subscriber`` follows the outputs across them. The run ends as if nothing
+happened: every turn merged exactly once with one terminal event, equal to
+``processor merge``, every entry sent once, nothing dead-lettered, no state
+left behind, and the subscriber saw every output exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio
+from strategies import random_turn
+from worker_harness import Harness, compare_with_offline, offline_results
+
+from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
+from processor.connections import TRANSIENT
+from processor.embedded import EmbeddedRedis
+
+FLAGS: dict[str, Any] = {
+    # The default (30 s): resuming must not wait for idle entries to be
+    # reclaimed (a read whose reply the outage lost is taken back at once).
+    "reclaim_idle_ms": 30_000,
+    "batch": 50,
+    "compact_threshold": 16,  # compactions in flight when Redis dies, too
+}
+# Clients give up only after about 10 s of outage (each outage is about 1 s).
+PATIENT = RetryPolicy(attempts=40, initial=0.05, max_wait=0.5)
+# Every write waits for its fsync (appendfsync always): concurrent producers
+# share them (Redis fsyncs once per event loop round).
+PRODUCERS = 8
+
+
+async def _send_all(producer: Producer, entries: list[dict[str, Any]], sent: Counter) -> None:
+    """Send entries in order, one at a time, as a streaming agent would."""
+    numbers: Counter[str] = Counter()
+    for entry in entries:
+        rid = entry["response_id"]
+        numbers[rid] += 1
+        key = f"{rid}:{numbers[rid]}"  # unique per entry: a retried send adds it once
+        if entry.get("kind") == "end":
+            await producer.end(rid, idempotency_key=key)
+        else:
+            ids = {k: entry[k] for k in ("session_id", "step_id") if k in entry}
+            await producer.send(rid, entry["update"], ids=ids, idempotency_key=key)
+        sent[rid] += 1
+
+
+async def _outages(server: EmbeddedRedis, harness: Harness, total: int) -> list[str]:
+    """SIGKILL, clean stop, SIGKILL: each once the run has made some progress."""
+    done: list[str] = []
+    for graceful, after in ((False, total // 5), (True, total // 2), (False, 3 * total // 4)):
+        while await _merged_or_zero(harness) < after:
+            await asyncio.sleep(0.05)
+        if graceful:
+            await server.astop()  # SIGTERM: Redis shuts down cleanly
+        else:
+            await server.akill()  # SIGKILL: only the fsynced AOF is left
+        assert not server.running
+        await asyncio.sleep(0.7)  # every client's calls fail meanwhile
+        await server.astart()
+        done.append("stop" if graceful else "kill")
+    return done
+
+
+async def _merged_or_zero(harness: Harness) -> int:
+    try:
+        return await harness.merged_count()
+    except TRANSIENT:
+        return 0
+
+
+async def test_workers_resume_after_redis_restarts(
+    make_redis_server: Callable[..., EmbeddedRedis], namespace: str, tmp_path
+) -> None:
+    server = make_redis_server(appendonly=True)
+    rng = random.Random(41)
+    turns = [random_turn(rng, f"rr-{i:03d}", max_messages=40) for i in range(80)]
+    offline = offline_results([e for turn in turns for e in turn])
+    shards = 2
+    clients = [redis.asyncio.Redis.from_url(server.url) for _ in range(2)]
+    producer = Producer(clients[0], namespace, shards, retry=PATIENT)
+    subscriber = Subscriber(clients[1], namespace, shards, ("merged", "events"), block_ms=200,
+                            retry=PATIENT)
+    seen: list[Any] = []
+    sent: Counter[str] = Counter()
+
+    async def follow() -> None:
+        async for item in subscriber:
+            seen.append(item)
+
+    async with Harness(server.url, namespace, shards, log_dir=tmp_path, **FLAGS) as harness:
+        await harness.start_workers(2)
+        sub = harness.spawn(log_level="info", **FLAGS)
+        await harness.wait_started([sub])
+        follower = asyncio.create_task(follow())
+        outages = asyncio.create_task(_outages(server, harness, len(turns)))
+        # Each producer streams its own turns, interleaved with one another.
+        await asyncio.gather(*(
+            _send_all(producer, [e for turn in turns[p::PRODUCERS] for e in turn], sent)
+            for p in range(PRODUCERS)))
+        assert await outages == ["kill", "stop", "kill"]
+        # The test's own reader may hold connections from before the last
+        # outage: start it afresh (the workers' clients recover on their own).
+        await harness.client.aclose()
+        harness.client = harness.connect()
+        await harness.wait_merged(len(offline), timeout=120)
+        await harness.wait_drained(timeout=60)
+        harness.assert_workers_alive()
+        outputs = await harness.outputs()
+        leftover = await harness.state_keys()
+        log = sub.log()
+        await asyncio.sleep(0.5)  # the subscriber catches up
+        subscriber.stop()
+        await follower
+    for client in clients:
+        await client.aclose()
+
+    assert sent == Counter({t[0]["response_id"]: len(t) for t in turns})
+    compare_with_offline(outputs, offline, "after Redis restarts")
+    assert outputs.merged_count == len(offline)
+    assert sorted(outputs.terminal_counts().values()) == [1] * len(offline)
+    assert outputs.dlq == [], outputs.dlq[:3]
+    assert leftover == [], leftover
+    assert "redis unavailable, retrying" in log  # the subprocess lived through it
+    # The subscriber saw every output once, across the outages.
+    merged = Counter(i.response_id for i in seen if isinstance(i, MergedItem))
+    assert merged == Counter({key.response_id: 1 for key in offline})
+    assert sum(isinstance(i, EventItem) for i in seen) == outputs.events_count
+    assert len({(i.stream, i.id) for i in seen}) == len(seen)
+
+
+async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace: str) -> None:
+    """Redis delivers a batch and the connection drops before the reply
+    arrives: the entries sit in the worker's own pending list. The worker
+    takes them back on its next read instead of waiting --reclaim-idle-ms
+    (here 10 minutes) for a reclaim, which would hold the shard meanwhile."""
+    entries = random_turn(random.Random(5), "lost-reply", max_messages=30)
+    offline = offline_results(entries)
+    lost: list[Any] = []
+    async with Harness(redis_url, namespace, reclaim_idle_ms=600_000) as harness:
+        running = await harness.start_worker()
+        real = running.client.xreadgroup
+
+        async def loses_one_reply(*args: Any, **kwargs: Any) -> Any:
+            reply = await real(*args, **kwargs)
+            streams = kwargs.get("streams") or args[2]
+            if reply and not lost and ">" in streams.values():
+                lost.append(reply)
+                raise redis.ConnectionError("the reply was lost (test)")
+            return reply
+
+        running.client.xreadgroup = loses_one_reply
+        await harness.add(entries)
+        await harness.wait_merged(1, timeout=20)
+        await harness.wait_drained(timeout=20)
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+    assert lost, "no reply was lost: the test did not test anything"
+    compare_with_offline(outputs, offline, "after a lost reply")
+    assert outputs.dlq == []
+
+
+async def test_a_restarted_consumer_takes_back_its_pending_entries(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker restarted under the same consumer name (a fixed --consumer)
+    applies what its previous life was delivered at once, not after
+    --reclaim-idle-ms."""
+    entries = random_turn(random.Random(6), "same-name", max_messages=30)
+    offline = offline_results(entries)
+    async with Harness(redis_url, namespace, reclaim_idle_ms=600_000) as harness:
+        shard = harness.shards[0]
+        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        await harness.add(entries)
+        # The previous life: read everything, then died.
+        assert await harness.client.xreadgroup(harness.group, "fixed", {shard.updates: ">"})
+        await harness.start_worker(consumer="fixed")
+        await harness.wait_merged(1, timeout=20)
+        await harness.wait_drained(timeout=20)
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline, "taken back at start")
+    assert outputs.dlq == []
