@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,25 +59,46 @@ class Throughput:
 
 class Consumer:
     """A bench consumer process (drain, peer) that prints ``ready`` once its
-    consumer group exists; other output lines are kept for error reports."""
+    consumer group exists. A thread reads its output all along (a full pipe
+    would block the process on its next log line); lines are kept for errors."""
 
     def __init__(self, args: list[str]) -> None:
         self.proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+        with self._seen:
+            self.lines.append("")  # end of output
+            self._seen.notify_all()
+
+    def _wait(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._seen:
+            while True:
+                for line in self.lines[seen:]:
+                    if line == "":
+                        raise RuntimeError(f"{self.proc.args} exited:\n"
+                                           + "".join(self.lines[-20:]))
+                    if line.startswith(prefix):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {prefix!r} from {self.proc.args}")
+                self._seen.wait(left)
 
     async def line(self, prefix: str, timeout: float) -> str:
-        async def read() -> str:
-            while True:
-                line = await asyncio.to_thread(self.proc.stdout.readline)  # type: ignore[union-attr]
-                if not line:
-                    tail = "".join(self.lines[-20:])
-                    raise RuntimeError(f"{self.proc.args} exited:\n{tail}")
-                self.lines.append(line)
-                if line.startswith(prefix):
-                    return line
-
-        return await asyncio.wait_for(read(), timeout)
+        return await asyncio.to_thread(self._wait, prefix, timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -85,8 +107,7 @@ class Consumer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        self._reader.join(5)
 
 
 def _cpu(pids: list[int]) -> float:
