@@ -21,6 +21,7 @@ MIB = 1 << 20
 DRAIN_TARGET = 0.5
 PEER_TARGET = 5.0
 LATENCY_TARGET_MS = 20.0
+FULL_COMMAND = "python bench/run.py --profile 4000"
 
 
 def write_section(path: Path, name: str, body: str, after: str | None = None) -> None:
@@ -68,7 +69,9 @@ def summary(r: dict[str, Any]) -> str:
         f"(from the repository root, after `pip install -e '.[test,bench]'`; about "
         f"{r['minutes']:.0f} minutes). It starts its own redis-server on a free port. "
         "`python bench/run.py --quick` (under a minute, docs untouched) prints the two "
-        "ratios as its last line.",
+        f"ratios as its last line. The full run, every default (20,000 turns, a "
+        f"1,000,000-update RSS run, the pure-merge and cancellation sections refreshed), is "
+        f"`{FULL_COMMAND}`.",
         "",
         f"Measured {r['date']} at commit `{r['commit']}`. {r['load_note']}",
         "",
@@ -107,6 +110,15 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
+    cpu = {t.name: sum(t.cpu.values()) / t.updates for t in runs if t.cpu}
+    if peer is not None and all(n in cpu for n in (one.name, drain.name, peer.name)):
+        lines.append(
+            f"- Counted in CPU time instead (consumers + redis-server, less sensitive to "
+            f"other load on the machine): {1e6 * cpu[one.name]:.0f} µs per update for one "
+            f"worker, {1e6 * cpu[drain.name]:.0f} µs for the drain, "
+            f"{1e6 * cpu[peer.name]:.0f} µs for FastStream: processor / drain "
+            f"{cpu[drain.name] / cpu[one.name]:.2f}, processor / FastStream "
+            f"{cpu[peer.name] / cpu[one.name]:.2f}x.")
     lines += ["", "![throughput](bench-throughput.png)"]
     return "\n".join(lines)
 
