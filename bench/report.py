@@ -162,7 +162,8 @@ def memory_section(mem: Memory | None, rss: RssRun | None) -> str:
             f"| of which the events stream (`synthesis.started`) | "
             f"{mem.started_events / MIB:.1f} MiB | {mem.started_events / mem.turns:,.0f} B |",
             "",
-            f"Turn state is {held / mem.raw_bytes:.2f}x the raw bytes of its updates. After "
+            f"Redis holds {held / mem.raw_bytes:.2f}x the raw bytes of the active turns' "
+            f"updates. After "
             f"the turns ended: `used_memory` {(mem.drained - mem.before) / MIB:+.1f} MiB "
             f"over the start with the outputs still in their streams, "
             f"{(mem.cleaned - mem.before) / MIB:+.2f} MiB once the outputs are read and "
