@@ -17,10 +17,10 @@ import pytest
 import redis
 import redis.asyncio
 from expectations import scenario_lines, scenario_names
+from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
-from test_worker_scenarios import TURN_TIMEOUT, _segments
-from worker_harness import ROOT, Harness, compare_with_offline, offline_results
+from worker_harness import ROOT, Harness, compare_with_offline
 
 from processor.client import Producer
 from processor.connections import RedisOptions, connect
@@ -105,14 +105,9 @@ async def run_every_scenario(harness: Harness) -> None:
     """Every shared scenario through the harness's workers at once (their
     response ids are distinct): the same responses as ``processor merge``.
     Cancels are set once everything before them in the file order was applied."""
-    entries = [json.loads(line) for name in scenario_names() for line in scenario_lines(name)
-               if line.strip()]
-    offline = offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
-    for batch, cancel in _segments([json.dumps(entry) for entry in entries]):
-        await harness.add(batch)
-        if cancel is not None:
-            await harness.wait_applied()
-            await harness.cancel(cancel)
+    lines = [line for name in scenario_names() for line in scenario_lines(name)]
+    offline = offline_results_of_lines(lines)
+    await feed_scenario(harness, lines)
     await harness.wait_merged(len(offline))
     await harness.wait_drained()
     outputs = await harness.outputs()

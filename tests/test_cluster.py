@@ -11,7 +11,6 @@ restarted, and every worker connection on every node cut once.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
@@ -21,19 +20,17 @@ import redis
 import redis.asyncio
 from chaos import ChaosConfig, ChaosRun
 from expectations import check_scenario, scenario_lines, scenario_names
+from live_scenarios import TURN_TIMEOUT, offline_results_of_lines, scenario_segments
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis_servers import LocalRedisCluster, wait_cluster_ok
 from strategies import random_turn
-from test_worker_scenarios import _segments
 from worker_harness import Harness, compare_with_offline, interleave, offline_results
 
 from processor.connections import is_transient
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
-from processor.lifecycle import Limits
 
 SHARDS = 6
-TURN_TIMEOUT = 3.0
 
 
 def spread_namespace(cluster: LocalRedisCluster, shards: int = SHARDS) -> str:
@@ -53,9 +50,8 @@ async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path
     lines = {name: scenario_lines(name) for name in names}
     offline: dict = {}
     for name in names:  # the scenarios' response ids are distinct: one run for all
-        entries = [json.loads(line) for line in lines[name] if line.strip()]
-        offline |= offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
-    segments = {name: _segments(lines[name]) for name in names}
+        offline |= offline_results_of_lines(lines[name])
+    segments = {name: scenario_segments(lines[name]) for name in names}
     namespace = spread_namespace(redis_cluster)
 
     async with Harness(redis_cluster.url, namespace, shards=SHARDS, cluster=True,
@@ -85,9 +81,7 @@ async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path
     compare_with_offline(outputs, offline, "scenarios on a cluster")
     by_id = {key.response_id: turn.result() for key, turn in outputs.turns.items()}
     for name in names:
-        want = {key.response_id for key in offline_results(
-            [json.loads(line) for line in lines[name] if line.strip()],
-            Limits(turn_timeout=TURN_TIMEOUT))}
+        want = {key.response_id for key in offline_results_of_lines(lines[name])}
         check_scenario(name, [by_id[rid] for rid in want])
     assert all(d["reason"] == "turn_closed" for d in outputs.dlq), outputs.dlq
 

@@ -12,32 +12,12 @@ import msgspec
 import pytest
 from agui_checks import check_run, read_runs, without_timestamps
 from expectations import check_scenario, scenario_lines, scenario_names
-from worker_harness import Harness, TurnOutput, compare_with_offline, offline_results
+from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
+from worker_harness import Harness, TurnOutput, compare_with_offline
 
 from processor.agui import project
 from processor.lifecycle import Limits
 from processor.offline import merge_lines
-
-# Turns without an end entry end as turn_timeout, offline at the end of the
-# file and live after this many seconds without an entry.
-TURN_TIMEOUT = 3.0
-
-
-def _segments(lines: list[str]) -> list[tuple[list[dict], str | None]]:
-    """The scenario's entries split at its cancel lines: (entries, then cancel this id)."""
-    out: list[tuple[list[dict], str | None]] = []
-    current: list[dict] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        entry = json.loads(line)
-        if entry.get("kind") == "cancel":
-            out.append((current, entry["response_id"]))
-            current = []
-        else:
-            current.append(entry)
-    out.append((current, None))
-    return out
 
 
 @pytest.mark.parametrize("name", scenario_names())
@@ -47,12 +27,7 @@ async def test_scenario_live_equals_offline(name: str, redis_url: str, namespace
     async with Harness(redis_url, namespace, agui=True,
                        limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
         await harness.start_workers(2)
-        for entries, cancel in _segments(lines):
-            await harness.add(entries)
-            if cancel is not None:
-                # The cancel key is set once the entries before it were applied.
-                await harness.wait_applied()
-                await harness.cancel(cancel)
+        await feed_scenario(harness, lines)
         await harness.wait_merged(len(offline))
         await harness.wait_drained()
         outputs = await harness.outputs()
@@ -86,9 +61,3 @@ def _check_agui(lines: list[str], runs: dict[str, list[dict]]) -> None:
     for sid, (events, response, status) in want.items():
         check_run(runs[sid], response, status)
         assert without_timestamps(runs[sid]) == without_timestamps(events), sid
-
-
-def offline_results_of_lines(lines: list[str]) -> dict:
-    """``processor merge`` of the scenario file as it is (cancel lines included)."""
-    entries = [json.loads(line) for line in lines if line.strip()]
-    return offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))

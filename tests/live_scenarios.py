@@ -1,0 +1,48 @@
+"""The scenario files of tests/data/scenarios fed to live workers: shared by the
+live scenario, ACL and Cluster tests, which feed them the same way."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker_harness import Harness, offline_results
+
+from processor.lifecycle import Limits
+
+# Turns without an end entry end as turn_timeout, offline at the end of the
+# file and live after this many seconds without an entry.
+TURN_TIMEOUT = 3.0
+
+
+def scenario_segments(lines: list[str]) -> list[tuple[list[dict[str, Any]], str | None]]:
+    """The scenario's entries split at its cancel lines: (entries, then cancel this id)."""
+    out: list[tuple[list[dict[str, Any]], str | None]] = []
+    current: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if entry.get("kind") == "cancel":
+            out.append((current, entry["response_id"]))
+            current = []
+        else:
+            current.append(entry)
+    out.append((current, None))
+    return out
+
+
+def offline_results_of_lines(lines: list[str]) -> dict:
+    """``processor merge`` of the scenario file as it is (cancel lines included)."""
+    entries = [json.loads(line) for line in lines if line.strip()]
+    return offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
+
+
+async def feed_scenario(harness: Harness, lines: list[str]) -> None:
+    """Add the scenario's entries in file order; a cancel line sets its key once
+    the entries before it were applied."""
+    for entries, cancel in scenario_segments(lines):
+        await harness.add(entries)
+        if cancel is not None:
+            await harness.wait_applied()
+            await harness.cancel(cancel)
