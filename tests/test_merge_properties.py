@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from expectations import check_deltas, tokens
+from delta_oracle import check_deltas, tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import random_turn, turns

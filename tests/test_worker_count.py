@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 import uuid
 
-from expectations import check_deltas, check_invariants
+from delta_oracle import check_deltas
+from expectations import check_invariants
 from strategies import random_turn
 from worker_harness import Harness, compare_with_offline, interleave, offline_results
 
