@@ -29,8 +29,9 @@ from processor.models import TURN_IDS, Content, Message, Record, Response, Updat
 _FOLDABLE_TEXT = ("text", "text_reasoning")
 
 
-class Segment(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One message being assembled."""
+class Segment(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One message being assembled. (``gc=False``: it never refers back to
+    anything holding it, so the cycle collector need not track it.)"""
 
     ordinal: int  # arrival ordinal (among the turn's updates) of its first update
     block: int
@@ -137,19 +138,16 @@ class Turn:
             self._apply_update(update)
 
     def _append_delta(self, update: Update) -> bool:
-        """The usual update, folded in a few steps: one text or reasoning
-        delta that continues the last content of the message its id names.
-        Does exactly what :meth:`_apply_update` would, or nothing and returns
-        False (anything else, or any doubt)."""
+        """The usual update, folded in a few steps: one text, reasoning or
+        argument delta that continues the last content of the message its id
+        names. Does exactly what :meth:`_apply_update` would, or nothing and
+        returns False (anything else, or any doubt)."""
         contents = update.contents
         if len(contents) != 1 or update.merge_mode is not None or update.additional_properties:
             return False
         chunk = contents[0]
-        kind = chunk.type
-        if (kind != "text" and kind != "text_reasoning") or chunk.merge_mode is not None:
+        if chunk.merge_mode is not None:
             return False
-        if chunk.additional_properties or chunk.annotations:
-            return False  # something for _merge_extras to combine
         st = self.state
         index = st.keyed.get(update.message_id)  # type: ignore[arg-type]
         if index is None:
@@ -159,7 +157,26 @@ class Turn:
             return False  # a new inner response: its block is created first
         seg = st.segments[index]
         last = len(seg.contents) - 1
-        if last < 0 or seg.contents[last].type != kind:
+        if last < 0:
+            return False
+        target = seg.contents[last]
+        kind = chunk.type
+        if target.type != kind:
+            return False
+        key = (index, last)
+        if kind == "text" or kind == "text_reasoning":
+            piece = chunk.text or ""
+        elif kind == "function_call":
+            # A chunk of the trailing call (_call_target finds it first),
+            # string arguments joined to string (or no) arguments.
+            piece = chunk.arguments  # type: ignore[assignment]
+            if piece.__class__ is not str or (chunk.call_id and chunk.call_id != target.call_id):
+                return False
+            if not (
+                key in self._parts or target.arguments is None or isinstance(target.arguments, str)
+            ):
+                return False
+        else:
             return False
         # What _apply_update does for it, in the same order.
         st.updates += 1
@@ -176,15 +193,16 @@ class Turn:
             seg.agent_id = update.agent_id
         if seg.created_at is None:
             seg.created_at = update.created_at
-        key = (index, last)
+        if kind == "function_call" and chunk.name and not target.name:
+            target.name = chunk.name
         parts = self._parts.get(key)
         if parts is None:
-            current = seg.contents[last].text
-            self._parts[key] = [current if isinstance(current, str) else "", chunk.text or ""]
+            current = target.arguments if kind == "function_call" else target.text
+            self._parts[key] = [current if isinstance(current, str) else "", piece]
         else:
-            parts.append(chunk.text or "")
-        if kind == "text_reasoning":
-            _merge_extras(seg.contents[last], chunk)
+            parts.append(piece)
+        if kind != "text" or chunk.additional_properties or chunk.annotations:
+            _merge_extras(target, chunk)  # (a no-op for a bare text delta)
         return True
 
     def _apply_update(self, update: Update) -> None:
@@ -199,7 +217,11 @@ class Turn:
             _merge_properties(st.properties, update.additional_properties)
         block = self._block(update.response_id)
         inner = st.blocks[block].inner_id
-        contents = [c for c in update.contents if not self._take_usage(c, inner)]
+        contents = update.contents
+        for content in contents:
+            if content.type == "usage":  # rare: filter only then
+                contents = [c for c in contents if not self._take_usage(c, inner)]
+                break
         if update.message_id:
             seg = self._keyed_segment(update, block, ordinal)
             st.open_run = -1
@@ -282,11 +304,12 @@ class Turn:
     def _owners(self, contents: list[Content]) -> list[int]:
         """The segments holding the calls that these contents' results answer."""
         calls = self.state.calls
-        return [
-            calls[c.call_id]
-            for c in contents
-            if c.type == "function_result" and c.call_id is not None and c.call_id in calls
-        ]
+        owners: list[int] = []
+        if calls:
+            for c in contents:
+                if c.type == "function_result" and c.call_id is not None and c.call_id in calls:
+                    owners.append(calls[c.call_id])
+        return owners
 
     def _result_block(self, block: int, contents: list[Content]) -> int:
         """Never move a function result before its call (rule 5), id-less case.
@@ -295,8 +318,10 @@ class Turn:
         there; only a call in a later block could end up after it, so a result
         answering such a call joins that block instead.
         """
-        owners = [self.state.segments[seg].block for seg in self._owners(contents)]
-        return max([block, *owners])
+        owners = self._owners(contents)
+        if not owners:
+            return block
+        return max([block, *(self.state.segments[seg].block for seg in owners)])
 
     def _result_after_call(self, seg: int, contents: list[Content], ordinal: int) -> int:
         """Never move a function result before its call (rule 5), keyed case.
@@ -383,7 +408,9 @@ class Turn:
             self._parts.pop((seg, idx), None)
             target.arguments = args
             _merge_extras(target, chunk)
-        elif isinstance(args, str) and (pending or isinstance(target.arguments, str | None)):
+        elif isinstance(args, str) and (
+            pending or target.arguments is None or isinstance(target.arguments, str)
+        ):
             self._extend(seg, idx, args, chunk)
         elif isinstance(args, dict) and not pending and isinstance(target.arguments, dict):
             target.arguments = {**target.arguments, **args}
@@ -549,25 +576,33 @@ def _merge_extras(target: Content, chunk: Content) -> None:
         target.additional_properties = merged
     if chunk.annotations:
         target.annotations = [*(target.annotations or []), *chunk.annotations]
+    # (Each field is written only when it changes: setting a Struct field
+    # costs more than reading it, and this runs for every chunk.)
     if target.type == "text_reasoning":
-        target.id = target.id or chunk.id
+        if not target.id:
+            target.id = chunk.id
         if chunk.protected_data is not None or chunk.merge_mode == "replace":
             target.protected_data = chunk.protected_data
-        target.status = chunk.status if chunk.status is not None else target.status
+        if chunk.status is not None:
+            target.status = chunk.status
     elif target.type == "function_call":
-        target.id = target.id or chunk.id
-        target.call_id = target.call_id or chunk.call_id
-        target.server_name = target.server_name or chunk.server_name
-        target.status = chunk.status if chunk.status is not None else target.status
-        target.exception = chunk.exception if chunk.exception is not None else target.exception
-        target.hosted = _either(target.hosted, chunk.hosted)
-        target.informational_only = _either(target.informational_only, chunk.informational_only)
-        target.user_input_request = _either(target.user_input_request, chunk.user_input_request)
-
-
-def _either(a: bool | None, b: bool | None) -> bool | None:
-    """``a or b`` for optional flags, staying unset when neither is set."""
-    return None if a is None and b is None else bool(a or b)
+        if not target.id:
+            target.id = chunk.id
+        if not target.call_id:
+            target.call_id = chunk.call_id
+        if not target.server_name:
+            target.server_name = chunk.server_name
+        if chunk.status is not None:
+            target.status = chunk.status
+        if chunk.exception is not None:
+            target.exception = chunk.exception
+        # Flags are or-ed, staying unset while neither side sets them.
+        if target.hosted is not None or chunk.hosted is not None:
+            target.hosted = bool(target.hosted or chunk.hosted)
+        if target.informational_only is not None or chunk.informational_only is not None:
+            target.informational_only = bool(target.informational_only or chunk.informational_only)
+        if target.user_input_request is not None or chunk.user_input_request is not None:
+            target.user_input_request = bool(target.user_input_request or chunk.user_input_request)
 
 
 def merged_text(response: Response) -> str:

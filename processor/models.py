@@ -28,8 +28,12 @@ TURN_IDS: tuple[str, ...] = (
 #: Entry-level correlation ids: kept on the progress event of that entry.
 ENTRY_IDS: tuple[str, ...] = ("step_id", "tool_call_id", "action_id", "evidence_id")
 
+# ``gc=False`` on the Structs made once per entry (Content, Update, Record):
+# they hold decoded data, never themselves, so they cannot be part of a
+# reference cycle, and untracked they are cheaper to create and free.
 
-class Content(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+
+class Content(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, gc=False):
     """One content item in the Agent Framework Python shape.
 
     ``type`` is an open string: known types get their merge behaviour, unknown
@@ -92,7 +96,7 @@ class Content(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
 CONTENT_FIELDS: frozenset[str] = frozenset(Content.__struct_fields__)
 
 
-class Update(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+class Update(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True, gc=False):
     """``AgentResponseUpdate.to_dict()`` (Agent Framework Python shape)."""
 
     type: Literal["agent_response_update"] = "agent_response_update"
@@ -139,7 +143,7 @@ class InputEntry(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False
     evidence_id: str | None = None
 
 
-class Record(msgspec.Struct, array_like=True, omit_defaults=True):
+class Record(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """A decoded, validated entry: what the merge engine folds.
 
     Compact (msgpack, array-like) because the worker stores one per applied
