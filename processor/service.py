@@ -62,8 +62,8 @@ async def connect_retrying(options: RedisOptions) -> Any:
 async def run_worker(values: dict[str, Any]) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain."""
     logs.set_payloads(values["log_payloads"])
-    for name in config.unknown_env():
-        log.warning("unknown environment variable ignored", extra={"name": name})
+    for name in config.unknown_env():  # not extra={"name": ...}: a LogRecord field
+        log.warning("unknown environment variable ignored", extra={"variable": name})
     metrics = Metrics()
     health = Health(metrics, stall_seconds=values["health_stall"])
     try:

@@ -4,7 +4,9 @@ before anything starts."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -75,6 +77,23 @@ def test_bad_configuration_is_one_line_per_problem() -> None:
 def test_unknown_processor_variables_are_named() -> None:
     assert unknown_env({"PROCESSOR_SHARD": "4", "PROCESSOR_SHARDS": "4", "HOME": "/"}) == [
         "PROCESSOR_SHARD"]
+
+
+def test_run_warns_of_an_unknown_variable_by_name() -> None:
+    """The warning is logged (it once crashed: ``name`` is reserved in log records);
+    the metrics port is taken, so the worker stops right after it, before Redis."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PROCESSOR_SHARD": "4"}
+        done = subprocess.run(
+            [sys.executable, "-m", "processor.cli", "run", "--redis-url", "redis://127.0.0.1:1",
+             "--metrics-host", "127.0.0.1", "--metrics-port", str(port)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    warning, refusal = done.stderr.splitlines()
+    assert json.loads(warning)["msg"] == "unknown environment variable ignored"
+    assert json.loads(warning)["variable"] == "PROCESSOR_SHARD"
+    assert refusal.startswith(f"processor run: cannot serve metrics on 127.0.0.1:{port}")
 
 
 def test_the_readme_table_lists_every_option() -> None:
