@@ -30,7 +30,7 @@ How TLS is tested depends on the machine, never skipped:
   make a real TLS handshake against the test CA, and the failure cases (no
   client certificate, server not trusted, client not trusted) fail in OpenSSL
   as they would against redis-server. ``set_tls_auth_clients`` switches client
-  certificates on for either kind; ``PROCESSOR_TEST_TLS=proxy`` forces the
+  certificates on for either kind; ``TESTS_TLS_PROXY=1`` forces the
   proxy where a TLS-capable server exists.
 """
 
@@ -171,9 +171,9 @@ def make_client_certificate(
 def tls_capable_redis_server() -> Path | None:
     """A redis-server built with TLS, or None (then TLS tests use :class:`ProxiedTlsRedis`).
 
-    ``PROCESSOR_TEST_TLS=proxy`` forces the proxy even where such a server exists.
+    ``TESTS_TLS_PROXY=1`` forces the proxy even where such a server exists.
     """
-    if os.environ.get("PROCESSOR_TEST_TLS") == "proxy":
+    if os.environ.get("TESTS_TLS_PROXY") == "1":
         return None
     try:
         return find_redis_server(tls=True)
