@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import msgspec
 
 from processor import __version__
+from processor.tool_shell import with_tls
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="route by this turn_id (for turns whose ResponseId the processor assigned)",
     )
-    _redis_flags(cancel)
+    with_tls(_redis_flags)(cancel)
     cancel.set_defaults(func=_cmd_cancel)
 
     demo = sub.add_parser(

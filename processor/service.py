@@ -118,6 +118,7 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
     so the CLI and producers route the key the same way)."""
     from processor.client import Producer
     from processor.ids import response_id_for_turn
+    from processor.tool_shell import redis_options
 
     if args.turn_id and args.response_id != response_id_for_turn(args.turn_id):
         print(
@@ -126,7 +127,7 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    client = await connect(RedisOptions(url))
+    client = await connect(redis_options(url, args))
     try:
         producer = Producer(client, namespace=args.namespace, shards=args.shards)
         rid = None if args.turn_id else args.response_id

@@ -54,7 +54,7 @@ def run_tool(
     if args.shards < 1:
         return fail(prog, f"--shards must be at least 1, not {args.shards}", 2)
 
-    options = RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
+    options = redis_options(url, args)
 
     async def main() -> int:
         try:
@@ -81,6 +81,11 @@ def run_tool(
         return fail(prog, f"Redis at {redact(url)} refused: {exc}", 1)
     except KeyboardInterrupt:  # before a tool installed its own handler
         return 130
+
+
+def redis_options(url: str, args: argparse.Namespace) -> RedisOptions:
+    """The URL plus the TLS files given by the flags :func:`with_tls` adds."""
+    return RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
 
 
 def with_tls(redis_flags: AddFlags) -> AddFlags:

@@ -8,6 +8,7 @@ proxy does it in front of a plain one (see ``redis_servers``)."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from strategies import random_turn
 from worker_harness import ROOT, Harness, compare_with_offline, interleave, offline_results
 
 from processor.embedded import TlsFiles
+from processor.keys import Namespace
 
 USER, PASSWORD = "worker", "tls-and-acl-pw"
 NO_RETRY = Retry(NoBackoff(), 0)
@@ -135,3 +137,27 @@ def test_untrusted_certificates_stop_the_worker_with_one_line(tls_setup: TlsSetu
              "client not trusted": "UNKNOWN_CA"}
     assert words[case] in last and "--ssl-ca-certs" in last
     assert PASSWORD not in result.stderr
+
+
+@pytest.mark.parametrize("via", ["flags", "env"])
+def test_cancel_over_tls_with_client_certificates(tls_setup: TlsSetup, namespace: str,
+                                                  via: str) -> None:
+    """``processor cancel`` takes the same --ssl-* flags / PROCESSOR_SSL_* as run and the tools."""
+    flags = tls_setup.flags()
+    argv = [sys.executable, "-m", "processor.cli", "cancel", "resp-tls", "--namespace",
+            namespace, "--redis-url", tls_setup.url]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROCESSOR_SSL_")}
+    if via == "flags":
+        for name, value in flags.items():
+            argv += [f"--{name.replace('_', '-')}", value]
+    else:
+        env |= {f"PROCESSOR_{name.upper()}": value for name, value in flags.items()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    check = redis.Redis.from_url(tls_setup.producer_url())
+    try:
+        key = Namespace(namespace).shard_for("resp-tls").cancel("resp-tls")
+        assert check.get(key) == b"cancelled"
+    finally:
+        check.close()
