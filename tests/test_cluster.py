@@ -26,7 +26,8 @@ from redis_servers import LocalRedisCluster, wait_cluster_ok
 from strategies import random_turn
 from worker_harness import Harness, compare_with_offline, interleave, offline_results
 
-from processor.connections import is_transient
+from processor.client import Producer, RetryPolicy
+from processor.connections import RedisOptions, as_text, connect, is_transient
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 
@@ -214,3 +215,57 @@ async def test_a_shard_moves_to_a_new_master_under_load(make_redis_cluster, tmp_
     compare_with_offline(outputs, offline, "a shard moved")
     assert outputs.dlq == []
     assert '"level": "error"' not in logs, logs[-3000:]
+
+
+def _cluster_state(node: EmbeddedRedis) -> str:
+    with redis.Redis(**node.client_kwargs(), decode_responses=True) as client:
+        return str(client.cluster("info")["cluster_state"])
+
+
+async def test_producer_retries_a_clusterdown_without_duplicating(make_redis_cluster) -> None:
+    """A master dies and the cluster goes down (CLUSTERDOWN on every node):
+    the producer retries what the worker retries (is_transient), the send
+    lands once when the master is back."""
+    cluster = make_redis_cluster(3, appendonly=True)
+    for node in cluster.nodes:  # fail within a second, not the fixture's 5 s
+        with redis.Redis(**node.client_kwargs()) as admin:
+            admin.config_set("cluster-node-timeout", 500)
+    victim, survivor = cluster.nodes[1], cluster.nodes[0]
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    keys = Namespace(namespace, SHARDS)
+    routing = cluster.client()
+    rid = next(r for r in (f"down-{i}" for i in range(1000))  # a shard the survivor holds
+               if routing.get_node_from_key(keys.shard_for(r).updates).port == survivor.port)
+    client = await connect(RedisOptions(cluster.url))
+    producer = Producer(client, namespace, shards=SHARDS,
+                        retry=RetryPolicy(attempts=40, initial=0.1, max_wait=0.5))
+    errors: list[BaseException] = []
+    send_update = producer._send_update
+
+    async def recording(**kwargs: object) -> object:
+        try:
+            return await send_update(**kwargs)
+        except Exception as exc:
+            errors.append(exc)
+            raise
+
+    producer._send_update = recording
+    try:
+        await victim.akill()
+        deadline = time.monotonic() + 20
+        while _cluster_state(survivor) != "fail":
+            assert time.monotonic() < deadline, "the cluster never noticed the dead master"
+            await asyncio.sleep(0.1)
+        send = asyncio.create_task(producer.send(rid, {"contents": []}, idempotency_key="k1"))
+        while not any(isinstance(e, ClusterDownError) for e in errors):
+            assert not send.done(), send  # failed for good (or sent while down?)
+            await asyncio.sleep(0.05)
+        await victim.astart()
+        await asyncio.to_thread(wait_cluster_ok, cluster.nodes)
+        entry_id = await asyncio.wait_for(send, 30)
+        again = await producer.send(rid, {"contents": []}, idempotency_key="k1")
+        entries = await client.xrange(keys.shard_for(rid).updates)
+    finally:
+        await client.aclose()
+    assert again == entry_id
+    assert [as_text(e[0]) for e in entries] == [entry_id]

@@ -8,19 +8,21 @@ from typing import TypeVar
 
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_random_exponential,
 )
 
-from processor.connections import TRANSIENT
+from processor.connections import is_transient
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries after connection errors: exponential backoff with full jitter.
+    """Retries after what the worker also retries (:func:`processor.connections.is_transient`:
+    connection errors and cluster hiccups such as CLUSTERDOWN or TRYAGAIN),
+    with exponential backoff and full jitter.
 
     The ``n``-th wait is uniform in ``[0, min(max_wait, initial * 2**n)]``; after
     ``attempts`` tries the last error is raised.
@@ -35,7 +37,7 @@ class RetryPolicy:
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_random_exponential(multiplier=self.initial, max=self.max_wait),
-            retry=retry_if_exception_type(TRANSIENT),
+            retry=retry_if_exception(is_transient),
             reraise=True,
         ):
             with attempt:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Generic, TypeVar
 
 from processor.client.closing import AsyncClosing
-from processor.connections import TRANSIENT, as_text
+from processor.connections import as_text, is_transient
 
 # The name the logger had before processor.client became a package: log filters keep working.
 log = logging.getLogger("processor.client")
@@ -79,7 +79,9 @@ class CancelWatch(AsyncClosing, Generic[T]):
         self._next_poll = asyncio.get_running_loop().time() + self._interval
         try:
             value = await self._client.get(self._key)
-        except TRANSIENT as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
             log.warning("could not read the cancellation key %s: %s", self._key, exc)
             return False
         if value is None:
