@@ -309,7 +309,10 @@ def load_average() -> str:
 
 
 #: The code the benchmark runs: local changes here make the commit "dirty".
-MEASURED = ("decode.py", "dotnet.py", "events.py", "ids.py", "merge.py", "models.py")
+MEASURED = (
+    "combine.py", "decode.py", "dotnet.py", "events.py", "ids.py", "merge.py", "models.py",
+    "turn_state.py", "validate.py",
+)
 
 
 def git_commit() -> str:

@@ -9,67 +9,38 @@ the merged :class:`~processor.models.Response` without changing the state.
 Nothing here does I/O, reads a clock or depends on which process runs it:
 the same records in the same order give byte-identical output.
 
-Layout of the state: the turn's messages ("segments") grouped in blocks, one
-block per inner response id, blocks and segments in first-seen order. A
-keyed segment collects every update naming its ``message_id``; an id-less
-segment collects one contiguous run of id-less updates. Ordering, grouping
-and id assignment are decided once, here, from arrival order alone.
+Layout of the state (:mod:`processor.turn_state`): the turn's messages
+("segments") grouped in blocks, one block per inner response id, blocks and
+segments in first-seen order. A keyed segment collects every update naming
+its ``message_id``; an id-less segment collects one contiguous run of
+id-less updates. Ordering, grouping and id assignment are decided once,
+here, from arrival order alone.
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import msgspec
 
+from processor.combine import (
+    FOLDABLE_TEXT,
+    assigned_id,
+    copy_content,
+    fold_idless,
+    merge_extras,
+    merge_properties,
+    merged_text,
+    same_author,
+    same_role,
+    turn_tag,
+)
 from processor.ids import TurnKey
 from processor.models import TURN_IDS, Content, Message, Record, Response, Update
+from processor.turn_state import Block, Segment, TurnState
 
-_FOLDABLE_TEXT = ("text", "text_reasoning")
-
-
-class Segment(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One message being assembled. (``gc=False``: it never refers back to
-    anything holding it, so the cycle collector need not track it.)"""
-
-    ordinal: int  # arrival ordinal (among the turn's updates) of its first update
-    block: int
-    message_id: str | None = None  # the producer's id; None for an id-less run
-    role: str | None = None
-    author_name: str | None = None
-    agent_id: str | None = None
-    created_at: str | None = None
-    contents: list[Content] = msgspec.field(default_factory=list)
-
-
-class Block(msgspec.Struct, array_like=True):
-    """The segments of one inner response id ("" = the turn's own)."""
-
-    inner_id: str
-    segments: list[int]
-
-
-class TurnState(msgspec.Struct, array_like=True, omit_defaults=True):
-    """Everything :meth:`Turn.finish` needs; what the worker stores in Redis."""
-
-    response_id: str
-    attempt_id: str = ""
-    updates: int = 0
-    blocks: list[Block] = msgspec.field(default_factory=list)
-    segments: list[Segment] = msgspec.field(default_factory=list)
-    keyed: dict[str, int] = msgspec.field(default_factory=dict)
-    calls: dict[str, int] = msgspec.field(default_factory=dict)
-    open_run: int = -1  # id-less segment the next id-less update may extend
-    usage: dict[str, int] | None = None
-    finish_reason: str | None = None
-    agent_id: str | None = None
-    properties: dict[str, Any] = msgspec.field(default_factory=dict)
-    ids: dict[str, str] = msgspec.field(default_factory=dict)
-    # Usage per inner response ("" = the turn's own). Appended last so states
-    # written before it still load; ``usage`` above is only read, for them.
-    block_usage: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
-
+# Re-exported: the merge's public names stay importable from here.
+__all__ = ["Block", "Segment", "Turn", "TurnState", "assigned_id", "merged_text", "turn_tag"]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
@@ -202,7 +173,7 @@ class Turn:
         else:
             parts.append(piece)
         if kind != "text" or chunk.additional_properties or chunk.annotations:
-            _merge_extras(target, chunk)  # (a no-op for a bare text delta)
+            merge_extras(target, chunk)  # (a no-op for a bare text delta)
         return True
 
     def _apply_update(self, update: Update) -> None:
@@ -214,7 +185,7 @@ class Turn:
         if update.agent_id is not None:
             st.agent_id = update.agent_id
         if update.additional_properties:
-            _merge_properties(st.properties, update.additional_properties)
+            merge_properties(st.properties, update.additional_properties)
         block = self._block(update.response_id)
         inner = st.blocks[block].inner_id
         contents = update.contents
@@ -293,8 +264,8 @@ class Turn:
             seg = self.state.segments[run]
             if (
                 seg.block == block
-                and _same_role(seg.role, update.role)
-                and _same(seg.author_name, update.author_name)
+                and same_role(seg.role, update.role)
+                and same_author(seg.author_name, update.author_name)
             ):
                 return run
         run = self._new_segment(block, ordinal, None)
@@ -358,7 +329,7 @@ class Turn:
     def _append(self, index: int, content: Content) -> None:
         contents = self.state.segments[index].contents
         last = len(contents) - 1
-        if content.type in _FOLDABLE_TEXT:
+        if content.type in FOLDABLE_TEXT:
             if last >= 0 and contents[last].type == content.type:
                 self._extend(index, last, content.text or "", content)
                 return
@@ -369,7 +340,7 @@ class Turn:
                 return
             if content.call_id:
                 self.state.calls.setdefault(content.call_id, index)
-        contents.append(_copy(content))
+        contents.append(copy_content(content))
 
     def _call_target(self, index: int, content: Content) -> int | None:
         """The call a function-call chunk continues, if any."""
@@ -396,7 +367,7 @@ class Turn:
             self._parts[(seg, idx)] = [current if isinstance(current, str) else "", piece]
         else:
             parts.append(piece)
-        _merge_extras(target, chunk)
+        merge_extras(target, chunk)
 
     def _extend_call(self, seg: int, idx: int, chunk: Content) -> None:
         target = self.state.segments[seg].contents[idx]
@@ -407,19 +378,19 @@ class Turn:
         if chunk.merge_mode == "replace" and not isinstance(args, str):
             self._parts.pop((seg, idx), None)
             target.arguments = args
-            _merge_extras(target, chunk)
+            merge_extras(target, chunk)
         elif isinstance(args, str) and (
             pending or target.arguments is None or isinstance(target.arguments, str)
         ):
             self._extend(seg, idx, args, chunk)
         elif isinstance(args, dict) and not pending and isinstance(target.arguments, dict):
             target.arguments = {**target.arguments, **args}
-            _merge_extras(target, chunk)
+            merge_extras(target, chunk)
         elif args is not None:
             # Mixed string/object arguments cannot be joined: keep the chunk whole.
-            self.state.segments[seg].contents.append(_copy(chunk))
+            self.state.segments[seg].contents.append(copy_content(chunk))
         else:
-            _merge_extras(target, chunk)
+            merge_extras(target, chunk)
 
     # ------------------------------------------------------------ rendering
 
@@ -428,7 +399,7 @@ class Turn:
         self.compact()
         st = self.state
         order = [st.segments[i] for b in st.blocks for i in b.segments]
-        kept = _fold_idless([s for s in order if s.contents])
+        kept = fold_idless([s for s in order if s.contents])
         reserved = set(st.keyed)
         tag = turn_tag(self.key)
         messages = [self._message(seg, contents, reserved, tag) for seg, contents in kept]
@@ -471,142 +442,3 @@ class Turn:
             message_id=message_id,
             additional_properties=props,
         )
-
-
-def assigned_id(ordinal: int, tag: str, reserved: set[str]) -> str:
-    """The id of an id-less message: a function of its first update's arrival
-    ordinal and the turn, so partial merges, re-merges after a crash and
-    compacted states agree; never one a producer used in the turn (rule 6)."""
-    candidate = f"msg-{ordinal}-{tag}"
-    while candidate in reserved:
-        candidate += "~"
-    return candidate
-
-
-def turn_tag(key: TurnKey) -> str:
-    """A short per-turn tag that makes assigned ids unlikely to meet producer ids."""
-    return f"{zlib.crc32(key.encode().encode()):08x}"
-
-
-def _same(current: str | None, incoming: str | None) -> bool:
-    """An unnamed author continues the run; a different name splits it."""
-    return current is None or incoming is None or current == incoming
-
-
-def _same_role(current: str | None, incoming: str | None) -> bool:
-    """An unnamed role continues the run. A run that has not named its role is
-    an assistant run (the default role, as in Agent Framework), so a ``tool``
-    update after role-less assistant text starts a new message."""
-    return incoming is None or (current or "assistant") == incoming
-
-
-def _fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
-    """Fold an id-less message into the keyed message right after it (rule 4).
-
-    Walks from the end so that the merged order is what decides "right after":
-    a chain of id-less runs that all match lands in the same keyed message.
-    "Match" counts the authors already folded in: a keyed message without an
-    author that took in bob's run does not then take alice's run too, so a
-    message never mixes two speakers the run split kept apart.
-    """
-    out: list[tuple[Segment, list[Content]]] = []
-    speaker: str | None = None  # the author of out[-1], its folded runs included
-    for seg in reversed(order):
-        if seg.message_id is None and out:
-            nxt, nxt_contents = out[-1]
-            if (
-                nxt.message_id is not None
-                and (seg.role or "assistant") == (nxt.role or "assistant")
-                and _same(speaker, seg.author_name)
-            ):
-                out[-1] = (nxt, _join([_final(c) for c in seg.contents], nxt_contents))
-                speaker = speaker or seg.author_name
-                continue
-        # Copies: the response must not share contents the next apply() mutates.
-        out.append((seg, [_final(c) for c in seg.contents]))
-        speaker = seg.author_name
-    out.reverse()
-    return out
-
-
-def _join(front: list[Content], back: list[Content]) -> list[Content]:
-    """``front + back``, with text deltas meeting at the seam concatenated."""
-    if front and back and front[-1].type in _FOLDABLE_TEXT and front[-1].type == back[0].type:
-        seam = _copy(front[-1])
-        seam.text = (seam.text or "") + (back[0].text or "")
-        _merge_extras(seam, back[0])
-        return [*front[:-1], seam, *back[1:]]
-    return [*front, *back]
-
-
-def _copy(content: Content) -> Content:
-    return msgspec.structs.replace(content)
-
-
-def _final(content: Content) -> Content:
-    """A copy for the response. ``merge_mode`` says how a chunk combines with
-    the previous one; a merged content is no chunk (Agent Framework clears it
-    when it finalises a response too)."""
-    return msgspec.structs.replace(content, merge_mode=None)
-
-
-def _merge_properties(target: dict[str, Any], incoming: dict[str, Any]) -> None:
-    """Update-level properties: the later update wins per key, one level deep
-    (``merge_additional_properties(..., incoming_wins=True)`` in Agent Framework,
-    so namespaced objects like ``{"openai": {...}}`` combine)."""
-    for key, value in incoming.items():
-        current = target.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            target[key] = {**current, **value}
-        else:
-            target[key] = dict(value) if isinstance(value, dict) else value
-
-
-def _merge_extras(target: Content, chunk: Content) -> None:
-    """What a later chunk adds to the content it continues, as Agent
-    Framework's ``Content.__add__`` does: the earliest value wins per property
-    key (one level deep), annotations concatenate; for reasoning the id is the
-    first one given, signature (``protected_data``) and status the last ones;
-    for calls ids and servers are the first ones, status and exception the
-    last, flags are or-ed. Nothing a provider sends on a later chunk is lost.
-    """
-    if chunk.additional_properties:
-        merged = dict(chunk.additional_properties)
-        _merge_properties(merged, target.additional_properties or {})
-        target.additional_properties = merged
-    if chunk.annotations:
-        target.annotations = [*(target.annotations or []), *chunk.annotations]
-    # (Each field is written only when it changes: setting a Struct field
-    # costs more than reading it, and this runs for every chunk.)
-    if target.type == "text_reasoning":
-        if not target.id:
-            target.id = chunk.id
-        if chunk.protected_data is not None or chunk.merge_mode == "replace":
-            target.protected_data = chunk.protected_data
-        if chunk.status is not None:
-            target.status = chunk.status
-    elif target.type == "function_call":
-        if not target.id:
-            target.id = chunk.id
-        if not target.call_id:
-            target.call_id = chunk.call_id
-        if not target.server_name:
-            target.server_name = chunk.server_name
-        if chunk.status is not None:
-            target.status = chunk.status
-        if chunk.exception is not None:
-            target.exception = chunk.exception
-        # Flags are or-ed, staying unset while neither side sets them.
-        if target.hosted is not None or chunk.hosted is not None:
-            target.hosted = bool(target.hosted or chunk.hosted)
-        if target.informational_only is not None or chunk.informational_only is not None:
-            target.informational_only = bool(target.informational_only or chunk.informational_only)
-        if target.user_input_request is not None or chunk.user_input_request is not None:
-            target.user_input_request = bool(target.user_input_request or chunk.user_input_request)
-
-
-def merged_text(response: Response) -> str:
-    """The response's text as ``AgentResponse.text`` computes it."""
-    return "".join(
-        " ".join(c.text or "" for c in m.contents if c.type == "text") for m in response.messages
-    )
