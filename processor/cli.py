@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from processor import __version__
+from processor import __version__, stopping
 from processor.tool_shell import with_tls
 
 
@@ -185,8 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything slow: a SIGTERM during start-up must not kill a worker
+    # (see processor/stopping.py). Other commands get the usual handling back.
+    stopping.catch_early()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except BaseException:  # --help, a usage error
+        stopping.release()
+        raise
+    if getattr(args, "func", None) is not _cmd_run:
+        stopping.release()
     return int(args.func(args) or 0)
 
 

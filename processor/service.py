@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-import signal
 import sys
 from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError
 
-from processor import config, logs
+from processor import config, logs, stopping
 from processor.connections import TRANSIENT, RedisOptions, connect, redact, tls_refusal
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
@@ -35,12 +35,15 @@ def start_embedded() -> Any:
     return server
 
 
-async def connect_retrying(options: RedisOptions) -> Any:
+async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = None) -> Any:
     """Connect, retrying while Redis is unreachable (it may still be starting).
     Refused credentials, rights or TLS certificates are configuration, not an
-    outage: they end the process with one line instead of retrying forever."""
+    outage: they end the process with one line instead of retrying forever.
+    None when ``stop`` is requested first: a SIGTERM must not wait for Redis."""
     delay = 0.1
     while True:
+        if stop is not None and stop.requested.is_set():
+            return None
         try:
             return await connect(options)
         except (AuthenticationError, NoPermissionError) as exc:
@@ -55,12 +58,19 @@ async def connect_retrying(options: RedisOptions) -> Any:
             log.warning(
                 "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
             )
-            await asyncio.sleep(delay)
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:  # the delay, cut short by a stop request
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.requested.wait(), delay)
             delay = min(delay * 2, 5.0)
 
 
 async def run_worker(values: dict[str, Any]) -> int:
-    """Run one worker until SIGTERM/SIGINT; 0 after a clean drain."""
+    """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
+    that came before the worker existed (even before the event loop did, see
+    processor/stopping.py) stops it as soon as it does."""
+    stop = stopping.attach(asyncio.get_running_loop())
     logs.set_payloads(values["log_payloads"])
     for name in config.unknown_env():  # not extra={"name": ...}: a LogRecord field
         log.warning("unknown environment variable ignored", extra={"variable": name})
@@ -80,11 +90,12 @@ async def run_worker(values: dict[str, Any]) -> int:
     )
     try:
         log.info("connecting", extra={"url": redact(url), "namespace": values["namespace"]})
-        client = await connect_retrying(options)
+        client = await connect_retrying(options, stop)
+        if client is None:  # stopped while connecting: nothing was read
+            log.info("stopped cleanly")
+            return 0
         worker = Worker(client, config.worker_config(values), metrics)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+        stop.on_stop(worker.stop)
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group)
             sampler = Sampler(client, worker.namespace, worker.config.group, metrics,

@@ -11,6 +11,8 @@ import random
 from strategies import random_turn
 from worker_harness import Harness, compare_with_offline, interleave, offline_results, simple_turn
 
+from processor.embedded import free_port
+
 TURNS = 300
 
 
@@ -112,3 +114,32 @@ async def test_stop_while_redis_is_down(make_redis_server, namespace: str) -> No
         harness.workers.remove(running)
         await running.client.aclose()
         server.start()
+
+
+async def test_sigterm_right_after_spawn(redis_url: str, namespace: str, tmp_path) -> None:
+    """A SIGTERM sent before the worker got anywhere (Kubernetes may stop a
+    pod at any moment) is a clean stop, not a death by signal: the harness
+    spawns with the signal blocked, so it always lands before the handler."""
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness:
+        sub = harness.spawn()
+        code = harness.terminate(sub)
+        assert code == 0, sub.log()[-2000:]
+    assert '"stopped cleanly"' in sub.log()
+
+
+async def test_sigterm_while_redis_is_unreachable(
+    redis_url: str, namespace: str, tmp_path
+) -> None:
+    """A worker still retrying its first connection stops on SIGTERM at once,
+    with status 0, instead of dying or waiting for Redis."""
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness:
+        sub = harness.spawn(None, "--redis-url", f"redis://127.0.0.1:{free_port()}")
+
+        async def retrying() -> bool:
+            return '"redis unreachable, retrying"' in sub.log()
+
+        await harness.wait_for(retrying, 30, "the worker never tried to connect")
+        code = harness.terminate(sub)
+        assert code == 0, sub.log()[-2000:]
+    assert '"stopped cleanly"' in sub.log()
+    assert '"worker started"' not in sub.log()

@@ -193,6 +193,20 @@ class SubprocessWorker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Any:
+    """Spawn with SIGTERM/SIGINT blocked (the mask survives exec): a signal
+    sent before ``processor run`` installed its handler waits for it instead
+    of killing the interpreter mid start-up, so terminate() right after
+    spawn() is deterministic (the worker unblocks them, processor/stopping.py)."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class Harness:
     """Workers, a producer and a reader on one namespace of one Redis."""
 
@@ -292,7 +306,10 @@ class Harness:
         log_path = self.log_dir / f"{self.ns.name}-{consumer}-{self._serial}.log"
         with open(log_path, "wb") as log:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            with _stop_signals_blocked():
+                proc = subprocess.Popen(
+                    args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+                )
         sub = SubprocessWorker(consumer, proc, log_path)
         self.procs.append(sub)
         return sub
