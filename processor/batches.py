@@ -13,7 +13,7 @@ import msgspec
 
 from processor import events as ev
 from processor.connections import as_text
-from processor.decode import EntryError, decode_entry, entry_size, routing_id
+from processor.decode import EntryError, decode_stream_entry, entry_size, routing_id
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
@@ -134,7 +134,9 @@ def _entry_args(
         detail = f"delivered {deliveries} times without being acked (limit {limit})"
         return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries, ""]
     try:
-        key, record = decode_entry(fields, max_entry_bytes=options.limits.max_entry_bytes)
+        key, record = decode_stream_entry(
+            fields, max_entry_bytes=options.limits.max_entry_bytes
+        )
     except EntryError as exc:
         n = turns.number(exc.turn, now_ms) if exc.turn else 0
         return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries, ""]

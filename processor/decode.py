@@ -39,6 +39,7 @@ __all__ = [
     "check_update",
     "clip",
     "decode_entry",
+    "decode_stream_entry",
     "decode_update",
     "entry_size",
     "routing_id",
@@ -180,6 +181,27 @@ def decode_entry(
     except EntryError as exc:
         exc.turn = turn
         raise
+
+
+def decode_stream_entry(
+    raw_fields: dict[Any, Any], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+) -> tuple[TurnKey, Record]:
+    """:func:`decode_entry` for fields as Redis returns them (bytes names and
+    values), taking the str fast path for the usual all-ASCII update.
+
+    Only a result of that fast path is kept; anything it declines is decoded
+    from the original bytes, so errors (and DLQ details) are exactly those of
+    ``decode_entry(raw_fields)``. ASCII bytes and their str give the same
+    sizes and the same JSON, so the fast path's result is the same too.
+    """
+    try:
+        fields = {k.decode("ascii"): v.decode("ascii") for k, v in raw_fields.items()}
+    except (UnicodeDecodeError, AttributeError):  # non-ASCII, or not bytes
+        return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+    found = _plain_update(fields, max_entry_bytes)
+    if found is not None:
+        return found
+    return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
 
 
 def _plain_update(

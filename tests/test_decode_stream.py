@@ -1,0 +1,77 @@
+"""``decode_stream_entry`` (the worker's decoder for fields as Redis returns
+them) gives exactly what ``decode_entry`` gives: the same record, or the same
+error with the same detail and turn, so the DLQ output cannot change."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_decode import CASES
+
+from processor.decode import EntryError, decode_entry, decode_stream_entry
+
+
+def outcome(decode: Any, fields: dict[Any, Any], **kwargs: Any) -> Any:
+    try:
+        return decode(fields, **kwargs)
+    except EntryError as exc:
+        return ("error", exc.reason, exc.detail, exc.turn)
+
+
+def as_stream(fields: dict[str, Any]) -> dict[bytes, bytes]:
+    return {k.encode(): v if isinstance(v, bytes) else v.encode("utf-8", "surrogatepass")
+            for k, v in fields.items()}
+
+
+def same(fields: dict[Any, Any], **kwargs: Any) -> Any:
+    expected = outcome(decode_entry, fields, **kwargs)
+    assert outcome(decode_stream_entry, fields, **kwargs) == expected
+    return expected
+
+
+TEXT = json.dumps({"contents": [{"type": "text", "text": "hi"}], "message_id": "m1"})
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_id": "r1", "update": TEXT},
+    {"response_id": "r1", "attempt_id": "a2", "update": TEXT},
+    {"response_id": "r1", "update": TEXT, "x_unknown": "kept out"},
+    {"response_id": "r1", "update": TEXT, "step_id": "s1"},
+    {"response_id": "r1", "kind": "end"},
+    {"turn_id": "t1", "update": TEXT},
+    {"response_id": "r\u00e9", "update": TEXT},
+    {"response_id": "r1", "update": TEXT.replace("hi", "h\u00e9")},
+    {"response_id": "r1", "update": '{"contents": [{"type": "text", "text": 5}]}'},
+    {"response_id": "r1", "update": '{"contents": [{"type": "text"'},
+    {"response_id": "", "update": TEXT},
+    {"response_id": "r" * 300, "update": TEXT},
+])
+def test_the_usual_and_the_unusual_entries_decode_the_same(fields: dict[str, Any]) -> None:
+    result = same(as_stream(fields))
+    if fields == {"response_id": "r1", "update": TEXT}:
+        assert result[1].kind == "update"  # the fast path was exercised, not an error
+
+
+@pytest.mark.parametrize("name,fields", [(c[0], c[1]) for c in CASES])
+def test_every_refused_entry_is_refused_the_same(name: str, fields: dict[Any, Any]) -> None:
+    assert same(fields)[0] == "error", name
+
+
+def test_the_size_limit_applies_the_same() -> None:
+    fields = as_stream({"response_id": "r1", "update": TEXT})
+    assert same(fields, max_entry_bytes=10)[1] == "too_large"
+    assert same(fields, max_entry_bytes=len(TEXT) + 19)[0] != "error"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from([b"response_id", b"turn_id", b"attempt_id", b"kind", b"update", b"enc",
+                     b"step_id", b"x", b"\xff"]),
+    st.binary(max_size=20) | st.sampled_from([TEXT.encode(), b"r1", b"end", b"msgpack"]),
+    max_size=5))
+def test_any_bytes_fields_decode_the_same(fields: dict[bytes, bytes]) -> None:
+    same(fields)
