@@ -158,7 +158,7 @@ def _entry_args(
             progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
     size = _entry_size(fields)
-    ids = _turn_ids(record.ids)
+    ids = _turn_ids(record.ids) if record.ids else ""  # most entries carry none
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]
