@@ -150,14 +150,14 @@ async def test_poison_entry_reaches_max_deliveries(
     """An entry whose processing always fails (here: decoding raises, as a bug
     would) stays pending alone, is redelivered by reclaim and dead-lettered
     after max_deliveries; its batch-mates and the workers carry on."""
-    real = processor.batches.decode_entry
+    real = processor.batches.decode_stream_entry
 
     def decode_or_fail(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise RuntimeError("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.batches, "decode_entry", decode_or_fail)
+    monkeypatch.setattr(processor.batches, "decode_stream_entry", decode_or_fail)
     rng = random.Random(12)
     turns = [random_turn(rng, f"near-{i}") for i in range(10)]
     stream = interleave(turns, rng)
