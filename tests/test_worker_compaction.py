@@ -141,9 +141,13 @@ async def test_long_turns_keep_few_records(redis_url: str, namespace: str) -> No
     compare_with_offline(outputs, offline, "compacted")
     assert outputs.dlq == [] and leftover == []
     # Records stored at any time: the threshold, plus the retry step (half of
-    # it) and what two workers' batches add while one compacts; never the
-    # turn's length (10,001 and 5,092 entries).
-    bound = THRESHOLD + THRESHOLD // 2 + 2 * BATCH + 1
+    # it) and what two workers' batches add while one compacts, about 585 when
+    # every compaction is taken at once (401 seen on a quiet machine). A
+    # compaction refused because a batch holds the watermark back is retried a
+    # half-threshold later, so a loaded machine may need one or two more
+    # steps: the bound allows that, and is still far from the turn's length
+    # (10,001 and 5,092 entries), which is what it would be without compaction.
+    bound = 3 * THRESHOLD + 2 * BATCH
     for rid, lengths in seen.items():
         assert len(lengths) > 50, rid
         assert max(lengths) <= bound, (rid, max(lengths))
