@@ -80,6 +80,19 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+# Every active turn's cancel key is read at least once per this many seconds,
+# whatever their number: a cancel's terminal event is due within 1 s (p99).
+CANCEL_CYCLE_S = 0.5
+
+
+def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
+    """How many cancel keys one sweep reads (one MGET): at least ``configured``,
+    more when the shard has so many active turns that slices of that size
+    would take longer than :data:`CANCEL_CYCLE_S` to go round them all."""
+    sweeps_per_cycle = max(1, int(CANCEL_CYCLE_S / max(sweep_interval, 1e-3)))
+    return max(configured, -(-active // sweeps_per_cycle))
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -96,6 +109,7 @@ class Worker:
         self.scripts = Scripts(client)
         self._stopping = asyncio.Event()
         self._cursor: dict[int, int] = {}
+        self._active: dict[int, int] = {}  # active turns per shard, as last swept
         self._reclaim_cursor: dict[int, str] = {}
         # Shards where this consumer may hold entries it never received: a
         # read whose reply a connection error lost (and, at start, a previous
@@ -362,12 +376,16 @@ class Worker:
         """Finalise turns made ready, timed out or cancelled while no entry came."""
         cfg = self.config
         start = self._cursor.get(shard.index, 0)
+        # Sized from the active count the last sweep saw (this one learns it).
+        size = cancel_slice(self._active.get(shard.index, 0), cfg.cancel_slice,
+                            cfg.sweep_interval)
         _now, ready, expired, active, count = await self.scripts.sweep_shard(
             keys=[shard.updates, shard.active, shard.closing],
             args=[cfg.group, int(cfg.limits.turn_timeout * 1000), self.options.ready_limit,
-                  start, cfg.cancel_slice],
+                  start, size],
         )
-        self._cursor[shard.index] = 0 if start + cfg.cancel_slice >= count else start + len(active)
+        self._active[shard.index] = int(count)
+        self._cursor[shard.index] = 0 if start + size >= count else start + len(active)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
             turns = [TurnKey.decode(as_text(tk)) for tk in active]

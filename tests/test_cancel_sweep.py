@@ -1,0 +1,60 @@
+"""The cancel sweep reads every active turn's cancel key within
+``CANCEL_CYCLE_S`` whatever their number: its MGET slice grows with the
+shard's active turns, so a cancel SET by a plain client is seen in a bounded
+number of sweeps (contract: terminal event within 1 s), still one MGET per
+shard per sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker_harness import Harness, simple_turn
+
+from processor.ids import TurnKey
+from processor.worker import CANCEL_CYCLE_S, Worker, cancel_slice
+
+
+def test_slice_is_the_configured_size_until_the_turns_need_more() -> None:
+    assert cancel_slice(0, 1000, 0.1) == 1000
+    assert cancel_slice(4000, 1000, 0.1) == 1000  # 5 sweeps of 1,000 go round 4,000
+    assert cancel_slice(100_000, 1000, 0.1) == 20_000  # 5 sweeps of 20,000
+    assert cancel_slice(100_001, 1000, 0.1) == 20_001  # rounded up, never short
+    assert cancel_slice(7, 1, CANCEL_CYCLE_S * 2) == 7  # a slow sweep reads them all
+
+
+async def _read_all(harness: Harness, consumer: str) -> list[Any]:
+    shard = harness.shards[0]
+    reply = await harness.client.xreadgroup(harness.group, consumer, {shard.updates: ">"},
+                                            count=10_000)
+    return [entry for _stream, entries in reply for entry in entries]
+
+
+async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
+                                                           namespace: str) -> None:
+    turns = 100
+    configured, interval = 5, 0.1
+    async with Harness(redis_url, namespace, cancel_slice=configured,
+                       sweep_interval=interval) as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config(consumer="w"))
+        await worker.ensure_groups()
+        # 100 open turns (one update each, no end), applied.
+        await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
+        await worker.apply(shard, await _read_all(harness, "w"), {})
+        members = await harness.client.zrange(shard.active, 0, -1)
+        assert len(members) == turns
+        # Cancel the turn the rotating slices reach last.
+        last = TurnKey.decode(members[-1].decode())
+        await harness.cancel(last.response_id)
+
+        # One sweep learns the active count; then a cycle's worth of sweeps
+        # (CANCEL_CYCLE_S / interval) must reach every turn. With fixed slices
+        # of 5 this would take 20 sweeps.
+        sweeps = 1 + int(CANCEL_CYCLE_S / interval)
+        for _ in range(sweeps):
+            await worker.sweep(shard)
+        done = await harness.client.hget(shard.done(last.encode()), "status")
+        assert done == b"cancelled"
+        outputs = await harness.outputs()
+        merged = {t.key: t.merged[0]["status"] for t in outputs.turns.values() if t.merged}
+        assert merged == {last: "cancelled"}  # the others stay open
