@@ -244,7 +244,8 @@ turns left active:
 |---|---:|---:|
 {rows}
 
-The cancellation check itself is the `MGET` of a slice of up to 1,000 active turns' cancel keys \
+The cancellation check itself is the `MGET` of a slice of the active turns' cancel keys \
+(1,000, more when a shard has over 5,000 active turns, see docs/design.md) \
 that each sweep makes: {mget:.1f} calls/s for {figures['active']} active turns, i.e. \
 {mget / max(1, figures['active']):.4f} calls per active turn per second, and it does not grow \
 with the number of active turns (one call per shard per sweep per worker). The sweep script \
