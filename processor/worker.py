@@ -189,10 +189,7 @@ class Worker:
                 # What it interrupted is finished by a later sweep or reclaim.
                 if self.stopping:
                     break
-                self.metrics.step_failed(exc)
-                log.exception("shard loop step was cancelled from inside",
-                              extra={"shard": shard.index})
-                await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
+                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
             except Exception as exc:
                 if self.stopping:
                     log.warning("stopping without finishing a step", exc_info=True,
@@ -201,9 +198,13 @@ class Worker:
                 # A bug or an unexpected reply must not stop the worker: what
                 # was not applied stays pending, is reclaimed and, if it keeps
                 # failing, dead-lettered after max_deliveries.
-                self.metrics.step_failed(exc)
-                log.exception("shard loop step failed", extra={"shard": shard.index})
-                await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
+                await self._step_failed(shard, exc, "shard loop step failed")
+
+    async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
+        """Count and log a failed step (inside its ``except``), then pause before the next."""
+        self.metrics.step_failed(exc)
+        log.exception(message, extra={"shard": shard.index})
+        await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
     async def _read_once(self, shard: Shard) -> None:
         if shard.index in self._orphans:
