@@ -27,7 +27,8 @@ from workload import ROOT, Workload, copy_into, id_ms
 from processor.ids import TurnKey
 
 sys.path.insert(0, str(ROOT / "tests"))
-from worker_harness import Harness, drain_outputs, used_memory
+from memory_runs import drain_outputs, used_memory
+from worker_harness import Harness
 
 BENCH = Path(__file__).resolve().parent
 

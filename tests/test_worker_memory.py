@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from worker_harness import Harness, memory_drain
+from memory_runs import memory_drain
+from worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
 
