@@ -17,6 +17,7 @@ from processor.decode import EntryError, decode_stream_entry, entry_size, routin
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
+from processor.mirror import Applied, Version
 from processor.models import TURN_IDS
 from processor.settle import Compaction, Settled, encode_stored, event_fields
 
@@ -56,6 +57,7 @@ class ApplyCall:
     keys: list[str]
     head: list[Any]
     entries: list[Any]  # flat, 8 values per entry (see apply_entries.lua), bytes as msgpack_str
+    applied: list[Applied] = field(default_factory=list)  # the entries asked to be stored
 
     @property
     def args(self) -> list[Any]:
@@ -108,16 +110,17 @@ def build_apply(
     """KEYS/ARGV of ``apply_entries`` for entries read from ``shard``."""
     turns = _Turns(shard)
     per_entry: list[Any] = []
+    applied: list[Applied] = []
     for raw_id, fields in entries:
         entry_id = as_text(raw_id)
         count = deliveries.get(entry_id, 1)
-        per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms)
+        per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms, applied)
     lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
     head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
             lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit,
             options.compact_threshold]
-    return ApplyCall(keys, [*head, *turns.args], per_entry)
+    return ApplyCall(keys, [*head, *turns.args], per_entry, applied)
 
 
 def _entry_args(
@@ -128,6 +131,7 @@ def _entry_args(
     deliveries: int,
     options: BatchOptions,
     now_ms: int,
+    applied: list[Applied],
 ) -> list[Any]:
     if deliveries > options.max_deliveries:
         limit = options.max_deliveries
@@ -159,6 +163,7 @@ def _entry_args(
     op = "u" if record.kind == "update" else "e"
     size = _entry_size(fields)
     ids = _turn_ids(record.ids) if record.ids else ""  # most entries carry none
+    applied.append(Applied(key, entry_id, record, size))
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]
@@ -183,6 +188,15 @@ def _turn_ids(ids: dict[str, str]) -> bytes | str:
         if value is not None and name != "attempt_id":
             flat += [name, _json.encode(value).decode()]
     return _pack.encode(flat) if flat else ""
+
+
+def parse_versions(flat: list[Any]) -> dict[TurnKey, Version]:
+    """``apply_entries``' fifth reply: flat ``[tk, before, after, stored, started, ...]``."""
+    return {
+        TurnKey.decode(as_text(flat[i])): Version(int(flat[i + 1]), int(flat[i + 2]),
+                                                  int(flat[i + 3]), as_text(flat[i + 4]))
+        for i in range(0, len(flat) - 4, 5)
+    }
 
 
 def parse_member(member: Any) -> TurnKey:

@@ -83,6 +83,8 @@ OPTIONS: tuple[Option, ...] = (
            "run for this many seconds", 1),
     Option("compact_threshold", int, 256,
            "stored records of a turn before they are folded into one snapshot (0 = never)", 0),
+    Option("mirror_turns", int, 10_000, "turns per shard whose merge the worker also keeps "
+           "in memory, to publish them without reading their records back (0 = none)", 0),
     Option("log_level", str, "info", "debug, info, warning or error"),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
@@ -211,4 +213,5 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         dlq_maxlen=values["dlq_maxlen"],
         done_ttl=values["done_ttl"],
         compact_threshold=values["compact_threshold"],
+        mirror_turns=values["mirror_turns"],
     )

@@ -92,6 +92,10 @@ class Metrics:
         self.merge_seconds = Histogram(
             "processor_merge_seconds", "Replaying one turn's stored entries into its "
             "outputs (the merge)", buckets=LATENCY_BUCKETS, registry=r)
+        self.settled = Counter(
+            "processor_turns_settled", "Turns merged for publishing, by where the merge "
+            "came from (source=mirror: this worker's own copy; source=replay: the stored "
+            "records read back from Redis)", ["source"], registry=r)
         self.finalise_seconds = Histogram(
             "processor_finalise_seconds", "One finalisation round: read the turns' state, "
             "merge, publish with finalise_turns", buckets=LATENCY_BUCKETS, registry=r)

@@ -69,6 +69,11 @@ def encode_stored(size: int, record: Record) -> bytes:
     return _stored_encoder.encode(Stored(size, record))
 
 
+def text_hash(turn_hash: dict[Any, Any]) -> dict[str, str]:
+    """A hash as read from Redis (bytes or str names and values), as text."""
+    return {as_text(k): as_text(v) for k, v in turn_hash.items()}
+
+
 def id_order(entry_id: str) -> tuple[int, int]:
     """Stream ids sort by (ms, seq) as numbers."""
     ms, _, seq = entry_id.partition("-")
@@ -89,6 +94,37 @@ class Settled(msgspec.Struct):
 
 
 
+class Replay:
+    """A turn's records fed in entry-id order through :class:`TurnLife`,
+    remembering what a finalise publishes besides the merge: the records
+    found after the turn's end (dead letters) and the entry that ended it."""
+
+    __slots__ = ("ending", "late", "life")
+
+    def __init__(self, life: TurnLife) -> None:
+        self.life = life
+        self.late: list[tuple[str, Record, Verdict]] = []
+        self.ending = ""
+
+    def feed(self, entry_id: str, record: Record, size: int) -> None:
+        verdict = self.life.feed(entry_id, record, size)
+        if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
+            self.late.append((entry_id, record, verdict))
+        if not self.ending and self.life.outcome is not None:
+            self.ending = entry_id
+
+
+def replay(key: TurnKey, recs: dict[Any, Any], limits: Limits) -> Replay:
+    """Replay a turn's stored records (``recs`` as read from Redis) in entry-id order."""
+    records = {as_text(k): v for k, v in recs.items()}
+    life, _cover = resume(key, limits, records)
+    done = Replay(life)
+    for entry_id in sorted(records, key=id_order):
+        stored = _stored_decoder.decode(records[entry_id])
+        done.feed(entry_id, stored.record, stored.size)
+    return done
+
+
 def settle(
     key: TurnKey,
     turn_hash: dict[Any, Any],
@@ -98,23 +134,27 @@ def settle(
     now_ms: int,
     with_agui: bool = False,
 ) -> Settled | None:
-    """Replay a turn's stored records in entry-id order and render its outputs.
+    """Replay a turn's stored records in entry-id order and render its outputs
+    (:func:`render`)."""
+    return render(key, replay(key, recs, limits), turn_hash, reason, now_ms, with_agui)
+
+
+def render(
+    key: TurnKey,
+    done: Replay,
+    turn_hash: dict[Any, Any],
+    reason: Reason,
+    now_ms: int,
+    with_agui: bool = False,
+) -> Settled | None:
+    """End a replayed turn as ``reason`` says and render what ``finalise_turns``
+    publishes. Consumes ``done`` (cancels or expires its life).
 
     Returns None when a ``closing`` turn turns out not to be finished (its
     closing record is not in the state any more), which only a concurrent
     finalisation can cause; the caller then leaves it alone.
     """
-    records = {as_text(k): v for k, v in recs.items()}
-    life, _cover = resume(key, limits, records)
-    late: list[tuple[str, Record, Verdict]] = []
-    ending = ""
-    for entry_id in sorted(records, key=id_order):
-        stored = _stored_decoder.decode(records[entry_id])
-        verdict = life.feed(entry_id, stored.record, stored.size)
-        if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
-            late.append((entry_id, stored.record, verdict))
-        if not ending and life.outcome is not None:
-            ending = entry_id
+    life = done.life
     if reason == "cancel":
         life.cancel()
     elif reason == "timeout":
@@ -133,8 +173,9 @@ def settle(
     if with_agui:  # published with the terminal event, so exactly once too
         run = agui.project(response, meta, life.outcome.status)
         outputs.append(agui.entry_fields(key, run))
-    dead = [_late_fields(key, entry_id, record, verdict) for entry_id, record, verdict in late]
-    return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), ending)
+    dead = [_late_fields(key, entry_id, record, verdict)
+            for entry_id, record, verdict in done.late]
+    return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), done.ending)
 
 
 def resume(key: TurnKey, limits: Limits, records: dict[str, Any]) -> tuple[TurnLife, str]:

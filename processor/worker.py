@@ -23,15 +23,24 @@ from typing import Any
 from redis.exceptions import ResponseError
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential, wait_random
 
-from processor.batches import BatchOptions, build_apply, build_finalise, parse_member
+from processor.batches import (
+    ApplyCall,
+    BatchOptions,
+    build_apply,
+    build_finalise,
+    parse_member,
+    parse_versions,
+)
 from processor.compaction import compact_turns
-from processor.connections import TRANSIENT, as_text, is_transient
+from processor.connections import as_text, is_transient
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.metrics import Metrics
+from processor.mirror import Applied, Mirror, Mirrors
+from processor.recovery import Recovery
 from processor.scripts import Scripts
-from processor.settle import Reason, settle
+from processor.settle import Reason, Settled, render, settle, text_hash
 
 log = logging.getLogger("processor.worker")
 
@@ -63,6 +72,7 @@ class WorkerConfig:
     dlq_maxlen: int = 100_000
     done_ttl: int = 86_400
     compact_threshold: int = 256
+    mirror_turns: int = 10_000
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
@@ -93,11 +103,19 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Entries read from a shard and, when decoding them worked, their script call."""
+
+    entries: list[tuple[Any, Any]]
+    call: ApplyCall | None
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Worker:
+class Worker(Recovery):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
@@ -115,6 +133,8 @@ class Worker:
         # read whose reply a connection error lost (and, at start, a previous
         # process with the same consumer name). See _take_back.
         self._orphans: set[int] = {s.index for s in self.namespace.all()}
+        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns)
+                         for s in self.namespace.all()}
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
@@ -169,36 +189,95 @@ class Worker:
     # ------------------------------------------------------------ shard loop
 
     async def _shard_loop(self, shard: Shard) -> None:
-        next_sweep = next_reclaim = 0.0
+        """Read ahead while applying: a reader task reads and decodes the next
+        batch while this one waits for the current batch's scripts, so the
+        worker's Python and redis-server work at the same time. Applying,
+        finalising, sweeping and reclaiming stay one after the other here."""
+        batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+        reader = asyncio.create_task(self._read_ahead(shard, batches))
+        try:
+            await self._apply_loop(shard, batches)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_ahead(self, shard: Shard, batches: asyncio.Queue[Batch | None]) -> None:
         while not self.stopping:
             try:
-                await self._read_once(shard)
-                now = time.monotonic()
-                if now >= next_sweep:
-                    await self._retrying(self.sweep, shard)
-                    next_sweep = now + self.config.sweep_interval
-                if now >= next_reclaim:
-                    await self._retrying(self.reclaim, shard)
-                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+                if shard.index in self._orphans:
+                    await batches.join()  # nothing read earlier is still waiting to be applied
+                    await self._retrying(self._take_back, shard)
+                entries = await self._retrying(self._read, shard)
+                await batches.put(Batch(entries, self._prepare(shard, entries)))
             except asyncio.CancelledError as exc:
-                if _cancelling():
-                    raise  # this task is being cancelled: let run() unwind
-                # A CancelledError nobody asked this task for (raised inside a
-                # library, or an inner future cancelled under us) is a failed
-                # step like any other, not a reason to stop serving the shard.
-                # What it interrupted is finished by a later sweep or reclaim.
-                if self.stopping:
-                    break
-                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+                if _cancelling() or self.stopping:
+                    raise
+                await self._step_failed(shard, exc, "read was cancelled from inside")
             except Exception as exc:
                 if self.stopping:
-                    log.warning("stopping without finishing a step", exc_info=True,
-                                extra={"shard": shard.index})
                     break
-                # A bug or an unexpected reply must not stop the worker: what
-                # was not applied stays pending, is reclaimed and, if it keeps
-                # failing, dead-lettered after max_deliveries.
-                await self._step_failed(shard, exc, "shard loop step failed")
+                await self._step_failed(shard, exc, "read failed")
+        await batches.put(None)  # the applier applies what was read, then stops
+
+    def _prepare(self, shard: Shard, entries: list[tuple[Any, Any]]) -> ApplyCall | None:
+        """Decode a batch into its script call ahead of applying it; None (decode
+        again when applying, entry by entry if need be) if that fails."""
+        if not entries:
+            return None
+        try:
+            return build_apply(shard, entries, {}, self.options, _now_ms())
+        except Exception:
+            log.exception("could not prepare a batch", extra={"shard": shard.index})
+            return None
+
+    async def _apply_loop(self, shard: Shard, batches: asyncio.Queue[Batch | None]) -> None:
+        next_sweep = next_reclaim = 0.0
+        while True:
+            batch = await batches.get()
+            try:
+                if batch is None:
+                    return
+                await self._step(shard, batch)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    await self._guarded(shard, self._retrying, self.sweep, shard)
+                    next_sweep = now + self.config.sweep_interval
+                if now >= next_reclaim:
+                    await self._guarded(shard, self._retrying, self.reclaim, shard)
+                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            finally:
+                batches.task_done()
+
+    async def _step(self, shard: Shard, batch: Batch) -> None:
+        if batch.entries:
+            self.metrics.read(shard.index, len(batch.entries))
+            # On a connection error the same batch is applied again: the XACK
+            # fence makes that idempotent, and nothing waits for a reclaim.
+            await self._guarded(shard, self._retrying, self._apply_isolated, shard,
+                                batch.entries, {}, batch.call)
+
+    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
+        """One step of the shard loop; a failure is logged and counted, never fatal."""
+        try:
+            await fn(*args)
+        except asyncio.CancelledError as exc:
+            if _cancelling():
+                raise  # this task is being cancelled: let run() unwind
+            # A CancelledError nobody asked this task for (raised inside a
+            # library, or an inner future cancelled under us) is a failed
+            # step like any other, not a reason to stop serving the shard.
+            # What it interrupted is finished by a later sweep or reclaim.
+            if not self.stopping:
+                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+        except Exception as exc:
+            if self.stopping:
+                log.warning("stopping without finishing a step", exc_info=True,
+                            extra={"shard": shard.index})
+                return
+            # A bug or an unexpected reply must not stop the worker: what
+            # was not applied stays pending, is reclaimed and, if it keeps
+            # failing, dead-lettered after max_deliveries.
+            await self._step_failed(shard, exc, "shard loop step failed")
 
     async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
         """Count and log a failed step (inside its ``except``), then pause before the next."""
@@ -207,13 +286,12 @@ class Worker:
         await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
     async def _read_once(self, shard: Shard) -> None:
+        """Read and apply one batch, without reading ahead (a single step)."""
         if shard.index in self._orphans:
             await self._retrying(self._take_back, shard)
         entries = await self._retrying(self._read, shard)
         if entries:
             self.metrics.read(shard.index, len(entries))
-            # On a connection error the same batch is applied again: the XACK
-            # fence makes that idempotent, and nothing waits for a reclaim.
             await self._retrying(self._apply_isolated, shard, entries, {})
 
     async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
@@ -234,49 +312,15 @@ class Worker:
             raise
         return [entry for _stream, entries in reply or [] for entry in entries]
 
-    async def _take_back(self, shard: Shard) -> None:
-        """Apply what this consumer was delivered but never received, now,
-        rather than after --reclaim-idle-ms (a Redis restart or a dropped
-        connection would otherwise hold the shard's watermark, so every turn
-        of the shard, that long). Each shard loop reads, applies and acks in
-        turn, so this consumer's pending entries of a shard are all orphans
-        when its loop is back here (or ones left pending on purpose after a
-        failure: applying them again is what a reclaim would do)."""
-        cfg = self.config
-        start = "0"
-        while True:
-            reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
-                                                 {shard.updates: start}, count=cfg.batch)
-            found = [entry for _stream, entries in reply or [] for entry in entries]
-            if not found:
-                break
-            start = as_text(found[-1][0])
-            entries = [(i, f) for i, f in found if f]
-            gone = [i for i, f in found if not f]
-            if gone:  # deleted while pending: nothing to apply
-                await self.client.xack(shard.updates, cfg.group, *gone)
-            if entries:
-                log.info("took back undelivered entries",
-                         extra={"shard": shard.index, "count": len(entries)})
-                await self._apply_isolated(shard, entries, await self._deliveries(shard, entries))
-        self._orphans.discard(shard.index)
-
-    async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
-        """How many times each of this consumer's pending entries was delivered."""
-        pending = await self.client.xpending_range(
-            shard.updates, self.config.group, min=entries[0][0], max=entries[-1][0],
-            count=len(entries) * 2, consumername=self.config.consumer,
-        )
-        return {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
-
     async def _apply_isolated(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int]
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        call: ApplyCall | None = None,
     ) -> None:
         """Apply a batch; if it fails (not a connection error), apply its entries
         one by one, so that one entry that always fails stays pending alone
         (and reaches max_deliveries alone) instead of taking its batch along."""
         try:
-            await self.apply(shard, entries, deliveries)
+            await self.apply(shard, entries, deliveries, call)
         except Exception as exc:
             if is_transient(exc):
                 raise
@@ -292,13 +336,17 @@ class Worker:
     # ------------------------------------------------------------ transitions
 
     async def apply(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int]
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        call: ApplyCall | None = None,
     ) -> None:
-        """Apply a batch, then finalise whatever it made ready."""
-        call = build_apply(shard, entries, deliveries, self.options, _now_ms())
-        cancelled, ready, counts, full = await self.scripts.apply_entries(
+        """Apply a batch (``call``: its script call, if already built), then
+        finalise whatever it made ready."""
+        if call is None:
+            call = build_apply(shard, entries, deliveries, self.options, _now_ms())
+        cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
             keys=call.keys, args=call.args)
         self.metrics.applied(counts)
+        self._follow(shard, call.applied, versions)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -306,6 +354,16 @@ class Worker:
             await self.finalise(shard, todo)
         if full:
             await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
+
+    def _follow(self, shard: Shard, applied: list[Applied], versions: list[Any]) -> None:
+        """Keep this worker's copies of the batch's turns (:mod:`processor.mirror`)."""
+        mirrors = self._mirrors[shard.index]
+        try:
+            mirrors.update(applied, parse_versions(versions))
+        except Exception:  # a copy is only a shortcut: without it the finalise reads back
+            log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+            for entry in applied:
+                mirrors.drop(entry.key)
 
     async def _compact(self, shard: Shard, keys: list[TurnKey]) -> None:
         """Fold long turns' stored records into snapshots. Best effort: one that
@@ -341,37 +399,56 @@ class Worker:
             keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
         if not keys:
             return {}
+        mirrors = self._mirrors[shard.index]
+        copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
         async with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 tk = key.encode()
                 pipe.hgetall(shard.turn(tk))
-                pipe.hgetall(shard.recs(tk))
-            replies = await pipe.execute()
+                if key not in copies:
+                    pipe.hgetall(shard.recs(tk))
+            replies = iter(await pipe.execute())
         now = _now_ms()
-        settled = []
-        for i, key in enumerate(keys):
-            turn_hash, recs = replies[2 * i], replies[2 * i + 1]
+        settled, again = [], {}
+        for key in keys:
+            turn_hash = next(replies)
+            recs = None if key in copies else next(replies)
             if not turn_hash:
                 continue  # finalised by another worker already
             if todo[key] != "closing" and (b"closing" in turn_hash or "closing" in turn_hash):
                 # An entry ended the turn before the cancel or the timeout: it
                 # is finalised as that ending says, once ready (sweep).
                 continue
+            copy = copies.get(key)
+            if copy is not None and not copy.matches(text_hash(turn_hash)):
+                again[key] = todo[key]  # changed behind this worker: read it back
+                continue
             try:
-                with self.metrics.timed(self.metrics.merge_seconds):
-                    outcome = settle(key, turn_hash, recs, todo[key], self.config.limits, now,
-                                     self.config.agui)
+                outcome = self._settle(key, turn_hash, copy, recs, todo[key], now)
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue
             if outcome is not None:
                 settled.append((key, as_text(turn_hash.get(b"ver", b"0")), outcome))
         if not settled:
-            return {}
+            return again
         call = build_finalise(shard, settled, self.options)
         results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
         self.metrics.finalised(settled, results)
-        return {key: todo[key] for (key, _, _), r in zip(settled, results, strict=True) if r == -1}
+        again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
+                      if r == -1})
+        return again
+
+    def _settle(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
+                recs: dict[Any, Any] | None, reason: Reason, now: int) -> Settled | None:
+        """Render the turn from this worker's copy, or replay its stored records."""
+        agui, limits = self.config.agui, self.config.limits
+        with self.metrics.timed(self.metrics.merge_seconds):
+            if copy is not None:
+                self.metrics.settled.labels("mirror").inc()
+                return render(key, copy.replay, turn_hash, reason, now, agui)
+            self.metrics.settled.labels("replay").inc()
+            return settle(key, turn_hash, recs or {}, reason, limits, now, agui)
 
     async def sweep(self, shard: Shard) -> None:
         """Finalise turns made ready, timed out or cancelled while no entry came."""
@@ -398,46 +475,4 @@ class Worker:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         if todo:
             await self.finalise(shard, todo)
-
-    async def reclaim(self, shard: Shard) -> None:
-        """Take over entries idle in any consumer's pending list (a dead worker's)."""
-        cfg = self.config
-        # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
-        # from where the last call stopped, so idle entries behind many
-        # in-flight ones are found too.
-        try:
-            reply = await self.client.xautoclaim(
-                shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
-                start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
-            )
-        except Exception as exc:
-            if is_transient(exc):  # claimed for this consumer, maybe, and the reply lost
-                self._orphans.add(shard.index)
-            raise
-        self._reclaim_cursor[shard.index] = as_text(reply[0])
-        entries = [(i, f) for i, f in reply[1] if f is not None]
-        gone = [i for i, f in reply[1] if f is None]
-        if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
-            await self.client.xack(shard.updates, cfg.group, *gone)
-        if not entries:
-            return
-        deliveries = await self._deliveries(shard, entries)
-        self.metrics.read(shard.index, len(entries), "reclaim")
-        log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
-        await self._apply_isolated(shard, entries, deliveries)
-
-    async def _leave(self) -> None:
-        """Remove this consumer from each group once it holds no pending entry."""
-        for shard in self.namespace.all():
-            try:
-                info = await self.client.xpending_range(
-                    shard.updates, self.config.group, min="-", max="+", count=1,
-                    consumername=self.config.consumer,
-                )
-                if not info:
-                    await self.client.xgroup_delconsumer(
-                        shard.updates, self.config.group, self.config.consumer
-                    )
-            except (*TRANSIENT, ResponseError) as exc:
-                log.warning("could not remove consumer", extra={"error": repr(exc)})
 

@@ -21,7 +21,8 @@ NAMES = (
     "processor_terminal_events_published", "processor_dlq_entries", "processor_cancels",
     "processor_dropped_entries", "processor_reclaimed_entries", "processor_redis_errors",
     "processor_redis_retries", "processor_step_failures", "processor_batch_entries",
-    "processor_merge_seconds", "processor_finalise_seconds", "processor_active_turns",
+    "processor_merge_seconds", "processor_turns_settled", "processor_finalise_seconds",
+    "processor_active_turns",
     "processor_group_lag", "processor_group_pending", "processor_group_consumers",
     "processor_dlq_length", "processor_loop_heartbeat_seconds", "processor_sample_errors",
 )

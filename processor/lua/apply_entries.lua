@@ -40,9 +40,11 @@ ARGV[10 + 2*T]                the entries: one msgpack array, 8 values per entry
                                   turn-level ids (msgpack [name, JSON value, ...]) or ""
   op "d" dead letter:            a = reason, b = detail
 
-Returns { cancelled tks, ready closing members, counts, tks to compact } where
-counts is a flat [name, n, ...] of what this call did, for the worker's
-metrics: "stored", "dropped" and "dlq:<reason>" (only the names that occurred).
+Returns { cancelled tks, ready closing members, counts, tks to compact,
+versions } where counts is a flat [name, n, ...] of what this call did, for
+the worker's metrics: "stored", "dropped" and "dlq:<reason>" (only the names
+that occurred), and versions is a flat [tk, ver before, ver after, records
+stored, started, ...] for each turn this call stored or dropped entries of.
 ]==]
 
 local updates, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -129,28 +131,44 @@ local function mark_closing(ti, tkey, tk, id)
   redis.call('HSET', tkey, 'closing', member)
 end
 
+-- A turn's counters (ver, n, bytes, HLEN of recs), read once per call and
+-- written back once at the end (flush_counters): the script is atomic, so
+-- nothing else sees them in between, and a stored entry costs its XACK and
+-- its HSET instead of five calls.
+local counters = {}
+local function counters_of(ti, tkey, rkey)
+  local c = counters[ti]
+  if c then return c end
+  local v = redis.call('HMGET', tkey, 'ver', 'n', 'bytes', 'started')
+  local ver = tonumber(v[1]) or 0
+  c = { ver0 = ver, ver = ver, n = tonumber(v[2]) or 0, bytes = tonumber(v[3]) or 0,
+        started = v[4] or '', stored = 0, len = 0 }
+  if compact_at > 0 then c.len = redis.call('HLEN', rkey) end
+  counters[ti] = c
+  return c
+end
+
 local function store(ti, id, op, record, size, progress, ids)
   local tkey, rkey = turn_keys(ti)
   local tk = ARGV[TURNS + 2 * (ti - 1)]
   start_turn(ti, tkey, ids)
+  local c = counters_of(ti, tkey, rkey)
   redis.call('HSET', rkey, id, record)
-  if compact_at > 0 and not seen_full[tk] then
-    local len = redis.call('HLEN', rkey)
-    if len >= compact_at and (len - compact_at) % compact_step == 0 then
-      seen_full[tk] = true
-      full[#full + 1] = tk
-    end
+  c.len = c.len + 1
+  if compact_at > 0 and not seen_full[tk] and c.len >= compact_at
+      and (c.len - compact_at) % compact_step == 0 then
+    seen_full[tk] = true
+    full[#full + 1] = tk
   end
-  redis.call('HINCRBY', tkey, 'ver', 1)
-  local n = redis.call('HINCRBY', tkey, 'n', op == 'u' and 1 or 0)
-  local bytes = redis.call('HINCRBY', tkey, 'bytes', size)
+  c.ver, c.stored, c.bytes = c.ver + 1, c.stored + 1, c.bytes + size
+  if op == 'u' then c.n = c.n + 1 end
   if progress ~= '' then
     for _, fields in ipairs(cmsgpack.unpack(progress)) do
       publish_event(tkey, events, events_max, fill_ids(tkey, fields))
     end
   end
   touched[ti] = tk
-  if op == 'e' or n > max_updates or bytes > max_bytes then mark_closing(ti, tkey, tk, id) end
+  if op == 'e' or c.n > max_updates or c.bytes > max_bytes then mark_closing(ti, tkey, tk, id) end
   if op == 'e' then
     local ended = redis.call('HGET', tkey, 'ended')
     if not ended or pad_id(id) < ended then redis.call('HSET', tkey, 'ended', pad_id(id)) end
@@ -161,7 +179,8 @@ local function drop(ti)
   local tkey = turn_keys(ti)
   start_turn(ti, tkey, '')
   redis.call('HINCRBY', tkey, 'dropped', 1)
-  redis.call('HINCRBY', tkey, 'ver', 1)
+  local c = counters_of(ti, tkey, select(2, turn_keys(ti)))
+  c.ver = c.ver + 1
   local tk = ARGV[TURNS + 2 * (ti - 1)]
   -- Active, so that a sweep finalises it if this worker dies before doing so.
   touched[ti] = tk
@@ -253,6 +272,24 @@ if #acked > 0 then
     redis.call('XDEL', updates, last)
   end
 end
+-- Write back the counters (see counters_of), and tell the caller each
+-- turn's version before and after this call, what it stored and when the
+-- turn started: the worker keeps its own copy of a turn's merge only while
+-- it stored every record of the turn (settle.Mirror), and then need not
+-- read the records back to finalise it.
+local versions = {}
+for ti, c in pairs(counters) do
+  local tkey = turn_keys(ti)
+  if c.ver ~= c.ver0 then
+    redis.call('HSET', tkey, 'ver', c.ver, 'n', c.n, 'bytes', c.bytes)
+  end
+  versions[#versions + 1] = ARGV[TURNS + 2 * (ti - 1)]
+  versions[#versions + 1] = c.ver0
+  versions[#versions + 1] = c.ver
+  versions[#versions + 1] = c.stored
+  versions[#versions + 1] = c.started ~= '' and c.started or tostring(now_ms)
+end
+
 -- The turns this call stored or dropped entries of, now active (one ZADD).
 local members = {}
 for _, tk in pairs(touched) do members[#members + 1] = now_ms; members[#members + 1] = tk end
@@ -263,4 +300,4 @@ end
 --- includes/ready_closing
 local flat = {}
 for name, n in pairs(counts) do flat[#flat + 1] = name; flat[#flat + 1] = n end
-return { cancelled, ready_closing(updates, group, closing, ready_limit), flat, full }
+return { cancelled, ready_closing(updates, group, closing, ready_limit), flat, full, versions }

@@ -1,0 +1,123 @@
+"""The worker's own copy of the turns it is applying, so that finalising a
+turn need not read its records back from Redis and replay them.
+
+Redis stays the source of truth: every record is still stored by
+``apply_entries`` (any worker can finish any turn, and a crash loses
+nothing). A :class:`Mirror` is only a cache of the replay of those records,
+kept while this worker stored *every* record of the turn, in entry-id
+order. ``apply_entries`` reports each turn's version before and after a call
+and how many records it stored; a mirror whose version is not exactly the
+one before, or a call that did not store every entry it was given for the
+turn, or an entry older than the mirror's last one (a reclaimed entry), and
+the mirror is dropped. The finalise uses a mirror only if the turn hash it
+reads has the mirror's version and start time, and ``finalise_turns`` checks
+that version again atomically with the publish: whatever happened since, the
+published response is the replay of exactly the stored records, as before.
+
+Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
+(oldest dropped first); a dropped mirror only means a replay from Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from processor.ids import TurnKey
+from processor.lifecycle import Limits, TurnLife
+from processor.models import Record
+from processor.settle import Replay, id_order
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One entry of a batch that ``apply_entries`` was asked to store."""
+
+    key: TurnKey
+    entry_id: str
+    record: Record
+    size: int
+
+
+@dataclass(frozen=True)
+class Version:
+    """A turn's version as one ``apply_entries`` call left it."""
+
+    before: int
+    after: int
+    stored: int
+    started: str
+
+
+@dataclass
+class Mirror:
+    replay: Replay
+    version: int
+    started: str
+    last_id: tuple[int, int] = (0, 0)
+
+    def matches(self, turn_hash: dict[str, str]) -> bool:
+        """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""
+        return (turn_hash.get("ver") == str(self.version)
+                and turn_hash.get("started") == self.started)
+
+
+@dataclass
+class Mirrors:
+    """The mirrors of one shard's turns, oldest first."""
+
+    limits: Limits
+    max_turns: int = 10_000
+    max_bytes: int = 256 << 20
+    turns: dict[TurnKey, Mirror] = field(default_factory=dict)
+    bytes: int = 0
+
+    def update(self, applied: list[Applied], versions: dict[TurnKey, Version]) -> None:
+        """Feed what one ``apply_entries`` call stored into the mirrors."""
+        if self.max_turns == 0:
+            return  # --mirror-turns 0: every finalise reads the records back
+        by_turn: dict[TurnKey, list[Applied]] = {}
+        for entry in applied:
+            by_turn.setdefault(entry.key, []).append(entry)
+        for key, version in versions.items():
+            mirror = self._follow(key, version, by_turn.get(key, []))
+            if mirror is None:
+                self.drop(key)
+            elif key not in self.turns:
+                self.turns[key] = mirror
+        self._bound()
+
+    def _follow(self, key: TurnKey, version: Version, entries: list[Applied]) -> Mirror | None:
+        """The turn's mirror after this call, or None when it cannot be trusted."""
+        mirror = self.turns.get(key)
+        if mirror is None:
+            if version.before != 0:
+                return None  # records stored before this worker followed the turn
+            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
+        stored_all = version.stored == len(entries) == version.after - version.before
+        if mirror.version != version.before or mirror.started != version.started or not stored_all:
+            return None
+        orders = [id_order(entry.entry_id) for entry in entries]
+        if orders and (orders[0] <= mirror.last_id or orders != sorted(orders)):
+            return None  # an older entry (reclaimed): the replay order would differ
+        life, before = mirror.replay.life, mirror.replay.life.bytes
+        for entry in entries:
+            mirror.replay.feed(entry.entry_id, entry.record, entry.size)
+        if orders:
+            mirror.last_id = orders[-1]
+        self.bytes += life.bytes - before
+        mirror.version = version.after
+        return mirror
+
+    def take(self, key: TurnKey) -> Mirror | None:
+        """Remove and return the turn's mirror (a finalise consumes it)."""
+        mirror = self.turns.pop(key, None)
+        if mirror is not None:
+            self.bytes -= mirror.replay.life.bytes
+        return mirror
+
+    def drop(self, key: TurnKey) -> None:
+        self.take(key)
+
+    def _bound(self) -> None:
+        while self.turns and (len(self.turns) > self.max_turns or self.bytes > self.max_bytes):
+            self.drop(next(iter(self.turns)))

@@ -1,0 +1,197 @@
+"""The worker's own copy of a turn (processor/mirror.py): used to finalise
+only while this worker stored every record of the turn, in entry-id order;
+dropped on any doubt; and what it publishes is what replaying the stored
+records publishes (``processor merge``), byte for byte."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+from strategies import random_turn
+from worker_harness import (
+    Harness,
+    compare_with_offline,
+    entry_fields,
+    interleave,
+    offline_results,
+    simple_turn,
+)
+
+from processor.batches import build_apply, parse_versions
+from processor.decode import decode_entry
+from processor.ids import TurnKey
+from processor.lifecycle import Limits
+from processor.mirror import Applied, Mirror, Mirrors, Version
+from processor.models import Record
+from processor.scripts import Scripts
+from processor.settle import encode_stored, render, replay
+from processor.worker import WorkerConfig
+
+KEY = TurnKey("r1")
+
+
+def _record(text: str) -> Record:
+    _key, record = decode_entry({"response_id": "r1", "update": (
+        '{"type":"agent_response_update","role":"assistant","message_id":"m",'
+        f'"contents":[{{"type":"text","text":"{text}"}}]}}')})
+    return record
+
+
+def _applied(*ids: str) -> list[Applied]:
+    return [Applied(KEY, i, _record(i), 10) for i in ids]
+
+
+def test_a_mirror_follows_a_turn_stored_from_its_start() -> None:
+    mirrors = Mirrors(Limits())
+    mirrors.update(_applied("1-0", "2-0"), {KEY: Version(0, 2, 2, "7")})
+    mirrors.update(_applied("3-0"), {KEY: Version(2, 3, 1, "7")})
+    mirror = mirrors.take(KEY)
+    assert mirror is not None and mirror.version == 3
+    assert mirror.matches({"ver": "3", "started": "7"})
+    assert not mirror.matches({"ver": "4", "started": "7"})
+    assert not mirror.matches({"ver": "3", "started": "8"})  # a new turn of the same key
+    assert mirror.replay.life.counts.updates == 3
+    assert mirrors.take(KEY) is None and mirrors.bytes == 0
+
+
+def test_a_mirror_is_dropped_on_any_doubt() -> None:
+    cases = {
+        "records stored before it followed": [(_applied("1-0"), Version(1, 2, 1, "7"))],
+        "another worker stored one in between": [
+            (_applied("1-0"), Version(0, 1, 1, "7")), (_applied("3-0"), Version(2, 3, 1, "7"))],
+        "an entry was not stored (fenced)": [(_applied("1-0", "2-0"), Version(0, 1, 1, "7"))],
+        "an entry was dropped, not stored": [(_applied("1-0"), Version(0, 2, 1, "7"))],
+        "an older entry (reclaimed) came later": [
+            (_applied("5-0"), Version(0, 1, 1, "7")), (_applied("3-0"), Version(1, 2, 1, "7"))],
+        "the turn was started again": [
+            (_applied("1-0"), Version(0, 1, 1, "7")), (_applied("2-0"), Version(1, 2, 1, "9"))],
+    }
+    for case, calls in cases.items():
+        mirrors = Mirrors(Limits())
+        for applied, version in calls:
+            mirrors.update(applied, {KEY: version})
+        assert mirrors.take(KEY) is None, case
+        assert mirrors.bytes == 0, case
+
+
+def test_mirrors_are_bounded() -> None:
+    mirrors = Mirrors(Limits(), max_turns=3, max_bytes=35)
+    for i in range(5):
+        key = TurnKey(f"r{i}")
+        mirrors.update([Applied(key, "1-0", _record("x"), 10)], {key: Version(0, 1, 1, "7")})
+    assert list(mirrors.turns) == [TurnKey("r2"), TurnKey("r3"), TurnKey("r4")]
+    key = TurnKey("r9")
+    mirrors.update([Applied(key, f"{i}-0", _record("x"), 10) for i in range(1, 3)],
+                   {key: Version(0, 2, 2, "7")})
+    assert list(mirrors.turns) == [TurnKey("r4"), key] and mirrors.bytes == 30
+
+
+def test_a_mirror_renders_what_the_replay_renders() -> None:
+    """The same records, fed as the batches come or replayed from Redis."""
+    rng = random.Random(5)
+    for n in range(30):
+        decoded = [decode_entry(entry_fields(e)) for e in random_turn(rng, f"r-{n}")]
+        key = decoded[0][0]
+        applied = [Applied(key, f"{i + 1}-0", rec, 5) for i, (_k, rec) in enumerate(decoded)]
+        stored = {a.entry_id: encode_stored(a.size, a.record) for a in applied}
+        for reason in ("closing", "cancel", "timeout"):
+            want = render(key, replay(key, stored, Limits()), {"started": "7"}, reason, 9)
+            got = render(key, _copy(key, applied).replay, {"started": "7"}, reason, 9)
+            assert got == want, (n, reason)
+
+
+def _copy(key: TurnKey, applied: list[Applied]) -> Mirror:
+    mirrors = Mirrors(Limits())
+    mirrors.update(applied, {key: Version(0, len(applied), len(applied), "7")})
+    mirror = mirrors.take(key)
+    assert mirror is not None
+    return mirror
+
+
+def _settled(harness: Harness) -> dict[str, float]:
+    out = {}
+    for running in harness.workers:
+        for metric in running.worker.metrics.settled.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    source = sample.labels["source"]
+                    out[source] = out.get(source, 0) + sample.value
+    return out
+
+
+@pytest.mark.parametrize("mirror_turns", [10_000, 0])
+async def test_one_worker_finalises_from_its_copies(
+    redis_url: str, namespace: str, mirror_turns: int
+) -> None:
+    rng = random.Random(11)
+    turns = [random_turn(rng, f"resp-{i:04d}") for i in range(300)]
+    arrival = interleave(turns, rng)
+    offline = offline_results(arrival)
+    async with Harness(redis_url, namespace, batch=50, mirror_turns=mirror_turns) as harness:
+        await harness.start_workers(1)
+        await harness.add(arrival)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        settled = _settled(harness)
+        assert await harness.state_keys() == []
+    compare_with_offline(outputs, offline, "one worker")
+    # Every turn from the worker's copy: none was stored by anyone else
+    # (with --mirror-turns 0, none: every one read back).
+    assert settled == {"mirror" if mirror_turns else "replay": len(offline)}, settled
+
+
+async def test_a_turn_another_consumer_stored_into_is_read_back(
+    redis_url: str, namespace: str
+) -> None:
+    """A consumer the worker does not know of applies the middle of a turn:
+    the worker's copy misses those records, so it must replay from Redis."""
+    entries = simple_turn("shared", 6)
+    offline = offline_results(entries)
+    async with Harness(redis_url, namespace) as harness:
+        shard = harness.shards[0]
+        await harness.start_workers(1)
+        await harness.add(entries[:2])
+        await harness.wait_applied()
+        # The intruder reads and applies the next two entries itself.
+        config = WorkerConfig(namespace=namespace, consumer="intruder")
+        await harness.client.xgroup_createconsumer(shard.updates, config.group, "intruder")
+        paused = harness.workers[0].worker
+        paused.stop()  # the worker must not read them first
+        await harness.stop_worker(harness.workers[0])
+        await harness.add(entries[2:4])
+        [[_, read]] = await harness.client.xreadgroup(
+            config.group, "intruder", {shard.updates: ">"}, count=10)
+        call = build_apply(shard, read, {}, config.batch_options(), 0)
+        reply = await Scripts(harness.client).apply_entries(keys=call.keys, args=call.args)
+        assert parse_versions(reply[4])[TurnKey("shared")].before == 2
+        harness.workers.clear()
+        await harness.start_workers(1)
+        await harness.add(entries[4:])
+        await harness.wait_merged(1)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        settled = _settled(harness)
+    compare_with_offline(outputs, offline, "intruder")
+    assert settled == {"replay": 1}, settled
+
+
+async def test_two_workers_agree_with_the_replay(redis_url: str) -> None:
+    """Two workers share a shard: turns split between them are read back,
+    the others finalised from copies; all equal ``processor merge``."""
+    rng = random.Random(12)
+    turns = [random_turn(rng, f"resp-{i:04d}") for i in range(300)]
+    arrival = interleave(turns, rng)
+    offline = offline_results(arrival)
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", batch=20) as harness:
+        await harness.start_workers(2)
+        await harness.add(arrival)
+        await harness.wait_merged(len(offline))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        settled = _settled(harness)
+    compare_with_offline(outputs, offline, "two workers")
+    assert sum(settled.values()) >= len(offline)
+    assert settled.get("replay", 0) > 0, settled
