@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import sys
 from typing import Any
@@ -66,11 +67,23 @@ async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = N
             delay = min(delay * 2, 5.0)
 
 
+def tune_gc() -> None:
+    """Fewer, cheaper cyclic GC passes for a long-running worker. What it
+    allocates per entry is freed by reference counting (the per-entry
+    Structs are not even tracked), so gen-0 passes found little but cost
+    about 4% of the worker's instructions (callgrind, bench workload); and
+    freezing what start-up created (modules, classes) keeps full passes
+    from walking it again and again."""
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
 async def run_worker(values: dict[str, Any]) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
     that came before the worker existed (even before the event loop did, see
     processor/stopping.py) stops it as soon as it does."""
     stop = stopping.attach(asyncio.get_running_loop())
+    tune_gc()
     logs.set_payloads(values["log_payloads"])
     for name in config.unknown_env():  # not extra={"name": ...}: a LogRecord field
         log.warning("unknown environment variable ignored", extra={"variable": name})
