@@ -58,6 +58,9 @@ class ApplyCall:
     head: list[Any]
     entries: list[Any]  # flat, 8 values per entry (see apply_entries.lua), bytes as msgpack_str
     applied: list[Applied] = field(default_factory=list)  # the entries asked to be stored
+    # Read by one XREADGROUP ">": in id order, and newer than every entry
+    # delivered before (processor.mirror need not check their order).
+    newest: bool = False
 
     @property
     def args(self) -> list[Any]:
@@ -123,6 +126,9 @@ def build_apply(
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied)
 
 
+_new_applied = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
+
+
 def _entry_args(
     shard: Shard,
     turns: _Turns,
@@ -163,7 +169,7 @@ def _entry_args(
     op = "u" if record.kind == "update" else "e"
     size = _entry_size(fields)
     ids = _turn_ids(record.ids) if record.ids else ""  # most entries carry none
-    applied.append(Applied(key, entry_id, record, size))
+    applied.append(_new_applied(Applied, (key, entry_id, record, size)))
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]

@@ -21,6 +21,7 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
@@ -28,8 +29,7 @@ from processor.models import Record
 from processor.settle import Replay, id_order
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(NamedTuple):
     """One entry of a batch that ``apply_entries`` was asked to store."""
 
     key: TurnKey
@@ -71,22 +71,28 @@ class Mirrors:
     turns: dict[TurnKey, Mirror] = field(default_factory=dict)
     bytes: int = 0
 
-    def update(self, applied: list[Applied], versions: dict[TurnKey, Version]) -> None:
-        """Feed what one ``apply_entries`` call stored into the mirrors."""
+    def update(
+        self, applied: list[Applied], versions: dict[TurnKey, Version], newest: bool = False
+    ) -> None:
+        """Feed what one ``apply_entries`` call stored into the mirrors.
+        ``newest``: the entries came from one ``XREADGROUP >``, so they are
+        in id order and newer than anything applied before (no check needed)."""
         if self.max_turns == 0:
             return  # --mirror-turns 0: every finalise reads the records back
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
         for key, version in versions.items():
-            mirror = self._follow(key, version, by_turn.get(key, []))
+            mirror = self._follow(key, version, by_turn.get(key, []), newest)
             if mirror is None:
                 self.drop(key)
             elif key not in self.turns:
                 self.turns[key] = mirror
         self._bound()
 
-    def _follow(self, key: TurnKey, version: Version, entries: list[Applied]) -> Mirror | None:
+    def _follow(
+        self, key: TurnKey, version: Version, entries: list[Applied], newest: bool
+    ) -> Mirror | None:
         """The turn's mirror after this call, or None when it cannot be trusted."""
         mirror = self.turns.get(key)
         if mirror is None:
@@ -96,17 +102,27 @@ class Mirrors:
         stored_all = version.stored == len(entries) == version.after - version.before
         if mirror.version != version.before or mirror.started != version.started or not stored_all:
             return None
-        orders = [id_order(entry.entry_id) for entry in entries]
-        if orders and (orders[0] <= mirror.last_id or orders != sorted(orders)):
+        if newest:  # the last one is enough: a later reclaim must come after it
+            mirror.last_id = id_order(entries[-1].entry_id) if entries else mirror.last_id
+        elif not self._in_order(mirror, entries):
             return None  # an older entry (reclaimed): the replay order would differ
         life, before = mirror.replay.life, mirror.replay.life.bytes
+        feed = mirror.replay.feed
         for entry in entries:
-            mirror.replay.feed(entry.entry_id, entry.record, entry.size)
-        if orders:
-            mirror.last_id = orders[-1]
+            feed(entry.entry_id, entry.record, entry.size)
         self.bytes += life.bytes - before
         mirror.version = version.after
         return mirror
+
+    @staticmethod
+    def _in_order(mirror: Mirror, entries: list[Applied]) -> bool:
+        """Whether ``entries`` are in id order and after the mirror's last one."""
+        orders = [id_order(entry.entry_id) for entry in entries]
+        if orders and (orders[0] <= mirror.last_id or orders != sorted(orders)):
+            return False
+        if orders:
+            mirror.last_id = orders[-1]
+        return True
 
     def take(self, key: TurnKey) -> Mirror | None:
         """Remove and return the turn's mirror (a finalise consumes it)."""

@@ -225,10 +225,12 @@ class Worker(Recovery):
         if not entries:
             return None
         try:
-            return build_apply(shard, entries, {}, self.options, _now_ms())
+            call = build_apply(shard, entries, {}, self.options, _now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": shard.index})
             return None
+        call.newest = True  # read with XREADGROUP >
+        return call
 
     async def _apply_loop(self, shard: Shard, batches: asyncio.Queue[Batch | None]) -> None:
         next_sweep = next_reclaim = 0.0
@@ -346,7 +348,7 @@ class Worker(Recovery):
         cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
             keys=call.keys, args=call.args)
         self.metrics.applied(counts)
-        self._follow(shard, call.applied, versions)
+        self._follow(shard, call.applied, versions, call.newest)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -355,11 +357,13 @@ class Worker(Recovery):
         if full:
             await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
 
-    def _follow(self, shard: Shard, applied: list[Applied], versions: list[Any]) -> None:
+    def _follow(
+        self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
+    ) -> None:
         """Keep this worker's copies of the batch's turns (:mod:`processor.mirror`)."""
         mirrors = self._mirrors[shard.index]
         try:
-            mirrors.update(applied, parse_versions(versions))
+            mirrors.update(applied, parse_versions(versions), newest)
         except Exception:  # a copy is only a shortcut: without it the finalise reads back
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             for entry in applied:

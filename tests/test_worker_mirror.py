@@ -67,11 +67,16 @@ def test_a_mirror_is_dropped_on_any_doubt() -> None:
             (_applied("5-0"), Version(0, 1, 1, "7")), (_applied("3-0"), Version(1, 2, 1, "7"))],
         "the turn was started again": [
             (_applied("1-0"), Version(0, 1, 1, "7")), (_applied("2-0"), Version(1, 2, 1, "9"))],
+        # A read ('>', not checked) and then a reclaim of an entry a dead
+        # worker held since before it: the read's last id still counts.
+        "a reclaimed entry older than a read": [
+            (_applied("10-0", "20-0"), Version(0, 2, 2, "7"), True),
+            (_applied("15-0"), Version(2, 3, 1, "7"))],
     }
     for case, calls in cases.items():
         mirrors = Mirrors(Limits())
-        for applied, version in calls:
-            mirrors.update(applied, {KEY: version})
+        for applied, version, *newest in calls:
+            mirrors.update(applied, {KEY: version}, *newest)
         assert mirrors.take(KEY) is None, case
         assert mirrors.bytes == 0, case
 
