@@ -97,6 +97,8 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         r.update(turns=len(work.turns), updates=work.updates, raw_mb=work.raw_bytes / 1e6)
         runs: list[Throughput] = [await scenarios.drain(ctx, work)]
         show(runs[-1])
+        runs.append(await scenarios.ceiling(ctx, work))
+        show(runs[-1])
         for n in args.worker_counts:
             runs.append(await scenarios.processor(ctx, work, n))
             show(runs[-1])

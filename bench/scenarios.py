@@ -169,6 +169,27 @@ async def drain(ctx: Ctx, work: Workload) -> Throughput:
         await client.delete(stream)
 
 
+async def ceiling(ctx: Ctx, work: Workload) -> Throughput:
+    """processor's decode and merge with every turn in memory (bench/ceiling.py)."""
+    client, stream, merged = ctx.client, "{ceiling:0}:updates", "{ceiling:0}:merged"
+    proc = Consumer([str(BENCH / "ceiling.py"), ctx.url, stream, merged, "{ceiling:0}:events"])
+    try:
+        await proc.line("ready", 60)
+        meter = CpuMeter([proc.proc.pid], ctx.server_pid)
+        start = await copy_into(client, ctx.template, stream)
+
+        def alive() -> None:
+            if proc.proc.poll() is not None:
+                raise RuntimeError("the ceiling consumer exited:\n" + "".join(proc.lines[-20:]))
+
+        await wait_len(client, merged, len(work.turns), 3600, alive)
+        end = await last_id_ms(client, merged)
+        return Throughput("in-memory ceiling", work.updates, (end - start) / 1000, meter.read())
+    finally:
+        proc.stop()
+        await forget(client, "{ceiling:0}*")
+
+
 # --------------------------------------------------------------------------- the peer
 
 
