@@ -110,6 +110,17 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
+    ceiling = next((t for t in runs if t.name == "in-memory ceiling"), None)
+    if ceiling is not None:
+        lines.append(
+            f"- **In-memory ceiling: {ceiling.rate / drain.rate:.2f} of the drain**; one worker "
+            f"runs at {one.rate / ceiling.rate:.2f} of it. The ceiling (`bench/ceiling.py`) "
+            "decodes and merges every entry with processor's own code but keeps the turns "
+            "in its memory only and writes nothing but the outputs and the acks (not crash "
+            "safe, not shareable between consumers): what any design built on this decode "
+            "and merge can reach with one process. Worker / ceiling is the price of keeping "
+            "every turn's state in Redis; ceiling / drain the price of decoding and merging "
+            "in Python.")
     cpu = {t.name: sum(t.cpu.values()) / t.updates for t in runs if t.cpu}
     if peer is not None and all(n in cpu for n in (one.name, drain.name, peer.name)):
         lines.append(
