@@ -111,6 +111,23 @@ class Batch:
     call: ApplyCall | None
 
 
+async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> Batch | None:
+    """The next batch read, or None once the reader is done (stopped, or
+    failed) and every batch it read was taken."""
+    while batches.empty():
+        if reader.done():
+            return None
+        getter = asyncio.ensure_future(batches.get())
+        try:
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+    return batches.get_nowait()
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -193,15 +210,17 @@ class Worker(Recovery):
         batch while this one waits for the current batch's scripts, so the
         worker's Python and redis-server work at the same time. Applying,
         finalising, sweeping and reclaiming stay one after the other here."""
-        batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+        batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
         reader = asyncio.create_task(self._read_ahead(shard, batches))
         try:
-            await self._apply_loop(shard, batches)
+            await self._apply_loop(shard, batches, reader)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read_ahead(self, shard: Shard, batches: asyncio.Queue[Batch | None]) -> None:
+    async def _read_ahead(self, shard: Shard, batches: asyncio.Queue[Batch]) -> None:
+        """Read and decode batches until stopping (the applier then applies
+        what was read, and stops once this task is done and the queue empty)."""
         while not self.stopping:
             try:
                 if shard.index in self._orphans:
@@ -217,7 +236,6 @@ class Worker(Recovery):
                 if self.stopping:
                     break
                 await self._step_failed(shard, exc, "read failed")
-        await batches.put(None)  # the applier applies what was read, then stops
 
     def _prepare(self, shard: Shard, entries: list[tuple[Any, Any]]) -> ApplyCall | None:
         """Decode a batch into its script call ahead of applying it; None (decode
@@ -232,13 +250,12 @@ class Worker(Recovery):
         call.newest = True  # read with XREADGROUP >
         return call
 
-    async def _apply_loop(self, shard: Shard, batches: asyncio.Queue[Batch | None]) -> None:
+    async def _apply_loop(
+        self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
+    ) -> None:
         next_sweep = next_reclaim = 0.0
-        while True:
-            batch = await batches.get()
+        while (batch := await _next_batch(batches, reader)) is not None:
             try:
-                if batch is None:
-                    return
                 await self._step(shard, batch)
                 now = time.monotonic()
                 if now >= next_sweep:

@@ -143,3 +143,28 @@ async def test_sigterm_while_redis_is_unreachable(
         assert code == 0, sub.log()[-2000:]
     assert '"stopped cleanly"' in sub.log()
     assert '"worker started"' not in sub.log()
+
+
+async def test_a_reader_that_fails_while_stopping_does_not_hang_the_stop(
+    redis_url: str, namespace: str
+) -> None:
+    """The shard loop's reader task ends with an error (here a stray
+    CancelledError) just as the worker stops: the applier still applies what
+    was read, notices the reader is gone and returns, so run() returns."""
+    async with Harness(redis_url, namespace) as harness:
+        running = await harness.start_worker()
+        worker = running.worker
+        await harness.add(simple_turn("before", 3))
+        await harness.wait_merged(1)
+        real = worker._read
+
+        async def stop_then_fail(*args: object) -> object:
+            worker._read = real  # type: ignore[method-assign]
+            worker.stop()
+            raise asyncio.CancelledError("stray")
+
+        worker._read = stop_then_fail  # type: ignore[method-assign]
+        await asyncio.wait_for(asyncio.shield(running.task), 10)
+        harness.workers.remove(running)
+        await running.client.aclose()
+        await _assert_left_group(harness, running.consumer)
