@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio
-from redis.exceptions import ResponseError
+from drain import ready
 
 from processor import events as ev
 from processor.decode import decode_stream_entry
@@ -58,12 +58,7 @@ class Turns:
 async def consume(url: str, stream: str, merged: str, events: str, group: str,
                   count: int) -> None:
     client = redis.asyncio.Redis.from_url(url)
-    try:
-        await client.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-    print("ready", flush=True)
+    await ready(client, stream, group)
     turns = Turns()
     while True:
         reply = await client.xreadgroup(group, "ceiling", {stream: ">"}, count=count, block=100)

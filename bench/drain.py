@@ -17,14 +17,19 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 
-async def drain(url: str, stream: str, expected: int, group: str, count: int) -> None:
-    client = redis.asyncio.Redis.from_url(url)
+async def ready(client: redis.asyncio.Redis, stream: str, group: str) -> None:
+    """Create the consumer group (if missing), then say ``ready``."""
     try:
         await client.xgroup_create(stream, group, id="0", mkstream=True)
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
     print("ready", flush=True)
+
+
+async def drain(url: str, stream: str, expected: int, group: str, count: int) -> None:
+    client = redis.asyncio.Redis.from_url(url)
+    await ready(client, stream, group)
     acked = 0
     while acked < expected:
         reply = await client.xreadgroup(group, "drain", {stream: ">"}, count=count, block=100)

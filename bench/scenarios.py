@@ -169,10 +169,12 @@ async def drain(ctx: Ctx, work: Workload) -> Throughput:
         await client.delete(stream)
 
 
-async def ceiling(ctx: Ctx, work: Workload) -> Throughput:
-    """processor's decode and merge with every turn in memory (bench/ceiling.py)."""
-    client, stream, merged = ctx.client, "{ceiling:0}:updates", "{ceiling:0}:merged"
-    proc = Consumer([str(BENCH / "ceiling.py"), ctx.url, stream, merged, "{ceiling:0}:events"])
+async def _merging_consumer(ctx: Ctx, work: Workload, name: str, script: str,
+                            prefix: str, *extra: str) -> Throughput:
+    """A bench consumer process that publishes one entry per turn to
+    ``{prefix:0}:merged``, timed from the ``COPY`` to its last merged entry."""
+    client, stream, merged = ctx.client, f"{{{prefix}:0}}:updates", f"{{{prefix}:0}}:merged"
+    proc = Consumer([str(BENCH / script), ctx.url, stream, merged, *extra])
     try:
         await proc.line("ready", 60)
         meter = CpuMeter([proc.proc.pid], ctx.server_pid)
@@ -180,38 +182,28 @@ async def ceiling(ctx: Ctx, work: Workload) -> Throughput:
 
         def alive() -> None:
             if proc.proc.poll() is not None:
-                raise RuntimeError("the ceiling consumer exited:\n" + "".join(proc.lines[-20:]))
+                raise RuntimeError(f"{name} exited:\n" + "".join(proc.lines[-20:]))
 
         await wait_len(client, merged, len(work.turns), 3600, alive)
         end = await last_id_ms(client, merged)
-        return Throughput("in-memory ceiling", work.updates, (end - start) / 1000, meter.read())
+        return Throughput(name, work.updates, (end - start) / 1000, meter.read())
     finally:
         proc.stop()
-        await forget(client, "{ceiling:0}*")
+        await forget(client, f"{{{prefix}:0}}*")
+        await forget(client, f"{prefix}:*")
+
+
+async def ceiling(ctx: Ctx, work: Workload) -> Throughput:
+    """processor's decode and merge with every turn in memory (bench/ceiling.py)."""
+    return await _merging_consumer(ctx, work, "in-memory ceiling", "ceiling.py", "ceiling",
+                                   "{ceiling:0}:events")
 
 
 # --------------------------------------------------------------------------- the peer
 
 
 async def faststream(ctx: Ctx, work: Workload) -> Throughput:
-    client, stream, merged = ctx.client, "{peer:0}:updates", "{peer:0}:merged"
-    proc = Consumer([str(BENCH / "peer_faststream.py"), ctx.url, stream, merged])
-    try:
-        await proc.line("ready", 60)
-        meter = CpuMeter([proc.proc.pid], ctx.server_pid)
-        start = await copy_into(client, ctx.template, stream)
-
-        def alive() -> None:
-            if proc.proc.poll() is not None:
-                raise RuntimeError("the FastStream peer exited:\n" + "".join(proc.lines[-20:]))
-
-        await wait_len(client, merged, len(work.turns), 3600, alive)
-        end = await last_id_ms(client, merged)
-        return Throughput("FastStream", work.updates, (end - start) / 1000, meter.read())
-    finally:
-        proc.stop()
-        await forget(client, "{peer:0}*")
-        await forget(client, "peer:*")
+    return await _merging_consumer(ctx, work, "FastStream", "peer_faststream.py", "peer")
 
 
 # --------------------------------------------------------------------------- processor

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from typing import Any
 
 import pytest
 from strategies import random_turn
@@ -126,22 +127,28 @@ def _settled(harness: Harness) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("mirror_turns", [10_000, 0])
-async def test_one_worker_finalises_from_its_copies(
-    redis_url: str, namespace: str, mirror_turns: int
-) -> None:
-    rng = random.Random(11)
-    turns = [random_turn(rng, f"resp-{i:04d}") for i in range(300)]
-    arrival = interleave(turns, rng)
+async def _run(url: str, namespace: str, seed: int, workers: int, **config: Any) -> tuple:
+    """300 random turns, interleaved, through ``workers`` workers: the outputs,
+    ``processor merge``'s results and where each finalise's merge came from."""
+    rng = random.Random(seed)
+    arrival = interleave([random_turn(rng, f"resp-{i:04d}") for i in range(300)], rng)
     offline = offline_results(arrival)
-    async with Harness(redis_url, namespace, batch=50, mirror_turns=mirror_turns) as harness:
-        await harness.start_workers(1)
+    async with Harness(url, namespace, **config) as harness:
+        await harness.start_workers(workers)
         await harness.add(arrival)
         await harness.wait_merged(len(offline))
         await harness.wait_drained()
         outputs = await harness.outputs()
-        settled = _settled(harness)
         assert await harness.state_keys() == []
+        return outputs, offline, _settled(harness)
+
+
+@pytest.mark.parametrize("mirror_turns", [10_000, 0])
+async def test_one_worker_finalises_from_its_copies(
+    redis_url: str, namespace: str, mirror_turns: int
+) -> None:
+    outputs, offline, settled = await _run(redis_url, namespace, 11, 1, batch=50,
+                                           mirror_turns=mirror_turns)
     compare_with_offline(outputs, offline, "one worker")
     # Every turn from the worker's copy: none was stored by anyone else
     # (with --mirror-turns 0, none: every one read back).
@@ -186,17 +193,8 @@ async def test_a_turn_another_consumer_stored_into_is_read_back(
 async def test_two_workers_agree_with_the_replay(redis_url: str) -> None:
     """Two workers share a shard: turns split between them are read back,
     the others finalised from copies; all equal ``processor merge``."""
-    rng = random.Random(12)
-    turns = [random_turn(rng, f"resp-{i:04d}") for i in range(300)]
-    arrival = interleave(turns, rng)
-    offline = offline_results(arrival)
-    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", batch=20) as harness:
-        await harness.start_workers(2)
-        await harness.add(arrival)
-        await harness.wait_merged(len(offline))
-        await harness.wait_drained()
-        outputs = await harness.outputs()
-        settled = _settled(harness)
+    outputs, offline, settled = await _run(redis_url, f"t{uuid.uuid4().hex[:8]}", 12, 2,
+                                           batch=20)
     compare_with_offline(outputs, offline, "two workers")
     assert sum(settled.values()) >= len(offline)
     assert settled.get("replay", 0) > 0, settled
