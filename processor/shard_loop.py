@@ -1,0 +1,204 @@
+"""The per-shard loop of a worker: a reader task that reads (and decodes)
+one batch ahead, and an applier that applies batches in the order they were
+read, then sweeps and reclaims. One failing step never stops the loop: it
+is counted, logged and retried later (its entries stay pending). A mixin of
+:class:`~processor.worker.Worker`, which supplies the transitions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from processor.batches import ApplyCall, BatchOptions, build_apply
+from processor.connections import is_transient
+from processor.keys import Shard
+from processor.metrics import Metrics
+
+log = logging.getLogger("processor.worker")
+
+
+def _cancelling() -> bool:
+    """Whether the running task has a cancel request pending (``Task.cancel``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Entries read from a shard and, when decoding them worked, their script call."""
+
+    entries: list[tuple[Any, Any]]
+    call: ApplyCall | None
+
+
+async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> Batch | None:
+    """The next batch read, or None once the reader is done (stopped, or
+    failed) and every batch it read was taken."""
+    while batches.empty():
+        if reader.done():
+            return None
+        getter = asyncio.ensure_future(batches.get())
+        try:
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+    return batches.get_nowait()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ShardLoop:
+    """Reading ahead, applying, sweeping and reclaiming one shard."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    options: BatchOptions
+    _orphans: set[int]
+    # Worker's and Recovery's.
+    _retrying: Callable[..., Awaitable[Any]]
+    _apply_isolated: Callable[..., Awaitable[None]]
+    _take_back: Callable[[Shard], Awaitable[None]]
+    ensure_groups: Callable[[], Awaitable[None]]
+    sweep: Callable[[Shard], Awaitable[None]]
+    reclaim: Callable[[Shard], Awaitable[None]]
+
+    stopping: bool  # Worker's property: stop() was called
+
+    async def _shard_loop(self, shard: Shard) -> None:
+        """Read ahead while applying: a reader task reads and decodes the next
+        batch while this one waits for the current batch's scripts, so the
+        worker's Python and redis-server work at the same time. Applying,
+        finalising, sweeping and reclaiming stay one after the other here."""
+        batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+        reader = asyncio.create_task(self._read_ahead(shard, batches))
+        try:
+            await self._apply_loop(shard, batches, reader)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_ahead(self, shard: Shard, batches: asyncio.Queue[Batch]) -> None:
+        """Read and decode batches until stopping (the applier then applies
+        what was read, and stops once this task is done and the queue empty)."""
+        while not self.stopping:
+            try:
+                if shard.index in self._orphans:
+                    await batches.join()  # nothing read earlier is still waiting to be applied
+                    await self._retrying(self._take_back, shard)
+                entries = await self._retrying(self._read, shard)
+                await batches.put(Batch(entries, self._prepare(shard, entries)))
+            except asyncio.CancelledError as exc:
+                if _cancelling() or self.stopping:
+                    raise
+                await self._step_failed(shard, exc, "read was cancelled from inside")
+            except Exception as exc:
+                if self.stopping:
+                    break
+                await self._step_failed(shard, exc, "read failed")
+
+    def _prepare(self, shard: Shard, entries: list[tuple[Any, Any]]) -> ApplyCall | None:
+        """Decode a batch into its script call ahead of applying it; None (decode
+        again when applying, entry by entry if need be) if that fails."""
+        if not entries:
+            return None
+        try:
+            call = build_apply(shard, entries, {}, self.options, now_ms())
+        except Exception:
+            log.exception("could not prepare a batch", extra={"shard": shard.index})
+            return None
+        call.newest = True  # read with XREADGROUP >
+        return call
+
+    async def _apply_loop(
+        self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
+    ) -> None:
+        next_sweep = next_reclaim = 0.0
+        while (batch := await _next_batch(batches, reader)) is not None:
+            try:
+                await self._step(shard, batch)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    await self._guarded(shard, self._retrying, self.sweep, shard)
+                    next_sweep = now + self.config.sweep_interval
+                if now >= next_reclaim:
+                    await self._guarded(shard, self._retrying, self.reclaim, shard)
+                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            finally:
+                batches.task_done()
+
+    async def _step(self, shard: Shard, batch: Batch) -> None:
+        if batch.entries:
+            self.metrics.read(shard.index, len(batch.entries))
+            # On a connection error the same batch is applied again: the XACK
+            # fence makes that idempotent, and nothing waits for a reclaim.
+            await self._guarded(shard, self._retrying, self._apply_isolated, shard,
+                                batch.entries, {}, batch.call)
+
+    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
+        """One step of the shard loop; a failure is logged and counted, never fatal."""
+        try:
+            await fn(*args)
+        except asyncio.CancelledError as exc:
+            if _cancelling():
+                raise  # this task is being cancelled: let run() unwind
+            # A CancelledError nobody asked this task for (raised inside a
+            # library, or an inner future cancelled under us) is a failed
+            # step like any other, not a reason to stop serving the shard.
+            # What it interrupted is finished by a later sweep or reclaim.
+            if not self.stopping:
+                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+        except Exception as exc:
+            if self.stopping:
+                log.warning("stopping without finishing a step", exc_info=True,
+                            extra={"shard": shard.index})
+                return
+            # A bug or an unexpected reply must not stop the worker: what
+            # was not applied stays pending, is reclaimed and, if it keeps
+            # failing, dead-lettered after max_deliveries.
+            await self._step_failed(shard, exc, "shard loop step failed")
+
+    async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
+        """Count and log a failed step (inside its ``except``), then pause before the next."""
+        self.metrics.step_failed(exc)
+        log.exception(message, extra={"shard": shard.index})
+        await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
+
+    async def _read_once(self, shard: Shard) -> None:
+        """Read and apply one batch, without reading ahead (a single step)."""
+        if shard.index in self._orphans:
+            await self._retrying(self._take_back, shard)
+        entries = await self._retrying(self._read, shard)
+        if entries:
+            self.metrics.read(shard.index, len(entries))
+            await self._retrying(self._apply_isolated, shard, entries, {})
+
+    async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
+        try:
+            reply = await self.client.xreadgroup(
+                self.config.group, self.config.consumer, {shard.updates: ">"},
+                count=self.config.batch, block=self.config.block_ms,
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()  # the stream was deleted under us
+            return []
+        except Exception as exc:
+            if is_transient(exc):
+                # Redis may have delivered the batch and lost the reply.
+                self._orphans.add(shard.index)
+            raise
+        return [entry for _stream, entries in reply or [] for entry in entries]
+
