@@ -48,6 +48,11 @@ class Version:
     started: str
 
 
+#: The bytes of entries a worker's copies may hold, over all its shards. The
+#: entries' size bounds what a copy holds (the merged text and contents).
+MIRROR_BYTES = 128 << 20
+
+
 @dataclass
 class Mirror:
     replay: Replay
@@ -67,7 +72,7 @@ class Mirrors:
 
     limits: Limits
     max_turns: int = 10_000
-    max_bytes: int = 256 << 20
+    max_bytes: int = MIRROR_BYTES
     turns: dict[TurnKey, Mirror] = field(default_factory=dict)
     bytes: int = 0
 

@@ -38,7 +38,7 @@ from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.metrics import Metrics
-from processor.mirror import Applied, Mirror, Mirrors
+from processor.mirror import MIRROR_BYTES, Applied, Mirror, Mirrors
 from processor.recovery import Recovery
 from processor.scripts import Scripts
 from processor.settle import Reason, Settled, render, settle, text_hash
@@ -117,7 +117,9 @@ class Worker(ShardLoop, Recovery):
         # read whose reply a connection error lost (and, at start, a previous
         # process with the same consumer name). See _take_back.
         self._orphans: set[int] = {s.index for s in self.namespace.all()}
-        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns)
+        # The copies' byte budget is the worker's, shared by its shards.
+        budget = MIRROR_BYTES // config.shards
+        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
                          for s in self.namespace.all()}
         self.ready = asyncio.Event()  # set once every group exists
 
