@@ -57,6 +57,11 @@ _msgpack_any = msgspec.msgpack.Decoder()
 _CORRELATION_IDS = TURN_IDS + ENTRY_IDS
 _CORRELATION_SET = frozenset(_CORRELATION_IDS)
 _new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
+#: The TurnKeys of recent response ids without attempt: a turn's entries come
+#: in runs, and one dict lookup costs a tenth of building the key. Cleared
+#: when full, so it holds at most this many keys whatever the stream.
+_recent_keys: dict[str, TurnKey] = {}
+_RECENT_KEYS = 1024
 _KINDS = ("update", "end", "error")
 _TWO_NAMES = len("response_id") + len("update")
 
@@ -127,9 +132,7 @@ def turn_key(fields: Mapping[str, Any]) -> TurnKey:
     # Hot path (every entry): plain ASCII ``str`` values skip ``_text``;
     # anything else takes it, so errors and their order are those of ``_text``.
     response_id = fields.get("response_id")
-    if response_id is not None and (
-        response_id.__class__ is not str or not response_id.isascii()
-    ):
+    if response_id is not None and (response_id.__class__ is not str or not response_id.isascii()):
         response_id = _text(fields, "response_id")
     attempt_id = fields.get("attempt_id")
     if attempt_id is not None and (attempt_id.__class__ is not str or not attempt_id.isascii()):
@@ -204,9 +207,7 @@ def decode_stream_entry(
     return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
 
 
-def _plain_update(
-    fields: dict[Any, Any], max_entry_bytes: int
-) -> tuple[TurnKey, Record] | None:
+def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey, Record] | None:
     """The usual entry, decoded in one go: ASCII str names and values, a
     ``response_id``, JSON ``update`` text and no kind, encoding or
     correlation id. ``None`` for anything else (or any doubt): the general
@@ -245,7 +246,13 @@ def _plain_update(
         update = _json_update.decode(text)
     except (msgspec.MsgspecError, RecursionError):
         return None
-    turn = _new_turn_key(TurnKey, (response_id, attempt_id))
+    turn = _recent_keys.get(response_id) if not attempt_id else None
+    if turn is None:
+        turn = _new_turn_key(TurnKey, (response_id, attempt_id))
+        if not attempt_id:
+            if len(_recent_keys) >= _RECENT_KEYS:
+                _recent_keys.clear()
+            _recent_keys[response_id] = turn
     try:
         return turn, Record("update", check_update(update), {})
     except EntryError as exc:
