@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import compress
+from operator import is_not
 from typing import Any
 
 import msgspec
@@ -80,6 +82,7 @@ _FREE_FORM = tuple(
     if field.type not in (str | None, bool | None, str)
 )
 _free_form_values = operator.attrgetter(*_FREE_FORM)
+_NONES = (None,) * len(_FREE_FORM)
 #: Content fields that Agent Framework loads as nested contents (``from_dict``).
 _NESTED_ONE = frozenset({"function_call", "screenshot"})
 _NESTED_MANY = frozenset({"inputs", "outputs", "items"})
@@ -117,7 +120,7 @@ def check_update(update: Update) -> Update:
             and (c.output is None or c.output.__class__ is str)
             and not c.additional_properties
         ):
-            _check_content(c, f"$.update.contents[{i}]", 3)
+            _walk_content(c, _free_form_values(c), f"$.update.contents[{i}]", 3)
     if update.additional_properties:
         _check_value(update.additional_properties, "$.update.additional_properties", 2)
     if update.continuation_token:
@@ -137,32 +140,33 @@ _IDLE_TESTED = frozenset(
 assert set(_FREE_FORM) == _IDLE_TESTED, "check_update's idle test misses a free-form field"
 
 
-def _check_content(content: Content, path: str, depth: int) -> None:
-    _walk_content(content, _free_form_values(content), path, depth)
-
-
 def _walk_content(content: Content, values: tuple[Any, ...], path: str, depth: int) -> None:
-    for name, value in zip(_FREE_FORM, values, strict=True):
-        if value is None or value.__class__ is str:
+    # Most of the values are None: compress() skips them in C, so the loop
+    # body runs for the one or two set fields, not for all of them.
+    for name, value in compress(zip(_FREE_FORM, values, strict=True), map(is_not, values, _NONES)):
+        cls = value.__class__
+        if cls is str:
             continue
-        where = f"{path}.{name}"
         if name in _NESTED_ONE and isinstance(value, dict):
-            setattr(content, name, _nested_content(value, where, depth + 1))
+            setattr(content, name, _nested_content(value, f"{path}.{name}", depth + 1))
         elif name in _NESTED_MANY and isinstance(value, list):
-            setattr(content, name, _nested_contents(value, where, depth + 1))
+            setattr(content, name, _nested_contents(value, f"{path}.{name}", depth + 1))
+        elif (cls is dict or cls is list) and not value and depth < MAX_DEPTH:
+            continue  # empty, within the depth limit (``additional_properties: {}``)
         else:
-            _check_value(value, where, depth + 1)
+            _check_value(value, f"{path}.{name}", depth + 1)
 
 
 def _nested_contents(items: list[Any], path: str, depth: int) -> list[Any]:
     if depth > MAX_DEPTH:
         raise too_deep(path)
-    return [
-        _nested_content(item, f"{path}[{i}]", depth + 1)
-        if isinstance(item, dict)
-        else _checked(item, f"{path}[{i}]", depth + 1)
-        for i, item in enumerate(items)
-    ]
+    out = []  # (a loop, not a comprehension: that is one more Python call)
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            out.append(_nested_content(item, f"{path}[{i}]", depth + 1))
+        else:
+            out.append(_checked(item, f"{path}[{i}]", depth + 1))
+    return out
 
 
 def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
@@ -176,7 +180,7 @@ def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any
         raise EntryError("invalid_update", _anchored(str(exc), path)) from None
     except RecursionError:
         raise too_deep(path) from None
-    _check_content(content, path, depth)
+    _walk_content(content, _free_form_values(content), path, depth)
     return msgspec.to_builtins(content)
 
 
@@ -197,6 +201,21 @@ def _check_value(value: Any, path: str, depth: int) -> None:
     costs O(size), not O(size x path length) (a 750 KB entry used to take
     9 GB and 20 s here).
     """
+    if value.__class__ is dict and depth <= MAX_DEPTH:
+        # The usual value (usage counts, properties): string keys and plain
+        # scalars, which the walk below would accept; checked without its
+        # bookkeeping (a Python call or a tuple per item costs more than this).
+        for key, item in value.items():
+            cls = item.__class__
+            if key.__class__ is not str or not (
+                cls is str
+                or item is None
+                or cls is bool
+                or (cls is int and _INT_MIN <= item <= _INT_MAX)
+            ):
+                break
+        else:
+            return
     stack: list[tuple[Any, int, Any]] = [(value, depth, None)]
     while stack:
         value, depth, link = stack.pop()
@@ -264,6 +283,8 @@ def _keep_unknown_fields(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fold_unknown(obj: dict[str, Any], known: frozenset[str], path: str) -> dict[str, Any]:
+    if known.issuperset(obj):
+        return obj  # the usual object: no unknown field (tested in C)
     unknown = [k for k in obj if k not in known]
     if not unknown:
         return obj
