@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import math
 import operator
-from itertools import compress
-from operator import is_not
 from typing import Any
 
 import msgspec
@@ -82,7 +80,6 @@ _FREE_FORM = tuple(
     if field.type not in (str | None, bool | None, str)
 )
 _free_form_values = operator.attrgetter(*_FREE_FORM)
-_NONES = (None,) * len(_FREE_FORM)
 #: Content fields that Agent Framework loads as nested contents (``from_dict``).
 _NESTED_ONE = frozenset({"function_call", "screenshot"})
 _NESTED_MANY = frozenset({"inputs", "outputs", "items"})
@@ -141,9 +138,9 @@ assert set(_FREE_FORM) == _IDLE_TESTED, "check_update's idle test misses a free-
 
 
 def _walk_content(content: Content, values: tuple[Any, ...], path: str, depth: int) -> None:
-    # Most of the values are None: compress() skips them in C, so the loop
-    # body runs for the one or two set fields, not for all of them.
-    for name, value in compress(zip(_FREE_FORM, values, strict=True), map(is_not, values, _NONES)):
+    for name, value in zip(_FREE_FORM, values, strict=True):
+        if value is None:
+            continue
         cls = value.__class__
         if cls is str:
             continue
