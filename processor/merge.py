@@ -31,8 +31,6 @@ from processor.combine import (
     merge_extras,
     merge_properties,
     merged_text,
-    same_author,
-    same_role,
     turn_tag,
 )
 from processor.ids import TurnKey
@@ -177,6 +175,9 @@ class Turn:
         return True
 
     def _apply_update(self, update: Update) -> None:
+        # A quarter of the updates come here (a message's first update,
+        # results, usage, id-less runs): the usual steps are written out
+        # inline, as each helper call costs about as much as its body.
         st = self.state
         ordinal = st.updates
         st.updates += 1
@@ -186,20 +187,40 @@ class Turn:
             st.agent_id = update.agent_id
         if update.additional_properties:
             merge_properties(st.properties, update.additional_properties)
-        block = self._block(update.response_id)
-        inner = st.blocks[block].inner_id
+        inner = update.response_id
+        if not inner or inner == st.response_id:
+            inner = ""  # the turn's own block
+        block = self._block_of.get(inner)
+        if block is None:
+            block = self._new_block(inner)
         contents = update.contents
         for content in contents:
             if content.type == "usage":  # rare: filter only then
                 contents = [c for c in contents if not self._take_usage(c, inner)]
                 break
-        if update.message_id:
-            seg = self._keyed_segment(update, block, ordinal)
+        message_id = update.message_id
+        if message_id:
+            # A message id names one message in the whole turn (rule 3).
+            seg = st.keyed.get(message_id)
+            if seg is None:
+                seg = st.keyed[message_id] = self._new_segment(block, ordinal, message_id)
             st.open_run = -1
-            seg = self._result_after_call(seg, contents, ordinal)
+            if st.calls:  # (no call yet: no result can answer one)
+                seg = self._result_after_call(seg, contents, ordinal)
         else:
-            seg = self._idless_segment(update, self._result_block(block, contents), ordinal)
-        self._describe(seg, update)
+            if st.calls:
+                block = self._result_block(block, contents)
+            seg = self._idless_segment(update, block, ordinal)
+        # Role, author, agent and created_at: the first ones named win.
+        target = st.segments[seg]
+        if target.role is None:
+            target.role = update.role
+        if target.author_name is None:
+            target.author_name = update.author_name
+        if target.agent_id is None:
+            target.agent_id = update.agent_id
+        if target.created_at is None:
+            target.created_at = update.created_at
         if update.merge_mode == "replace":
             self._clear(seg)
         for content in contents:
@@ -232,13 +253,11 @@ class Turn:
         for key in [k for k in self._parts if k[0] == seg]:
             del self._parts[key]
 
-    def _block(self, inner_id: str | None) -> int:
-        key = "" if not inner_id or inner_id == self.state.response_id else inner_id
-        index = self._block_of.get(key)
-        if index is None:
-            index = len(self.state.blocks)
-            self.state.blocks.append(Block(key, []))
-            self._block_of[key] = index
+    def _new_block(self, key: str) -> int:
+        """The block of an inner response id seen for the first time."""
+        index = len(self.state.blocks)
+        self.state.blocks.append(Block(key, []))
+        self._block_of[key] = index
         return index
 
     def _new_segment(self, block: int, ordinal: int, message_id: str | None) -> int:
@@ -247,25 +266,17 @@ class Turn:
         self.state.blocks[block].segments.append(index)
         return index
 
-    def _keyed_segment(self, update: Update, block: int, ordinal: int) -> int:
-        """A message id names one message in the whole turn (rule 3)."""
-        message_id = update.message_id
-        assert message_id
-        index = self.state.keyed.get(message_id)
-        if index is None:
-            index = self._new_segment(block, ordinal, message_id)
-            self.state.keyed[message_id] = index
-        return index
-
     def _idless_segment(self, update: Update, block: int, ordinal: int) -> int:
         """A contiguous id-less run stays in place, split on role/author (rule 4)."""
         run = self.state.open_run
         if run >= 0:
             seg = self.state.segments[run]
+            # same_role() and same_author(), written out (a call each costs more).
+            role, author = update.role, update.author_name
             if (
                 seg.block == block
-                and same_role(seg.role, update.role)
-                and same_author(seg.author_name, update.author_name)
+                and (role is None or (seg.role or "assistant") == role)
+                and (author is None or seg.author_name is None or seg.author_name == author)
             ):
                 return run
         run = self._new_segment(block, ordinal, None)
@@ -313,18 +324,6 @@ class Turn:
     def _position(self, seg: int) -> tuple[int, int]:
         block = self.state.segments[seg].block
         return block, self.state.blocks[block].segments.index(seg)
-
-    def _describe(self, index: int, update: Update) -> None:
-        """Role, author, agent and created_at: the first ones named win."""
-        seg = self.state.segments[index]
-        if seg.role is None:
-            seg.role = update.role
-        if seg.author_name is None:
-            seg.author_name = update.author_name
-        if seg.agent_id is None:
-            seg.agent_id = update.agent_id
-        if seg.created_at is None:
-            seg.created_at = update.created_at
 
     def _append(self, index: int, content: Content) -> None:
         contents = self.state.segments[index].contents
