@@ -98,8 +98,7 @@ def check_update(update: Update) -> Update:
         # writes). Plain attribute reads: the cheapest test Python has. Keep
         # in step with _FREE_FORM (checked at import below).
         if not (
-            c.usage_details is None
-            and c.items is None
+            c.items is None
             and c.inputs is None
             and c.commands is None
             and c.timeout_ms is None
@@ -116,13 +115,22 @@ def check_update(update: Update) -> Update:
             and (c.outputs is None or c.outputs.__class__ is str)
             and (c.output is None or c.output.__class__ is str)
             and not c.additional_properties
-        ):
+        ) or (c.usage_details is not None and not _counts_fit(c.usage_details)):
             _walk_content(c, _free_form_values(c), f"$.update.contents[{i}]", 3)
     if update.additional_properties:
         _check_value(update.additional_properties, "$.update.additional_properties", 2)
     if update.continuation_token:
         _check_value(update.continuation_token, "$.update.continuation_token", 2)
     return update
+
+
+def _counts_fit(counts: dict[str, int | None]) -> bool:
+    """Usage counters the walk would accept: the decoder typed them (string
+    keys, integer or null values), so only the integer range is left."""
+    for count in counts.values():
+        if count is not None and not _INT_MIN <= count <= _INT_MAX:
+            return False
+    return True
 
 
 #: What the idle test in check_update reads (``merge_mode`` is always a str).
@@ -171,6 +179,8 @@ def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any
     a result, ...): Agent Framework loads it as a ``Content`` too."""
     if not isinstance(obj.get("type"), str):
         raise EntryError("invalid_update", f"{path}.type: a nested content needs a string type")
+    if _plain_content(obj):
+        return obj  # what the conversion below gives back for it (a result's text items)
     try:
         content = msgspec.convert(_fold_unknown(obj, CONTENT_FIELDS, path), Content)
     except msgspec.ValidationError as exc:
@@ -179,6 +189,35 @@ def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any
         raise too_deep(path) from None
     _walk_content(content, _free_form_values(content), path, depth)
     return msgspec.to_builtins(content)
+
+
+#: Content fields that hold a plain string, by position; then where
+#: ``additional_properties`` sits.
+_STRING_FIELDS = {
+    field.name: i
+    for i, field in enumerate(msgspec.structs.fields(Content))
+    if field.type in (str | None, str)
+}
+_PROPERTIES_AT = Content.__struct_fields__.index("additional_properties")
+
+
+def _plain_content(obj: dict[str, Any]) -> bool:
+    """A nested content of string fields only, in field order, and at most an
+    empty ``additional_properties``: converting it to a Content, checking and
+    unstructuring that gives back the same keys, order and values."""
+    at = -1
+    for key, value in obj.items():
+        position = _STRING_FIELDS.get(key)
+        if position is None:
+            if key != "additional_properties" or value.__class__ is not dict or value:
+                return False
+            position = _PROPERTIES_AT
+        elif value.__class__ is not str:
+            return False
+        if position <= at:
+            return False
+        at = position
+    return True
 
 
 def _anchored(message: str, path: str) -> str:
