@@ -64,11 +64,12 @@ def fold_idless(order: list[Segment]) -> list[tuple[Segment, list[Content]]]:
                 and (seg.role or "assistant") == (nxt.role or "assistant")
                 and same_author(speaker, seg.author_name)
             ):
-                out[-1] = (nxt, _join([_final(c) for c in seg.contents], nxt_contents))
+                front = [_final(c, merge_mode=None) for c in seg.contents]
+                out[-1] = (nxt, _join(front, nxt_contents))
                 speaker = speaker or seg.author_name
                 continue
         # Copies: the response must not share contents the next apply() mutates.
-        out.append((seg, [_final(c) for c in seg.contents]))
+        out.append((seg, [_final(c, merge_mode=None) for c in seg.contents]))
         speaker = seg.author_name
     out.reverse()
     return out
@@ -84,15 +85,14 @@ def _join(front: list[Content], back: list[Content]) -> list[Content]:
     return [*front, *back]
 
 
-def copy_content(content: Content) -> Content:
-    return msgspec.structs.replace(content)
-
-
-def _final(content: Content) -> Content:
-    """A copy for the response. ``merge_mode`` says how a chunk combines with
-    the previous one; a merged content is no chunk (Agent Framework clears it
-    when it finalises a response too)."""
-    return msgspec.structs.replace(content, merge_mode=None)
+#: ``copy_content(content)``: a copy of a content (msgspec's C function
+#: itself: a Python wrapper would cost as much as the copy).
+copy_content = msgspec.structs.replace
+#: ``_final(content, merge_mode=None)``: a copy for the response.
+#: ``merge_mode`` says how a chunk combines with the previous one; a merged
+#: content is no chunk (Agent Framework clears it when it finalises a
+#: response too).
+_final = msgspec.structs.replace
 
 
 def merge_properties(target: dict[str, Any], incoming: dict[str, Any]) -> None:

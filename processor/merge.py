@@ -41,6 +41,7 @@ from processor.turn_state import Block, Segment, TurnState
 __all__ = ["Block", "Segment", "Turn", "TurnState", "assigned_id", "merged_text", "turn_tag"]
 
 _encoder = msgspec.msgpack.Encoder()
+_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 _decoder = msgspec.msgpack.Decoder(TurnState)
 
 
@@ -65,7 +66,7 @@ class Turn:
 
     @property
     def key(self) -> TurnKey:
-        return TurnKey(self.state.response_id, self.state.attempt_id)
+        return _new_turn_key(TurnKey, (self.state.response_id, self.state.attempt_id))
 
     def to_bytes(self) -> bytes:
         """Compact the state and serialise it (msgpack)."""
@@ -397,11 +398,21 @@ class Turn:
         """The merged response of everything folded so far."""
         self.compact()
         st = self.state
-        order = [st.segments[i] for b in st.blocks for i in b.segments]
-        kept = fold_idless([s for s in order if s.contents])
-        reserved = set(st.keyed)
-        tag = turn_tag(self.key)
-        messages = [self._message(seg, contents, reserved, tag) for seg, contents in kept]
+        segments = st.segments
+        kept = fold_idless(
+            [seg for b in st.blocks for i in b.segments if (seg := segments[i]).contents]
+        )
+        tag = ""  # made only for a message that needs an assigned id
+        reserved: set[str] = set()
+        messages = []
+        for seg, contents in kept:
+            message_id = seg.message_id
+            if message_id is None:
+                if not tag:
+                    tag = turn_tag(_new_turn_key(TurnKey, (st.response_id, st.attempt_id)))
+                    reserved = set(st.keyed)
+                message_id = assigned_id(seg.ordinal, tag, reserved)
+            messages.append(self._message(seg, contents, message_id))
         return Response(
             messages=messages,
             response_id=st.response_id,
@@ -422,10 +433,7 @@ class Turn:
                 total[name] = total.get(name, 0) + value
         return total
 
-    def _message(
-        self, seg: Segment, contents: list[Content], reserved: set[str], tag: str
-    ) -> Message:
-        message_id = seg.message_id or assigned_id(seg.ordinal, tag, reserved)
+    def _message(self, seg: Segment, contents: list[Content], message_id: str) -> Message:
         props: dict[str, Any] = {}
         if seg.created_at is not None:
             props["created_at"] = seg.created_at
