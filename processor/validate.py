@@ -97,9 +97,8 @@ def check_update(update: Update) -> Update:
         # the walk) and an empty ``additional_properties`` (what ``to_dict``
         # writes). Plain attribute reads: the cheapest test Python has. Keep
         # in step with _FREE_FORM (checked at import below).
-        if not (
-            c.items is None
-            and c.inputs is None
+        if (
+            c.inputs is None
             and c.commands is None
             and c.timeout_ms is None
             and c.max_output_length is None
@@ -115,8 +114,17 @@ def check_update(update: Update) -> Update:
             and (c.outputs is None or c.outputs.__class__ is str)
             and (c.output is None or c.output.__class__ is str)
             and not c.additional_properties
-        ) or (c.usage_details is not None and not _counts_fit(c.usage_details)):
-            _walk_content(c, _free_form_values(c), f"$.update.contents[{i}]", 3)
+        ):
+            # Idle but for a usage content's counters or a result's items
+            # (each alone): what the walk would do for that one field.
+            if c.usage_details is None:
+                if c.items is None:
+                    continue
+                c.items = _nested_contents(c.items, f"$.update.contents[{i}].items", 4)
+                continue
+            if c.items is None and _counts_fit(c.usage_details):
+                continue
+        _walk_content(c, _free_form_values(c), f"$.update.contents[{i}]", 3)
     if update.additional_properties:
         _check_value(update.additional_properties, "$.update.additional_properties", 2)
     if update.continuation_token:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from processor import validate
 from processor.decode import EntryError, decode_entry
-from processor.models import Content
+from processor.models import Content, Record, Update
 
 _STRINGS = sorted(validate._STRING_FIELDS)
 _SCALARS = st.one_of(
@@ -98,3 +98,29 @@ def test_usage_counts_are_checked_as_the_full_walk_does(
         return msgspec.to_builtins(record)
 
     assert _outcome(run) == _without("_counts_fit", monkeypatch, run)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(st.one_of(_NESTED, _VALUES), max_size=3),
+    extra=st.sampled_from(
+        ({}, {"result": "ok"}, {"result": {"a": 1}}, {"usage_details": {"n": 1}}, {"uri": "u"})
+    ),
+)
+def test_result_items_are_checked_as_the_full_walk_does(
+    items: list[Any], extra: dict[str, Any]
+) -> None:
+    content = {"type": "function_result", "call_id": "c", "items": items, **extra}
+    text = json.dumps({"contents": [content]})
+
+    def shortcut() -> Any:
+        _, record = decode_entry({"response_id": "r", "update": text})
+        return msgspec.to_builtins(record)
+
+    def walk() -> Any:
+        update = msgspec.json.decode(text, type=Update)
+        for i, c in enumerate(update.contents):
+            validate._walk_content(c, validate._free_form_values(c), f"$.update.contents[{i}]", 3)
+        return msgspec.to_builtins(Record("update", update, {}))
+
+    assert _outcome(shortcut) == _outcome(walk)
