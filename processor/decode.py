@@ -215,8 +215,11 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
     could fail before the update's own ones passes here, so the update's
     errors are the general path's too.
     """
-    response_id = fields.get("response_id")
-    text = fields.get("update")
+    try:  # (subscripts: cheaper than .get() calls)
+        response_id = fields["response_id"]
+        text = fields["update"]
+    except KeyError:
+        return None
     if response_id.__class__ is not str or text.__class__ is not str:
         return None
     if len(fields) == 2:  # just these two: no per-field loop

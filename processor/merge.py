@@ -116,24 +116,24 @@ class Turn:
         if len(contents) != 1 or update.merge_mode is not None or update.additional_properties:
             return False
         chunk = contents[0]
-        if chunk.merge_mode is not None:
-            return False
         st = self.state
         index = st.keyed.get(update.message_id)  # type: ignore[arg-type]
-        if index is None:
-            return False  # id-less, or a message not seen yet
+        if index is None or chunk.merge_mode is not None:
+            return False  # id-less, a message not seen yet, or a snapshot
         inner = update.response_id
-        if (inner if inner and inner != st.response_id else "") not in self._block_of:
+        if not inner or inner == st.response_id:
+            inner = ""
+        if inner not in self._block_of:
             return False  # a new inner response: its block is created first
         seg = st.segments[index]
-        last = len(seg.contents) - 1
-        if last < 0:
+        held = seg.contents
+        if not held:
             return False
-        target = seg.contents[last]
+        target = held[-1]
         kind = chunk.type
         if target.type != kind:
             return False
-        key = (index, last)
+        key = (index, len(held) - 1)
         if kind == "text" or kind == "text_reasoning":
             piece = chunk.text or ""
         elif kind == "function_call":
@@ -146,15 +146,21 @@ class Turn:
                 key in self._parts or target.arguments is None or isinstance(target.arguments, str)
             ):
                 return False
+            if chunk.name and not target.name:
+                target.name = chunk.name
         else:
             return False
-        # What _apply_update does for it, in the same order.
+        # What _apply_update does for it, in the same order (the call's
+        # name above touches only the call: no step below reads it).
         st.updates += 1
         if update.finish_reason is not None:
             st.finish_reason = update.finish_reason
-        if update.agent_id is not None:
-            st.agent_id = update.agent_id
-        st.open_run = -1
+        # (A Struct field write costs several reads: skipped when unchanged.)
+        agent_id = update.agent_id
+        if agent_id is not None and agent_id != st.agent_id:
+            st.agent_id = agent_id
+        if st.open_run != -1:
+            st.open_run = -1
         if seg.role is None:
             seg.role = update.role
         if seg.author_name is None:
@@ -163,8 +169,6 @@ class Turn:
             seg.agent_id = update.agent_id
         if seg.created_at is None:
             seg.created_at = update.created_at
-        if kind == "function_call" and chunk.name and not target.name:
-            target.name = chunk.name
         parts = self._parts.get(key)
         if parts is None:
             current = target.arguments if kind == "function_call" else target.text
@@ -184,8 +188,9 @@ class Turn:
         st.updates += 1
         if update.finish_reason is not None:
             st.finish_reason = update.finish_reason
-        if update.agent_id is not None:
-            st.agent_id = update.agent_id
+        agent_id = update.agent_id
+        if agent_id is not None and agent_id != st.agent_id:
+            st.agent_id = agent_id
         if update.additional_properties:
             merge_properties(st.properties, update.additional_properties)
         inner = update.response_id
@@ -205,7 +210,8 @@ class Turn:
             seg = st.keyed.get(message_id)
             if seg is None:
                 seg = st.keyed[message_id] = self._new_segment(block, ordinal, message_id)
-            st.open_run = -1
+            if st.open_run != -1:
+                st.open_run = -1
             if st.calls:  # (no call yet: no result can answer one)
                 seg = self._result_after_call(seg, contents, ordinal)
         else:
