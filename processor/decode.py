@@ -227,6 +227,7 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
             return None
         size = _TWO_NAMES + len(response_id) + len(text)
         attempt_id = ""
+        turn = _recent_keys.get(response_id)
     else:
         size = 0
         for key, value in fields.items():
@@ -243,13 +244,13 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
             or not _CORRELATION_SET.isdisjoint(fields)
         ):
             return None
+        turn = None if attempt_id else _recent_keys.get(response_id)
     if size > max_entry_bytes or not response_id or len(response_id) > MAX_ID_LENGTH:
         return None
     try:
         update = _json_update.decode(text)
     except (msgspec.MsgspecError, RecursionError):
         return None
-    turn = _recent_keys.get(response_id) if not attempt_id else None
     if turn is None:
         turn = _new_turn_key(TurnKey, (response_id, attempt_id))
         if not attempt_id:

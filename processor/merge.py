@@ -112,10 +112,12 @@ class Turn:
         argument delta that continues the last content of the message its id
         names. Does exactly what :meth:`_apply_update` would, or nothing and
         returns False (anything else, or any doubt)."""
-        contents = update.contents
-        if len(contents) != 1 or update.merge_mode is not None or update.additional_properties:
+        try:
+            (chunk,) = update.contents  # (cheaper than a len() test, in the usual case)
+        except ValueError:
+            return False  # no content, or several
+        if update.merge_mode is not None or update.additional_properties:
             return False
-        chunk = contents[0]
         st = self.state
         index = st.keyed.get(update.message_id)  # type: ignore[arg-type]
         if index is None or chunk.merge_mode is not None:

@@ -99,7 +99,6 @@ def check_update(update: Update) -> Update:
         # in step with _FREE_FORM (checked at import below).
         if (
             c.inputs is None
-            and c.commands is None
             and c.timeout_ms is None
             and c.max_output_length is None
             and c.actions is None
@@ -141,7 +140,9 @@ def _counts_fit(counts: dict[str, int | None]) -> bool:
     return True
 
 
-#: What the idle test in check_update reads (``merge_mode`` is always a str).
+#: What the idle test in check_update reads, or needs not: ``merge_mode`` is
+#: always a str and ``commands`` a list of str (the decoder types them), which
+#: the walk never refuses.
 _IDLE_TESTED = frozenset(
     {
         *("usage_details", "items", "inputs", "commands", "timeout_ms", "max_output_length"),
