@@ -188,8 +188,10 @@ def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any
     a result, ...): Agent Framework loads it as a ``Content`` too."""
     if not isinstance(obj.get("type"), str):
         raise EntryError("invalid_update", f"{path}.type: a nested content needs a string type")
-    if _plain_content(obj):
-        return obj  # what the conversion below gives back for it (a result's text items)
+    if depth < MAX_DEPTH and _plain_content(obj):
+        # What the conversion below gives back for it (a result's text
+        # items); within the depth limit, its empty properties are no error.
+        return obj
     try:
         content = msgspec.convert(_fold_unknown(obj, CONTENT_FIELDS, path), Content)
     except msgspec.ValidationError as exc:

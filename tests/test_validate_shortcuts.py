@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from processor import validate
@@ -56,6 +56,7 @@ def _without(name: str, monkeypatch: pytest.MonkeyPatch, run: Any) -> str:
 
 @settings(max_examples=300, deadline=None)
 @given(items=st.lists(_NESTED, min_size=1, max_size=3), depth=st.sampled_from((4, 63, 64)))
+@example(items=[{"type": "text", "additional_properties": {}}], depth=63)  # too deep there
 def test_plain_nested_contents_convert_as_the_full_path(
     items: list[dict[str, Any]], depth: int
 ) -> None:
