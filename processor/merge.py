@@ -96,45 +96,42 @@ class Turn:
 
     def apply(self, record: Record) -> None:
         """Fold one record (in arrival order). Only ``update`` records change
-        the merge; the caller decides what ``end``/``error`` mean."""
-        if record.ids:
-            for name, value in record.ids.items():
-                # Only turn-level ids belong to the turn; entry-level ids
-                # (step_id, ...) describe one entry and stay on its progress event.
-                if name in TURN_IDS:
-                    self.state.ids.setdefault(name, value)
-        update = record.update
-        if update is not None and not self._append_delta(update):
-            self._apply_update(update)
+        the merge; the caller decides what ``end``/``error`` mean.
 
-    def _append_delta(self, update: Update) -> bool:
-        """The usual update, folded in a few steps: one text, reasoning or
-        argument delta that continues the last content of the message its id
-        names. Does exactly what :meth:`_apply_update` would, or nothing and
-        returns False (anything else, or any doubt)."""
+        The usual update, one text, reasoning or argument delta continuing
+        the last content of the message its id names, is folded right here,
+        in a few steps (a method call costs as much as several of them): it
+        does exactly what :meth:`_apply_update` would. Anything else, or any
+        doubt, takes :meth:`_apply_update`.
+        """
+        if record.ids:
+            self._take_ids(record.ids)
+        update = record.update
+        if update is None:
+            return None
         try:
             (chunk,) = update.contents  # (cheaper than a len() test, in the usual case)
         except ValueError:
-            return False  # no content, or several
+            return self._apply_update(update)  # no content, or several
         if update.merge_mode is not None or update.additional_properties:
-            return False
+            return self._apply_update(update)
         st = self.state
         index = st.keyed.get(update.message_id)  # type: ignore[arg-type]
         if index is None or chunk.merge_mode is not None:
-            return False  # id-less, a message not seen yet, or a snapshot
+            return self._apply_update(update)  # id-less, a message not seen yet, or a snapshot
         inner = update.response_id
         if not inner or inner == st.response_id:
             inner = ""
         if inner not in self._block_of:
-            return False  # a new inner response: its block is created first
+            return self._apply_update(update)  # a new inner response: its block is created first
         seg = st.segments[index]
         held = seg.contents
         if not held:
-            return False
+            return self._apply_update(update)
         target = held[-1]
         kind = chunk.type
         if target.type != kind:
-            return False
+            return self._apply_update(update)
         key = (index, len(held) - 1)
         if kind == "text" or kind == "text_reasoning":
             piece = chunk.text or ""
@@ -143,15 +140,15 @@ class Turn:
             # string arguments joined to string (or no) arguments.
             piece = chunk.arguments  # type: ignore[assignment]
             if piece.__class__ is not str or (chunk.call_id and chunk.call_id != target.call_id):
-                return False
+                return self._apply_update(update)
             if not (
                 key in self._parts or target.arguments is None or isinstance(target.arguments, str)
             ):
-                return False
+                return self._apply_update(update)
             if chunk.name and not target.name:
                 target.name = chunk.name
         else:
-            return False
+            return self._apply_update(update)
         # What _apply_update does for it, in the same order (the call's
         # name above touches only the call: no step below reads it).
         st.updates += 1
@@ -179,7 +176,13 @@ class Turn:
             parts.append(piece)
         if kind != "text" or chunk.additional_properties or chunk.annotations:
             merge_extras(target, chunk)  # (a no-op for a bare text delta)
-        return True
+
+    def _take_ids(self, ids: dict[str, str]) -> None:
+        for name, value in ids.items():
+            # Only turn-level ids belong to the turn; entry-level ids
+            # (step_id, ...) describe one entry and stay on its progress event.
+            if name in TURN_IDS:
+                self.state.ids.setdefault(name, value)
 
     def _apply_update(self, update: Update) -> None:
         # A quarter of the updates come here (a message's first update,

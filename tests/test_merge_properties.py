@@ -394,12 +394,15 @@ def test_snapshot_chunks_replace_and_survive_resuming(
 
 
 class GeneralTurn(Turn):
-    """A Turn that never takes the delta fast path (``_append_delta``)."""
+    """A Turn that never takes the delta fast path (written out in ``apply``)."""
 
     __slots__ = ()
 
-    def _append_delta(self, update: Any) -> bool:
-        return False
+    def apply(self, record: Any) -> None:
+        if record.ids:
+            self._take_ids(record.ids)
+        if record.update is not None:
+            self._apply_update(record.update)
 
 
 @PROPERTY
