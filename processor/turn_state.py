@@ -28,15 +28,21 @@ class Segment(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     contents: list[Content] = msgspec.field(default_factory=list)
 
 
-class Block(msgspec.Struct, array_like=True):
-    """The segments of one inner response id ("" = the turn's own)."""
+class Block(msgspec.Struct, array_like=True, gc=False):
+    """The segments of one inner response id ("" = the turn's own).
+    (``gc=False``, as Segment: it holds plain data, never anything holding it.)"""
 
     inner_id: str
     segments: list[int]
 
 
-class TurnState(msgspec.Struct, array_like=True, omit_defaults=True):
-    """Everything :meth:`Turn.finish` needs; what the worker stores in Redis."""
+class TurnState(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Everything :meth:`Turn.finish` needs; what the worker stores in Redis.
+
+    ``gc=False``: it holds plain data (lists, dicts, Segments), never
+    anything holding it, so it is in no reference cycle. Untracked, a long
+    merge's states cost the cycle collector's full passes nothing.
+    """
 
     response_id: str
     attempt_id: str = ""
