@@ -9,9 +9,12 @@ order. ``apply_entries`` reports each turn's version before and after a call
 and how many records it stored; a mirror whose version is not exactly the
 one before, or a call that did not store every entry it was given for the
 turn, or an entry older than the mirror's last one (a reclaimed entry), and
-the mirror is dropped. The finalise uses a mirror only if the turn hash it
-reads has the mirror's version and start time, and ``finalise_turns`` checks
-that version again atomically with the publish: whatever happened since, the
+the mirror is dropped (a dead letter or a dropped entry of the turn moves
+its version too). The finalise uses a mirror only if the turn hash it reads
+has the mirror's version and start time, or, without reading it, if the
+apply call that made the turn ready left it at the mirror's version
+(:meth:`Mirrors.update` names those turns); ``finalise_turns`` checks that
+version again atomically with the publish: whatever happened since, the
 published response is the replay of exactly the stored records, as before.
 
 Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
@@ -60,6 +63,11 @@ class Mirror:
     started: str
     last_id: tuple[int, int] = (0, 0)
 
+    def turn_hash(self) -> dict[bytes, bytes]:
+        """The turn's hash as this mirror knows it: its version and start, and
+        nothing dropped or dead-lettered (either moves the version past a mirror)."""
+        return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+
     def matches(self, turn_hash: dict[str, str]) -> bool:
         """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""
         return (turn_hash.get("ver") == str(self.version)
@@ -78,12 +86,13 @@ class Mirrors:
 
     def update(
         self, applied: list[Applied], versions: dict[TurnKey, Version], newest: bool = False
-    ) -> None:
-        """Feed what one ``apply_entries`` call stored into the mirrors.
+    ) -> set[TurnKey]:
+        """Feed what one ``apply_entries`` call stored into the mirrors, and
+        return the turns whose mirror is now exactly the state that call left.
         ``newest``: the entries came from one ``XREADGROUP >``, so they are
         in id order and newer than anything applied before (no check needed)."""
         if self.max_turns == 0:
-            return  # --mirror-turns 0: every finalise reads the records back
+            return set()  # --mirror-turns 0: every finalise reads the records back
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
@@ -94,6 +103,7 @@ class Mirrors:
             elif key not in self.turns:
                 self.turns[key] = mirror
         self._bound()
+        return {key for key in versions if key in self.turns}
 
     def _follow(
         self, key: TurnKey, version: Version, entries: list[Applied], newest: bool

@@ -208,26 +208,28 @@ class Worker(ShardLoop, Recovery):
         cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
             keys=call.keys, args=call.args)
         self.metrics.applied(counts)
-        self._follow(shard, call.applied, versions, call.newest)
+        fresh = self._follow(shard, call.applied, versions, call.newest)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
         if todo:
-            await self.finalise(shard, todo)
+            await self.finalise(shard, todo, fresh)
         if full:
             await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
 
     def _follow(
         self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
-    ) -> None:
-        """Keep this worker's copies of the batch's turns (:mod:`processor.mirror`)."""
+    ) -> set[TurnKey]:
+        """Keep this worker's copies of the batch's turns (:mod:`processor.mirror`);
+        returns the turns whose copy is the state this very call left."""
         mirrors = self._mirrors[shard.index]
         try:
-            mirrors.update(applied, parse_versions(versions), newest)
+            return mirrors.update(applied, parse_versions(versions), newest)
         except Exception:  # a copy is only a shortcut: without it the finalise reads back
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             for entry in applied:
                 mirrors.drop(entry.key)
+            return set()
 
     async def _compact(self, shard: Shard, keys: list[TurnKey]) -> None:
         """Fold long turns' stored records into snapshots. Best effort: one that
@@ -238,17 +240,21 @@ class Worker(ShardLoop, Recovery):
         except Exception as exc:
             log.warning("compaction skipped", extra={"shard": shard.index, "error": repr(exc)})
 
-    async def finalise(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
-        """Merge and publish finished turns; re-read any that changed meanwhile."""
+    async def finalise(
+        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey] | None = None
+    ) -> None:
+        """Merge and publish finished turns; re-read any that changed meanwhile.
+        ``fresh``: turns whose copy the apply call that made them ready confirmed."""
         for _ in range(5):
             with self.metrics.timed(self.metrics.finalise_seconds):
-                todo = await self._finalise_once(shard, todo)
+                todo = await self._finalise_once(shard, todo, fresh or set())
+            fresh = None  # a retry reads the turns back
             if not todo:
                 return
         log.warning("turns still changing after 5 finalise attempts", extra={"turns": len(todo)})
 
     async def _finalise_once(
-        self, shard: Shard, todo: dict[TurnKey, Reason]
+        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey]
     ) -> dict[TurnKey, Reason]:
         keys = [key for key, reason in todo.items() if reason == "closing"]
         others = [key for key, reason in todo.items() if reason != "closing"]
@@ -265,18 +271,22 @@ class Worker(ShardLoop, Recovery):
             return {}
         mirrors = self._mirrors[shard.index]
         copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                tk = key.encode()
-                pipe.hgetall(shard.turn(tk))
-                if key not in copies:
-                    pipe.hgetall(shard.recs(tk))
-            replies = iter(await pipe.execute())
+        # A closing turn whose copy the apply call just confirmed needs no read:
+        # its hash is the copy's version and start, with nothing dropped or
+        # dead-lettered (either would have moved the version past the copy),
+        # and finalise_turns checks that version again as it publishes.
+        known = {key: copy.turn_hash() for key, copy in copies.items()
+                 if key in fresh and todo[key] == "closing"}
+        reads = [key for key in keys if key not in known]
+        replies = iter(await self._read_turns(shard, reads, copies) if reads else ())
         now = now_ms()
         settled, again = [], {}
         for key in keys:
-            turn_hash = next(replies)
-            recs = None if key in copies else next(replies)
+            if key in known:
+                turn_hash, recs = known[key], None
+            else:
+                turn_hash = next(replies)
+                recs = None if key in copies else next(replies)
             if not turn_hash:
                 continue  # finalised by another worker already
             if todo[key] != "closing" and (b"closing" in turn_hash or "closing" in turn_hash):
@@ -302,6 +312,18 @@ class Worker(ShardLoop, Recovery):
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
                       if r == -1})
         return again
+
+    async def _read_turns(
+        self, shard: Shard, keys: list[TurnKey], copies: dict[TurnKey, Mirror]
+    ) -> list[Any]:
+        """Each turn's hash, and its records unless this worker has a copy."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                tk = key.encode()
+                pipe.hgetall(shard.turn(tk))
+                if key not in copies:
+                    pipe.hgetall(shard.recs(tk))
+            return list(await pipe.execute())
 
     def _settle(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
                 recs: dict[Any, Any] | None, reason: Reason, now: int) -> Settled | None:

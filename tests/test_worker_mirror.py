@@ -5,6 +5,7 @@ records publishes (``processor merge``), byte for byte."""
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from typing import Any
@@ -80,6 +81,21 @@ def test_a_mirror_is_dropped_on_any_doubt() -> None:
             mirrors.update(applied, {KEY: version}, *newest)
         assert mirrors.take(KEY) is None, case
         assert mirrors.bytes == 0, case
+
+
+def test_update_names_the_turns_its_call_left_as_mirrored() -> None:
+    """The turns whose mirror is exactly the state the call reported (the
+    finalise may publish those without reading them back), and no other."""
+    mirrors = Mirrors(Limits())
+    other = TurnKey("r2")
+    fresh = mirrors.update(
+        [*_applied("1-0", "2-0"), Applied(other, "3-0", _record("x"), 10)],
+        {KEY: Version(0, 2, 2, "7"), other: Version(4, 5, 1, "7")})
+    assert fresh == {KEY}  # r2 had records before this worker followed it
+    assert mirrors.update([], {KEY: Version(2, 3, 0, "7")}) == set()  # a dead letter moved it
+    assert mirrors.update(_applied("4-0"), {KEY: Version(0, 1, 1, "8")}) == {KEY}
+    assert Mirrors(Limits(), max_turns=0).update(_applied("1-0"),
+                                                 {KEY: Version(0, 1, 1, "7")}) == set()
 
 
 def test_mirrors_are_bounded() -> None:
@@ -188,6 +204,28 @@ async def test_a_turn_another_consumer_stored_into_is_read_back(
         settled = _settled(harness)
     compare_with_offline(outputs, offline, "intruder")
     assert settled == {"replay": 1}, settled
+
+
+async def test_a_dead_letter_of_a_copied_turn_is_counted(
+    redis_url: str, namespace: str
+) -> None:
+    """An entry of the turn dead-lettered among its stored ones moves the
+    turn's version past the worker's copy, which never saw it: the published
+    counts include it although no other worker touched the turn."""
+    turn = simple_turn("counted", 4)
+    bad = {"response_id": "counted", "update": '{"type": "agent_response_update", "contents": 5}'}
+    entries = [*turn[:2], bad, *turn[2:]]
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(1)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline_results(entries), "dead letter")
+    got = outputs.turns[TurnKey("counted")]
+    assert json.loads(got.merged[0]["meta"])["counts"]["dlq"] == 1
+    assert got.events[-1]["counts"]["dlq"] == 1
+    assert [d["reason"] for d in outputs.dlq] == ["invalid_update"]
 
 
 async def test_two_workers_agree_with_the_replay(redis_url: str) -> None:

@@ -44,7 +44,8 @@ Returns { cancelled tks, ready closing members, counts, tks to compact,
 versions } where counts is a flat [name, n, ...] of what this call did, for
 the worker's metrics: "stored", "dropped" and "dlq:<reason>" (only the names
 that occurred), and versions is a flat [tk, ver before, ver after, records
-stored, started, ...] for each turn this call stored or dropped entries of.
+stored, started, ...] for each turn this call stored, dropped or dead-lettered
+entries of (each of these moves the turn's ver).
 ]==]
 
 local updates, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -148,6 +149,16 @@ local function counters_of(ti, tkey, rkey)
   return c
 end
 
+-- A dead letter of a started turn: counted in its hash, under a new version,
+-- so that the worker's copy of the turn (which never saw the entry) no longer
+-- matches it and its finalise reads the count back (worker.py, mirror.py).
+local function count_dead(ti)
+  local tkey, rkey = turn_keys(ti)
+  redis.call('HINCRBY', tkey, 'dlq', 1)
+  local c = counters_of(ti, tkey, rkey)
+  c.ver = c.ver + 1
+end
+
 local function store(ti, id, op, record, size, progress, ids)
   local tkey, rkey = turn_keys(ti)
   local tk = ARGV[TURNS + 2 * (ti - 1)]
@@ -195,7 +206,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
     if ti > 0 then
       local tkey = turn_keys(ti)
-      if redis.call('EXISTS', tkey) == 1 then redis.call('HINCRBY', tkey, 'dlq', 1) end
+      if redis.call('EXISTS', tkey) == 1 then count_dead(ti) end
     end
     count('dlq:' .. a)
     return
@@ -216,7 +227,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     local ended = redis.call('HGET', tkey, 'ended')
     if ended and pad_id(id) > ended then
       dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
-      redis.call('HINCRBY', tkey, 'dlq', 1)
+      count_dead(ti)
       count('dlq:turn_closed')
     else
       store(ti, id, op, a, tonumber(b), c, ids)
