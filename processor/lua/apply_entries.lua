@@ -80,11 +80,16 @@ end
 -- in one batch read its done marker, cancel key and flags once: nothing else
 -- changes them while the script runs. false = looked up, absent.
 local status_of, cancel_of, closing_of, has_hash, touched = {}, {}, {}, {}, {}
-local function cached(cache, ti, fn)
+local function cached(cache, ti, fn, key)
   local v = cache[ti]
-  if v == nil then v = fn() or false; cache[ti] = v end
+  if v == nil then v = fn(key) or false; cache[ti] = v end
   return v
 end
+-- The lookups cached above, as named functions: a closure made per entry
+-- cost more than the lookup it saved.
+local function exists(key) return redis.call('EXISTS', key) == 1 end
+local function done_status(dkey) return redis.call('HGET', dkey, 'status') end
+local function has_closing(tkey) return redis.call('HEXISTS', tkey, 'closing') == 1 end
 
 -- The turn's remembered ids ("id:<name>" = JSON value) replace the event's
 -- "<name>":null (the base fields come first in every event's JSON).
@@ -111,7 +116,7 @@ end
 -- Create the turn's hash if missing; publish synthesis.started once the
 -- first entry's ids are remembered. Returns nothing.
 local function start_turn(ti, tkey, ids)
-  if cached(has_hash, ti, function() return redis.call('EXISTS', tkey) == 1 end) then
+  if cached(has_hash, ti, exists, tkey) then
     remember_ids(tkey, ids)
     return
   end
@@ -212,14 +217,14 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     return
   end
   local tkey, _, dkey, ckey = turn_keys(ti)
-  local status = cached(status_of, ti, function() return redis.call('HGET', dkey, 'status') end)
+  local status = cached(status_of, ti, done_status, dkey)
   if status == 'cancelled' then
     redis.call('HINCRBY', dkey, 'dropped', 1)
     count('dropped')
   elseif status then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
     count('dlq:turn_closed')
-  elseif cached(closing_of, ti, function() return redis.call('HEXISTS', tkey, 'closing') == 1 end) then
+  elseif cached(closing_of, ti, has_closing, tkey) then
     -- Its end (or limit) was applied before any cancel was seen: the cancel
     -- changes nothing. An entry after an applied end is turn_closed whatever
     -- else comes (dead-lettered now, with its original fields); any other is
@@ -233,7 +238,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
       store(ti, id, op, a, tonumber(b), c, ids)
       count('stored')
     end
-  elseif cached(cancel_of, ti, function() return redis.call('EXISTS', ckey) == 1 end) then
+  elseif cached(cancel_of, ti, exists, ckey) then
     drop(ti)
     count('dropped')
   else
