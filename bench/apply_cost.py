@@ -1,0 +1,84 @@
+"""Redis's CPU per entry inside ``apply_entries``, the worker's per-batch script.
+
+Reads the end-to-end workload's stream in batches of 500 and applies each
+batch with ``apply_entries`` as the worker builds it (``build_apply``), with
+no finalise, so that ``INFO commandstats`` splits redis-server's time between
+the script as a whole (``evalsha``) and the commands it runs (``hset``,
+``xack``, ...); the difference is the Lua interpreter's own share. Starts its
+own redis-server; prints microseconds per entry, best of ``--rounds``::
+
+    python bench/apply_cost.py [--turns 800] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import redis.asyncio
+import workload
+
+from processor.batches import build_apply
+from processor.embedded import EmbeddedRedis
+from processor.keys import Namespace
+from processor.scripts import Scripts
+from processor.worker import WorkerConfig
+
+
+async def one_round(client: Any, work: workload.Workload) -> tuple[int, dict[str, Any]]:
+    """Apply the whole stream once; the entries applied and the commandstats."""
+    config = WorkerConfig(namespace="cost")
+    shard = next(iter(Namespace(config.namespace, 1).all()))
+    scripts, options = Scripts(client), config.batch_options()
+    await client.copy("cost:template", shard.updates, replace=True)
+    await client.config_resetstat()
+    applied = 0
+    while reply := await client.xreadgroup(config.group, "cost", {shard.updates: ">"},
+                                           count=500):
+        entries = reply[0][1]
+        call = build_apply(shard, entries, {}, options, int(time.time() * 1000))
+        await scripts.apply_entries(keys=call.keys, args=call.args)
+        applied += len(entries)
+    stats = await client.info("commandstats")
+    async for key in client.scan_iter(match="{cost:*"):
+        await client.delete(key)
+    return applied, stats
+
+
+async def measure(turns: int, rounds: int) -> None:
+    with EmbeddedRedis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        work = workload.build(turns)
+        await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
+        best: tuple[float, int, dict[str, Any]] | None = None
+        for _ in range(rounds):
+            applied, stats = await one_round(client, work)
+            script = stats["cmdstat_evalsha"]["usec"] / applied
+            if best is None or script < best[0]:
+                best = (script, applied, stats)
+        assert best is not None
+        script, applied, stats = best
+        inside = {name.removeprefix("cmdstat_"): s["usec"] / applied
+                  for name, s in stats.items()
+                  if name not in ("cmdstat_evalsha", "cmdstat_xreadgroup", "cmdstat_copy",
+                                  "cmdstat_config|resetstat", "cmdstat_script|load")}
+        print(f"entries applied: {applied:,} ({len(work.turns):,} turns), best of {rounds}")
+        print(f"apply_entries: {script:.2f} us of redis-server CPU per entry")
+        for name, usec in sorted(inside.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"  of which {name}: {usec:.2f} us")
+        print(f"  of which the Lua interpreter: {script - sum(inside.values()):.2f} us")
+        await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=800)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(measure(args.turns, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
