@@ -136,11 +136,13 @@ def summary(r: dict[str, Any]) -> str:
 
 def latency_section(lat: Latency, r: dict[str, Any]) -> str:
     p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
+    pace = ("set with `--latency-rate`" if r.get("latency_rate_set")
+            else "half the 1-worker throughput above")
     return "\n".join([
         "## Latency at half the measured throughput",
         "",
-        f"One worker, a producer pacing {lat.rate:,.0f} updates/s (half the 1-worker "
-        f"throughput above; it kept up {lat.achieved:,.0f}/s) over {r['latency_turns']:,} "
+        f"One worker, a producer pacing {lat.rate:,.0f} updates/s ({pace}; it kept up "
+        f"{lat.achieved:,.0f}/s) over {r['latency_turns']:,} "
         f"turns; time from sending a turn's `end` entry (XADD) to reading its `merged` "
         f"entry (XREAD BLOCK), both clocks in the harness process; {len(lat.samples):,} "
         "turns after the first 100. The producer writes XADD commands encoded before the "

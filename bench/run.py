@@ -49,7 +49,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, help="turns in the stream (default 20,000)")
     p.add_argument("--workers", default=None, help="worker counts, e.g. 1,2,4 (default)")
     p.add_argument("--peer-turns", type=int, help="turns for the FastStream run (default: all)")
-    p.add_argument("--latency-turns", type=int, default=4000)
+    p.add_argument("--latency-turns", type=int,
+                   help="turns of the latency run (default 4,000; none with --quick)")
+    p.add_argument("--latency-rate", type=float,
+                   help="updates/s the latency run offers (default: half the 1-worker "
+                        "throughput measured)")
     p.add_argument("--memory-turns", type=int, default=2000)
     p.add_argument("--rss-updates", type=int, default=1_000_000,
                    help="updates of the worker RSS run (0: skip)")
@@ -64,9 +68,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.turns = args.turns or 2000
         args.workers = args.workers or "1"
-        args.latency_turns = args.memory_turns = args.rss_updates = 0
+        args.latency_turns = args.latency_turns or 0
+        args.memory_turns = args.rss_updates = 0
         args.skip_merge = args.skip_cancel = args.no_docs = True
     args.turns = args.turns or 20_000
+    if args.latency_turns is None:
+        args.latency_turns = 4000
     args.worker_counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
     if 1 not in args.worker_counts:
         p.error("--workers must include 1 (the ratios are per worker)")
@@ -121,8 +128,10 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         await scenarios.forget(client, "bench:template*")
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
-            lat = await scenarios.latency(ctx, work.head(args.latency_turns), one.rate / 2)
+            rate = args.latency_rate or one.rate / 2
+            lat = await scenarios.latency(ctx, work.head(args.latency_turns), rate)
             r["latency"] = lat
+            r["latency_rate_set"] = bool(args.latency_rate)
             r["latency_turns"] = args.latency_turns
             p = [scenarios.percentile(lat.samples, q) for q in (50, 99, 99.9)]
             say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 {p[2]:.1f} ms "
