@@ -15,7 +15,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from scenarios import Latency, Memory, RssRun, Throughput, percentile
+from latency import Latency, percentile
+from scenarios import Memory, RssRun, Throughput
 
 MIB = 1 << 20
 DRAIN_TARGET = 0.5

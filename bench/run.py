@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import latency
 import redis.asyncio
 import report
 import scenarios
@@ -129,11 +130,11 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
             rate = args.latency_rate or one.rate / 2
-            lat = await scenarios.latency(ctx, work.head(args.latency_turns), rate)
+            lat = await latency.latency(ctx, work.head(args.latency_turns), rate)
             r["latency"] = lat
             r["latency_rate_set"] = bool(args.latency_rate)
             r["latency_turns"] = args.latency_turns
-            p = [scenarios.percentile(lat.samples, q) for q in (50, 99, 99.9)]
+            p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
             say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 {p[2]:.1f} ms "
                 f"at {lat.achieved:,.0f} updates/s")
         if args.memory_turns:
