@@ -73,7 +73,8 @@ def tune_gc() -> None:
     gen-0 threshold of 50,000 saved about 4% of the worker's instructions,
     but its rarer, larger passes stalled the worker for 30-50 ms every
     second or two (p99 latency 39-49 ms against 19 ms with the defaults at
-    6,000 updates/s, ``bench/scenarios.py``'s latency run)."""
+    6,000 updates/s: ``python bench/run.py --quick --latency-turns 3000
+    --latency-rate 6000``)."""
     gc.freeze()
 
 
