@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
-from tenacity import AsyncRetrying, retry_if_exception, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    wait_exponential,
+    wait_random,
+)
 
 from processor.batches import (
     ApplyCall,
@@ -88,12 +94,6 @@ class WorkerConfig:
 
 #: The wait before each retry of a Redis call (tenacity's, from the first).
 _BACKOFF = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1)
-
-
-class _FirstAttempt:
-    """What a tenacity wait reads of the retry state, for the first wait."""
-
-    attempt_number = 1
 
 
 # Every active turn's cancel key is read at least once per this many seconds,
@@ -177,7 +177,7 @@ class Worker(ShardLoop, Recovery):
             if not is_transient(exc) or self.stopping:
                 raise
             self._redis_down(exc)
-            await asyncio.sleep(_BACKOFF(_FirstAttempt))  # type: ignore[arg-type]
+            await asyncio.sleep(_BACKOFF(RetryCallState(None, None, (), {})))  # attempt 1
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=lambda _state: self.stopping,
