@@ -211,7 +211,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
     if ti > 0 then
       local tkey = turn_keys(ti)
-      if redis.call('EXISTS', tkey) == 1 then count_dead(ti) end
+      if cached(has_hash, ti, exists, tkey) then count_dead(ti) end
     end
     count('dlq:' .. a)
     return
