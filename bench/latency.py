@@ -74,7 +74,7 @@ class RawProducer:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  commands: list[bytes]) -> None:
         self.writer, self.commands = writer, commands
-        self.expected = 0
+        self.sent = self.answered = 0
         self.replies = asyncio.create_task(self._replies(reader))
 
     @classmethod
@@ -85,22 +85,29 @@ class RawProducer:
 
     def send(self, start: int, end: int) -> None:
         self.writer.write(b"".join(self.commands[start:end]))
-        self.expected += end - start
+        self.sent += end - start
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 60) -> None:
+        """Wait for a reply to every XADD sent, then hang up."""
         await self.writer.drain()
-        self.sent = self.expected
-        await asyncio.wait_for(self.replies, 60)
+        deadline = time.perf_counter() + timeout
+        while self.answered < self.sent:
+            if self.replies.done():  # a reply that was not an entry id, or a closed socket
+                self.replies.result()
+                raise RuntimeError("the connection closed before every XADD was answered")
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{self.sent - self.answered} XADDs unanswered")
+            await asyncio.sleep(0.01)
+        self.replies.cancel()
         self.writer.close()
 
     async def _replies(self, reader: asyncio.StreamReader) -> None:
-        count = 0
-        while getattr(self, "sent", None) != count:
+        while True:
             head = await reader.readline()
             if not head.startswith(b"$"):
                 raise RuntimeError(f"XADD failed: {head!r}")
             await reader.readexactly(int(head[1:]) + 2)
-            count += 1
+            self.answered += 1
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
