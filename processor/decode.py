@@ -60,7 +60,7 @@ _new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level
 #: The TurnKeys of recent response ids without attempt: a turn's entries come
 #: in runs, and one dict lookup costs a tenth of building the key. Cleared
 #: when full, so it holds at most this many keys whatever the stream.
-_recent_keys: dict[str, TurnKey] = {}
+_recent_keys: dict[str | bytes, TurnKey] = {}
 _RECENT_KEYS = 1024
 _KINDS = ("update", "end", "error")
 _TWO_NAMES = len("response_id") + len("update")
@@ -197,6 +197,11 @@ def decode_stream_entry(
     ``decode_entry(raw_fields)``. ASCII bytes and their str give the same
     sizes and the same JSON, so the fast path's result is the same too.
     """
+    if len(raw_fields) == 2:  # the usual entry: decoded from its bytes as they are
+        found = _two_bytes_fields(raw_fields, max_entry_bytes)
+        if found is not None:
+            return found
+        return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
     try:
         fields = {k.decode("ascii"): v.decode("ascii") for k, v in raw_fields.items()}
     except (UnicodeDecodeError, AttributeError):  # non-ASCII, or not bytes
@@ -205,6 +210,33 @@ def decode_stream_entry(
     if found is not None:
         return found
     return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+
+
+def _two_bytes_fields(
+    fields: dict[Any, Any], max_entry_bytes: int
+) -> tuple[TurnKey, Record] | None:
+    """:func:`_plain_update` for ``{b"response_id": ..., b"update": ...}`` as
+    Redis returns it, without making str copies of the names and the update:
+    msgspec reads ASCII JSON bytes exactly as it reads their str."""
+    try:
+        raw_id = fields[b"response_id"]
+        text = fields[b"update"]
+    except KeyError:
+        return None
+    if raw_id.__class__ is not bytes or text.__class__ is not bytes:
+        return None
+    if not (raw_id.isascii() and text.isascii()):
+        return None
+    if _TWO_NAMES + len(raw_id) + len(text) > max_entry_bytes:
+        return None
+    turn = _recent_keys.get(raw_id)  # (bytes keys: never equal to the str ones)
+    if turn is None:
+        if not raw_id or len(raw_id) > MAX_ID_LENGTH:
+            return None
+        response_id = raw_id.decode("ascii")
+    else:
+        response_id = turn.response_id
+    return _decoded(turn, response_id, "", text, raw_id)
 
 
 def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey, Record] | None:
@@ -247,6 +279,14 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
         turn = None if attempt_id else _recent_keys.get(response_id)
     if size > max_entry_bytes or not response_id or len(response_id) > MAX_ID_LENGTH:
         return None
+    return _decoded(turn, response_id, attempt_id, text, response_id)
+
+
+def _decoded(
+    turn: TurnKey | None, response_id: str, attempt_id: str, text: str | bytes, cache_as: Any
+) -> tuple[TurnKey, Record] | None:
+    """The fast paths' common end: the update decoded and checked, the turn
+    key made (and remembered under ``cache_as``) if it was not known."""
     try:
         update = _json_update.decode(text)
     except (msgspec.MsgspecError, RecursionError):
@@ -256,7 +296,7 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
         if not attempt_id:
             if len(_recent_keys) >= _RECENT_KEYS:
                 _recent_keys.clear()
-            _recent_keys[response_id] = turn
+            _recent_keys[cache_as] = turn
     try:
         return turn, Record("update", check_update(update), {})
     except EntryError as exc:

@@ -56,6 +56,16 @@ def test_the_usual_and_the_unusual_entries_decode_the_same(fields: dict[str, Any
         assert result[1].kind == "update"  # the fast path was exercised, not an error
 
 
+def test_a_turn_seen_before_decodes_the_same_from_bytes_and_from_str() -> None:
+    # The fast paths remember recent turn keys, under the str id for str
+    # fields and under the bytes id for Redis's: each must give the str key.
+    fields = {"response_id": "r-cached", "update": TEXT}
+    for _ in range(3):
+        key, _record = same(as_stream(fields))
+        assert key == ("r-cached", "") and type(key.response_id) is str
+        assert same(dict(fields))[0] == key
+
+
 @pytest.mark.parametrize("name,fields", [(c[0], c[1]) for c in CASES])
 def test_every_refused_entry_is_refused_the_same(name: str, fields: dict[Any, Any]) -> None:
     assert same(fields)[0] == "error", name
