@@ -85,7 +85,10 @@ def summary(r: dict[str, Any]) -> str:
         "results, usage and finish reason last; 8 turns in flight, interleaved). Each run "
         "gets the whole stream at once (a server-side `COPY` of a pre-filled stream, its "
         "consumers already up and idle) and is timed on Redis's clock from the `COPY` to "
-        "the last output: the last `merged` entry, or the drain's last `XACK`.",
+        "the last output: the last `merged` entry, or the drain's last `XACK`. "
+        + (f"Every consumer ran in each of {r['repeat']} rounds, one after the other; the "
+           "table keeps each one's fastest round (noise only slows a run down)."
+           if r.get("repeat", 1) > 1 else ""),
         "",
         "| consumer | updates/s | seconds | CPU s: consumers | CPU s: redis-server |",
         "|---|---:|---:|---:|---:|",
