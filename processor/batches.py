@@ -170,10 +170,7 @@ def _entry_args(
     size = _entry_size(fields)
     ids = _turn_ids(record.ids) if record.ids else ""  # most entries carry none
     applied.append(_new_applied(Applied, (key, entry_id, record, size)))
-    text = fields.get(b"update") if len(fields) == 2 and op == "u" else None
-    if text.__class__ is not bytes:  # (the update of decode_update(fields): see Stored)
-        text = None
-    return [entry_id, n, op, msgpack_str(encode_stored(size, record, text)), size,
+    return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]
 

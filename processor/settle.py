@@ -18,7 +18,6 @@ import msgspec
 from processor import agui
 from processor import events as ev
 from processor.connections import as_text
-from processor.decode import decode_update
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife, Verdict
 from processor.merge import Turn
@@ -28,14 +27,10 @@ Reason = Literal["closing", "cancel", "timeout"]
 
 
 class Stored(msgspec.Struct, array_like=True):
-    """What ``apply_entries`` keeps per entry: its size (for the byte limit)
-    and its record, or, for the usual entry (a turn key and the JSON text of
-    an update, nothing else), that text as it came: decoding is a pure
-    function of it, so the text stands for its record, and storing it as it
-    is spares encoding the record again on every entry."""
+    """What ``apply_entries`` keeps per entry: its size (for the byte limit) and record."""
 
     size: int
-    record: Record | bytes
+    record: Record
 
 
 #: The ``recs`` field of a turn's snapshot (never an entry id, which is ``<ms>-<seq>``).
@@ -70,19 +65,8 @@ _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 
 
-def encode_stored(size: int, record: Record, update_text: bytes | None = None) -> bytes:
-    """``update_text``: the entry's JSON update, when the entry held nothing
-    but it and the turn key (see :class:`Stored`)."""
-    return _stored_encoder.encode(Stored(size, record if update_text is None else update_text))
-
-
-def decode_stored(data: bytes) -> tuple[Record, int]:
-    """A stored entry's record and size."""
-    stored = _stored_decoder.decode(data)
-    record = stored.record
-    if record.__class__ is bytes:
-        record = Record("update", decode_update({"update": record}), {})
-    return record, stored.size  # type: ignore[return-value]
+def encode_stored(size: int, record: Record) -> bytes:
+    return _stored_encoder.encode(Stored(size, record))
 
 
 def text_hash(turn_hash: dict[Any, Any]) -> dict[str, str]:
@@ -136,7 +120,8 @@ def replay(key: TurnKey, recs: dict[Any, Any], limits: Limits) -> Replay:
     life, _cover = resume(key, limits, records)
     done = Replay(life)
     for entry_id in sorted(records, key=id_order):
-        done.feed(entry_id, *decode_stored(records[entry_id]))
+        stored = _stored_decoder.decode(records[entry_id])
+        done.feed(entry_id, stored.record, stored.size)
     return done
 
 
@@ -228,10 +213,10 @@ def plan_compaction(
     for entry_id in sorted(records, key=id_order):
         if bound is not None and id_order(entry_id) >= bound:
             break
-        record, size = decode_stored(records[entry_id])
-        if record.kind != "update" or life.ends_turn(record, size):
+        stored = _stored_decoder.decode(records[entry_id])
+        if stored.record.kind != "update" or life.ends_turn(stored.record, stored.size):
             break
-        life.feed(entry_id, record, size)
+        life.feed(entry_id, stored.record, stored.size)
         folded.append(entry_id)
     if not folded or len(folded) < minimum:
         return None

@@ -22,26 +22,22 @@ from worker_harness import (
 )
 
 from processor.batches import build_apply, parse_versions
-from processor.decode import decode_entry, decode_stream_entry, entry_size
+from processor.decode import decode_entry
 from processor.ids import TurnKey
-from processor.keys import Namespace
 from processor.lifecycle import Limits
 from processor.mirror import Applied, Mirror, Mirrors, Version
 from processor.models import Record
 from processor.scripts import Scripts
-from processor.settle import decode_stored, encode_stored, render, replay
+from processor.settle import encode_stored, render, replay
 from processor.worker import WorkerConfig
 
 KEY = TurnKey("r1")
 
 
-def _update_text(text: str) -> bytes:
-    return ('{"type":"agent_response_update","role":"assistant","message_id":"m",'
-            f'"contents":[{{"type":"text","text":"{text}"}}]}}').encode()
-
-
 def _record(text: str) -> Record:
-    _key, record = decode_entry({"response_id": "r1", "update": _update_text(text).decode()})
+    _key, record = decode_entry({"response_id": "r1", "update": (
+        '{"type":"agent_response_update","role":"assistant","message_id":"m",'
+        f'"contents":[{{"type":"text","text":"{text}"}}]}}')})
     return record
 
 
@@ -118,48 +114,14 @@ def test_a_mirror_renders_what_the_replay_renders() -> None:
     """The same records, fed as the batches come or replayed from Redis."""
     rng = random.Random(5)
     for n in range(30):
-        turn = random_turn(rng, f"r-{n}")
-        decoded = [decode_entry(entry_fields(e)) for e in turn]
+        decoded = [decode_entry(entry_fields(e)) for e in random_turn(rng, f"r-{n}")]
         key = decoded[0][0]
         applied = [Applied(key, f"{i + 1}-0", rec, 5) for i, (_k, rec) in enumerate(decoded)]
         stored = {a.entry_id: encode_stored(a.size, a.record) for a in applied}
-        # What the worker stores: an entry of just a turn key and an update
-        # as its update's text (see settle.Stored), anything else as its record.
-        texts = [_plain_text(entry_fields(e)) for e in turn]
-        as_stored = {a.entry_id: encode_stored(a.size, a.record, text)
-                     for a, text in zip(applied, texts, strict=True)}
         for reason in ("closing", "cancel", "timeout"):
             want = render(key, replay(key, stored, Limits()), {"started": "7"}, reason, 9)
             got = render(key, _copy(key, applied).replay, {"started": "7"}, reason, 9)
             assert got == want, (n, reason)
-            assert render(key, replay(key, as_stored, Limits()), {"started": "7"}, reason,
-                          9) == want, (n, reason)
-
-
-def _str_body(packed: bytes) -> bytes:
-    """The bytes of a msgpack str (batches.msgpack_str)."""
-    head = {0xD9: 2, 0xDA: 3, 0xDB: 5}.get(packed[0], 1)
-    return packed[head:]
-
-
-def _plain_text(fields: dict[str, Any]) -> bytes | None:
-    plain = len(fields) == 2 and "update" in fields and fields.get("kind", "update") == "update"
-    return fields["update"].encode() if plain else None
-
-
-def test_the_worker_stores_a_plain_entry_as_its_update_text() -> None:
-    """build_apply stores a two-field update entry as the text it came with
-    (no re-encoding), anything else as its record; both decode to the
-    record the worker merged."""
-    shard = Namespace("stored").shard(0)
-    plain = {b"response_id": b"r1", b"update": _update_text("hi")}
-    tagged = {**plain, b"step_id": b"s1"}
-    read = [(b"1-0", plain), (b"2-0", tagged), (b"3-0", {b"response_id": b"r1", b"kind": b"end"})]
-    call = build_apply(shard, read, {}, WorkerConfig(namespace="stored").batch_options(), 0)
-    blobs = [_str_body(bytes(call.entries[8 * i + 3])) for i in range(3)]
-    assert plain[b"update"] in blobs[0] and plain[b"update"] not in blobs[1]
-    for (_id, fields), blob in zip(read, blobs, strict=True):
-        assert decode_stored(blob) == (decode_stream_entry(fields)[1], entry_size(fields))
 
 
 def _copy(key: TurnKey, applied: list[Applied]) -> Mirror:
