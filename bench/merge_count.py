@@ -14,7 +14,9 @@ its workload, for ``valgrind --tool=callgrind``; a run of side ``none``
 
 Sides: ``decode`` (``decode_entry`` only), ``apply`` (``decode_entry`` and
 ``Turn.apply``), ``ours`` (the whole of merge_bench's processor side: also
-``finish`` and ``encode_response`` per turn), ``af`` (Agent Framework's side).
+``finish`` and ``encode_response`` per turn), ``af`` (Agent Framework's side);
+``stream`` is the worker's ``decode_stream_entry`` on the same entries as
+Redis returns them (bytes), less side ``stream-none`` (the bytes built only).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import merge_bench
 
-from processor.decode import decode_entry
+from processor.decode import decode_entry, decode_stream_entry
 from processor.ids import TurnKey
 from processor.merge import Turn
 
@@ -41,6 +43,12 @@ def main(side: str, path: str, count: int = 20_000) -> None:
     if side == "decode":
         for rid, text in entries:
             decode_entry({"response_id": rid, "update": text})
+    elif side == "stream":
+        raw = [{b"response_id": rid.encode(), b"update": text.encode()} for rid, text in entries]
+        for fields in raw:
+            decode_stream_entry(fields)
+    elif side == "stream-none":  # the same bytes built, nothing decoded
+        raw = [{b"response_id": rid.encode(), b"update": text.encode()} for rid, text in entries]
     elif side == "apply":
         turns: dict[TurnKey, Turn] = {}
         for rid, text in entries:

@@ -22,7 +22,7 @@ MIB = 1 << 20
 DRAIN_TARGET = 0.5
 PEER_TARGET = 5.0
 LATENCY_TARGET_MS = 20.0
-FULL_COMMAND = "python bench/run.py --profile 4000"
+FULL_COMMAND = "python bench/run.py --profile 20000"
 
 
 def write_section(path: Path, name: str, body: str, after: str | None = None) -> None:
