@@ -12,10 +12,86 @@ from typing import Any
 import msgspec
 
 from processor.ids import TurnKey
-from processor.models import Content, Response
-from processor.turn_state import Segment
+from processor.models import Content, Message, Response
+from processor.turn_state import Segment, TurnState
 
 FOLDABLE_TEXT = ("text", "text_reasoning")
+_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
+
+
+def call_owners(st: TurnState, contents: list[Content]) -> list[int]:
+    """The segments holding the calls that these contents' results answer."""
+    calls = st.calls
+    owners: list[int] = []
+    if calls:
+        for c in contents:
+            if c.type == "function_result" and c.call_id is not None and c.call_id in calls:
+                owners.append(calls[c.call_id])
+    return owners
+
+
+def position(st: TurnState, seg: int) -> tuple[int, int]:
+    """Where a segment sits in the merged order: its block, its place there."""
+    block = st.segments[seg].block
+    return block, st.blocks[block].segments.index(seg)
+
+
+def merged_response(st: TurnState) -> Response:
+    """The response of a turn's state with no pending delta parts (see
+    ``Turn.finish``): blocks and their messages in first-seen order, id-less
+    runs folded into the keyed message after them, ids assigned where needed."""
+    segments = st.segments
+    kept = fold_idless(
+        [seg for b in st.blocks for i in b.segments if (seg := segments[i]).contents]
+    )
+    tag = ""  # made only for a message that needs an assigned id
+    reserved: set[str] = set()
+    messages = []
+    for seg, contents in kept:
+        message_id = seg.message_id
+        if message_id is None:
+            if not tag:
+                tag = turn_tag(_new_turn_key(TurnKey, (st.response_id, st.attempt_id)))
+                reserved = set(st.keyed)
+            message_id = assigned_id(seg.ordinal, tag, reserved)
+        messages.append(_message(st, seg, contents, message_id))
+    return Response(
+        messages=messages,
+        response_id=st.response_id,
+        agent_id=st.agent_id,
+        finish_reason=st.finish_reason,
+        usage_details=_usage(st),
+        additional_properties=dict(st.properties),
+    )
+
+
+def _usage(st: TurnState) -> dict[str, int] | None:
+    """The turn's usage: every inner response's, summed per counter."""
+    if st.usage is None and not st.block_usage:
+        return None
+    total = dict(st.usage or {})
+    for usage in st.block_usage.values():
+        for name, value in usage.items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
+def _message(st: TurnState, seg: Segment, contents: list[Content], message_id: str) -> Message:
+    props: dict[str, Any] = {}
+    if seg.created_at is not None:
+        props["created_at"] = seg.created_at
+    inner = st.blocks[seg.block].inner_id
+    if inner:
+        props["response_id"] = inner
+    if seg.agent_id is not None:
+        props["agent_id"] = seg.agent_id
+    return Message(
+        role=seg.role or "assistant",
+        contents=contents,
+        author_name=seg.author_name,
+        message_id=message_id,
+        additional_properties=props,
+    )
 
 
 def assigned_id(ordinal: int, tag: str, reserved: set[str]) -> str:

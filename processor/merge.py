@@ -19,22 +19,22 @@ here, from arrival order alone.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from processor.combine import (
     FOLDABLE_TEXT,
     assigned_id,
+    call_owners,
     copy_content,
-    fold_idless,
     merge_extras,
     merge_properties,
+    merged_response,
     merged_text,
+    position,
     turn_tag,
 )
 from processor.ids import TurnKey
-from processor.models import TURN_IDS, Content, Message, Record, Response, Update
+from processor.models import TURN_IDS, Content, Record, Response, Update
 from processor.turn_state import Block, Segment, TurnState
 
 # Re-exported: the merge's public names stay importable from here.
@@ -295,16 +295,6 @@ class Turn:
         self.state.open_run = run
         return run
 
-    def _owners(self, contents: list[Content]) -> list[int]:
-        """The segments holding the calls that these contents' results answer."""
-        calls = self.state.calls
-        owners: list[int] = []
-        if calls:
-            for c in contents:
-                if c.type == "function_result" and c.call_id is not None and c.call_id in calls:
-                    owners.append(calls[c.call_id])
-        return owners
-
     def _result_block(self, block: int, contents: list[Content]) -> int:
         """Never move a function result before its call (rule 5), id-less case.
 
@@ -312,7 +302,7 @@ class Turn:
         there; only a call in a later block could end up after it, so a result
         answering such a call joins that block instead.
         """
-        owners = self._owners(contents)
+        owners = call_owners(self.state, contents)
         if not owners:
             return block
         return max([block, *(self.state.segments[seg].block for seg in owners)])
@@ -325,17 +315,14 @@ class Turn:
         id-less message at the end of the call's block instead (it cannot keep
         the producer's id: that id names the earlier message).
         """
-        owners = self._owners(contents)
+        owners = call_owners(self.state, contents)
         if not owners:
             return seg
-        last = max(owners, key=self._position)
-        if self._position(last) <= self._position(seg):
+        st = self.state
+        last = max(owners, key=lambda owner: position(st, owner))
+        if position(st, last) <= position(st, seg):
             return seg
-        return self._new_segment(self.state.segments[last].block, ordinal, None)
-
-    def _position(self, seg: int) -> tuple[int, int]:
-        block = self.state.segments[seg].block
-        return block, self.state.blocks[block].segments.index(seg)
+        return self._new_segment(st.segments[last].block, ordinal, None)
 
     def _append(self, index: int, content: Content) -> None:
         contents = self.state.segments[index].contents
@@ -408,55 +395,4 @@ class Turn:
     def finish(self) -> Response:
         """The merged response of everything folded so far."""
         self.compact()
-        st = self.state
-        segments = st.segments
-        kept = fold_idless(
-            [seg for b in st.blocks for i in b.segments if (seg := segments[i]).contents]
-        )
-        tag = ""  # made only for a message that needs an assigned id
-        reserved: set[str] = set()
-        messages = []
-        for seg, contents in kept:
-            message_id = seg.message_id
-            if message_id is None:
-                if not tag:
-                    tag = turn_tag(_new_turn_key(TurnKey, (st.response_id, st.attempt_id)))
-                    reserved = set(st.keyed)
-                message_id = assigned_id(seg.ordinal, tag, reserved)
-            messages.append(self._message(seg, contents, message_id))
-        return Response(
-            messages=messages,
-            response_id=st.response_id,
-            agent_id=st.agent_id,
-            finish_reason=st.finish_reason,
-            usage_details=self._usage(),
-            additional_properties=dict(st.properties),
-        )
-
-    def _usage(self) -> dict[str, int] | None:
-        """The turn's usage: every inner response's, summed per counter."""
-        st = self.state
-        if st.usage is None and not st.block_usage:
-            return None
-        total = dict(st.usage or {})
-        for usage in st.block_usage.values():
-            for name, value in usage.items():
-                total[name] = total.get(name, 0) + value
-        return total
-
-    def _message(self, seg: Segment, contents: list[Content], message_id: str) -> Message:
-        props: dict[str, Any] = {}
-        if seg.created_at is not None:
-            props["created_at"] = seg.created_at
-        inner = self.state.blocks[seg.block].inner_id
-        if inner:
-            props["response_id"] = inner
-        if seg.agent_id is not None:
-            props["agent_id"] = seg.agent_id
-        return Message(
-            role=seg.role or "assistant",
-            contents=contents,
-            author_name=seg.author_name,
-            message_id=message_id,
-            additional_properties=props,
-        )
+        return merged_response(self.state)
