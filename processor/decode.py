@@ -18,8 +18,18 @@ from typing import Any
 
 import msgspec
 
-from processor.ids import TurnKey, response_id_for_turn
-from processor.models import ENTRY_IDS, TURN_IDS, Record, Update
+from processor.entry_fields import (
+    CORRELATION_SET,
+    MAX_ID_LENGTH,
+    correlation_ids,
+    entry_size,
+    routing_id,
+    sized_str_keys,
+    text_field,
+    turn_key,
+)
+from processor.ids import TurnKey
+from processor.models import Record, Update
 from processor.validate import (
     DETAIL_PREFIX,
     MAX_DEPTH,
@@ -48,14 +58,11 @@ __all__ = [
 ]
 
 DEFAULT_MAX_ENTRY_BYTES = 1 << 20
-MAX_ID_LENGTH = 512
 
 _json_update = msgspec.json.Decoder(Update)
 _msgpack_update = msgspec.msgpack.Decoder(Update)
 _json_any = msgspec.json.Decoder()
 _msgpack_any = msgspec.msgpack.Decoder()
-_CORRELATION_IDS = TURN_IDS + ENTRY_IDS
-_CORRELATION_SET = frozenset(_CORRELATION_IDS)
 _new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 #: The TurnKeys of recent response ids without attempt: a turn's entries come
 #: in runs, and one dict lookup costs a tenth of building the key. Cleared
@@ -64,103 +71,6 @@ _recent_keys: dict[str | bytes, TurnKey] = {}
 _RECENT_KEYS = 1024
 _KINDS = ("update", "end", "error")
 _TWO_NAMES = len("response_id") + len("update")
-
-
-def _text(fields: Mapping[str, Any], name: str) -> str | None:
-    value = fields.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EntryError("bad_encoding", f"field {name!r} is not valid UTF-8: {exc}") from None
-    if isinstance(value, str):
-        if not value.isascii():
-            _check_encodable(name, value)
-        return value
-    raise EntryError(
-        "invalid_entry", f"field {name!r}: expected a string, got {type(value).__name__}"
-    )
-
-
-def _check_encodable(name: str, value: str) -> None:
-    """A str value (offline, or from a client that decoded it) must be text
-    that UTF-8 can carry: a lone surrogate cannot be stored or published."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise EntryError("bad_encoding", f"field {name!r} is not valid UTF-8: {exc}") from None
-
-
-def _as_str_keys(fields: Mapping[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        if isinstance(key, bytes):
-            key = key.decode("utf-8", "replace")
-        out[key] = value
-    return out
-
-
-def entry_size(fields: Mapping[Any, Any]) -> int:
-    """Bytes of an entry's field names and values (what the size limit counts)."""
-    return sum(_size(key) + _size(value, key) for key, value in fields.items())
-
-
-def _size(value: Any, name: Any = None) -> int:
-    """UTF-8 bytes of a field name or value, as the stream stores it.
-
-    An offline line may give a value as JSON; its size is its JSON text. One
-    that cannot be written back (nested too deeply) is not an entry at all.
-    """
-    if value.__class__ is bytes:
-        return len(value)
-    if isinstance(value, str):
-        return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-    if value is None:
-        return 0
-    try:
-        return len(msgspec.json.encode(value))
-    except UnicodeEncodeError as exc:  # a str in it holds a lone surrogate
-        raise EntryError("bad_encoding", f"field {name!r} is not valid UTF-8: {exc}") from None
-    except (TypeError, ValueError, OverflowError, RecursionError):
-        raise EntryError("invalid_entry", f"field {name!r}: not a JSON value") from None
-
-
-def turn_key(fields: Mapping[str, Any]) -> TurnKey:
-    """The entry's turn key; raises ``missing_turn_key`` without one."""
-    # Hot path (every entry): plain ASCII ``str`` values skip ``_text``;
-    # anything else takes it, so errors and their order are those of ``_text``.
-    response_id = fields.get("response_id")
-    if response_id is not None and (response_id.__class__ is not str or not response_id.isascii()):
-        response_id = _text(fields, "response_id")
-    attempt_id = fields.get("attempt_id")
-    if attempt_id is not None and (attempt_id.__class__ is not str or not attempt_id.isascii()):
-        attempt_id = _text(fields, "attempt_id")
-    attempt_id = attempt_id or ""
-    if not response_id:
-        turn_id = _text(fields, "turn_id")
-        if not turn_id:
-            raise EntryError("missing_turn_key", "neither 'response_id' nor 'turn_id' is set")
-        _check_id("turn_id", turn_id)
-        response_id = response_id_for_turn(turn_id)
-    if len(response_id) > MAX_ID_LENGTH:
-        _check_id("response_id", response_id)
-    if len(attempt_id) > MAX_ID_LENGTH:
-        _check_id("attempt_id", attempt_id)
-    return _new_turn_key(TurnKey, (response_id, attempt_id))
-
-
-def routing_id(fields: Mapping[str, Any]) -> str:
-    """What the shard is computed from: ``response_id``, else ``turn_id``."""
-    return _text(fields, "response_id") or _text(fields, "turn_id") or ""
-
-
-def _check_id(name: str, value: str) -> None:
-    if len(value) > MAX_ID_LENGTH:
-        raise EntryError(
-            "invalid_entry", f"field {name!r} is longer than {MAX_ID_LENGTH} characters"
-        )
 
 
 def decode_entry(
@@ -175,7 +85,7 @@ def decode_entry(
         found = _plain_update(raw_fields, max_entry_bytes)
         if found is not None:
             return found
-    fields, size = _sized_str_keys(raw_fields)
+    fields, size = sized_str_keys(raw_fields)
     if size > max_entry_bytes:
         raise EntryError("too_large", f"entry is {size} bytes, the limit is {max_entry_bytes}")
     turn = turn_key(fields)
@@ -273,7 +183,7 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
             len(attempt_id) > MAX_ID_LENGTH
             or fields.get("kind", "update") != "update"
             or "enc" in fields
-            or not _CORRELATION_SET.isdisjoint(fields)
+            or not CORRELATION_SET.isdisjoint(fields)
         ):
             return None
         turn = None if attempt_id else _recent_keys.get(response_id)
@@ -304,60 +214,21 @@ def _decoded(
         raise
 
 
-def _sized_str_keys(fields: Mapping[Any, Any]) -> tuple[dict[str, Any], int]:
-    """``(_as_str_keys(fields), entry_size(fields))`` in one pass (the hot path).
-
-    Only the size can raise, and it is computed first for each field, so
-    failures are those of ``entry_size`` followed by ``_as_str_keys``. A plain
-    dict with ASCII str keys and bytes or ASCII str values is returned as it
-    is: nothing in the decoder writes to the fields, so it stands for its own
-    copy, and its size is its length in characters.
-    """
-    if fields.__class__ is dict:
-        total = 0
-        for key, value in fields.items():
-            cls = value.__class__
-            if key.__class__ is not str or not key.isascii():
-                break
-            if cls is not bytes and (cls is not str or not value.isascii()):
-                break
-            total += len(key) + len(value)
-        else:
-            return fields, total
-    total = 0
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        total += _size(key) + _size(value, key)
-        if isinstance(key, bytes):
-            key = key.decode("utf-8", "replace")
-        out[key] = value
-    return out, total
-
-
 def _record(fields: Mapping[str, Any]) -> Record:
     kind = fields.get("kind")
     if kind is not None:
         if kind.__class__ is not str or not kind.isascii():
-            kind = _text(fields, "kind")
+            kind = text_field(fields, "kind")
         if kind and kind not in _KINDS:
             raise EntryError("invalid_entry", f"field 'kind': unknown kind {clip(kind)}")
     # Most entries carry no correlation id: skip the per-name lookups then.
-    ids = {} if _CORRELATION_SET.isdisjoint(fields) else _ids(fields)
+    ids = {} if CORRELATION_SET.isdisjoint(fields) else correlation_ids(fields)
     if not kind or kind == "update":
         return Record("update", decode_update(fields), ids)
     if kind == "error":
-        return Record("error", ids=ids, error=_text(fields, "error"), code=_text(fields, "code"))
+        error, code = text_field(fields, "error"), text_field(fields, "code")
+        return Record("error", ids=ids, error=error, code=code)
     return Record("end", ids=ids)
-
-
-def _ids(fields: Mapping[str, Any]) -> dict[str, str]:
-    ids = {}
-    for name in _CORRELATION_IDS:
-        value = _text(fields, name)
-        if value:
-            _check_id(name, value)
-            ids[name] = value
-    return ids
 
 
 def decode_update(fields: Mapping[str, Any]) -> Update:
@@ -378,7 +249,7 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
             raise too_deep("$.update") from None
         return _general_update(raw, "json", _json_any)
     if enc is not None and (enc.__class__ is not str or not enc.isascii()):
-        enc = _text(fields, "enc")
+        enc = text_field(fields, "enc")
     enc = enc or "json"
     if enc == "json":
         fast, generic = _json_update, _json_any
