@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import merge_bench
+from turns import build_entries
 
 from processor.decode import decode_entry, decode_stream_entry
 from processor.ids import TurnKey
@@ -36,7 +37,7 @@ from processor.merge import Turn
 
 def main(side: str, path: str, count: int = 20_000) -> None:
     if side == "dump":
-        entries = merge_bench.build_entries(merge_bench.DEFAULT_UPDATES)[:count]
+        entries = build_entries(merge_bench.DEFAULT_UPDATES)[:count]
         Path(path).write_text(json.dumps(entries))
         return
     entries = [(rid, text) for rid, text in json.loads(Path(path).read_text())]

@@ -1,6 +1,6 @@
 """The end-to-end workload: realistic multi-agent turns as input stream entries.
 
-The turns are the pure-merge benchmark's (:func:`merge_bench.build_entries`:
+The turns are the pure-merge benchmark's (:func:`turns.build_entries`:
 genuine ``AgentResponseUpdate.to_dict()`` JSON, 2-3 agents handing off, 10-40
 updates per turn, text deltas of 2-20 characters, reasoning, tool calls in
 argument chunks plus results, usage and finish reason last, 8 turns in flight
@@ -26,7 +26,7 @@ for path in (str(ROOT), str(BENCH)):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from merge_bench import SEED, build_entries  # noqa: E402
+from turns import SEED, build_entries  # noqa: E402
 
 #: Mean updates per turn of ``build_entries`` (sizes uniform in 10..40).
 MEAN_TURN = 25
