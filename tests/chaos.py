@@ -41,7 +41,8 @@ from typing import Any
 
 import redis.asyncio
 from strategies import random_turn
-from worker_harness import Harness, SubprocessWorker, offline_results
+from turn_reference import offline_results
+from worker_harness import Harness, SubprocessWorker
 
 from processor.ids import TurnKey
 

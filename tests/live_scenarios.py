@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker_harness import Harness, offline_results
+from turn_reference import offline_results
+from worker_harness import Harness
 
 from processor.lifecycle import Limits
 

@@ -8,7 +8,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from worker_harness import Harness, simple_turn
+from turn_reference import simple_turn
+from worker_harness import Harness
 
 
 @dataclass

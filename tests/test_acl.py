@@ -20,7 +20,8 @@ from expectations import scenario_lines, scenario_names
 from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
-from worker_harness import ROOT, Harness, compare_with_offline
+from turn_reference import compare_with_offline
+from worker_harness import ROOT, Harness
 
 from processor.client import Producer
 from processor.connections import RedisOptions, connect

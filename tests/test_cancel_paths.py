@@ -18,7 +18,8 @@ import json
 from typing import Any
 
 from expectations import check_invariants
-from worker_harness import Harness, TurnOutput
+from turn_reference import TurnOutput
+from worker_harness import Harness
 
 from processor.ids import TurnKey
 from processor.lifecycle import Limits

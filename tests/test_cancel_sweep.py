@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker_harness import Harness, simple_turn
+from turn_reference import simple_turn
+from worker_harness import Harness
 
 from processor.ids import TurnKey
 from processor.worker import CANCEL_CYCLE_S, Worker, cancel_slice

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from cli_tools import arun, call, json_lines, table_rows
 from redis.exceptions import ResponseError
-from worker_harness import Harness, offline_results
+from turn_reference import offline_results
+from worker_harness import Harness
 
 from processor.dlq import DlqError, replay, split
 from processor.ids import TurnKey, shard_of

@@ -24,7 +24,8 @@ from live_scenarios import TURN_TIMEOUT, offline_results_of_lines, scenario_segm
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis_servers import LocalRedisCluster, wait_cluster_ok
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
 from processor.connections import RedisOptions, as_text, connect, is_transient

@@ -12,7 +12,8 @@ import threading
 import time
 
 from scrape import fetch, get, scrape, wait_status
-from worker_harness import ROOT, Harness, simple_turn
+from turn_reference import simple_turn
+from worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
 from processor.health import Health, Server, groups_check

@@ -28,14 +28,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from strategies import random_turn
-from worker_harness import (
-    Harness,
+from turn_reference import (
     compare_with_offline,
     entry_fields,
     interleave,
     offline_dead,
     offline_results,
 )
+from worker_harness import Harness
 
 from processor.batches import BatchOptions
 from processor.decode import EntryError, decode_entry

@@ -10,7 +10,8 @@ import json
 import time
 
 from scrape import Scrape, fetch, scrape, wait_status
-from worker_harness import Harness, simple_turn
+from turn_reference import simple_turn
+from worker_harness import Harness
 
 from processor.embedded import free_port
 from processor.keys import Namespace

@@ -23,7 +23,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from scrape import fetch
-from worker_harness import ROOT, Harness, simple_turn
+from turn_reference import simple_turn
+from worker_harness import ROOT, Harness
 
 from processor.batches import BatchOptions
 from processor.embedded import free_port

@@ -28,7 +28,8 @@ from redis_servers import (
     set_tls_auth_clients,
 )
 from strategies import random_turn
-from worker_harness import ROOT, Harness, compare_with_offline, interleave, offline_results
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import ROOT, Harness
 
 from processor.embedded import TlsFiles
 from processor.keys import Namespace

@@ -16,14 +16,14 @@ from typing import Any
 import msgspec
 import pytest
 from strategies import random_turn
-from worker_harness import (
-    Harness,
+from turn_reference import (
     compare_with_offline,
     entry_fields,
     interleave,
     offline_results,
     simple_turn,
 )
+from worker_harness import Harness
 
 import processor.worker
 from processor.batches import build_compact, build_finalise

@@ -11,7 +11,8 @@ import uuid
 from delta_oracle import check_deltas
 from expectations import check_invariants
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import Harness
 
 TURNS = 2000
 SEED = 20260101

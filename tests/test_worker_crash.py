@@ -12,7 +12,8 @@ from collections import Counter
 
 import redis.asyncio
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import Harness
 
 from processor.models import TURN_IDS
 from processor.worker import Worker

@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import Harness
 
 import processor.batches
 from processor.ids import shard_of

@@ -12,13 +12,8 @@ from collections import Counter
 import pytest
 from expectations import check_invariants
 from strategies import random_turn
-from worker_harness import (
-    Harness,
-    compare_with_offline,
-    interleave,
-    offline_dead,
-    offline_results,
-)
+from turn_reference import compare_with_offline, interleave, offline_dead, offline_results
+from worker_harness import Harness
 
 from processor.ids import response_id_for_turn
 from processor.lifecycle import Limits

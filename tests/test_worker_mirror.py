@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 from strategies import random_turn
-from worker_harness import (
-    Harness,
+from turn_reference import (
     compare_with_offline,
     entry_fields,
     interleave,
     offline_results,
     simple_turn,
 )
+from worker_harness import Harness
 
 from processor.batches import build_apply, parse_versions
 from processor.decode import decode_entry

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio
-from worker_harness import Harness, compare_with_offline, offline_dead, offline_results
+from turn_reference import compare_with_offline, offline_dead, offline_results
+from worker_harness import Harness
 
 from processor.keys import Shard
 from processor.lifecycle import Limits

@@ -21,7 +21,8 @@ from typing import Any
 
 import redis.asyncio
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, offline_results
+from turn_reference import compare_with_offline, offline_results
+from worker_harness import Harness
 
 from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
 from processor.connections import TRANSIENT

@@ -13,7 +13,8 @@ import pytest
 from agui_checks import check_run, read_runs, without_timestamps
 from expectations import check_scenario, scenario_lines, scenario_names
 from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
-from worker_harness import Harness, TurnOutput, compare_with_offline
+from turn_reference import TurnOutput, compare_with_offline
+from worker_harness import Harness
 
 from processor.agui import project
 from processor.lifecycle import Limits

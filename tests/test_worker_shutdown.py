@@ -9,7 +9,8 @@ import asyncio
 import random
 
 from strategies import random_turn
-from worker_harness import Harness, compare_with_offline, interleave, offline_results, simple_turn
+from turn_reference import compare_with_offline, interleave, offline_results, simple_turn
+from worker_harness import Harness
 
 from processor.embedded import free_port
 

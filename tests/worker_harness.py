@@ -8,7 +8,7 @@ entries, events and dead letters, per turn in the shape of a ``processor
 merge`` line so that :mod:`tests.expectations` can check them.
 
 Nothing here knows the merge rules: a test compares the live outputs with
-:func:`offline_results` (``processor merge`` of the same entries). Every
+``turn_reference.offline_results`` (``processor merge`` of the same entries). Every
 merged entry, event and dead letter read is checked against ``processor schema``
 (tests/contract.py), so every integration test is also a contract test.
 """
@@ -17,118 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import redis.asyncio
 from contract import check_dlq_entry, check_event_entry, check_merged_entry
 from redis.asyncio.cluster import RedisCluster
+from turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 
-from processor.events import encode_response
 from processor.ids import TurnKey, shard_of
 from processor.keys import Namespace, Shard
-from processor.lifecycle import Limits
-from processor.offline import merge_lines
 from processor.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# --------------------------------------------------------------------------- entries
-
-
-def entry_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    """A test entry dict -> the stream fields a producer XADDs (``update`` as JSON text)."""
-    out: dict[str, Any] = {}
-    for name, value in entry.items():
-        if name == "id":
-            continue
-        if name == "update" and not isinstance(value, str | bytes):
-            value = json.dumps(value)
-        out[name] = value
-    return out
-
-
-def entry_line(entry: dict[str, Any]) -> str:
-    """The ``processor merge`` line of a test entry: the very field values a
-    producer XADDs (``update`` as the same JSON text), so that sizes and
-    limits are counted alike offline and live."""
-    return json.dumps({**entry_fields(entry), **({"id": entry["id"]} if "id" in entry else {})})
-
-
-def routing_id(entry: dict[str, Any]) -> str:
-    """What a producer computes the shard from: ``response_id``, else ``turn_id``."""
-    value = entry.get("response_id") or entry.get("turn_id") or ""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def interleave(turns: list[list[dict[str, Any]]], rng: Any) -> list[dict[str, Any]]:
-    """All entries of ``turns`` in one random arrival order that keeps each
-    turn's own order (as concurrent producers would write them)."""
-    cursors = [0] * len(turns)
-    live = [i for i, t in enumerate(turns) if t]
-    out: list[dict[str, Any]] = []
-    while live:
-        k = rng.randrange(len(live))
-        i = live[k]
-        out.append(turns[i][cursors[i]])
-        cursors[i] += 1
-        if cursors[i] == len(turns[i]):
-            live[k] = live[-1]
-            live.pop()
-    return out
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass
-class TurnOutput:
-    """What the workers published for one turn."""
-
-    key: TurnKey
-    merged: list[dict[str, str]] = field(default_factory=list)  # every merged entry (want 1)
-    events: list[dict[str, Any]] = field(default_factory=list)  # in stream order
-
-    @property
-    def response(self) -> str:
-        """The ``response`` field, byte for byte (the first merged entry)."""
-        return self.merged[0]["response"]
-
-    def result(self) -> dict[str, Any]:
-        """The turn as a ``processor merge`` line (for tests/expectations.py)."""
-        entry = self.merged[0]
-        return {
-            "response_id": entry["response_id"],
-            "attempt_id": entry.get("attempt_id"),
-            "status": entry["status"],
-            "response": json.loads(entry["response"]),
-            "meta": json.loads(entry["meta"]),
-            "events": self.events,
-        }
-
-
-@dataclass
-class Outputs:
-    """Everything published on a namespace."""
-
-    turns: dict[TurnKey, TurnOutput]
-    dlq: list[dict[str, str]]
-    merged_count: int
-    events_count: int
-
-    def terminal_counts(self) -> Counter[TurnKey]:
-        return Counter({k: sum(e["type"] == "synthesis" for e in t.events)
-                        for k, t in self.turns.items()})
 
 
 def _text(value: Any) -> str:
@@ -138,35 +47,6 @@ def _text(value: Any) -> str:
 def _fields(raw: dict[Any, Any]) -> dict[str, str]:
     return {_text(k): v.decode("utf-8", "replace") if isinstance(v, bytes) else v
             for k, v in raw.items()}
-
-
-def offline_dead(
-    entries: Iterable[dict[str, Any]], limits: Limits | None = None
-) -> list[tuple[int, str, str]]:
-    """What ``processor merge`` dead-letters: (entry index, reason, detail)."""
-    merge = merge_lines([entry_line(e) for e in entries], limits=limits)
-    return [(d.line - 1, d.reason, d.detail) for d in merge.dead]
-
-
-@dataclass
-class OfflineTurn:
-    key: TurnKey
-    status: str
-    response: str  # encode_response(): what the worker publishes
-    line: dict[str, Any]  # the whole processor merge line, parsed
-
-
-def offline_results(
-    entries: Iterable[dict[str, Any]], limits: Limits | None = None, progress: bool = False
-) -> dict[TurnKey, OfflineTurn]:
-    """``processor merge`` of the entries (file order = arrival order)."""
-    merge = merge_lines([entry_line(e) for e in entries], limits=limits, progress=progress)
-    out: dict[TurnKey, OfflineTurn] = {}
-    for result in merge.results():
-        key = TurnKey(result.response_id, result.attempt_id or "")
-        line = json.loads(msgspec.json.encode(result))
-        out[key] = OfflineTurn(key, result.status, encode_response(result.response), line)
-    return out
 
 
 # --------------------------------------------------------------------------- workers
@@ -530,46 +410,3 @@ def _glob(pattern: str) -> str:
     head, star, tail = pattern.rpartition("*")
     escaped = "".join("\\" + c if c in "?[]\\" else c for c in head)
     return escaped + star + tail
-
-
-# --------------------------------------------------------------------------- comparisons
-
-
-def compare_with_offline(
-    outputs: Outputs, offline: dict[TurnKey, OfflineTurn], where: str = ""
-) -> None:
-    """Every offline turn merged live exactly once, with the same status and
-    byte-identical ``response``; one terminal event per turn, last."""
-    missing = [k for k in offline if k not in outputs.turns or not outputs.turns[k].merged]
-    assert not missing, f"{where}: turns never merged live: {missing[:5]} ({len(missing)})"
-    extra = [k for k, t in outputs.turns.items() if k not in offline and t.merged]
-    assert not extra, f"{where}: turns merged live but not offline: {extra[:5]}"
-    for key, want in offline.items():
-        got = outputs.turns[key]
-        assert len(got.merged) == 1, f"{where}: {key} merged {len(got.merged)} times"
-        assert got.merged[0]["status"] == want.status, (
-            f"{where}: {key} status {got.merged[0]['status']} != offline {want.status}")
-        assert got.response == want.response, (
-            f"{where}: {key} response differs from processor merge\n"
-            f"live:    {got.response}\noffline: {want.response}")
-        types = [e["type"] for e in got.events]
-        assert types.count("synthesis") == 1, f"{where}: {key} terminal events: {types}"
-        assert types[-1] == "synthesis", f"{where}: {key} terminal not last: {types}"
-        assert types.count("synthesis.started") == 1 and types[0] == "synthesis.started", (
-            f"{where}: {key} events {types}")
-        seqs = [e["seq"] for e in got.events]
-        assert seqs == list(range(len(seqs))), f"{where}: {key} seq {seqs}"
-
-
-# --------------------------------------------------------------------------- turns
-
-
-def simple_turn(response_id: str, updates: int) -> list[dict[str, Any]]:
-    """A plain turn of ``updates`` text deltas over two messages, then its end."""
-    out: list[dict[str, Any]] = []
-    for i in range(updates):
-        update = {"type": "agent_response_update", "role": "assistant",
-                  "message_id": f"m{i % 2}", "contents": [{"type": "text", "text": f"d{i} "}]}
-        out.append({"response_id": response_id, "update": update})
-    out.append({"response_id": response_id, "kind": "end"})
-    return out
