@@ -57,6 +57,14 @@ def verdict(ok: bool) -> str:
 # --------------------------------------------------------------------------- sections
 
 
+def own_copy_share(t: Throughput) -> str:
+    """The share of turns a worker published from its own copy of the merge
+    (``processor_turns_settled_total{source="mirror"}``), the rest replayed
+    from the records read back from Redis; "-" for the other consumers."""
+    mirror, replay = t.settled.get("mirror", 0), t.settled.get("replay", 0)
+    return f"{mirror / (mirror + replay):.0%}" if mirror + replay else "-"
+
+
 def summary(r: dict[str, Any]) -> str:
     """The headline: command, machine, throughput and the two ratios."""
     runs: list[Throughput] = r["throughput"]
@@ -90,12 +98,14 @@ def summary(r: dict[str, Any]) -> str:
            "table keeps each one's fastest round (noise only slows a run down)."
            if r.get("repeat", 1) > 1 else ""),
         "",
-        "| consumer | updates/s | seconds | CPU s: consumers | CPU s: redis-server |",
-        "|---|---:|---:|---:|---:|",
+        "| consumer | updates/s | seconds | CPU s: consumers | CPU s: redis-server "
+        "| turns published from the worker's own copy |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for t in runs:
         lines.append(f"| {t.name} | {t.rate:,.0f} | {t.seconds:.2f} | "
-                     f"{t.cpu.get('consumers', 0):.1f} | {t.cpu.get('redis', 0):.1f} |")
+                     f"{t.cpu.get('consumers', 0):.1f} | {t.cpu.get('redis', 0):.1f} | "
+                     f"{own_copy_share(t)} |")
     ratio_drain = one.rate / drain.rate
     lines += [
         "",

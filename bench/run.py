@@ -91,7 +91,8 @@ def say(text: str) -> None:
 
 def show(t: Throughput) -> None:
     cpu = ", ".join(f"{k} {v:.1f} s CPU" for k, v in t.cpu.items())
-    say(f"{t.name:>24}: {t.rate:>10,.0f} updates/s  ({t.seconds:.2f} s; {cpu})")
+    own = f"; {report.own_copy_share(t)} of turns from own copy" if t.settled else ""
+    say(f"{t.name:>24}: {t.rate:>10,.0f} updates/s  ({t.seconds:.2f} s; {cpu}{own})")
 
 
 async def one_round(

@@ -24,9 +24,11 @@ import psutil
 import workload
 from workload import ROOT, Workload, copy_into, id_ms
 
+from processor.embedded.ports import free_port
 from processor.ids import TurnKey
 
 sys.path.insert(0, str(ROOT / "tests"))
+import scrape
 from memory_runs import drain_outputs, used_memory
 from worker_harness import Harness
 
@@ -52,6 +54,9 @@ class Throughput:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process kind
     profile: str = ""  # py-spy raw output file, when profiled
     turns: int = 0
+    # Turns the workers published from their own copy of the merge (mirror)
+    # and from the records read back from Redis (replay): processor only.
+    settled: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -229,7 +234,8 @@ async def processor(
 ) -> Throughput:
     client, ns = ctx.client, f"e2e{workers}"
     async with Harness(ctx.url, ns, log_dir=ctx.log_dir) as harness:
-        subs = spawn_workers(harness, workers)
+        ports = [free_port() for _ in range(workers)]
+        subs = [harness.spawn(None, "--log-level", "info", metrics_port=port) for port in ports]
         try:
             await harness.wait_started(subs, timeout=120)
             spy = await profiler(subs[0].proc.pid, profile) if profile else None
@@ -240,6 +246,7 @@ async def processor(
                            harness.assert_workers_alive)
             end = await last_id_ms(client, shard.merged)
             cpu = meter.read()
+            settled = await settled_by_source(ports)
             if spy is not None:
                 spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
                 spy.wait(60)
@@ -252,7 +259,17 @@ async def processor(
         await forget(client, f"{{{ns}:*")
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
-                      len(work.turns))
+                      len(work.turns), settled)
+
+
+async def settled_by_source(ports: list[int]) -> dict[str, float]:
+    """``processor_turns_settled_total`` by source, summed over the workers."""
+    total: dict[str, float] = {}
+    for port in ports:
+        page = await scrape.scrape(port)
+        for source, n in page.by_label("processor_turns_settled_total", "source").items():
+            total[source] = total.get(source, 0) + n
+    return total
 
 
 # --------------------------------------------------------------------------- memory
