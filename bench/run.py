@@ -66,6 +66,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None,
                    help="rounds of the throughput runs, the best of each consumer kept "
                         "(default 3; 1 with --quick)")
+    p.add_argument("--worker-flags", default="",
+                   help="extra `processor run` flags for the throughput workers, e.g. "
+                        "'--mirror-turns 0' (the docs are then left untouched)")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
@@ -77,6 +80,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.skip_merge = args.skip_cancel = args.no_docs = True
     args.turns = args.turns or 20_000
     args.repeat = args.repeat or (1 if args.quick else 3)
+    args.worker_flags = tuple(shlex.split(args.worker_flags))
+    if args.worker_flags:
+        args.no_docs = True  # the page documents the defaults
     if args.latency_turns is None:
         args.latency_turns = 4000
     args.worker_counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
@@ -101,7 +107,7 @@ async def one_round(
     """Every consumer once, on the same stream: drain, ceiling, processor, FastStream."""
     runs = [await scenarios.drain(ctx, work), await scenarios.ceiling(ctx, work)]
     for n in args.worker_counts:
-        runs.append(await scenarios.processor(ctx, work, n))
+        runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags))
     runs.append(await scenarios.faststream(ctx_peer, peer))
     for t in runs:
         show(t)
@@ -143,7 +149,8 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             head = work.head(min(args.profile, len(work.turns)))
             ctx_prof = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:profile")
             await workload.make_template(client, ctx_prof.template, head, ["processor"])
-            r["profiled"] = await scenarios.processor(ctx_prof, head, 1, log_dir / "worker.pyspy")
+            r["profiled"] = await scenarios.processor(ctx_prof, head, 1, log_dir / "worker.pyspy",
+                                                      flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
         await scenarios.forget(client, "bench:template*")
         one = next(t for t in runs if t.name.endswith(" 1 worker"))

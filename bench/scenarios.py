@@ -230,12 +230,15 @@ async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 
 async def processor(
-    ctx: Ctx, work: Workload, workers: int, profile: Path | None = None
+    ctx: Ctx, work: Workload, workers: int, profile: Path | None = None,
+    flags: tuple[str, ...] = (),
 ) -> Throughput:
+    """``workers`` ``processor run`` processes (with extra ``flags``) on the stream."""
     client, ns = ctx.client, f"e2e{workers}"
     async with Harness(ctx.url, ns, log_dir=ctx.log_dir) as harness:
         ports = [free_port() for _ in range(workers)]
-        subs = [harness.spawn(None, "--log-level", "info", metrics_port=port) for port in ports]
+        subs = [harness.spawn(None, "--log-level", "info", *flags, metrics_port=port)
+                for port in ports]
         try:
             await harness.wait_started(subs, timeout=120)
             spy = await profiler(subs[0].proc.pid, profile) if profile else None
