@@ -100,12 +100,14 @@ def decode_stream_entry(
     raw_fields: dict[Any, Any], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
 ) -> tuple[TurnKey, Record]:
     """:func:`decode_entry` for fields as Redis returns them (bytes names and
-    values), taking the str fast path for the usual all-ASCII update.
+    values), taking a fast path for the usual all-ASCII update: straight
+    from the bytes for an entry of just ``response_id`` and ``update``, else
+    through str copies of the fields.
 
-    Only a result of that fast path is kept; anything it declines is decoded
+    Only a result of a fast path is kept; anything it declines is decoded
     from the original bytes, so errors (and DLQ details) are exactly those of
     ``decode_entry(raw_fields)``. ASCII bytes and their str give the same
-    sizes and the same JSON, so the fast path's result is the same too.
+    sizes and the same JSON, so the fast paths' results are the same too.
     """
     if len(raw_fields) == 2:  # the usual entry: decoded from its bytes as they are
         found = _two_bytes_fields(raw_fields, max_entry_bytes)

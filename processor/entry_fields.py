@@ -80,8 +80,8 @@ def _size(value: Any, name: Any = None) -> int:
 
 def turn_key(fields: Mapping[str, Any]) -> TurnKey:
     """The entry's turn key; raises ``missing_turn_key`` without one."""
-    # Hot path (every entry): plain ASCII ``str`` values skip ``_text``;
-    # anything else takes it, so errors and their order are those of ``_text``.
+    # Hot path (every entry): plain ASCII ``str`` values skip ``text_field``;
+    # anything else takes it, so errors and their order are text_field's.
     response_id = fields.get("response_id")
     if response_id is not None and (response_id.__class__ is not str or not response_id.isascii()):
         response_id = text_field(fields, "response_id")
