@@ -11,12 +11,11 @@ from typing import Any
 
 import msgspec
 
-from processor.ids import TurnKey
+from processor.ids import TurnKey, new_turn_key
 from processor.models import Content, Message, Response
 from processor.turn_state import Segment, TurnState
 
 FOLDABLE_TEXT = ("text", "text_reasoning")
-_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 
 
 def call_owners(st: TurnState, contents: list[Content]) -> list[int]:
@@ -51,7 +50,7 @@ def merged_response(st: TurnState) -> Response:
         message_id = seg.message_id
         if message_id is None:
             if not tag:
-                tag = turn_tag(_new_turn_key(TurnKey, (st.response_id, st.attempt_id)))
+                tag = turn_tag(new_turn_key(TurnKey, (st.response_id, st.attempt_id)))
                 reserved = set(st.keyed)
             message_id = assigned_id(seg.ordinal, tag, reserved)
         messages.append(_message(st, seg, contents, message_id))

@@ -28,7 +28,7 @@ from processor.entry_fields import (
     text_field,
     turn_key,
 )
-from processor.ids import TurnKey
+from processor.ids import TurnKey, new_turn_key
 from processor.models import Record, Update
 from processor.validate import (
     DETAIL_PREFIX,
@@ -63,7 +63,6 @@ _json_update = msgspec.json.Decoder(Update)
 _msgpack_update = msgspec.msgpack.Decoder(Update)
 _json_any = msgspec.json.Decoder()
 _msgpack_any = msgspec.msgpack.Decoder()
-_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 #: The TurnKeys of recent response ids without attempt: a turn's entries come
 #: in runs, and one dict lookup costs a tenth of building the key. Cleared
 #: when full, so it holds at most this many keys whatever the stream.
@@ -204,7 +203,7 @@ def _decoded(
     except (msgspec.MsgspecError, RecursionError):
         return None
     if turn is None:
-        turn = _new_turn_key(TurnKey, (response_id, attempt_id))
+        turn = new_turn_key(TurnKey, (response_id, attempt_id))
         if not attempt_id:
             if len(_recent_keys) >= _RECENT_KEYS:
                 _recent_keys.clear()

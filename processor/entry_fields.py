@@ -14,14 +14,13 @@ from typing import Any
 
 import msgspec
 
-from processor.ids import TurnKey, response_id_for_turn
+from processor.ids import TurnKey, new_turn_key, response_id_for_turn
 from processor.models import ENTRY_IDS, TURN_IDS
 from processor.validate import EntryError
 
 MAX_ID_LENGTH = 512
 CORRELATION_IDS = TURN_IDS + ENTRY_IDS
 CORRELATION_SET = frozenset(CORRELATION_IDS)
-_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 
 
 def text_field(fields: Mapping[str, Any], name: str) -> str | None:
@@ -99,7 +98,7 @@ def turn_key(fields: Mapping[str, Any]) -> TurnKey:
         check_id("response_id", response_id)
     if len(attempt_id) > MAX_ID_LENGTH:
         check_id("attempt_id", attempt_id)
-    return _new_turn_key(TurnKey, (response_id, attempt_id))
+    return new_turn_key(TurnKey, (response_id, attempt_id))
 
 
 def routing_id(fields: Mapping[str, Any]) -> str:

@@ -39,6 +39,11 @@ class TurnKey(NamedTuple):
         return cls(rest[:n], rest[n + 1 :])
 
 
+#: ``new_turn_key(TurnKey, (response_id, attempt_id))``: a TurnKey without
+#: NamedTuple's Python-level ``__new__``, for the per-entry hot paths.
+new_turn_key = tuple.__new__
+
+
 def response_id_for_turn(turn_id: str) -> str:
     """The ResponseId the processor assigns to a turn that only has a ``turn_id``."""
     return f"resp_{uuid.uuid5(_ASSIGNED_NS, turn_id).hex}"

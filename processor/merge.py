@@ -33,7 +33,7 @@ from processor.combine import (
     position,
     turn_tag,
 )
-from processor.ids import TurnKey
+from processor.ids import TurnKey, new_turn_key
 from processor.models import TURN_IDS, Content, Record, Response, Update
 from processor.turn_state import Block, Segment, TurnState
 
@@ -41,7 +41,6 @@ from processor.turn_state import Block, Segment, TurnState
 __all__ = ["Block", "Segment", "Turn", "TurnState", "assigned_id", "merged_text", "turn_tag"]
 
 _encoder = msgspec.msgpack.Encoder()
-_new_turn_key = tuple.__new__  # TurnKey(a, b) without NamedTuple's Python-level __new__
 _decoder = msgspec.msgpack.Decoder(TurnState)
 
 
@@ -66,7 +65,7 @@ class Turn:
 
     @property
     def key(self) -> TurnKey:
-        return _new_turn_key(TurnKey, (self.state.response_id, self.state.attempt_id))
+        return new_turn_key(TurnKey, (self.state.response_id, self.state.attempt_id))
 
     def to_bytes(self) -> bytes:
         """Compact the state and serialise it (msgpack)."""
