@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 import pytest
+from bad_entries import CASES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_decode import CASES
 
 from processor.decode import EntryError, decode_entry, decode_stream_entry
 
