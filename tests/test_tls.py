@@ -21,13 +21,9 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis_servers import (
-    TlsServer,
-    make_client_certificate,
-    make_tls_files,
-    set_tls_auth_clients,
-)
+from redis_servers import TlsServer, set_tls_auth_clients
 from strategies import random_turn
+from tls_certs import make_client_certificate, make_tls_files
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import ROOT, Harness
 
