@@ -94,6 +94,11 @@ def summary(r: dict[str, Any]) -> str:
         "gets the whole stream at once (a server-side `COPY` of a pre-filled stream, its "
         "consumers already up and idle) and is timed on Redis's clock from the `COPY` to "
         "the last output: the last `merged` entry, or the drain's last `XACK`. "
+        + ("The rows with shards split the same entries over that many shard streams "
+           "the way producers route them (`crc32(response_id) % S`), one `COPY` per "
+           "shard, the clock starting at the first; their workers split the shards "
+           "between them (shard affinity, README *Scaling*). "
+           if any(t.name.endswith(" shards") for t in runs) else "")
         + (f"Every consumer ran in each of {r['repeat']} rounds, one after the other; the "
            "table keeps each one's fastest round (noise only slows a run down)."
            if r.get("repeat", 1) > 1 else ""),

@@ -6,7 +6,8 @@ peer (FastStream), on the same stream, the same redis-server, in one run.
 
 It starts its own redis-server (processor.embedded: a free port, a temp
 directory), builds the workload (:mod:`workload`), and measures, in order:
-the drain, ``processor run`` with 1, 2 and 4 workers, the FastStream peer,
+the drain, ``processor run`` with 1, 2 and 4 workers on one shard and with 2
+and 4 workers on as many shards (shard affinity), the FastStream peer,
 latency at half the 1-worker throughput, Redis memory per active turn and
 after the drain, and a worker's RSS over a long run; then refreshes the pure
 merge (``bench/merge_bench.py``) and cancellation (``bench/cancel_bench.py``)
@@ -69,6 +70,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--worker-flags", default="",
                    help="extra `processor run` flags for the throughput workers, e.g. "
                         "'--mirror-turns 0' (the docs are then left untouched)")
+    p.add_argument("--no-sharded", action="store_true",
+                   help="skip the runs of N workers on N shards (for each N > 1 of --workers)")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
@@ -86,6 +89,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.latency_turns is None:
         args.latency_turns = 4000
     args.worker_counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
+    args.sharded_counts = [] if args.no_sharded else [n for n in args.worker_counts if n > 1]
     if 1 not in args.worker_counts:
         p.error("--workers must include 1 (the ratios are per worker)")
     return args
@@ -108,6 +112,8 @@ async def one_round(
     runs = [await scenarios.drain(ctx, work), await scenarios.ceiling(ctx, work)]
     for n in args.worker_counts:
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags))
+    for n in args.sharded_counts:
+        runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags, shards=n))
     runs.append(await scenarios.faststream(ctx_peer, peer))
     for t in runs:
         show(t)
@@ -132,6 +138,8 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             peer = work.head(args.peer_turns)
             ctx_peer = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:peer")
             await workload.make_template(client, ctx_peer.template, peer, ["processor"])
+        for n in args.sharded_counts:
+            await scenarios.make_shard_templates(ctx, work, n)
         rounds = []
         for i in range(args.repeat):
             if args.repeat > 1:

@@ -231,29 +231,38 @@ async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 async def processor(
     ctx: Ctx, work: Workload, workers: int, profile: Path | None = None,
-    flags: tuple[str, ...] = (),
+    flags: tuple[str, ...] = (), shards: int = 1,
 ) -> Throughput:
-    """``workers`` ``processor run`` processes (with extra ``flags``) on the stream."""
-    client, ns = ctx.client, f"e2e{workers}"
-    async with Harness(ctx.url, ns, log_dir=ctx.log_dir) as harness:
+    """``workers`` ``processor run`` processes (with extra ``flags``) on the
+    stream, or on ``shards`` shards of it (templates :func:`shard_template`)."""
+    client, ns = ctx.client, f"e2e{workers}s{shards}"
+    turns = [len(part.turns) for part in work.split(shards)] if shards > 1 else [len(work.turns)]
+    async with Harness(ctx.url, ns, shards, log_dir=ctx.log_dir) as harness:
         ports = [free_port() for _ in range(workers)]
         subs = [harness.spawn(None, "--log-level", "info", *flags, metrics_port=port)
                 for port in ports]
         try:
             await harness.wait_started(subs, timeout=120)
+            # Each worker takes its shards at its first beat (at start): let
+            # every worker see the others before the stream fills.
+            await asyncio.sleep(1.5 if workers > 1 and shards > 1 else 0)
             spy = await profiler(subs[0].proc.pid, profile) if profile else None
             meter = CpuMeter([s.proc.pid for s in subs], ctx.server_pid)
-            shard = harness.shards[0]
-            start = await copy_into(client, ctx.template, shard.updates)
-            await wait_len(client, shard.merged, len(work.turns), 3600,
-                           harness.assert_workers_alive)
-            end = await last_id_ms(client, shard.merged)
+            copied = []  # (the clock starts when the first shard's copy is in)
+            for shard in harness.shards:
+                template = ctx.template if shards == 1 else shard_template(ctx, shards, shard.index)
+                copied.append(await copy_into(client, template, shard.updates))
+            start = copied[0]
+            end = 0
+            for shard, count in zip(harness.shards, turns, strict=True):
+                await wait_len(client, shard.merged, count, 3600, harness.assert_workers_alive)
+                end = max(end, await last_id_ms(client, shard.merged))
             cpu = meter.read()
             settled = await settled_by_source(ports)
             if spy is not None:
                 spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
                 spy.wait(60)
-            dead = await client.xlen(shard.dlq)
+            dead = sum([await client.xlen(shard.dlq) for shard in harness.shards])
             if dead:
                 raise RuntimeError(f"{dead} entries dead-lettered in a clean run")
         finally:
@@ -261,8 +270,21 @@ async def processor(
                 harness.terminate(sub)
         await forget(client, f"{{{ns}:*")
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
+    if shards > 1:
+        label += f", {shards} shards"
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
                       len(work.turns), settled)
+
+
+def shard_template(ctx: Ctx, shards: int, index: int) -> str:
+    """The template stream of shard ``index`` of ``shards`` (``make_shard_templates``)."""
+    return f"{ctx.template}:s{shards}:{index}"
+
+
+async def make_shard_templates(ctx: Ctx, work: Workload, shards: int) -> None:
+    for index, part in enumerate(work.split(shards)):
+        await workload.make_template(ctx.client, shard_template(ctx, shards, index), part,
+                                     ["processor"])
 
 
 async def settled_by_source(ports: list[int]) -> dict[str, float]:

@@ -28,6 +28,8 @@ for path in (str(ROOT), str(BENCH)):
 
 from turns import SEED, build_entries  # noqa: E402
 
+from processor.ids import shard_of  # noqa: E402
+
 #: Mean updates per turn of ``build_entries`` (sizes uniform in 10..40).
 MEAN_TURN = 25
 
@@ -52,6 +54,17 @@ class Workload:
         keep = set(self.turns[:turns])
         return _workload([e for e in self.entries if e["response_id"] in keep],
                          self.turns[:turns])
+
+    def split(self, shards: int) -> list[Workload]:
+        """The entries of each of ``shards`` shards, as producers route them
+        (``crc32(response_id) % shards``), in the same order."""
+        parts: list[list[Fields]] = [[] for _ in range(shards)]
+        turns: list[list[str]] = [[] for _ in range(shards)]
+        for rid in self.turns:
+            turns[shard_of(rid, shards)].append(rid)
+        for e in self.entries:
+            parts[shard_of(e["response_id"], shards)].append(e)
+        return [_workload(p, t) for p, t in zip(parts, turns, strict=True)]
 
     def renamed(self, suffix: str) -> Workload:
         """The same entries for turns named ``<response_id><suffix>``."""

@@ -66,6 +66,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("block_ms", int, 100, "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
     Option("sweep_interval", _number, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
     Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (dead worker)", 1),
+    Option("no_affinity", _flag, False, "every worker reads every shard, instead of the "
+           "live workers splitting the shards between them (shard affinity)"),
+    Option("worker_ttl", _number, 5.0, "seconds a worker that stopped beating still counts "
+           "as live, and a stalled shard owner is waited for, before the others read its "
+           "shards", 0.5),
     Option("max_deliveries", int, 5, "deliveries before an entry goes to the DLQ", 1),
     Option("max_entry_bytes", int, 1 << 20, "largest entry accepted (too_large)", 1),
     Option("max_turn_updates", int, 100_000, "updates per turn before turn_limit", 1),
@@ -208,6 +213,8 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         sweep_interval=values["sweep_interval"],
         reclaim_idle_ms=values["reclaim_idle_ms"],
         max_deliveries=values["max_deliveries"],
+        affinity=not values["no_affinity"],
+        worker_ttl=values["worker_ttl"],
         merged_maxlen=values["merged_maxlen"],
         events_maxlen=values["events_maxlen"],
         dlq_maxlen=values["dlq_maxlen"],

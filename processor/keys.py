@@ -21,6 +21,8 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
 - ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
+- ``{ns}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
+  workers of a group that split the shards (shard affinity)
 
 ``<tk>`` is :meth:`processor.ids.TurnKey.encode`.
 """
@@ -107,6 +109,11 @@ class Namespace:
 
     def all(self) -> list[Shard]:
         return [Shard(self.name, i) for i in range(self.shards)]
+
+    def workers(self, group: str) -> str:
+        """The live workers of consumer group ``group`` (not per shard: its
+        own hash tag, touched by ``beat_worker`` alone)."""
+        return f"{{{self.name}}}:workers:{group}"
 
     def shard_for(self, routing_id: str) -> Shard:
         """The shard of a turn: from its response_id, or its turn_id when it has none."""

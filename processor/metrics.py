@@ -113,6 +113,9 @@ class Metrics:
             registry=r)
         self.dlq_length = Gauge(
             "processor_dlq_length", "Length of the dlq stream (sampled)", ["shard"], registry=r)
+        self.shards_read = Gauge(
+            "processor_shards_read", "Shards this worker reads new entries from: those "
+            "shard affinity gives it, plus any whose owners stalled", registry=r)
         self.heartbeat = Gauge(
             "processor_loop_heartbeat_seconds", "Unix time of the event loop's last "
             "heartbeat", registry=r)

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 from processor.batches import ApplyCall, BatchOptions, build_apply
 from processor.connections import is_transient
 from processor.keys import Shard
+from processor.membership import Membership
 from processor.metrics import Metrics
 
 log = logging.getLogger("processor.worker")
@@ -64,6 +65,7 @@ class ShardLoop:
     client: Any
     config: Any  # WorkerConfig
     metrics: Metrics
+    membership: Membership
     options: BatchOptions
     _orphans: set[int]
     # Worker's and Recovery's.
@@ -128,6 +130,10 @@ class ShardLoop:
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(shard, batch)
+                if not self.membership.reads(shard.index):
+                    # Its readers sweep and reclaim it: a turn finalised
+                    # here would be replayed, not taken from their copies.
+                    continue
                 now = time.monotonic()
                 if now >= next_sweep:
                     await self._guarded(shard, self._retrying, self.sweep, shard)
@@ -185,6 +191,11 @@ class ShardLoop:
             await self._retrying(self._apply_isolated, shard, entries, {})
 
     async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
+        if not self.membership.reads(shard.index):
+            # Another worker reads this shard (shard affinity): wait as long
+            # as an idle read would, so sweeps and reclaims keep their pace.
+            await asyncio.sleep(self.config.block_ms / 1000)
+            return []
         try:
             reply = await self.client.xreadgroup(
                 self.config.group, self.config.consumer, {shard.updates: ">"},

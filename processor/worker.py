@@ -43,6 +43,7 @@ from processor.connections import as_text, is_transient
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
+from processor.membership import Membership
 from processor.metrics import Metrics
 from processor.mirror import MIRROR_BYTES, Applied, Mirror, Mirrors
 from processor.recovery import Recovery
@@ -74,6 +75,8 @@ class WorkerConfig:
     sweep_interval: float = 0.1
     reclaim_idle_ms: int = 30_000
     max_deliveries: int = 5
+    affinity: bool = True
+    worker_ttl: float = 5.0
     cancel_slice: int = 1000
     merged_maxlen: int = 100_000
     events_maxlen: int = 1_000_000
@@ -131,6 +134,8 @@ class Worker(ShardLoop, Recovery):
         budget = MIRROR_BYTES // config.shards
         self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
                          for s in self.namespace.all()}
+        self.membership = Membership(client, self.namespace, config.group, config.consumer,
+                                     config.worker_ttl, config.affinity, self.metrics)
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
@@ -143,12 +148,16 @@ class Worker(ShardLoop, Recovery):
 
     async def run(self) -> None:
         await self._retrying(self.ensure_groups)
+        await self._retrying(self.membership.beat)
         self.ready.set()
         log.info("worker started", extra={"consumer": self.config.consumer,
-                                          "shards": self.config.shards})
+                                          "shards": self.config.shards,
+                                          "reads": sorted(self.membership.owned)})
         try:
-            await asyncio.gather(*(self._shard_loop(s) for s in self.namespace.all()))
+            await asyncio.gather(self.membership.run(self._stopping),
+                                 *(self._shard_loop(s) for s in self.namespace.all()))
         finally:
+            await self.membership.leave()
             await self._leave()
 
     async def ensure_groups(self) -> None:

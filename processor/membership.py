@@ -1,0 +1,125 @@
+"""The worker's side of shard affinity (:mod:`processor.affinity`): beating
+in the group's workers zset, keeping the set of shards it reads, and
+checking the shards it does not own for a stalled owner.
+
+The imperative shell of the pure rules in ``affinity``: Redis I/O only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from processor.affinity import BEATS_PER_TTL, owned_shards, shard_readers, stalled
+from processor.connections import TRANSIENT, as_text
+from processor.keys import Namespace, Shard
+from processor.metrics import Metrics, find_group
+from processor.scripts import source
+
+log = logging.getLogger("processor.worker")
+
+
+def _id(entry_id: Any) -> tuple[int, int]:
+    ms, _, seq = as_text(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Membership:
+    """Which shards of ``namespace`` this consumer reads (all of them with
+    ``enabled=False``, or until the first beat)."""
+
+    def __init__(self, client: Any, namespace: Namespace, group: str, consumer: str,
+                 ttl: float, enabled: bool, metrics: Metrics) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.group = group
+        self.consumer = consumer
+        self.ttl_ms = max(1, int(ttl * 1000))
+        self.enabled = enabled
+        self.metrics = metrics
+        self.key = namespace.workers(group)
+        self._script = client.register_script(source("beat_worker"))
+        self.live: list[str] = [consumer]
+        self.owned = frozenset(range(namespace.shards))
+        self.rescued: frozenset[int] = frozenset()
+        metrics.shards_read.set(namespace.shards)
+
+    def reads(self, shard: int) -> bool:
+        """Whether to read new entries from ``shard`` now."""
+        return shard in self.owned or shard in self.rescued
+
+    async def beat(self) -> None:
+        """Say this worker is alive; update the live set, the owned shards and
+        the rescued ones (shards not owned whose owners stalled)."""
+        if not self.enabled:
+            return
+        reply = await self._script(keys=[self.key],
+                                   args=[self.consumer, self.ttl_ms, "beat"])
+        live = [as_text(name) for name in reply]
+        owned = owned_shards(self.consumer, live, self.namespace.shards)
+        if owned != self.owned:
+            log.info("shards to read changed", extra={"consumer": self.consumer,
+                                                      "shards": sorted(owned),
+                                                      "workers": len(live)})
+        self.live, self.owned = live, owned
+        rescued = set()
+        for shard in self.namespace.all():
+            if shard.index not in owned and await self._stalled(shard):
+                rescued.add(shard.index)
+        if rescued - self.rescued:
+            log.warning("reading shards whose owners stalled",
+                        extra={"shards": sorted(rescued - self.rescued)})
+        self.rescued = frozenset(rescued)
+        self.metrics.shards_read.set(len(owned | rescued))
+
+    async def _stalled(self, shard: Shard) -> bool:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.xinfo_consumers(shard.updates, self.group)
+                pipe.xinfo_groups(shard.updates)
+                pipe.xrevrange(shard.updates, count=1)
+                consumers, groups, newest = await pipe.execute()
+        except ResponseError as exc:  # no stream or no group yet: nothing waits
+            log.debug("stall check failed", extra={"shard": shard.index, "error": repr(exc)})
+            return False
+        info = find_group(groups, self.group)
+        if info is None or not newest:
+            return False
+        undelivered = _id(newest[0][0]) > _id(info.get("last-delivered-id", b"0-0"))
+        idle = {}
+        for consumer in consumers:
+            fields = {as_text(k): v for k, v in consumer.items()}
+            idle[as_text(fields.get("name", b""))] = int(fields.get("idle", 0))
+        owners = shard_readers(set(self.live) | {self.consumer}, shard.index,
+                               self.namespace.shards)
+        return stalled(idle, owners, undelivered, self.ttl_ms)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Beat every ``ttl / 5`` seconds until ``stopping`` is set. A failed
+        beat keeps the last view: a worker that cannot reach Redis reads
+        nothing anyway, and the others take its shards after the TTL."""
+        if not self.enabled:
+            return
+        period = self.ttl_ms / 1000 / BEATS_PER_TTL
+        while not stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), timeout=period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.beat()
+            except (*TRANSIENT, ResponseError) as exc:
+                log.warning("worker heartbeat failed", extra={"error": repr(exc)})
+
+    async def leave(self) -> None:
+        """Leave the live set, so the others take this worker's shards now."""
+        if not self.enabled:
+            return
+        try:
+            await self._script(keys=[self.key], args=[self.consumer, self.ttl_ms, "leave"])
+        except (*TRANSIENT, ResponseError) as exc:
+            log.warning("could not leave the workers set", extra={"error": repr(exc)})

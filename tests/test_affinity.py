@@ -1,0 +1,191 @@
+"""Shard affinity: the pure rules (who reads which shard) and, on a real
+Redis, that live workers split the shards, take over the shards of a worker
+that leaves or dies, and read a shard whose live owner stalled."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import random_turn
+from turn_reference import compare_with_offline, interleave, offline_results
+from worker_harness import Harness
+
+from processor.affinity import owned_shards, readers_per_shard, shard_readers, stalled
+from processor.scripts import source
+
+names = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
+shard_counts = st.integers(min_value=1, max_value=32)
+
+
+@given(names, shard_counts)
+def test_every_shard_has_its_readers_among_the_live(live: list[str], shards: int) -> None:
+    k = readers_per_shard(len(live), shards)
+    for s in range(shards):
+        readers = shard_readers(live, s, shards)
+        assert len(readers) == min(k, len(live))
+        assert set(readers) <= set(live)
+    # The same shards, from each worker's side.
+    owned = {w: owned_shards(w, live, shards) for w in live}
+    for s in range(shards):
+        assert {w for w in live if s in owned[w]} == set(shard_readers(live, s, shards))
+
+
+@given(names, shard_counts)
+def test_with_enough_shards_each_shard_has_one_reader(live: list[str], shards: int) -> None:
+    if len(live) > shards:
+        shards = len(live)
+    owned = [owned_shards(w, live, shards) for w in live]
+    assert sorted(s for mine in owned for s in mine) == list(range(shards))
+
+
+@given(names, shard_counts, st.randoms())
+def test_the_order_of_the_live_set_does_not_matter(
+    live: list[str], shards: int, rng: random.Random
+) -> None:
+    shuffled = list(live)
+    rng.shuffle(shuffled)
+    for w in live:
+        assert owned_shards(w, live, shards) == owned_shards(w, shuffled, shards)
+
+
+@given(names.filter(lambda n: len(n) >= 2), st.integers(min_value=12, max_value=40), st.data())
+def test_a_worker_leaving_moves_only_its_own_shards(
+    live: list[str], shards: int, data: st.DataObject
+) -> None:
+    gone = data.draw(st.sampled_from(live))
+    rest = [w for w in live if w != gone]
+    for w in rest:
+        # (one reader per shard before and after: shards >= workers)
+        assert owned_shards(w, live, shards) <= owned_shards(w, rest, shards)
+
+
+def test_fewer_shards_than_workers_keeps_every_shard_shared() -> None:
+    live = [f"w{i}" for i in range(4)]
+    assert [len(shard_readers(live, 0, 1))] == [4]  # one shard: everyone reads it
+    assert all(len(shard_readers(live, s, 2)) == 2 for s in range(2))
+    assert owned_shards("new", [], 3) == {0, 1, 2}  # alone: every shard
+
+
+def test_stalled_needs_a_backlog_and_every_owner_idle() -> None:
+    assert not stalled({"a": 10_000}, ["a"], undelivered=False, ttl_ms=5000)
+    assert stalled({"a": 10_000}, ["a"], undelivered=True, ttl_ms=5000)
+    assert not stalled({"a": 100}, ["a"], undelivered=True, ttl_ms=5000)
+    assert stalled({}, ["a"], undelivered=True, ttl_ms=5000)  # never read it
+    assert not stalled({"a": 10_000, "b": 5}, ["a", "b"], undelivered=True, ttl_ms=5000)
+
+
+# ------------------------------------------------------------ on Redis
+
+SHARDS = 4
+
+
+def _arrival(prefix: str, turns: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return interleave([random_turn(rng, f"{prefix}-{i:04d}") for i in range(turns)], rng)
+
+
+async def _until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_url: str) -> None:
+    arrival = _arrival("aff", 400, 7)
+    offline = offline_results(arrival)
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+        a, b = await h.start_workers(2)
+        await _until(lambda: a.worker.membership.live == b.worker.membership.live ==
+                     sorted([a.consumer, b.consumer]), 5, "both workers to see each other")
+        owned_a, owned_b = a.worker.membership.owned, b.worker.membership.owned
+        assert owned_a | owned_b == set(range(SHARDS)) and not owned_a & owned_b
+        # A's reads of b's shards that were already blocking when a saw b
+        # (block_ms, 100 ms) still take what arrives: wait them out.
+        await asyncio.sleep(0.5)
+        await h.add(arrival)
+        await h.wait_merged(len(offline))
+        await h.wait_drained()
+        outputs = await h.outputs()
+        # Each shard's entries went to its one reader: every turn came
+        # from a worker's own copy, none was replayed from Redis.
+        for w in (a, b):
+            settled = w.worker.metrics.settled
+            assert settled.labels("replay")._value.get() == 0
+        mirrored = sum(w.worker.metrics.settled.labels("mirror")._value.get() for w in (a, b))
+        assert mirrored == len(offline)
+        for shard in h.shards:
+            read = {w.consumer: w.worker.metrics.consumed.labels(str(shard.index), "read")
+                    ._value.get() for w in (a, b)}
+            owner = next(w.consumer for w in (a, b) if shard.index in w.worker.membership.owned)
+            assert [c for c, n in read.items() if n] == [owner], (shard, read)
+        await h.stop_all()
+        assert await h.client.exists(h.ns.workers(h.group)) == 0  # both left
+    compare_with_offline(outputs, offline, "2 workers, 4 shards")
+
+
+async def test_the_shards_of_a_worker_that_stops_go_to_the_others(redis_url: str) -> None:
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+        a, b = await h.start_workers(2)
+        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        await h.stop_worker(b)  # leaves the live set on its way out
+        await _until(lambda: a.worker.membership.owned == set(range(SHARDS)), 3,
+                     "a to take every shard")
+        arrival = _arrival("left", 100, 8)
+        await h.add(arrival)
+        await h.wait_merged(len(offline_results(arrival)))
+
+
+async def test_the_shards_of_a_worker_that_dies_go_to_the_others(redis_url: str) -> None:
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+        a, b = await h.start_workers(2)
+        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        async def silent() -> None:
+            pass
+
+        b.worker.membership.leave = silent  # type: ignore[method-assign]
+        b.task.cancel()  # dies without a word: no leave, no more beats
+        h.workers.remove(b)
+        started = time.monotonic()
+        await _until(lambda: a.worker.membership.owned == set(range(SHARDS)), 5,
+                     "a to take every shard")
+        assert time.monotonic() - started > 0.5  # only once b's beats are older than the TTL
+        arrival = _arrival("died", 100, 9)
+        await h.add(arrival)
+        await h.wait_merged(len(offline_results(arrival)))
+        await b.client.aclose()
+
+
+async def test_a_shard_whose_live_owner_stalls_is_read_by_another(redis_url: str) -> None:
+    """A consumer that beats but never reads (a hung shard loop) owns a
+    shard or more: after the TTL the real worker reads them anyway."""
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+        key = h.ns.workers(h.group)
+        beat = h.client.register_script(source("beat_worker"))
+        # A name that owns a shard beside the worker to come (named w1).
+        ghost = next(g for g in (f"ghost{i}" for i in range(100))
+                     if owned_shards(g, [g, "w1"], SHARDS))
+        await beat(keys=[key], args=[ghost, 1000, "beat"])
+        a = await h.start_worker()
+        assert a.worker.membership.owned != set(range(SHARDS))  # the ghost owns some
+
+        async def keep_beating() -> None:
+            while True:
+                await beat(keys=[key], args=[ghost, 1000, "beat"])
+                await asyncio.sleep(0.1)
+
+        beating = asyncio.create_task(keep_beating())
+        try:
+            arrival = _arrival("stall", 200, 10)
+            await h.add(arrival)
+            await h.wait_merged(len(offline_results(arrival)), timeout=30)
+            assert ghost in a.worker.membership.live
+            for s in set(range(SHARDS)) - a.worker.membership.owned:  # the ghost's shards
+                assert a.worker.metrics.consumed.labels(str(s), "read")._value.get() > 0
+        finally:
+            beating.cancel()
