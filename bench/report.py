@@ -271,7 +271,7 @@ def _short(frame: str) -> str:
 
 
 def throughput_chart(runs: list[Throughput], out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.34 * len(runs)), dpi=110)
     names = [t.name for t in runs]
     rates = [t.rate for t in runs]
     colors = ["#999999" if t.name == "drain" else "#d9822b" if t.name == "FastStream"
