@@ -270,8 +270,8 @@ async def processor(
                 harness.terminate(sub)
         await forget(client, f"{{{ns}:*")
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
-    if shards > 1:
-        label += f", {shards} shards"
+    if workers > 1 or shards > 1:
+        label += f", {shards} shard" + ("s" if shards > 1 else "")
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
                       len(work.turns), settled)
 

@@ -3,8 +3,10 @@
 Per shard: the ``updates`` stream's length, the consumer group's lag and
 pending count, its consumers with their idle time, the active and closing
 turns (the worker's ``active`` and ``closing`` zsets) and the lengths of the
-output streams. Read-only: XINFO STREAM / GROUPS / CONSUMERS, XLEN and ZCARD,
-one shard at a time, so it works the same on one node and on a Redis Cluster.
+output streams. Then the live workers (``{ns}:workers:<group>``), each with
+its last beat and the shards shard affinity gives it. Read-only: XINFO
+STREAM / GROUPS / CONSUMERS, XLEN, ZCARD, ZRANGE and TIME, one key at a
+time, so it works the same on one node and on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from redis.exceptions import ResponseError
 from rich.console import Console, Group
 from rich.table import Table
 
+from processor.affinity import owned_shards
 from processor.connections import as_text
 from processor.keys import Namespace, Shard
 
@@ -48,12 +51,21 @@ class ShardStats(msgspec.Struct):
     events: int
 
 
+class WorkerStats(msgspec.Struct):
+    """A worker that beat in the group's workers set (shard affinity)."""
+
+    name: str
+    last_beat_ms: int  # ms since its last beat, on Redis's clock
+    shards: list[int]  # the shards it reads, by the workers' own rule
+
+
 class Stats(msgspec.Struct):
     """``processor stats --json``."""
 
     namespace: str
     group: str
     shards: list[ShardStats]
+    workers: list[WorkerStats] = []
 
 
 def _missing_key(exc: ResponseError) -> bool:
@@ -137,7 +149,19 @@ async def collect(
         shards.append(await shard_stats(client, shard, group))
         if advance is not None:
             advance()
-    return Stats(keys.name, group, shards)
+    return Stats(keys.name, group, shards, await worker_stats(client, keys, group))
+
+
+async def worker_stats(client: Any, keys: Namespace, group: str) -> list[WorkerStats]:
+    """The workers in the group's workers set (those a TTL silent included,
+    until a beat drops them) and the shards each reads."""
+    beats = await client.zrange(keys.workers(group), 0, -1, withscores=True)
+    seconds, micros = await client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    names = sorted(as_text(name) for name, _score in beats)
+    last = {as_text(name): int(score) for name, score in beats}
+    return [WorkerStats(name, max(0, now - last[name]),
+                        sorted(owned_shards(name, names, keys.shards))) for name in names]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -186,12 +210,25 @@ def consumer_table(stats: Stats) -> Table | None:
     return table
 
 
+def worker_table(stats: Stats) -> Table | None:
+    """One row per live worker; None when none beats (or affinity is off)."""
+    if not stats.workers:
+        return None
+    table = Table(title="workers (shard affinity)", title_justify="left")
+    for name in ("worker", "last beat", "shards read"):
+        table.add_column(name, justify="right" if name == "last beat" else "left")
+    for w in stats.workers:
+        table.add_row(w.name, idle_text(w.last_beat_ms) + " ago",
+                      ",".join(map(str, w.shards)) or "-")
+    return table
+
+
 def render(stats: Stats, console: Console) -> None:
     """Print the tables (and what ``~`` in the lag column means, when it is used)."""
     parts: list[Any] = [shard_table(stats)]
-    consumers = consumer_table(stats)
-    if consumers is not None:
-        parts.append(consumers)
+    for extra in (consumer_table(stats), worker_table(stats)):
+        if extra is not None:
+            parts.append(extra)
     if any(not s.lag_exact for s in stats.shards):
         parts.append("~ lag = length - pending (Redis reported no lag)")
     console.print(Group(*parts))

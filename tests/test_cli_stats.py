@@ -159,3 +159,31 @@ def test_a_command_the_user_may_not_run_gives_one_line(
     assert line.startswith("processor stats: Redis at redis://viewer:***@")
     assert "no permissions to run the 'xinfo'" in line
     assert "view-pw" not in err
+
+
+async def test_stats_lists_the_live_workers_and_their_shards(
+    redis_url: str, namespace: str
+) -> None:
+    shards = 3
+    async with Harness(redis_url, namespace, shards) as harness:
+        workers = await harness.start_workers(2)
+        names = sorted(w.consumer for w in workers)
+
+        async def settled() -> bool:
+            return all(w.worker.membership.live == names for w in workers)
+
+        await harness.wait_for(settled, 5, "the workers to see each other")
+        code, out, err = await arun(redis_url, namespace, shards, "stats", "--json")
+        assert code == 0, err
+        code, table, err = await arun(redis_url, namespace, shards, "stats")
+        assert code == 0, err
+        owned = {w.consumer: sorted(w.worker.membership.owned) for w in workers}
+    listed = json.loads(out)["workers"]
+    assert [w["name"] for w in listed] == names
+    for w in listed:
+        assert w["shards"] == owned[w["name"]]
+        assert 0 <= w["last_beat_ms"] < 5000
+    assert sorted(s for w in listed for s in w["shards"]) == [0, 1, 2]
+    rows = [row for row in table_rows(table) if len(row) == 3 and row[0] in names]
+    assert {row[0]: row[2] for row in rows} == {
+        name: ",".join(map(str, shards_read)) for name, shards_read in owned.items()}
