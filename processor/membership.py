@@ -47,6 +47,11 @@ class Membership:
         self.rescued: frozenset[int] = frozenset()
         metrics.shards_read.set(namespace.shards)
 
+    @property
+    def beat_period(self) -> float:
+        """Seconds between beats."""
+        return self.ttl_ms / 1000 / BEATS_PER_TTL
+
     def reads(self, shard: int) -> bool:
         """Whether to read new entries from ``shard`` now."""
         return shard in self.owned or shard in self.rescued
@@ -103,10 +108,9 @@ class Membership:
         nothing anyway, and the others take its shards after the TTL."""
         if not self.enabled:
             return
-        period = self.ttl_ms / 1000 / BEATS_PER_TTL
         while not stopping.is_set():
             try:
-                await asyncio.wait_for(stopping.wait(), timeout=period)
+                await asyncio.wait_for(stopping.wait(), timeout=self.beat_period)
                 return
             except TimeoutError:
                 pass

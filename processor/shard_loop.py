@@ -73,7 +73,7 @@ class ShardLoop:
     _apply_isolated: Callable[..., Awaitable[None]]
     _take_back: Callable[[Shard], Awaitable[None]]
     ensure_groups: Callable[[], Awaitable[None]]
-    sweep: Callable[[Shard], Awaitable[None]]
+    sweep: Callable[[Shard, bool], Awaitable[None]]
     reclaim: Callable[[Shard], Awaitable[None]]
 
     stopping: bool  # Worker's property: stop() was called
@@ -130,15 +130,17 @@ class ShardLoop:
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(shard, batch)
-                if not self.membership.reads(shard.index):
-                    # Its readers sweep and reclaim it: a turn finalised
-                    # here would be replayed, not taken from their copies.
-                    continue
                 now = time.monotonic()
+                reads = self.membership.reads(shard.index)
                 if now >= next_sweep:
-                    await self._guarded(shard, self._retrying, self.sweep, shard)
-                    next_sweep = now + self.config.sweep_interval
-                if now >= next_reclaim:
+                    # A shard this worker does not read gets a slow sweep
+                    # for cancels only, so that a cancel is published within
+                    # a beat even while the shard's readers are dead; its
+                    # readers finalise the rest, from their own copies.
+                    await self._guarded(shard, self._retrying, self.sweep, shard, reads)
+                    next_sweep = now + (self.config.sweep_interval if reads
+                                        else self.membership.beat_period)
+                if reads and now >= next_reclaim:
                     await self._guarded(shard, self._retrying, self.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
             finally:

@@ -365,8 +365,10 @@ class Worker(ShardLoop, Recovery):
             self.metrics.settled.labels("replay").inc()
             return settle(key, turn_hash, recs or {}, reason, limits, now, agui)
 
-    async def sweep(self, shard: Shard) -> None:
-        """Finalise turns made ready, timed out or cancelled while no entry came."""
+    async def sweep(self, shard: Shard, whole: bool = True) -> None:
+        """Finalise turns made ready, timed out or cancelled while no entry
+        came; with ``whole=False`` (a shard this worker does not read) only
+        the cancelled ones."""
         cfg = self.config
         start = self._cursor.get(shard.index, 0)
         # Sized from the active count the last sweep saw (this one learns it).
@@ -374,8 +376,8 @@ class Worker(ShardLoop, Recovery):
                             cfg.sweep_interval)
         _now, ready, expired, active, count = await self.scripts.sweep_shard(
             keys=[shard.updates, shard.active, shard.closing],
-            args=[cfg.group, int(cfg.limits.turn_timeout * 1000), self.options.ready_limit,
-                  start, size],
+            args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
+                  self.options.ready_limit if whole else 0, start, size],
         )
         self._active[shard.index] = int(count)
         self._cursor[shard.index] = 0 if start + size >= count else start + len(active)

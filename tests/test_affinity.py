@@ -189,3 +189,38 @@ async def test_a_shard_whose_live_owner_stalls_is_read_by_another(redis_url: str
                 assert a.worker.metrics.consumed.labels(str(s), "read")._value.get() > 0
         finally:
             beating.cancel()
+
+
+async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover(
+    redis_url: str,
+) -> None:
+    """Shards a worker does not read still get a sweep for cancels every
+    beat: a cancel is published even while the shard's reader is dead and
+    not yet taken for dead (a long TTL here)."""
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=10.0) as h:
+        a, b = await h.start_workers(2)
+        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        theirs = sorted(b.worker.membership.owned)
+        assert theirs, "b reads no shard: pick other names"
+        rid = next(f"c{i}" for i in range(1000)
+                   if h.shard_of({"response_id": f"c{i}"}).index == theirs[0])
+        await h.add([{"response_id": rid, "update": '{"contents": [{"type": "text", '
+                      '"text": "hi"}], "role": "assistant", "message_id": "m"}'}])
+        await _until(lambda: b.worker.metrics.stored._value.get() >= 1, 5, "b to apply it")
+
+        async def silent() -> None:
+            pass
+
+        b.worker.membership.leave = silent  # type: ignore[method-assign]
+        b.task.cancel()  # dies without a word: its shards stay its own for 10 s
+        h.workers.remove(b)
+        await h.cancel(rid)
+        started = time.monotonic()
+        await h.wait_merged(1, timeout=5)
+        assert time.monotonic() - started < 5
+        assert a.worker.membership.owned.isdisjoint(theirs)  # no takeover yet
+        outputs = await h.outputs()
+        assert outputs.merged_count == 1
+        (turn,) = outputs.turns.values()
+        assert turn.merged[0]["status"] == "cancelled"
+        await b.client.aclose()

@@ -8,7 +8,9 @@ a slice of the active turns to check for cancellation keys.
 KEYS[1] updates stream   KEYS[2] active zset   KEYS[3] closing zset
 
 ARGV[1] consumer group   ARGV[2] turn timeout (ms)
-ARGV[3] ready limit      ARGV[4] active slice start   ARGV[5] active slice size
+ARGV[3] ready limit (most closing and timed-out turns returned; 0 for
+        none: a worker sweeping a shard it does not read, for cancels only)
+ARGV[4] active slice start   ARGV[5] active slice size
 
 Returns { now_ms, ready closing members, timed-out tks, active slice tks, active count }
 ]==]
