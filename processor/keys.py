@@ -21,8 +21,9 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
 - ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
-- ``{ns}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
-  workers of a group that split the shards (shard affinity)
+- ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
+  workers of a group that split the shards (shard affinity); one per
+  namespace, under shard 0's hash tag
 
 ``<tk>`` is :meth:`processor.ids.TurnKey.encode`.
 """
@@ -111,9 +112,9 @@ class Namespace:
         return [Shard(self.name, i) for i in range(self.shards)]
 
     def workers(self, group: str) -> str:
-        """The live workers of consumer group ``group`` (not per shard: its
-        own hash tag, touched by ``beat_worker`` alone)."""
-        return f"{{{self.name}}}:workers:{group}"
+        """The live workers of consumer group ``group``: one key for the
+        namespace, under shard 0's hash tag (touched by ``beat_worker`` alone)."""
+        return f"{self.shard(0).tag}:workers:{group}"
 
     def shard_for(self, routing_id: str) -> Shard:
         """The shard of a turn: from its response_id, or its turn_id when it has none."""

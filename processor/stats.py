@@ -3,7 +3,7 @@
 Per shard: the ``updates`` stream's length, the consumer group's lag and
 pending count, its consumers with their idle time, the active and closing
 turns (the worker's ``active`` and ``closing`` zsets) and the lengths of the
-output streams. Then the live workers (``{ns}:workers:<group>``), each with
+output streams. Then the live workers (``{ns:0}:workers:<group>``), each with
 its last beat and the shards shard affinity gives it. Read-only: XINFO
 STREAM / GROUPS / CONSUMERS, XLEN, ZCARD, ZRANGE and TIME, one key at a
 time, so it works the same on one node and on a Redis Cluster.
