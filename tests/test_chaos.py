@@ -17,18 +17,23 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from chaos import ChaosConfig, ChaosRun
 from worker_harness import Harness
 
 from processor.lifecycle import Limits
 
 
-async def test_chaos_soak(make_redis_server, namespace: str, tmp_path) -> None:
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_chaos_soak(make_redis_server, namespace: str, tmp_path, shards: int) -> None:
+    """With one shard every worker reads it; with three, the workers split
+    them (shard affinity) while they are killed and restarted under it."""
     server = make_redis_server(appendonly=True)  # appendfsync always
     assert server.appendonly
     turns = int(os.environ.get("PROCESSOR_CHAOS_TURNS", "150"))
     cfg = ChaosConfig(
         turns=turns,
+        shards=shards,
         seed=int(os.environ.get("PROCESSOR_CHAOS_SEED", "1")),
         produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "15")),
     )
