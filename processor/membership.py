@@ -105,7 +105,8 @@ class Membership:
     async def run(self, stopping: asyncio.Event) -> None:
         """Beat every ``ttl / 5`` seconds until ``stopping`` is set. A failed
         beat keeps the last view: a worker that cannot reach Redis reads
-        nothing anyway, and the others take its shards after the TTL."""
+        nothing anyway, and the others take its shards after the TTL. A
+        failure of another kind is counted as a failed step and logged."""
         if not self.enabled:
             return
         while not stopping.is_set():
@@ -118,6 +119,9 @@ class Membership:
                 await self.beat()
             except (*TRANSIENT, ResponseError) as exc:
                 log.warning("worker heartbeat failed", extra={"error": repr(exc)})
+            except Exception as exc:  # a bug or an odd reply: never the worker's end
+                self.metrics.step_failed(exc)
+                log.exception("worker heartbeat failed unexpectedly")
 
     async def leave(self) -> None:
         """Leave the live set, so the others take this worker's shards now."""

@@ -9,6 +9,7 @@ import random
 import time
 import uuid
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import random_turn
@@ -161,10 +162,20 @@ async def test_the_shards_of_a_worker_that_dies_go_to_the_others(redis_url: str)
         await b.client.aclose()
 
 
-async def test_a_shard_whose_live_owner_stalls_is_read_by_another(redis_url: str) -> None:
+@pytest.mark.parametrize("topology", ["single", "cluster"])
+async def test_a_shard_whose_live_owner_stalls_is_read_by_another(
+    request: pytest.FixtureRequest, topology: str
+) -> None:
     """A consumer that beats but never reads (a hung shard loop) owns a
-    shard or more: after the TTL the real worker reads them anyway."""
-    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+    shard or more: after the TTL the real worker reads them anyway (on a
+    Redis Cluster too, where the beat set and each shard sit on their own
+    nodes)."""
+    cluster = topology == "cluster"
+    url = (request.getfixturevalue("redis_cluster") if cluster
+           else request.getfixturevalue("redis_url"))
+    url = url.url if cluster else url
+    async with Harness(url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0,
+                       cluster=cluster) as h:
         key = h.ns.workers(h.group)
         beat = h.client.register_script(source("beat_worker"))
         # A name that owns a shard beside the worker to come (named w1).
@@ -224,3 +235,23 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
         (turn,) = outputs.turns.values()
         assert turn.merged[0]["status"] == "cancelled"
         await b.client.aclose()
+
+
+async def test_a_failing_beat_is_counted_and_the_worker_goes_on(redis_url: str) -> None:
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=0.5) as h:
+        a = await h.start_worker()
+        membership = a.worker.membership
+        real, failures = membership._script, []
+
+        async def broken(**_kwargs: object) -> None:
+            failures.append(1)
+            raise RuntimeError("an odd reply")
+
+        membership._script = broken  # type: ignore[assignment]
+        await _until(lambda: failures, 3, "a beat to fail")
+        membership._script = real
+        assert a.worker.metrics.step_failures._value.get() >= 1
+        arrival = _arrival("after", 50, 11)
+        await h.add(arrival)
+        await h.wait_merged(len(offline_results(arrival)))
+        h.assert_workers_alive()
