@@ -103,15 +103,18 @@ class Membership:
         return stalled(idle, owners, undelivered, self.ttl_ms)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Beat every ``ttl / 5`` seconds until ``stopping`` is set. A failed
-        beat keeps the last view: a worker that cannot reach Redis reads
-        nothing anyway, and the others take its shards after the TTL. A
-        failure of another kind is counted as a failed step and logged."""
+        """Beat every ``ttl / 5`` seconds until ``stopping`` is set, then
+        leave at once: a draining worker reads nothing new, so the others
+        take its shards while it applies what it read. A failed beat keeps
+        the last view: a worker that cannot reach Redis reads nothing
+        anyway, and the others take its shards after the TTL. A failure of
+        another kind is counted as a failed step and logged."""
         if not self.enabled:
             return
-        while not stopping.is_set():
+        while True:
             try:
                 await asyncio.wait_for(stopping.wait(), timeout=self.beat_period)
+                await self.leave()
                 return
             except TimeoutError:
                 pass
