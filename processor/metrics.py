@@ -116,6 +116,8 @@ class Metrics:
         self.shards_read = Gauge(
             "processor_shards_read", "Shards this worker reads new entries from: those "
             "shard affinity gives it, plus any whose owners stalled", registry=r)
+        # The merged and terminal counters' children by turn status.
+        self._published: dict[str, tuple[Counter, Counter]] = {}
         self.heartbeat = Gauge(
             "processor_loop_heartbeat_seconds", "Unix time of the event loop's last "
             "heartbeat", registry=r)
@@ -153,9 +155,14 @@ class Metrics:
         for (_key, _version, outcome), result in zip(settled, results, strict=True):
             if int(result) != 1:
                 continue
-            status = label(outcome.status)
-            self.merged.labels(status).inc()
-            self.terminal.labels(status).inc()
+            status = outcome.status
+            children = self._published.get(status)
+            if children is None:  # (labels() and label() cost more than the inc)
+                value = label(status)
+                children = self._published[status] = (self.merged.labels(value),
+                                                      self.terminal.labels(value))
+            children[0].inc()
+            children[1].inc()
             if status == "cancelled":
                 self.cancels.inc()
             for reason in dead_letter_reasons(outcome.dead_letters):
