@@ -213,6 +213,7 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
         await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
         theirs = sorted(b.worker.membership.owned)
         assert theirs, "b reads no shard: pick other names"
+        await asyncio.sleep(0.5)  # a's reads already blocking when it saw b end
         rid = next(f"c{i}" for i in range(1000)
                    if h.shard_of({"response_id": f"c{i}"}).index == theirs[0])
         await h.add([{"response_id": rid, "update": '{"contents": [{"type": "text", '
