@@ -9,7 +9,8 @@ directory), builds the workload (:mod:`workload`), and measures, in order:
 the drain, ``processor run`` with 1, 2 and 4 workers on one shard and with 2
 and 4 workers on as many shards (shard affinity), the FastStream peer,
 latency at half the 1-worker throughput, Redis memory per active turn and
-after the drain, and a worker's RSS over a long run; then refreshes the pure
+after the drain, a worker's RSS over a long run and, with ``--profile`` and
+``--pyinstrument``, one worker under py-spy and under pyinstrument; then refreshes the pure
 merge (``bench/merge_bench.py``) and cancellation (``bench/cancel_bench.py``)
 sections by running those scripts. Needs the ``bench`` extra
 (``pip install -e '.[test,bench]'``).
@@ -62,6 +63,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="TURNS",
                    help="an extra 1-worker run over this many turns under py-spy, for the "
                         "profile section (0: none)")
+    p.add_argument("--pyinstrument", type=int, default=0, metavar="TURNS",
+                   help="an extra 1-worker run over this many turns under pyinstrument, for "
+                        "the call-tree section (0: none)")
     p.add_argument("--skip-merge", action="store_true", help="do not run bench/merge_bench.py")
     p.add_argument("--skip-cancel", action="store_true", help="do not run bench/cancel_bench.py")
     p.add_argument("--repeat", type=int, default=None,
@@ -160,6 +164,16 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["profiled"] = await scenarios.processor(ctx_prof, head, 1, log_dir / "worker.pyspy",
                                                       flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
+        if args.pyinstrument:
+            head = work.head(min(args.pyinstrument, len(work.turns)))
+            ctx_tree = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:tree")
+            await workload.make_template(client, ctx_tree.template, head, ["processor"])
+            tree = log_dir / "worker.pyinstrument.txt"
+            r["tree"] = await scenarios.processor(
+                ctx_tree, head, 1, flags=args.worker_flags,
+                launcher=scenarios.pyinstrument_launcher(tree))
+            r["tree_file"] = tree
+            say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
@@ -245,6 +259,10 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         report.write_section(PAGE, "e2e-profile",
                              report.profile_section(Path(prof.profile), prof),
                              after="e2e-memory")
+    if "tree" in r:
+        report.write_section(PAGE, "e2e-pyinstrument",
+                             report.pyinstrument_section(r["tree_file"], r["tree"]),
+                             after="e2e-profile")
     say(f"{'docs':>24}: updated {PAGE.relative_to(ROOT)} and its charts")
 
 

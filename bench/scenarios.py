@@ -231,15 +231,17 @@ async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 async def processor(
     ctx: Ctx, work: Workload, workers: int, profile: Path | None = None,
-    flags: tuple[str, ...] = (), shards: int = 1,
+    flags: tuple[str, ...] = (), shards: int = 1, launcher: tuple[str, ...] = (),
 ) -> Throughput:
-    """``workers`` ``processor run`` processes (with extra ``flags``) on the
-    stream, or on ``shards`` shards of it (templates :func:`shard_template`)."""
+    """``workers`` ``processor run`` processes (with extra ``flags``, started
+    through ``launcher``, e.g. pyinstrument) on the stream, or on ``shards``
+    shards of it (templates :func:`shard_template`)."""
     client, ns = ctx.client, f"e2e{workers}s{shards}"
     turns = [len(part.turns) for part in work.split(shards)] if shards > 1 else [len(work.turns)]
     async with Harness(ctx.url, ns, shards, log_dir=ctx.log_dir) as harness:
         ports = [free_port() for _ in range(workers)]
-        subs = [harness.spawn(None, "--log-level", "info", *flags, metrics_port=port)
+        subs = [harness.spawn(None, "--log-level", "info", *flags, metrics_port=port,
+                              launcher=launcher)
                 for port in ports]
         try:
             await harness.wait_started(subs, timeout=120)
@@ -285,6 +287,14 @@ async def make_shard_templates(ctx: Ctx, work: Workload, shards: int) -> None:
     for index, part in enumerate(work.split(shards)):
         await workload.make_template(ctx.client, shard_template(ctx, shards, index), part,
                                      ["processor"])
+
+
+def pyinstrument_launcher(out: Path) -> tuple[str, ...]:
+    """``python -m pyinstrument`` writing a text call tree to ``out`` when
+    the worker exits (SIGTERM: it drains and returns): wall-clock samples
+    every ms, the event loop's callbacks and the coroutine steps they run."""
+    return ("-m", "pyinstrument", "--renderer", "text", "--no-color", "--outfile", str(out),
+            "--interval", "0.001", "-p", "processor_options.filter_threshold=0.01")
 
 
 async def settled_by_source(ports: list[int]) -> dict[str, float]:

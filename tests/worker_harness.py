@@ -167,13 +167,15 @@ class Harness:
 
     # ------------------------------------------------------------ subprocesses
 
-    def spawn(self, consumer: str | None = None, *extra: str, **options: Any) -> SubprocessWorker:
+    def spawn(self, consumer: str | None = None, *extra: str, launcher: Iterable[str] = (),
+              **options: Any) -> SubprocessWorker:
         """``python -m processor.cli run`` on this namespace. ``options`` become
         flags: ``reclaim_idle_ms=500`` -> ``--reclaim-idle-ms 500``,
-        ``progress=True`` -> ``--progress``."""
+        ``progress=True`` -> ``--progress``. ``launcher`` goes between the
+        interpreter and ``-m processor.cli`` (e.g. ``-m pyinstrument ...``)."""
         self._serial += 1
         consumer = consumer or f"p{self._serial}"
-        args = [sys.executable, "-m", "processor.cli", "run", "--redis-url", self.url,
+        args = [sys.executable, *launcher, "-m", "processor.cli", "run", "--redis-url", self.url,
                 "--namespace", self.ns.name, "--shards", str(self.ns.shards),
                 "--consumer", consumer]
         for name, value in options.items():
