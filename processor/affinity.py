@@ -19,7 +19,7 @@ Nothing is lost if views disagree or a worker hangs: a worker also reads a
 shard it does not own while that shard has entries nobody has delivered and
 none of its owners has read from it for ``ttl`` (:func:`stalled`).
 
-Pure functions here; the worker (``processor.worker``) does the I/O.
+Pure functions here; :mod:`processor.membership` does the I/O.
 """
 
 from __future__ import annotations

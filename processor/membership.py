@@ -18,13 +18,9 @@ from processor.connections import TRANSIENT, as_text
 from processor.keys import Namespace, Shard
 from processor.metrics import Metrics, find_group
 from processor.scripts import source
+from processor.settle import id_order
 
 log = logging.getLogger("processor.worker")
-
-
-def _id(entry_id: Any) -> tuple[int, int]:
-    ms, _, seq = as_text(entry_id).partition("-")
-    return int(ms), int(seq or 0)
 
 
 class Membership:
@@ -93,7 +89,8 @@ class Membership:
         info = find_group(groups, self.group)
         if info is None or not newest:
             return False
-        undelivered = _id(newest[0][0]) > _id(info.get("last-delivered-id", b"0-0"))
+        delivered = as_text(info.get("last-delivered-id", b"0-0"))
+        undelivered = id_order(as_text(newest[0][0])) > id_order(delivered)
         idle = {}
         for consumer in consumers:
             fields = {as_text(k): v for k, v in consumer.items()}
