@@ -195,7 +195,7 @@ class ShardLoop:
     async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
         if not self.membership.reads(shard.index):
             # Another worker reads this shard (shard affinity): wait as long
-            # as an idle read would, so sweeps and reclaims keep their pace.
+            # as an idle read would, so the loop's cancel sweeps keep their pace.
             await asyncio.sleep(self.config.block_ms / 1000)
             return []
         try:
