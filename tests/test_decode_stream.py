@@ -42,6 +42,12 @@ TEXT = json.dumps({"contents": [{"type": "text", "text": "hi"}], "message_id": "
     {"response_id": "r1", "update": TEXT, "x_unknown": "kept out"},
     {"response_id": "r1", "update": TEXT, "step_id": "s1"},
     {"response_id": "r1", "kind": "end"},
+    {"response_id": "", "kind": "end"},
+    {"response_id": "r" * 300, "kind": "end"},
+    {"response_id": "r\u00e9", "kind": "end"},
+    {"response_id": "r1", "kind": "End"},
+    {"response_id": "r1", "kind": "error"},
+    {"turn_id": "t1", "kind": "end"},
     {"turn_id": "t1", "update": TEXT},
     {"response_id": "r\u00e9", "update": TEXT},
     {"response_id": "r1", "update": TEXT.replace("hi", "h\u00e9")},
@@ -54,6 +60,8 @@ def test_the_usual_and_the_unusual_entries_decode_the_same(fields: dict[str, Any
     result = same(as_stream(fields))
     if fields == {"response_id": "r1", "update": TEXT}:
         assert result[1].kind == "update"  # the fast path was exercised, not an error
+    if fields == {"response_id": "r1", "kind": "end"}:
+        assert result[1].kind == "end"
 
 
 def test_a_turn_seen_before_decodes_the_same_from_bytes_and_from_str() -> None:
@@ -75,6 +83,9 @@ def test_the_size_limit_applies_the_same() -> None:
     fields = as_stream({"response_id": "r1", "update": TEXT})
     assert same(fields, max_entry_bytes=10)[1] == "too_large"
     assert same(fields, max_entry_bytes=len(TEXT) + 19)[0] != "error"
+    end = as_stream({"response_id": "r1", "kind": "end"})  # 11 + 2 + 4 + 3 bytes
+    assert same(end, max_entry_bytes=19)[1] == "too_large"
+    assert same(end, max_entry_bytes=20)[1].kind == "end"
 
 
 @settings(max_examples=300, deadline=None)
