@@ -16,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from latency import Latency, percentile
-from scenarios import Memory, RssRun, Throughput
+from memory_scenarios import Memory, RssRun
+from scenarios import Throughput
 
 MIB = 1 << 20
 DRAIN_TARGET = 0.5

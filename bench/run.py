@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import latency
+import memory_scenarios
 import redis.asyncio
 import report
 import scenarios
@@ -186,7 +187,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 {p[2]:.1f} ms "
                 f"at {lat.achieved:,.0f} updates/s")
         if args.memory_turns:
-            mem = await scenarios.memory(ctx, work.head(args.memory_turns))
+            mem = await memory_scenarios.memory(ctx, work.head(args.memory_turns))
             r["memory"] = mem
             say(f"{'memory':>24}: {(mem.active - mem.before) / mem.turns:,.0f} B per active "
                 f"turn (raw updates {mem.raw_bytes / mem.turns:,.0f} B); after the drain "
@@ -196,7 +197,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             while total < args.rss_updates:
                 rounds.append(work.renamed(f"~r{len(rounds)}"))
                 total += work.updates
-            rss = await scenarios.worker_rss(ctx, rounds)
+            rss = await memory_scenarios.worker_rss(ctx, rounds)
             r["rss"] = rss
             say(f"{'worker RSS':>24}: {rss.points[0][1] / 2**20:.0f} -> "
                 f"{rss.points[-1][1] / 2**20:.0f} MiB over {rss.updates:,} updates")
