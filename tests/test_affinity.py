@@ -90,19 +90,12 @@ def _arrival(prefix: str, turns: int, seed: int) -> list[dict]:
     return interleave([random_turn(rng, f"{prefix}-{i:04d}") for i in range(turns)], rng)
 
 
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_url: str) -> None:
     arrival = _arrival("aff", 400, 7)
     offline = offline_results(arrival)
     async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
         a, b = await h.start_workers(2)
-        await _until(lambda: a.worker.membership.live == b.worker.membership.live ==
+        await h.wait_for(lambda: a.worker.membership.live == b.worker.membership.live ==
                      sorted([a.consumer, b.consumer]), 5, "both workers to see each other")
         owned_a, owned_b = a.worker.membership.owned, b.worker.membership.owned
         assert owned_a | owned_b == set(range(SHARDS)) and not owned_a & owned_b
@@ -133,9 +126,9 @@ async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_ur
 async def test_the_shards_of_a_worker_that_stops_go_to_the_others(redis_url: str) -> None:
     async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
         a, b = await h.start_workers(2)
-        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        await h.wait_for(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
         await h.stop_worker(b)  # leaves the live set on its way out
-        await _until(lambda: a.worker.membership.owned == set(range(SHARDS)), 3,
+        await h.wait_for(lambda: a.worker.membership.owned == set(range(SHARDS)), 3,
                      "a to take every shard")
         arrival = _arrival("left", 100, 8)
         await h.add(arrival)
@@ -145,7 +138,7 @@ async def test_the_shards_of_a_worker_that_stops_go_to_the_others(redis_url: str
 async def test_the_shards_of_a_worker_that_dies_go_to_the_others(redis_url: str) -> None:
     async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
         a, b = await h.start_workers(2)
-        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        await h.wait_for(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
         async def silent() -> None:
             pass
 
@@ -153,7 +146,7 @@ async def test_the_shards_of_a_worker_that_dies_go_to_the_others(redis_url: str)
         b.task.cancel()  # dies without a word: no leave, no more beats
         h.workers.remove(b)
         started = time.monotonic()
-        await _until(lambda: a.worker.membership.owned == set(range(SHARDS)), 5,
+        await h.wait_for(lambda: a.worker.membership.owned == set(range(SHARDS)), 5,
                      "a to take every shard")
         assert time.monotonic() - started > 0.5  # only once b's beats are older than the TTL
         arrival = _arrival("died", 100, 9)
@@ -210,7 +203,7 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
     not yet taken for dead (a long TTL here)."""
     async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=10.0) as h:
         a, b = await h.start_workers(2)
-        await _until(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
+        await h.wait_for(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
         theirs = sorted(b.worker.membership.owned)
         assert theirs, "b reads no shard: pick other names"
         await asyncio.sleep(0.5)  # a's reads already blocking when it saw b end
@@ -218,7 +211,7 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
                    if h.shard_of({"response_id": f"c{i}"}).index == theirs[0])
         await h.add([{"response_id": rid, "update": '{"contents": [{"type": "text", '
                       '"text": "hi"}], "role": "assistant", "message_id": "m"}'}])
-        await _until(lambda: b.worker.metrics.stored._value.get() >= 1, 5, "b to apply it")
+        await h.wait_for(lambda: b.worker.metrics.stored._value.get() >= 1, 5, "b to apply it")
 
         async def silent() -> None:
             pass
@@ -249,7 +242,7 @@ async def test_a_failing_beat_is_counted_and_the_worker_goes_on(redis_url: str) 
             raise RuntimeError("an odd reply")
 
         membership._script = broken  # type: ignore[assignment]
-        await _until(lambda: failures, 3, "a beat to fail")
+        await h.wait_for(lambda: failures, 3, "a beat to fail")
         membership._script = real
         assert a.worker.metrics.step_failures._value.get() >= 1
         arrival = _arrival("after", 50, 11)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
@@ -260,8 +261,9 @@ class Harness:
     # ------------------------------------------------------------ waiting
 
     async def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
+        """Until ``predicate()`` (a bool, or an awaitable of one) is true."""
         deadline = time.monotonic() + timeout
-        while not await predicate():
+        while not await _truth(predicate()):
             self.assert_workers_alive()
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:g} s: {what}\n"
@@ -405,6 +407,10 @@ class Harness:
             sub.proc.wait(10)
         self.procs.clear()
         await self.client.aclose()
+
+
+async def _truth(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _glob(pattern: str) -> str:
