@@ -17,7 +17,6 @@ from processor.affinity import BEATS_PER_TTL, owned_shards, shard_readers, stall
 from processor.connections import TRANSIENT, as_text
 from processor.keys import Namespace, Shard
 from processor.metrics import Metrics, find_group
-from processor.scripts import source
 from processor.settle import id_order
 
 log = logging.getLogger("processor.worker")
@@ -27,8 +26,8 @@ class Membership:
     """Which shards of ``namespace`` this consumer reads (all of them with
     ``enabled=False``, or until the first beat)."""
 
-    def __init__(self, client: Any, namespace: Namespace, group: str, consumer: str,
-                 ttl: float, enabled: bool, metrics: Metrics) -> None:
+    def __init__(self, client: Any, beat_worker: Any, namespace: Namespace, group: str,
+                 consumer: str, ttl: float, enabled: bool, metrics: Metrics) -> None:
         self.client = client
         self.namespace = namespace
         self.group = group
@@ -37,7 +36,7 @@ class Membership:
         self.enabled = enabled
         self.metrics = metrics
         self.key = namespace.workers(group)
-        self._script = client.register_script(source("beat_worker"))
+        self._script = beat_worker  # (Scripts.beat_worker)
         self.live: list[str] = [consumer]
         self.owned = frozenset(range(namespace.shards))
         self.rescued: frozenset[int] = frozenset()

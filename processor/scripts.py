@@ -39,3 +39,4 @@ class Scripts:
         self.sweep_shard = client.register_script(source("sweep_shard"))
         self.send_update = client.register_script(source("send_update"))
         self.compact_turn = client.register_script(source("compact_turn"))
+        self.beat_worker = client.register_script(source("beat_worker"))

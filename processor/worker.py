@@ -134,8 +134,9 @@ class Worker(ShardLoop, Recovery):
         budget = MIRROR_BYTES // config.shards
         self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
                          for s in self.namespace.all()}
-        self.membership = Membership(client, self.namespace, config.group, config.consumer,
-                                     config.worker_ttl, config.affinity, self.metrics)
+        self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
+                                     config.group, config.consumer, config.worker_ttl,
+                                     config.affinity, self.metrics)
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
