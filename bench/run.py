@@ -125,6 +125,16 @@ async def one_round(
     return runs
 
 
+async def one_worker_on(ctx: Ctx, work: Any, turns: int, name: str, *args: Any,
+                        **options: Any) -> Throughput:
+    """An extra 1-worker run (profiled) over the first ``turns`` turns, from a
+    template of their own: ``scenarios.processor(..., *args, **options)``."""
+    head = work.head(min(turns, len(work.turns)))
+    extra = Ctx(ctx.url, ctx.client, ctx.server_pid, ctx.log_dir, f"bench:template:{name}")
+    await workload.make_template(ctx.client, extra.template, head, ["processor"])
+    return await scenarios.processor(extra, head, 1, *args, **options)
+
+
 async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     r: dict[str, Any] = {}
     with EmbeddedRedis() as server:
@@ -159,20 +169,14 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 show(t)
         r["throughput"], r["repeat"] = runs, args.repeat
         if args.profile:
-            head = work.head(min(args.profile, len(work.turns)))
-            ctx_prof = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:profile")
-            await workload.make_template(client, ctx_prof.template, head, ["processor"])
-            r["profiled"] = await scenarios.processor(ctx_prof, head, 1, log_dir / "worker.pyspy",
-                                                      flags=args.worker_flags)
+            r["profiled"] = await one_worker_on(ctx, work, args.profile, "profile",
+                                                log_dir / "worker.pyspy", flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
         if args.pyinstrument:
-            head = work.head(min(args.pyinstrument, len(work.turns)))
-            ctx_tree = Ctx(ctx.url, client, ctx.server_pid, log_dir, "bench:template:tree")
-            await workload.make_template(client, ctx_tree.template, head, ["processor"])
             tree = log_dir / "worker.pyinstrument.txt"
-            r["tree"] = await scenarios.processor(
-                ctx_tree, head, 1, flags=args.worker_flags,
-                launcher=scenarios.pyinstrument_launcher(tree))
+            r["tree"] = await one_worker_on(ctx, work, args.pyinstrument, "tree",
+                                            flags=args.worker_flags,
+                                            launcher=scenarios.pyinstrument_launcher(tree))
             r["tree_file"] = tree
             say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
