@@ -1,0 +1,100 @@
+"""How long one worker's event loop waits on Redis.
+
+Runs one :class:`~processor.worker.Worker` in this process over the
+end-to-end workload (``--turns`` turns, a server-side ``COPY`` of a
+pre-filled stream, as ``bench/run.py`` does) and prints, per round, the
+throughput, the wall and CPU seconds, and the seconds its event loop spent
+blocked in ``select`` with nothing to run: the time that better overlap of
+the worker's Python with redis-server's scripts could win at most. Starts
+its own redis-server::
+
+    python bench/loop_idle.py [--turns 3000] [--rounds 3]
+
+A diagnostic for trying a change to the shard loop (compare the idle
+seconds, which move less with the machine's load than the throughput),
+not a figure of ``docs/benchmarks.md``'s tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import selectors
+import time
+from typing import Any
+
+import redis.asyncio
+import workload
+
+from processor.embedded import EmbeddedRedis
+from processor.keys import Namespace
+from processor.worker import Worker, WorkerConfig
+
+TEMPLATE = "loop_idle:template"
+
+
+class IdleClock:
+    """Seconds the event loop's selector spent blocked, since the last ``reset``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._select = selectors.EpollSelector.select
+
+    def install(self) -> None:
+        clock, select = self, self._select
+
+        def timed(selector: selectors.EpollSelector, timeout: float | None = None) -> Any:
+            started = time.perf_counter()
+            try:
+                return select(selector, timeout)
+            finally:
+                clock.seconds += time.perf_counter() - started
+
+        selectors.EpollSelector.select = timed  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+
+
+async def one_round(client: Any, work: workload.Workload, index: int,
+                    idle: IdleClock) -> tuple[float, float, float]:
+    """Wall, CPU and idle seconds of one worker over the whole stream."""
+    namespace = f"loop_idle{index}"
+    shard = next(iter(Namespace(namespace, 1).all()))
+    worker = Worker(client, WorkerConfig(namespace=namespace))
+    task = asyncio.create_task(worker.run())
+    await worker.ready.wait()
+    await asyncio.sleep(0.3)  # its first idle reads are under way
+    idle.reset()
+    cpu, wall = time.process_time(), time.perf_counter()
+    await client.copy(TEMPLATE, shard.updates, replace=True)
+    while await client.xlen(shard.merged) < len(work.turns):
+        await asyncio.sleep(0.005)
+    result = time.perf_counter() - wall, time.process_time() - cpu, idle.seconds
+    worker.stop()
+    await task
+    async for key in client.scan_iter(match="{" + namespace + ":*"):
+        await client.delete(key)
+    return result
+
+
+async def main(turns: int, rounds: int) -> None:
+    idle = IdleClock()
+    idle.install()
+    with EmbeddedRedis() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        work = workload.build(turns)
+        await workload.make_template(client, TEMPLATE, work, [WorkerConfig().group])
+        for index in range(rounds):
+            wall, cpu, waited = await one_round(client, work, index, idle)
+            print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
+                  f"CPU {cpu:.2f} s  loop idle {waited:.2f} s", flush=True)
+        await client.aclose()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main(args.turns, args.rounds))
