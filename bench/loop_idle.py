@@ -8,11 +8,15 @@ blocked in ``select`` with nothing to run: the time that better overlap of
 the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
-    python bench/loop_idle.py [--turns 3000] [--rounds 3]
+    python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
 
 A diagnostic for trying a change to the shard loop (compare the idle
 seconds, which move less with the machine's load than the throughput),
-not a figure of ``docs/benchmarks.md``'s tables.
+not a figure of ``docs/benchmarks.md``'s tables. ``--free-decode-merge``
+bounds what a faster decode and merge could give: every entry's decoding
+is looked up in a table built before the clock starts, and ``Turn.apply``
+skips updates (the responses come out empty; everything else, the scripts,
+the records stored, the worker's copies and the outputs, runs as usual).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any
 import redis.asyncio
 import workload
 
+from processor import batches, merge
+from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 from processor.worker import Worker, WorkerConfig
@@ -78,13 +84,39 @@ async def one_round(client: Any, work: workload.Workload, index: int,
     return result
 
 
-async def main(turns: int, rounds: int) -> None:
+def free_decode_merge(work: workload.Workload) -> None:
+    """Make decoding a dict lookup and merging an update nothing (see the docstring)."""
+    table: dict[bytes, Any] = {}
+    for entry in work.entries:
+        fields = {k.encode(): v.encode() for k, v in entry.items()}
+        table[_lookup_key(fields)] = decode_stream_entry(fields)
+
+    def decoded(fields: dict[bytes, bytes], max_entry_bytes: int = 0) -> Any:
+        return table[_lookup_key(fields)]
+
+    def apply(turn: merge.Turn, record: Any) -> None:
+        if record.update is None:
+            merge_apply(turn, record)
+
+    merge_apply = merge.Turn.apply
+    batches.decode_stream_entry = decoded  # type: ignore[assignment]
+    merge.Turn.apply = apply  # type: ignore[method-assign]
+
+
+def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
+    update = fields.get(b"update")
+    return update if update is not None else fields[b"response_id"] + b"|" + fields[b"kind"]
+
+
+async def main(turns: int, rounds: int, free: bool) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
         client = redis.asyncio.Redis.from_url(server.url)
         work = workload.build(turns)
         await workload.make_template(client, TEMPLATE, work, [WorkerConfig().group])
+        if free:
+            free_decode_merge(work)
         for index in range(rounds):
             wall, cpu, waited = await one_round(client, work, index, idle)
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
@@ -96,5 +128,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--free-decode-merge", action="store_true",
+                        help="decoding a table lookup, merging an update nothing")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds))
+    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge))
