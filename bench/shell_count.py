@@ -1,0 +1,115 @@
+"""Instruction counts for the worker's Python around decode and merge.
+
+``bench/loop_idle.py --free-decode-merge`` showed that decode and merge are
+about a fifth of one worker's CPU; this counts the rest of the worker's own
+Python per entry, without Redis or the event loop, so that a change to it
+can be measured under ``valgrind --tool=callgrind`` (stable under load,
+unlike timings on a shared machine). Each side runs the steps of a shard
+loop on the end-to-end workload's entries as redis-py returns them (bytes),
+in batches of 500, with the replies ``apply_entries`` would give made up
+(every entry stored, so every turn keeps its copy)::
+
+    for side in none decode build follow finish; do
+        valgrind --tool=callgrind --callgrind-out-file=/tmp/sc.$side \\
+            python bench/shell_count.py $side [--turns 400]
+    done
+    # instructions per entry of a step: (cg.<side> - cg.<previous side>) / entries
+
+Sides, each doing what the one before does and more: ``none`` (the
+entries built, nothing else), ``decode`` (``decode_stream_entry`` per
+entry), ``build`` (``build_apply`` per batch, which decodes too, instead),
+``follow`` (``Mirrors.update`` per batch: the worker's copy of each turn,
+merge included), ``finish`` (``render`` of each turn whose end was fed, as
+a finalise from the worker's copy does). ``python bench/shell_count.py
+SIDE`` alone prints the entries and turns and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+
+import workload
+
+from processor.batches import ApplyCall, build_apply
+from processor.decode import decode_stream_entry
+from processor.ids import TurnKey
+from processor.keys import Namespace
+from processor.mirror import Mirrors, Version
+from processor.settle import render
+from processor.worker import WorkerConfig
+
+SIDES = ("none", "decode", "build", "follow", "finish")
+BATCH = 500
+NOW_MS = 1_700_000_000_000
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+def batches(turns: int) -> list[list[Entry]]:
+    """The workload's entries as XREADGROUP replies of BATCH entries."""
+    work = workload.build(turns)
+    entries = [(f"{NOW_MS}-{i}".encode(), {k.encode(): v.encode() for k, v in e.items()})
+               for i, e in enumerate(work.entries)]
+    return [entries[i:i + BATCH] for i in range(0, len(entries), BATCH)]
+
+
+def versions(call: ApplyCall, mirrors: Mirrors) -> dict[TurnKey, Version]:
+    """What ``apply_entries`` reports when it stores every entry of the call."""
+    stored: dict[TurnKey, int] = {}
+    for entry in call.applied:
+        stored[entry.key] = stored.get(entry.key, 0) + 1
+    out = {}
+    for key, count in stored.items():
+        mirror = mirrors.turns.get(key)
+        before = mirror.version if mirror is not None else 0
+        out[key] = Version(before, before + count, count, str(NOW_MS))
+    return out
+
+
+def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
+    """The turns among ``keys`` whose copy has an outcome (their end was fed)."""
+    return [key for key in keys
+            if (m := mirrors.turns.get(key)) is not None and m.replay.life.outcome is not None]
+
+
+def run(side: str, replies: list[list[Entry]]) -> None:
+    config = WorkerConfig(namespace="count")
+    shard = next(iter(Namespace(config.namespace, 1).all()))
+    options = config.batch_options()
+    mirrors = Mirrors(config.limits)
+    for entries in replies:
+        if side == "decode":
+            for _id, fields in entries:
+                decode_stream_entry(fields)
+            continue
+        if side == "none":
+            continue
+        call = build_apply(shard, entries, {}, options, NOW_MS)
+        if side == "build":
+            continue
+        fresh = mirrors.update(call.applied, versions(call, mirrors), newest=True)
+        if side == "follow":
+            continue
+        for key in ended(mirrors, iter(fresh)):
+            copy = mirrors.take(key)
+            assert copy is not None
+            render(key, copy.replay, copy.turn_hash(), "closing", NOW_MS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("side", choices=SIDES)
+    parser.add_argument("--turns", type=int, default=400)
+    args = parser.parse_args()
+    replies = batches(args.turns)
+    started = time.perf_counter()
+    run(args.side, replies)
+    took = time.perf_counter() - started
+    count = sum(len(b) for b in replies)
+    print(f"{args.side}: {count:,} entries, {args.turns} turns, {took:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
