@@ -9,9 +9,10 @@ loop on the end-to-end workload's entries as redis-py returns them (bytes),
 in batches of 500, with the replies ``apply_entries`` would give made up
 (every entry stored, so every turn keeps its copy)::
 
+    python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
     for side in none decode build follow finish; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/sc.$side \\
-            python bench/shell_count.py $side [--turns 400]
+            python bench/shell_count.py $side --turns 400 --entries /tmp/sc.entries
     done
     # instructions per entry of a step: (cg.<side> - cg.<previous side>) / entries
 
@@ -29,7 +30,9 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import msgspec
 import workload
 
 from processor.batches import ApplyCall, build_apply
@@ -45,10 +48,24 @@ BATCH = 500
 NOW_MS = 1_700_000_000_000
 
 Entry = tuple[bytes, dict[bytes, bytes]]
+_cached = msgspec.msgpack.Decoder(tuple[int, list[list[Entry]]])
 
 
-def batches(turns: int) -> list[list[Entry]]:
-    """The workload's entries as XREADGROUP replies of BATCH entries."""
+def batches(turns: int, cache: Path | None = None) -> list[list[Entry]]:
+    """The workload's entries as XREADGROUP replies of BATCH entries, read
+    from ``cache`` if it has them (building them under callgrind takes a
+    minute) or built and written there."""
+    if cache is not None and cache.exists():
+        found = _cached.decode(cache.read_bytes())
+        if found[0] == turns:
+            return found[1]
+    replies = _build(turns)
+    if cache is not None:
+        cache.write_bytes(msgspec.msgpack.encode((turns, replies)))
+    return replies
+
+
+def _build(turns: int) -> list[list[Entry]]:
     work = workload.build(turns)
     entries = [(f"{NOW_MS}-{i}".encode(), {k.encode(): v.encode() for k, v in e.items()})
                for i, e in enumerate(work.entries)]
@@ -102,8 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("side", choices=SIDES)
     parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--entries", type=Path, help="a file to keep the built entries in")
     args = parser.parse_args()
-    replies = batches(args.turns)
+    replies = batches(args.turns, args.entries)
     started = time.perf_counter()
     run(args.side, replies)
     took = time.perf_counter() - started
