@@ -67,14 +67,16 @@ class ApplyCall:
         return [*self.head, _pack.encode(self.entries)]
 
 
+#: The msgpack str headers of lengths below 256 (fixstr, then str 8), made once.
+_STR_HEADS = [bytes((0xA0 | n,)) if n < 32 else b"\xd9" + bytes((n,)) for n in range(256)]
+
+
 def msgpack_str(value: bytes) -> msgspec.Raw:
     """Bytes as a msgpack *str*: Redis's Lua cmsgpack cannot decode the bin
     types msgspec writes for bytes, and a str is kept byte for byte."""
     n = len(value)
-    if n < 32:
-        head = bytes((0xA0 | n,))
-    elif n < 0x100:
-        head = b"\xd9" + n.to_bytes(1, "big")
+    if n < 0x100:
+        head = _STR_HEADS[n]  # most records: no header to build
     elif n < 0x10000:
         head = b"\xda" + n.to_bytes(2, "big")
     else:
