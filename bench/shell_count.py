@@ -10,6 +10,7 @@ in batches of 500, with the replies ``apply_entries`` would give made up
 (every entry stored, so every turn keeps its copy)::
 
     python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
+    export PYTHONHASHSEED=0  # else str hashing moves a side by up to ~1,200 per entry
     for side in none decode build follow finish; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/sc.$side \\
             python bench/shell_count.py $side --turns 400 --entries /tmp/sc.entries
