@@ -21,11 +21,11 @@ import pytest
 from agent_framework import AgentResponse, AgentResponseUpdate, Content
 from expectations import check_invariants, scenario_lines, scenario_names
 from hypothesis import HealthCheck, given, settings
+from merging import merge_entries
 from strategies import UNKNOWN_TYPE, random_turn, turns
 
 from processor.decode import decode_entry
 from processor.events import encode_response
-from processor.merge import Turn
 from processor.offline import merge_lines
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -306,13 +306,7 @@ def _dotnet_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _response_of(entries: list[dict[str, Any]]) -> str:
-    turn = None
-    for entry in entries:
-        key, record = decode_entry(entry)
-        turn = turn or Turn(key)
-        turn.apply(record)
-    assert turn is not None
-    return encode_response(turn.finish())
+    return encode_response(merge_entries(entries))
 
 
 @PROPERTY

@@ -14,10 +14,10 @@ import random
 from typing import Any
 
 import msgspec
-import pytest
 from delta_oracle import check_deltas, tokens
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from merging import decoded, merged, update_entry
 from strategies import random_turn, turns
 
 from processor.decode import decode_entry
@@ -30,24 +30,6 @@ from processor.offline import merge_lines
 PROPERTY = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-
-
-def decoded(entries: list[dict[str, Any]]) -> tuple[TurnKey, list[Record]]:
-    """The records of one turn's entries (all of them decode)."""
-    records = []
-    key = None
-    for entry in entries:
-        key, record = decode_entry(entry)
-        records.append(record)
-    assert key is not None
-    return key, records
-
-
-def merged(key: TurnKey, records: list[Record]) -> Turn:
-    turn = Turn(key)
-    for record in records:
-        turn.apply(record)
-    return turn
 
 
 def as_json(response: Response) -> dict[str, Any]:
@@ -202,149 +184,6 @@ def test_assigned_ids_never_equal_producer_ids() -> None:
     assert ids == [f"msg-0-{tag}~", f"msg-0-{tag}", f"msg-2-{tag}", f"msg-2-{tag}~", f"msg-4-{tag}"]
 
 
-# ---------------------------------------------------------------- targeted cases
-
-
-def _entry(turn: str, **update: Any) -> dict[str, Any]:
-    return {"response_id": turn, "update": update}
-
-
-def _merge(entries: list[dict[str, Any]]) -> Response:
-    key, records = decoded(entries)
-    return merged(key, records).finish()
-
-
-def test_idless_result_answering_a_call_in_a_later_block_stays_after_it() -> None:
-    rid = "turn-late-call"
-    response = _merge([
-        _entry(rid, response_id="A", message_id="a1",
-               contents=[{"type": "text", "text": "A speaks"}]),
-        _entry(rid, response_id="B", message_id="b1", contents=[
-            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
-        _entry(rid, response_id="A", role="tool",
-               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
-    ])
-    kinds = [[c.type for c in m.contents] for m in response.messages]
-    assert kinds == [["text"], ["function_call"], ["function_result"]]
-
-
-def test_keyed_result_rejoining_an_earlier_message_moves_after_its_call() -> None:
-    rid = "turn-rejoin"
-    response = _merge([
-        _entry(rid, message_id="t", role="tool",
-               contents=[{"type": "function_result", "call_id": "c0", "result": "r0"}]),
-        _entry(rid, message_id="a", contents=[
-            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]),
-        _entry(rid, message_id="t", role="tool",
-               contents=[{"type": "function_result", "call_id": "c1", "result": "r1"}]),
-    ])
-    summary = [(m.message_id, [c.call_id for c in m.contents]) for m in response.messages]
-    assert summary[:2] == [("t", ["c0"]), ("a", ["c1"])]
-    assert summary[2][1] == ["c1"] and summary[2][0] not in ("t", "a")
-
-
-def test_a_result_in_the_message_of_its_call_stays_there() -> None:
-    rid = "turn-same"
-    response = _merge([
-        _entry(rid, message_id="m", contents=[
-            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
-        _entry(rid, message_id="m", contents=[
-            {"type": "function_result", "call_id": "c", "result": "ok"}]),
-    ])
-    assert [(m.message_id, [c.type for c in m.contents]) for m in response.messages] == [
-        ("m", ["function_call", "function_result"])
-    ]
-
-
-def test_an_unnamed_role_then_tool_splits_an_idless_run() -> None:
-    # An id-less run that named no role is an assistant run (role defaults to
-    # assistant), so a tool update does not join it (rule 4: split on role).
-    rid = "turn-roles"
-    response = _merge([
-        _entry(rid, contents=[{"type": "text", "text": "thinking aloud"}]),
-        _entry(rid, role="tool", contents=[{"type": "function_result", "call_id": "c",
-                                            "result": "ok"}]),
-        _entry(rid, contents=[{"type": "text", "text": " more"}]),
-    ])
-    assert [m.role for m in response.messages] == ["assistant", "tool"]
-    assert [c.type for c in response.messages[1].contents] == ["function_result", "text"]
-
-
-def test_folding_never_mixes_two_speakers() -> None:
-    # alice's run and bob's run are split (author changed); bob's folds into
-    # the author-less keyed message after it, alice's then stands alone.
-    rid = "turn-speakers"
-    response = _merge([
-        _entry(rid, author_name="alice", contents=[{"type": "text_reasoning", "text": "a"}]),
-        _entry(rid, author_name="bob", contents=[{"type": "text_reasoning", "text": "b"}]),
-        _entry(rid, message_id="k", contents=[{"type": "text", "text": "answer"}]),
-    ])
-    summary = [(m.author_name, [c.text for c in m.contents]) for m in response.messages]
-    assert summary == [("alice", ["a"]), (None, ["b", "answer"])]
-
-
-def test_a_usage_correction_replaces_only_its_own_agents_usage() -> None:
-    rid = "turn-usage"
-
-    def usage(inner: str, count: int, **extra: Any) -> dict[str, Any]:
-        content = {"type": "usage", "usage_details": {"input_token_count": count}, **extra}
-        return _entry(rid, response_id=inner, contents=[content])
-
-    response = _merge([usage("A", 5), usage("B", 7), usage("B", 3),
-                       usage("B", 10, merge_mode="replace"), usage("A", 1)])
-    assert response.usage_details == {"input_token_count": 16}
-
-
-def test_a_state_written_before_block_usage_still_loads() -> None:
-    # Workers of the previous release kept the summed usage in ``usage`` and
-    # had no trailing ``block_usage`` field.
-    key, records = decoded([_entry("old", message_id="m", contents=[{"type": "text",
-                                                                    "text": "x"}])])
-    state = merged(key, records).state
-    state.usage = {"input_token_count": 4}
-    old = msgspec.msgpack.encode(msgspec.structs.astuple(state)[:-1])
-    resumed = Turn.from_bytes(old)
-    _, more = decoded([_entry("old", contents=[
-        {"type": "usage", "usage_details": {"input_token_count": 1}}])])
-    resumed.apply(more[0])
-    assert resumed.finish().usage_details == {"input_token_count": 5}
-
-
-def test_only_turn_level_ids_are_kept_for_the_turn() -> None:
-    result = next(merge_lines([
-        json.dumps({"response_id": "t", "step_id": "s1", "session_id": "sess",
-                    "update": {"contents": [{"type": "text", "text": "x"}]}}),
-        json.dumps({"response_id": "t", "kind": "end", "session_id": "other"}),
-    ]).results())
-    assert result.meta.ids == {"session_id": "sess"}
-
-
-def test_usage_only_and_empty_updates_leave_no_message() -> None:
-    rid = "turn-empty"
-    response = _merge([
-        _entry(rid, message_id="m", contents=[]),
-        _entry(rid, contents=[{"type": "usage", "usage_details": {"input_token_count": 2}}]),
-        _entry(rid, message_id="n", contents=[{"type": "text", "text": "hi"}],
-               finish_reason="stop"),
-    ])
-    assert [m.message_id for m in response.messages] == ["n"]
-    assert response.usage_details == {"input_token_count": 2}
-    assert response.finish_reason == "stop"
-
-
-@pytest.mark.parametrize("args", [["{\"a\": ", "1}"], [{"a": 1}, {"b": 2}]])
-def test_argument_chunks_of_one_call_concatenate(args: list[Any]) -> None:
-    rid = "turn-args"
-    response = _merge([
-        _entry(rid, message_id="m", contents=[
-            {"type": "function_call", "call_id": "c", "name": "f", "arguments": a}])
-        for a in args
-    ])
-    (call,) = response.messages[0].contents
-    expected = "".join(args) if isinstance(args[0], str) else {"a": 1, "b": 2}
-    assert call.arguments == expected and call.name == "f"
-
-
 @PROPERTY
 @given(st.lists(st.tuples(st.sampled_from(["text", "text_reasoning", "function_call"]),
                           st.booleans(), st.integers(0, 9)), min_size=1, max_size=12),
@@ -362,7 +201,7 @@ def test_snapshot_chunks_replace_and_survive_resuming(
             content = {"type": kind, "call_id": "c", "name": "f", "arguments": f"<{n}>"}
         if replace:
             content["merge_mode"] = "replace"
-        entries.append(_entry(rid, message_id="m", contents=[content]))
+        entries.append(update_entry(rid, message_id="m", contents=[content]))
     key, records = decoded(entries)
     turn = Turn(key)
     for i, record in enumerate(records):

@@ -1,0 +1,43 @@
+"""Merging test entries in-process: one turn's entries (dicts as a test
+writes them) decoded and fed through :class:`~processor.merge.Turn`, without
+the worker or the offline CLI. Shared by the merge property tests, the worked
+merge cases and the interop tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processor.decode import decode_entry
+from processor.ids import TurnKey
+from processor.merge import Turn
+from processor.models import Record, Response
+
+
+def update_entry(turn: str, **update: Any) -> dict[str, Any]:
+    """An update entry of ``turn``: the update given as keyword arguments."""
+    return {"response_id": turn, "update": update}
+
+
+def decoded(entries: list[dict[str, Any]]) -> tuple[TurnKey, list[Record]]:
+    """The records of one turn's entries (all of them decode)."""
+    records = []
+    key = None
+    for entry in entries:
+        key, record = decode_entry(entry)
+        records.append(record)
+    assert key is not None
+    return key, records
+
+
+def merged(key: TurnKey, records: list[Record]) -> Turn:
+    """A turn with ``records`` applied in order."""
+    turn = Turn(key)
+    for record in records:
+        turn.apply(record)
+    return turn
+
+
+def merge_entries(entries: list[dict[str, Any]]) -> Response:
+    """The merged response of one turn's entries."""
+    key, records = decoded(entries)
+    return merged(key, records).finish()

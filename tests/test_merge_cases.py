@@ -1,0 +1,147 @@
+"""Worked cases of the merge rules (contract section 4): one turn each,
+written out by hand, for the rules whose random coverage in
+``test_merge_properties`` is thin (late and rejoining results, speakers,
+usage corrections, states written by an earlier release)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from merging import decoded, merge_entries, merged, update_entry
+
+from processor.merge import Turn
+from processor.offline import merge_lines
+
+
+def test_idless_result_answering_a_call_in_a_later_block_stays_after_it() -> None:
+    rid = "turn-late-call"
+    response = merge_entries([
+        update_entry(rid, response_id="A", message_id="a1",
+               contents=[{"type": "text", "text": "A speaks"}]),
+        update_entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, response_id="A", role="tool",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ])
+    kinds = [[c.type for c in m.contents] for m in response.messages]
+    assert kinds == [["text"], ["function_call"], ["function_result"]]
+
+
+def test_keyed_result_rejoining_an_earlier_message_moves_after_its_call() -> None:
+    rid = "turn-rejoin"
+    response = merge_entries([
+        update_entry(rid, message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c0", "result": "r0"}]),
+        update_entry(rid, message_id="a", contents=[
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c1", "result": "r1"}]),
+    ])
+    summary = [(m.message_id, [c.call_id for c in m.contents]) for m in response.messages]
+    assert summary[:2] == [("t", ["c0"]), ("a", ["c1"])]
+    assert summary[2][1] == ["c1"] and summary[2][0] not in ("t", "a")
+
+
+def test_a_result_in_the_message_of_its_call_stays_there() -> None:
+    rid = "turn-same"
+    response = merge_entries([
+        update_entry(rid, message_id="m", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, message_id="m", contents=[
+            {"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ])
+    assert [(m.message_id, [c.type for c in m.contents]) for m in response.messages] == [
+        ("m", ["function_call", "function_result"])
+    ]
+
+
+def test_an_unnamed_role_then_tool_splits_an_idless_run() -> None:
+    # An id-less run that named no role is an assistant run (role defaults to
+    # assistant), so a tool update does not join it (rule 4: split on role).
+    rid = "turn-roles"
+    response = merge_entries([
+        update_entry(rid, contents=[{"type": "text", "text": "thinking aloud"}]),
+        update_entry(rid, role="tool", contents=[{"type": "function_result", "call_id": "c",
+                                            "result": "ok"}]),
+        update_entry(rid, contents=[{"type": "text", "text": " more"}]),
+    ])
+    assert [m.role for m in response.messages] == ["assistant", "tool"]
+    assert [c.type for c in response.messages[1].contents] == ["function_result", "text"]
+
+
+def test_folding_never_mixes_two_speakers() -> None:
+    # alice's run and bob's run are split (author changed); bob's folds into
+    # the author-less keyed message after it, alice's then stands alone.
+    rid = "turn-speakers"
+    response = merge_entries([
+        update_entry(rid, author_name="alice", contents=[{"type": "text_reasoning", "text": "a"}]),
+        update_entry(rid, author_name="bob", contents=[{"type": "text_reasoning", "text": "b"}]),
+        update_entry(rid, message_id="k", contents=[{"type": "text", "text": "answer"}]),
+    ])
+    summary = [(m.author_name, [c.text for c in m.contents]) for m in response.messages]
+    assert summary == [("alice", ["a"]), (None, ["b", "answer"])]
+
+
+def test_a_usage_correction_replaces_only_its_own_agents_usage() -> None:
+    rid = "turn-usage"
+
+    def usage(inner: str, count: int, **extra: Any) -> dict[str, Any]:
+        content = {"type": "usage", "usage_details": {"input_token_count": count}, **extra}
+        return update_entry(rid, response_id=inner, contents=[content])
+
+    response = merge_entries([usage("A", 5), usage("B", 7), usage("B", 3),
+                       usage("B", 10, merge_mode="replace"), usage("A", 1)])
+    assert response.usage_details == {"input_token_count": 16}
+
+
+def test_a_state_written_before_block_usage_still_loads() -> None:
+    # Workers of the previous release kept the summed usage in ``usage`` and
+    # had no trailing ``block_usage`` field.
+    key, records = decoded([update_entry("old", message_id="m", contents=[{"type": "text",
+                                                                    "text": "x"}])])
+    state = merged(key, records).state
+    state.usage = {"input_token_count": 4}
+    old = msgspec.msgpack.encode(msgspec.structs.astuple(state)[:-1])
+    resumed = Turn.from_bytes(old)
+    _, more = decoded([update_entry("old", contents=[
+        {"type": "usage", "usage_details": {"input_token_count": 1}}])])
+    resumed.apply(more[0])
+    assert resumed.finish().usage_details == {"input_token_count": 5}
+
+
+def test_only_turn_level_ids_are_kept_for_the_turn() -> None:
+    result = next(merge_lines([
+        json.dumps({"response_id": "t", "step_id": "s1", "session_id": "sess",
+                    "update": {"contents": [{"type": "text", "text": "x"}]}}),
+        json.dumps({"response_id": "t", "kind": "end", "session_id": "other"}),
+    ]).results())
+    assert result.meta.ids == {"session_id": "sess"}
+
+
+def test_usage_only_and_empty_updates_leave_no_message() -> None:
+    rid = "turn-empty"
+    response = merge_entries([
+        update_entry(rid, message_id="m", contents=[]),
+        update_entry(rid, contents=[{"type": "usage", "usage_details": {"input_token_count": 2}}]),
+        update_entry(rid, message_id="n", contents=[{"type": "text", "text": "hi"}],
+               finish_reason="stop"),
+    ])
+    assert [m.message_id for m in response.messages] == ["n"]
+    assert response.usage_details == {"input_token_count": 2}
+    assert response.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("args", [["{\"a\": ", "1}"], [{"a": 1}, {"b": 2}]])
+def test_argument_chunks_of_one_call_concatenate(args: list[Any]) -> None:
+    rid = "turn-args"
+    response = merge_entries([
+        update_entry(rid, message_id="m", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": a}])
+        for a in args
+    ])
+    (call,) = response.messages[0].contents
+    expected = "".join(args) if isinstance(args[0], str) else {"a": 1, "b": 2}
+    assert call.arguments == expected and call.name == "f"
