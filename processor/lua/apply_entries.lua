@@ -127,8 +127,16 @@ local function start_turn(ti, tkey, ids)
   redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
 end
 
+-- Turns whose entries this call stores through apply_one's last branch (no
+-- outcome, not closing, not cancelled): their done marker and cancel key
+-- cannot change while the script runs and only mark_closing changes the
+-- closing flag (it clears this one), so their further entries skip the three
+-- lookups.
+local open_turn = {}
+
 local function mark_closing(ti, tkey, tk, id)
   closing_of[ti] = true
+  open_turn[ti] = nil
   local member = pad_id(id) .. '|' .. tk
   local current = redis.call('HGET', tkey, 'closing')
   if current and current <= member then return end
@@ -167,7 +175,8 @@ end
 local function store(ti, id, op, record, size, progress, ids)
   local tkey, rkey = turn_keys(ti)
   local tk = ARGV[TURNS + 2 * (ti - 1)]
-  start_turn(ti, tkey, ids)
+  -- (A turn this call already found or made the hash of has nothing to start.)
+  if ids ~= '' or not has_hash[ti] then start_turn(ti, tkey, ids) end
   local c = counters_of(ti, tkey, rkey)
   redis.call('HSET', rkey, id, record)
   c.len = c.len + 1
@@ -207,6 +216,11 @@ local function drop(ti)
 end
 
 local function apply_one(id, ti, op, a, b, c, deliveries, ids)
+  if open_turn[ti] and op ~= 'd' then
+    store(ti, id, op, a, tonumber(b), c, ids)
+    count('stored')
+    return
+  end
   if op == 'd' then
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
     if ti > 0 then
@@ -242,6 +256,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     drop(ti)
     count('dropped')
   else
+    open_turn[ti] = true
     store(ti, id, op, a, tonumber(b), c, ids)
     count('stored')
   end

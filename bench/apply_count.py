@@ -1,0 +1,89 @@
+"""Instructions redis-server spends per entry in ``apply_entries`` (callgrind).
+
+``bench/apply_cost.py`` reads Redis's own CPU clock, which swings with the
+machine's load; this counts instructions, which do not. It starts a
+redis-server (the one on ``PATH``) under ``valgrind --tool=callgrind
+--toggle-collect=evalShaCommand``, so that only what runs inside EVALSHA is
+counted, applies the end-to-end workload's first ``--turns`` turns with
+``apply_entries`` in batches of 500 as the worker builds them (no finalise),
+and prints the instructions per entry applied::
+
+    python bench/apply_count.py [--turns 400]
+
+Needs valgrind. Takes about 15 s for 400 turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import redis.asyncio
+import workload
+from apply_cost import one_round
+
+from processor.worker import WorkerConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _total(out: Path) -> int:
+    """The instruction total of a callgrind output file."""
+    for line in out.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out}")
+
+
+async def _wait_up(client: redis.asyncio.Redis) -> None:
+    for _ in range(300):
+        try:
+            await client.ping()
+            return
+        except redis.exceptions.ConnectionError:
+            await asyncio.sleep(0.2)
+    raise RuntimeError("redis-server under valgrind did not start")
+
+
+async def count(turns: int) -> None:
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
+             f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+             "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.asyncio.Redis(port=port)
+        try:
+            await _wait_up(client)
+            work = workload.build(turns)
+            await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
+            applied, _stats = await one_round(client, work)
+            with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
+                await client.shutdown(nosave=True)
+            server.wait(timeout=60)  # callgrind writes its counts as the server exits
+        finally:
+            await client.aclose()
+            if server.poll() is None:
+                server.kill()
+        total = _total(out)
+    print(f"entries applied: {applied:,} ({turns:,} turns)")
+    print(f"apply_entries: {total / applied:,.0f} instructions of redis-server per entry "
+          f"({total:,} inside EVALSHA)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=400)
+    args = parser.parse_args()
+    asyncio.run(count(args.turns))
