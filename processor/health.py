@@ -28,7 +28,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from redis.exceptions import ResponseError
 
-from processor.connections import TRANSIENT
+from processor.connections import is_transient
 from processor.keys import Namespace
 from processor.metrics import Metrics, find_group
 
@@ -93,7 +93,9 @@ def groups_check(client: Any, namespace: Namespace, group: str) -> Callable[[], 
                 groups = await client.xinfo_groups(shard.updates)
             except ResponseError as exc:  # no such key: the stream (and group) is missing
                 return f"shard {shard.index}: {exc}"
-            except TRANSIENT as exc:
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 return f"redis unreachable: {type(exc).__name__}"
             if find_group(groups, group) is None:
                 return f"shard {shard.index}: consumer group {group!r} missing"

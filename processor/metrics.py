@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError, ResponseError
 
 from processor import logs
-from processor.connections import TRANSIENT, as_text
+from processor.connections import as_text, is_transient
 from processor.keys import Namespace, Shard
 
 log = logging.getLogger("processor.metrics")
@@ -225,12 +225,12 @@ class Sampler:
         for shard in self.namespace.all():
             try:
                 await self._sample_shard(shard)
-            except (*TRANSIENT, ResponseError) as exc:
+            except Exception as exc:  # an odd reply must not end the sampling for good
                 self.metrics.sample_errors.inc()
-                log.debug("sampling failed", extra={"shard": shard.index, "error": repr(exc)})
-            except Exception:  # an odd reply must not end the sampling for good
-                self.metrics.sample_errors.inc()
-                log.exception("sampling failed", extra={"shard": shard.index})
+                if is_transient(exc) or isinstance(exc, ResponseError):
+                    log.debug("sampling failed", extra={"shard": shard.index, "error": repr(exc)})
+                else:
+                    log.exception("sampling failed", extra={"shard": shard.index})
 
     async def _sample_shard(self, shard: Shard) -> None:
         async with self.client.pipeline(transaction=False) as pipe:

@@ -5,13 +5,16 @@ that leaves or dies, and read a shard whose live owner stalled."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import uuid
 
 import pytest
+import redis.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.exceptions import SlotNotCoveredError
 from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
@@ -229,6 +232,35 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
         (turn,) = outputs.turns.values()
         assert turn.merged[0]["status"] == "cancelled"
         await b.client.aclose()
+
+
+async def test_a_beat_failing_as_a_cluster_moves_a_slot_is_only_a_warning(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What redis-py's cluster client raises while a slot moves or a master
+    fails over (an uncovered slot; its own AttributeError on a connection it
+    closed under us) is an outage, as for every other Redis call: a warning
+    and the next beat, not a failed step logged as a bug."""
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=0.5) as h:
+        a = await h.start_worker()
+        membership = a.worker.membership
+        real, failures = membership._script, []
+        unconnected = redis.asyncio.Connection()  # its writer is None
+
+        async def hiccup(**_kwargs: object) -> None:
+            failures.append(1)
+            if len(failures) % 2:
+                raise SlotNotCoveredError("slot 42 is not covered")
+            await unconnected._send_packed_command([b"PING"])  # AttributeError in redis-py
+
+        membership._script = hiccup  # type: ignore[assignment]
+        with caplog.at_level(logging.WARNING, logger="processor.worker"):
+            await h.wait_for(lambda: len(failures) >= 2, 3, "two beats to fail")
+        membership._script = real
+        assert a.worker.metrics.step_failures._value.get() == 0
+        beats = [r for r in caplog.records if "heartbeat" in r.getMessage()]
+        assert beats and {r.levelno for r in beats} == {logging.WARNING}
+        h.assert_workers_alive()
 
 
 async def test_a_failing_beat_is_counted_and_the_worker_goes_on(redis_url: str) -> None:
