@@ -9,7 +9,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, MasterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -29,6 +35,14 @@ def is_transient(exc: BaseException) -> bool:
     # connection code (``_writer`` is None). Found by tests/test_cluster.py's
     # chaos run; the retry reconnects.
     return isinstance(exc, AttributeError) and _raised_in(exc, "redis.asyncio.")
+
+
+def is_redis_failure(exc: BaseException) -> bool:
+    """Whether a background Redis step (a heartbeat, a metrics sample)
+    failed the way Redis calls do: an outage (:func:`is_transient`, which a
+    cluster's failover and slot moves need beyond TRANSIENT) or an error
+    reply. Worth a warning; anything else is a bug worth logging as one."""
+    return is_transient(exc) or isinstance(exc, ResponseError)
 
 
 #: TLS failures that are configuration, not an outage: a certificate one side

@@ -14,7 +14,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from processor.affinity import BEATS_PER_TTL, owned_shards, shard_readers, stalled
-from processor.connections import as_text, is_transient
+from processor.connections import as_text, is_redis_failure
 from processor.keys import Namespace, Shard
 from processor.metrics import Metrics, find_group
 from processor.settle import id_order
@@ -117,7 +117,7 @@ class Membership:
             try:
                 await self.beat()
             except Exception as exc:
-                if _expected(exc):
+                if is_redis_failure(exc):
                     log.warning("worker heartbeat failed", extra={"error": repr(exc)})
                 else:  # a bug or an odd reply: never the worker's end
                     self.metrics.step_failed(exc)
@@ -130,13 +130,7 @@ class Membership:
         try:
             await self._script(keys=[self.key], args=[self.consumer, self.ttl_ms, "leave"])
         except Exception as exc:
-            if not _expected(exc):
+            if not is_redis_failure(exc):
                 raise
             log.warning("could not leave the workers set", extra={"error": repr(exc)})
 
-
-def _expected(exc: BaseException) -> bool:
-    """A beat or leave that failed the way Redis calls do while Redis (or a
-    cluster's slot) is unavailable, or with an error reply: a warning, not a bug.
-    (Not TRANSIENT alone: a cluster's failover and slot moves raise others.)"""
-    return is_transient(exc) or isinstance(exc, ResponseError)

@@ -25,10 +25,10 @@ from typing import Any
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from processor import logs
-from processor.connections import as_text, is_transient
+from processor.connections import as_text, is_redis_failure
 from processor.keys import Namespace, Shard
 
 log = logging.getLogger("processor.metrics")
@@ -227,7 +227,7 @@ class Sampler:
                 await self._sample_shard(shard)
             except Exception as exc:  # an odd reply must not end the sampling for good
                 self.metrics.sample_errors.inc()
-                if is_transient(exc) or isinstance(exc, ResponseError):
+                if is_redis_failure(exc):
                     log.debug("sampling failed", extra={"shard": shard.index, "error": repr(exc)})
                 else:
                     log.exception("sampling failed", extra={"shard": shard.index})
