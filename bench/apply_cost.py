@@ -42,8 +42,7 @@ async def one_round(client: Any, work: workload.Workload) -> tuple[int, dict[str
         await scripts.apply_entries(keys=call.keys, args=call.args)
         applied += len(entries)
     stats = await client.info("commandstats")
-    async for key in client.scan_iter(match="{cost:*"):
-        await client.delete(key)
+    await workload.forget(client, "{cost:*")
     return applied, stats
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,13 +26,8 @@ import redis.asyncio
 import workload
 from apply_cost import one_round
 
+from processor.embedded.ports import free_port
 from processor.worker import WorkerConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _total(out: Path) -> int:
@@ -55,7 +49,7 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
 
 
 async def count(turns: int) -> None:
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         server = subprocess.Popen(

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from scenarios import Ctx, forget, spawn_workers
+from scenarios import Ctx, spawn_workers
 from worker_harness import Harness
-from workload import Workload
+from workload import Workload, forget
 
 
 @dataclass

@@ -79,8 +79,7 @@ async def one_round(client: Any, work: workload.Workload, index: int,
     result = time.perf_counter() - wall, time.process_time() - cpu, idle.seconds
     worker.stop()
     await task
-    async for key in client.scan_iter(match="{" + namespace + ":*"):
-        await client.delete(key)
+    await workload.forget(client, "{" + namespace + ":*")
     return result
 
 

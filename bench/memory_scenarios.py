@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 import psutil
-from scenarios import Ctx, forget, spawn_workers
-from workload import ROOT, Workload
+from scenarios import Ctx, spawn_workers
+from workload import ROOT, Workload, forget
 
 from processor.ids import TurnKey
 

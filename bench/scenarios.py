@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import workload
-from workload import ROOT, Workload, copy_into, id_ms
+from workload import ROOT, Workload, copy_into, forget, id_ms
 
 from processor.embedded.ports import free_port
 
@@ -146,13 +146,6 @@ async def wait_len(client: Any, key: str, count: int, timeout: float, alive: Any
 async def last_id_ms(client: Any, key: str) -> int:
     last = await client.xrevrange(key, count=1)
     return id_ms(last[0][0])
-
-
-async def forget(client: Any, pattern: str) -> None:
-    """Delete a finished run's keys, so the next run starts from the same memory."""
-    keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-    for start in range(0, len(keys), 1000):
-        await client.unlink(*keys[start:start + 1000])
 
 
 # --------------------------------------------------------------------------- the limit

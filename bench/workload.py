@@ -126,6 +126,13 @@ async def copy_into(client: Any, template: str, key: str) -> int:
     return await redis_ms(client)
 
 
+async def forget(client: Any, pattern: str) -> None:
+    """Delete a finished run's keys, so the next run starts from the same memory."""
+    keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+    for start in range(0, len(keys), 1000):
+        await client.unlink(*keys[start:start + 1000])
+
+
 async def redis_ms(client: Any) -> int:
     seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
