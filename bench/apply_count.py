@@ -8,7 +8,9 @@ counted, applies the end-to-end workload's first ``--turns`` turns with
 ``apply_entries`` in batches of 500 as the worker builds them (no finalise),
 and prints the instructions per entry applied::
 
-    python bench/apply_count.py [--turns 400]
+    python bench/apply_count.py [--turns 400] [--keep FILE]
+
+``--keep`` keeps callgrind's output for ``callgrind_annotate --inclusive=yes``.
 
 Needs valgrind. Takes about 15 s for 400 turns.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -48,7 +51,7 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
     raise RuntimeError("redis-server under valgrind did not start")
 
 
-async def count(turns: int) -> None:
+async def count(turns: int, keep: Path | None = None) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -71,6 +74,8 @@ async def count(turns: int) -> None:
             if server.poll() is None:
                 server.kill()
         total = _total(out)
+        if keep is not None:
+            shutil.copyfile(out, keep)
     print(f"entries applied: {applied:,} ({turns:,} turns)")
     print(f"apply_entries: {total / applied:,.0f} instructions of redis-server per entry "
           f"({total:,} inside EVALSHA)")
@@ -79,5 +84,6 @@ async def count(turns: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--keep", type=Path, help="where to copy callgrind's output")
     args = parser.parse_args()
-    asyncio.run(count(args.turns))
+    asyncio.run(count(args.turns, args.keep))

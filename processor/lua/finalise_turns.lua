@@ -62,7 +62,7 @@ local function finalise(t)
     local current = redis.call('HGET', tkey, 'closing')
     if current ~= member then
       if current then redis.call('ZREM', closing, current) end
-      redis.call('ZADD', closing, 0, member)
+      redis.call('ZADD', closing, '0', member)
       redis.call('HSET', tkey, 'closing', member)
     end
     return 2
