@@ -245,6 +245,12 @@ class Harness(Subprocesses):
                 f"merged={await self.client.xlen(shard.merged)} "
                 f"dlq={await self.client.xlen(shard.dlq)}"
             )
+        for running in self.workers:  # what each worker believes about the others
+            member = running.worker.membership
+            lines.append(f"worker {member.consumer}: live={member.live} "
+                         f"owned={sorted(member.owned)} rescued={sorted(member.rescued)}")
+        beats = await self.client.zrange(self.ns.workers(self.group), 0, -1, withscores=True)
+        lines.append(f"workers zset: {beats}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------ reading
