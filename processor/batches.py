@@ -170,7 +170,7 @@ def _entry_args(
             progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
     size = _entry_size(fields)
-    ids = _turn_ids(record.ids) if record.ids else ""  # most entries carry none
+    ids = _turn_ids(record.ids) if record.ids else b""  # most entries carry none
     applied.append(_new_applied(Applied, (key, entry_id, record, size)))
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
@@ -187,7 +187,7 @@ def _entry_size(fields: dict[Any, Any]) -> int:
     return total
 
 
-def _turn_ids(ids: dict[str, str]) -> bytes | str:
+def _turn_ids(ids: dict[str, str]) -> bytes:
     """An entry's turn-level correlation ids for ``apply_entries`` to remember
     (msgpack [name, JSON value, ...]); attempt_id is part of the turn key."""
     flat: list[str] = []
@@ -195,7 +195,7 @@ def _turn_ids(ids: dict[str, str]) -> bytes | str:
         value = ids.get(name)
         if value is not None and name != "attempt_id":
             flat += [name, _json.encode(value).decode()]
-    return _pack.encode(flat) if flat else ""
+    return _pack.encode(flat) if flat else b""
 
 
 def parse_versions(flat: list[Any]) -> dict[TurnKey, Version]:

@@ -275,6 +275,8 @@ def decode_update(fields: Mapping[str, Any]) -> Update:
     if enc is not None and (enc.__class__ is not str or not enc.isascii()):
         enc = text_field(fields, "enc")
     enc = enc or "json"
+    fast: msgspec.json.Decoder[Update] | msgspec.msgpack.Decoder[Update]
+    generic: msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]
     if enc == "json":
         fast, generic = _json_update, _json_any
     elif enc == "msgpack":

@@ -92,7 +92,7 @@ async def _wait_merged(client: Any, count: int, timeout: float = 10.0) -> list[A
     stream = Namespace(NAMESPACE).shard(0).merged
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        entries = await client.xrange(stream)
+        entries: list[Any] = await client.xrange(stream)
         if len(entries) >= count:
             return entries
         await asyncio.sleep(0.05)
@@ -127,8 +127,9 @@ async def run_demo() -> int:
     server = start_embedded()
     try:
         client = await connect(RedisOptions(server.url))
-        config = dict(namespace=NAMESPACE, progress=True, limits=Limits(turn_timeout=30))
-        workers = [Worker(client, WorkerConfig(**config)) for _ in range(2)]
+        workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, progress=True,
+                                               limits=Limits(turn_timeout=30)))
+                   for _ in range(2)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         await asyncio.gather(*(w.ready.wait() for w in workers))
         print("2 workers running; producing 3 turns (handoff, cancelled, failing)...")

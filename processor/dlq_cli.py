@@ -153,7 +153,8 @@ def add_dlq(sub: Any, redis_flags: AddFlags) -> None:
     actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
 
     def action(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        parser = actions.add_parser(name, help=help, description=description)
+        parser: argparse.ArgumentParser = actions.add_parser(name, help=help,
+                                                             description=description)
         redis_flags(parser)
         parser.add_argument("--shard", type=int, default=None, help="only this shard")
         return parser

@@ -76,7 +76,8 @@ class Health:
         except RuntimeError:  # the loop has closed: the worker is exiting
             return "stopping"
         try:
-            return future.result(READY_TIMEOUT)
+            problem: str | None = future.result(READY_TIMEOUT)
+            return problem
         except TimeoutError:
             future.cancel()
             return f"readiness check took over {READY_TIMEOUT:g}s (Redis or the loop is slow)"
@@ -117,7 +118,8 @@ def app(health: Health) -> Callable[..., Iterable[bytes]]:
             start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
                                     ("Content-Length", str(len(body)))])
             return [body]
-        return metrics_app(environ, start_response)
+        body_parts: Iterable[bytes] = metrics_app(environ, start_response)
+        return body_parts
 
     return handle
 

@@ -96,8 +96,11 @@ async def run_worker(values: dict[str, Any]) -> int:
               f"{values['metrics_port']}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     background = [asyncio.create_task(health.beat())] if server else []
-    embedded = None if values["redis_url"] else start_embedded()
-    url = values["redis_url"] or embedded.url
+    embedded = None
+    url = values["redis_url"]
+    if not url:
+        embedded = start_embedded()
+        url = embedded.url
     options = RedisOptions(
         url, values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )

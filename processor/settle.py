@@ -21,7 +21,7 @@ from processor.connections import as_text
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife, Verdict
 from processor.merge import Turn
-from processor.models import Counts, Record, Status
+from processor.models import Counts, Event, Record, Status
 
 Reason = Literal["closing", "cancel", "timeout"]
 
@@ -235,7 +235,7 @@ def struct_fields(struct: msgspec.Struct) -> list[str]:
     return out
 
 
-def event_fields(key: TurnKey, event: ev.Event) -> list[str]:
+def event_fields(key: TurnKey, event: Event) -> list[str]:
     """The fields of an ``events`` stream entry; the event JSON comes last."""
     fields = ["type", event_type(event), "response_id", key.response_id, "synthesis_id",
               key.synthesis_id()]
@@ -244,7 +244,7 @@ def event_fields(key: TurnKey, event: ev.Event) -> list[str]:
     return [*fields, "event", ev.encode_event(event).decode()]
 
 
-def event_type(event: ev.Event) -> str:
+def event_type(event: Event) -> str:
     """The ``type`` tag of an event Struct."""
     return str(type(event).__struct_config__.tag)
 

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
@@ -71,12 +71,16 @@ class ShardLoop:
     # Worker's and Recovery's.
     _retrying: Callable[..., Awaitable[Any]]
     _apply_isolated: Callable[..., Awaitable[None]]
-    _take_back: Callable[[Shard], Awaitable[None]]
     ensure_groups: Callable[[], Awaitable[None]]
     sweep: Callable[[Shard, bool], Awaitable[None]]
-    reclaim: Callable[[Shard], Awaitable[None]]
 
-    stopping: bool  # Worker's property: stop() was called
+    if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
+        async def _take_back(self, shard: Shard) -> None: ...
+        async def reclaim(self, shard: Shard) -> None: ...
+
+        @property
+        def stopping(self) -> bool:  # stop() was called
+            ...
 
     async def _shard_loop(self, shard: Shard) -> None:
         """Read ahead while applying: a reader task reads and decodes the next

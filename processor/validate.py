@@ -199,7 +199,8 @@ def _nested_content(obj: dict[str, Any], path: str, depth: int) -> dict[str, Any
     except RecursionError:
         raise too_deep(path) from None
     _walk_content(content, _free_form_values(content), path, depth)
-    return msgspec.to_builtins(content)
+    plain: dict[str, Any] = msgspec.to_builtins(content)
+    return plain
 
 
 #: Content fields that hold a plain string, by position; then where

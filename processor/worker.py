@@ -97,6 +97,12 @@ class WorkerConfig:
 
 #: The wait before each retry of a Redis call (tenacity's, from the first).
 _BACKOFF = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1)
+_FIRST = AsyncRetrying()  # only for the state of a first attempt, to ask _BACKOFF its wait
+
+
+def _error_of(state: RetryCallState) -> BaseException | None:
+    """The error of the attempt tenacity is about to retry."""
+    return state.outcome.exception() if state.outcome is not None else None
 
 
 # Every active turn's cancel key is read at least once per this many seconds,
@@ -187,12 +193,12 @@ class Worker(ShardLoop, Recovery):
             if not is_transient(exc) or self.stopping:
                 raise
             self._redis_down(exc)
-            await asyncio.sleep(_BACKOFF(RetryCallState(None, None, (), {})))  # attempt 1
+            await asyncio.sleep(_BACKOFF(RetryCallState(_FIRST, None, (), {})))  # attempt 1
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=lambda _state: self.stopping,
             wait=_BACKOFF,
-            before_sleep=lambda state: self._redis_down(state.outcome.exception()),
+            before_sleep=lambda state: self._redis_down(_error_of(state)),
             reraise=True,
         ):
             with attempt:
@@ -312,6 +318,7 @@ class Worker(ShardLoop, Recovery):
         now = now_ms()
         settled, again = [], {}
         for key in keys:
+            turn_hash: dict[Any, Any]  # str names from a copy, bytes from Redis
             if key in known:
                 turn_hash, recs = known[key], None
             else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -194,7 +195,7 @@ class Subscriber(AsyncClosing):
         """Replace ``"$"`` positions by the streams' current last ids (once)."""
         for key, position in self.positions.items():
             if position == "$":
-                last = await self.retry.run(lambda key=key: self.client.xrevrange(key, count=1))
+                last = await self.retry.run(partial(self.client.xrevrange, key, count=1))
                 self.positions[key] = as_text(last[0][0]) if last else "0-0"
 
     async def _fetch_single(self, block_ms: int | None) -> list[tuple[str, list[Any]]]:
