@@ -135,6 +135,13 @@ async def _read_merged(client: Any, stream: str, count: int, got: dict[bytes, fl
     await client.aclose()
 
 
+def median_round(rounds: list[Latency]) -> Latency:
+    """The round whose p99 is the median of the rounds' (the lower middle one
+    of an even count)."""
+    ordered = sorted(rounds, key=lambda lat: percentile(lat.samples, 99))
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

@@ -158,6 +158,13 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
     p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
     pace = ("set with `--latency-rate`" if r.get("latency_rate_set")
             else "half the 1-worker throughput above")
+    rounds = r.get("latency_rounds", [lat])
+    rows = [
+        f"| {i + 1}{' (median)' if one is lat else ''} | "
+        + " | ".join(f"{percentile(one.samples, q):.1f} ms" for q in (50, 99, 99.9))
+        + f" | {max(one.samples):.1f} ms | {one.achieved:,.0f} |"
+        for i, one in enumerate(rounds)
+    ]
     return "\n".join([
         "## Latency at half the measured throughput",
         "",
@@ -167,13 +174,18 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
         f"entry (XREAD BLOCK), both clocks in the harness process; {len(lat.samples):,} "
         "turns after the first 100. The producer writes XADD commands encoded before the "
         "clock starts, on a connection of its own, so that it takes as little as it can "
-        "of the two cores the worker and redis-server run on.",
+        "of the two cores the worker and redis-server run on. "
+        f"{len(rounds)} rounds, one after the other, each with a new worker; the "
+        "target is judged on the round of median p99 (one round can meet a busy moment "
+        "of the machine, and the best round would flatter), whose distribution the chart "
+        "shows.",
         "",
-        "| p50 | p99 | p99.9 | max |",
-        "|---:|---:|---:|---:|",
-        f"| {p50:.1f} ms | {p99:.1f} ms | {p999:.1f} ms | {max(lat.samples):.1f} ms |",
+        "| round | p50 | p99 | p99.9 | max | updates/s kept up |",
+        "|---|---:|---:|---:|---:|---:|",
+        *rows,
         "",
-        f"Target p99 under {LATENCY_TARGET_MS:g} ms: {verdict(p99 < LATENCY_TARGET_MS)}.",
+        f"Target p99 under {LATENCY_TARGET_MS:g} ms: {verdict(p99 < LATENCY_TARGET_MS)} "
+        f"(p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round).",
         "",
         "![latency](bench-latency.png)",
     ])

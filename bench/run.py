@@ -183,13 +183,19 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
             rate = args.latency_rate or one.rate / 2
-            lat = await latency.latency(ctx, work.head(args.latency_turns), rate)
-            r["latency"] = lat
+            runs_lat = []
+            for _ in range(args.repeat):
+                lat = await latency.latency(ctx, work.head(args.latency_turns), rate)
+                runs_lat.append(lat)
+                p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
+                say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 "
+                    f"{p[2]:.1f} ms at {lat.achieved:,.0f} updates/s")
+            # Judged on the round of median p99: one round can meet a busy
+            # moment of the machine, and the best round would flatter.
+            r["latency"] = latency.median_round(runs_lat)
+            r["latency_rounds"] = runs_lat
             r["latency_rate_set"] = bool(args.latency_rate)
             r["latency_turns"] = args.latency_turns
-            p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
-            say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 {p[2]:.1f} ms "
-                f"at {lat.achieved:,.0f} updates/s")
         if args.memory_turns:
             mem = await memory_scenarios.memory(ctx, work.head(args.memory_turns))
             r["memory"] = mem
