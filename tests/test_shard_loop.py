@@ -1,0 +1,78 @@
+"""A shard loop's reader stays one batch ahead of its applier, never two: a
+batch read waits behind the one being applied and no more (the latency of
+a turn's end to its merged entry is about two batch cycles, not three)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from processor.shard_loop import Batch, Handoff
+from processor.worker import Worker, WorkerConfig
+
+
+class _NoRedis:
+    """A client for a worker that never reaches Redis here."""
+
+    def register_script(self, _source: str) -> None:
+        return None
+
+
+async def _turns(n: int = 50) -> None:
+    """Let every ready task run, ``n`` times over."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_handoff_tells_the_reader_when_its_batch_was_taken() -> None:
+    handoff = Handoff()
+    await handoff.put(Batch([], None))
+    taken = asyncio.create_task(handoff.taken())
+    await _turns()
+    assert not taken.done()
+    handoff.get_nowait()
+    await _turns()
+    assert taken.done()
+    await handoff.taken()  # empty already: returns at once
+
+
+async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> None:
+    worker = Worker(client=_NoRedis(), config=WorkerConfig(namespace="handoff-unit"))
+    worker._orphans = set()  # nothing to take back before the first read
+    reads = 0
+    applied: list[Any] = []
+    release = asyncio.Event()
+
+    async def read(_shard: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        nonlocal reads
+        reads += 1
+        return [(f"1-{reads}".encode(), {})]
+
+    async def apply(_shard: Any, entries: Any, _deliveries: Any, _call: Any = None) -> None:
+        applied.append(entries)
+        await release.wait()
+
+    worker._read = read  # type: ignore[method-assign]
+    worker._prepare = lambda _shard, _entries: None  # type: ignore[method-assign]
+    async def nothing(*_args: Any) -> None:
+        pass
+
+    worker._apply_isolated = apply  # type: ignore[method-assign]
+    worker.sweep = worker.reclaim = nothing  # type: ignore[method-assign]
+    loop = asyncio.create_task(worker._shard_loop(next(iter(worker.namespace.all()))))
+    try:
+        await _turns()
+        # The first batch is being applied and the second waits: a reader
+        # that read on would have a third in hand by now.
+        assert (len(applied), reads) == (1, 2)
+        release.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+            # At most: one the applier has taken (applied, or about to be
+            # between its get and the apply call) and one read ahead.
+            assert reads - len(applied) <= 2
+        assert len(applied) > 10
+    finally:
+        worker.stop()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
