@@ -27,8 +27,10 @@ from processor.scripts import Scripts
 from processor.worker import WorkerConfig
 
 
-async def one_round(client: Any, work: workload.Workload) -> tuple[int, dict[str, Any]]:
-    """Apply the whole stream once; the entries applied and the commandstats."""
+async def one_round(client: Any, work: workload.Workload,
+                    batch: int = 500) -> tuple[int, dict[str, Any]]:
+    """Apply the whole stream once, ``batch`` entries a call; the entries
+    applied and the commandstats."""
     config = WorkerConfig(namespace="cost")
     shard = next(iter(Namespace(config.namespace, 1).all()))
     scripts, options = Scripts(client), config.batch_options()
@@ -36,7 +38,7 @@ async def one_round(client: Any, work: workload.Workload) -> tuple[int, dict[str
     await client.config_resetstat()
     applied = 0
     while reply := await client.xreadgroup(config.group, "cost", {shard.updates: ">"},
-                                           count=500):
+                                           count=batch):
         entries = reply[0][1]
         call = build_apply(shard, entries, {}, options, int(time.time() * 1000))
         await scripts.apply_entries(keys=call.keys, args=call.args)

@@ -8,7 +8,7 @@ counted, applies the end-to-end workload's first ``--turns`` turns with
 ``apply_entries`` in batches of 500 as the worker builds them (no finalise),
 and prints the instructions per entry applied::
 
-    python bench/apply_count.py [--turns 400] [--keep FILE]
+    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500]
 
 ``--keep`` keeps callgrind's output for ``callgrind_annotate --inclusive=yes``.
 
@@ -51,7 +51,7 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
     raise RuntimeError("redis-server under valgrind did not start")
 
 
-async def count(turns: int, keep: Path | None = None) -> None:
+async def count(turns: int, keep: Path | None = None, batch: int = 500) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -65,7 +65,7 @@ async def count(turns: int, keep: Path | None = None) -> None:
             await _wait_up(client)
             work = workload.build(turns)
             await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
-            applied, _stats = await one_round(client, work)
+            applied, _stats = await one_round(client, work, batch)
             with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
                 await client.shutdown(nosave=True)
             server.wait(timeout=60)  # callgrind writes its counts as the server exits
@@ -76,7 +76,7 @@ async def count(turns: int, keep: Path | None = None) -> None:
         total = _total(out)
         if keep is not None:
             shutil.copyfile(out, keep)
-    print(f"entries applied: {applied:,} ({turns:,} turns)")
+    print(f"entries applied: {applied:,} ({turns:,} turns, {batch} a call)")
     print(f"apply_entries: {total / applied:,.0f} instructions of redis-server per entry "
           f"({total:,} inside EVALSHA)")
 
@@ -85,5 +85,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=400)
     parser.add_argument("--keep", type=Path, help="where to copy callgrind's output")
+    parser.add_argument("--batch", type=int, default=500,
+                        help="entries a call (the worker reads up to 500; fewer under a trickle)")
     args = parser.parse_args()
-    asyncio.run(count(args.turns, args.keep))
+    asyncio.run(count(args.turns, args.keep, args.batch))
