@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -18,6 +20,13 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    wait_exponential,
+    wait_random,
+)
 
 #: Errors after which a worker waits and retries (Redis restarting, failover, network).
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
@@ -35,6 +44,46 @@ def is_transient(exc: BaseException) -> bool:
     # connection code (``_writer`` is None). Found by tests/test_cluster.py's
     # chaos run; the retry reconnects.
     return isinstance(exc, AttributeError) and _raised_in(exc, "redis.asyncio.")
+
+
+#: The wait before each retry of a Redis call (tenacity's, from the first).
+BACKOFF = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1)
+_FIRST = AsyncRetrying()  # only for the state of a first attempt, to ask BACKOFF its wait
+
+
+async def until_done(
+    fn: Callable[..., Awaitable[Any]], *args: Any,
+    give_up: Callable[[], bool], on_retry: Callable[[BaseException | None], None],
+) -> Any:
+    """Run ``fn(*args)`` until it succeeds, waiting :data:`BACKOFF` after each
+    transient failure (:func:`is_transient`; ``on_retry`` is told of each),
+    and raising at once anything else, or anything once ``give_up()``.
+
+    The first try runs bare: building tenacity's retry loop costs about
+    35 us, paid on every read, apply and sweep of a shard loop although
+    nearly every call succeeds at once. Only a transient failure enters
+    the loop, after a wait like the loop's first."""
+    try:
+        return await fn(*args)
+    except Exception as exc:
+        if not is_transient(exc) or give_up():
+            raise
+        on_retry(exc)
+        await asyncio.sleep(BACKOFF(RetryCallState(_FIRST, None, (), {})))  # attempt 1
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_transient),
+        stop=lambda _state: give_up(),
+        wait=BACKOFF,
+        before_sleep=lambda state: on_retry(_error_of(state)),
+        reraise=True,
+    ):
+        with attempt:
+            return await fn(*args)
+
+
+def _error_of(state: RetryCallState) -> BaseException | None:
+    """The error of the attempt tenacity is about to retry."""
+    return state.outcome.exception() if state.outcome is not None else None
 
 
 def is_redis_failure(exc: BaseException) -> bool:

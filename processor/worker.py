@@ -22,13 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    wait_exponential,
-    wait_random,
-)
 
 from processor.batches import (
     ApplyCall,
@@ -39,7 +32,7 @@ from processor.batches import (
     parse_versions,
 )
 from processor.compaction import compact_turns
-from processor.connections import as_text, is_transient
+from processor.connections import as_text, is_transient, until_done
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
@@ -93,16 +86,6 @@ class WorkerConfig:
             done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
             compact_threshold=self.compact_threshold,
         )
-
-
-#: The wait before each retry of a Redis call (tenacity's, from the first).
-_BACKOFF = wait_exponential(multiplier=0.05, max=2.0) + wait_random(0, 0.1)
-_FIRST = AsyncRetrying()  # only for the state of a first attempt, to ask _BACKOFF its wait
-
-
-def _error_of(state: RetryCallState) -> BaseException | None:
-    """The error of the attempt tenacity is about to retry."""
-    return state.outcome.exception() if state.outcome is not None else None
 
 
 # Every active turn's cancel key is read at least once per this many seconds,
@@ -179,30 +162,12 @@ class Worker(ShardLoop, Recovery):
 
     async def _retrying(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on
-        connection errors (Redis restarting, failing over, unreachable).
-
-        The first try runs bare: building tenacity's retry loop costs about
-        35 us, paid on every read, apply and sweep of a shard loop although
-        nearly every call succeeds at once. Only a transient failure enters
-        the loop, after a wait like the loop's first."""
-        try:
-            return await fn(*args)
-        except Exception as exc:
-            # Once stopping, give up: what was read stays pending for another
-            # worker to reclaim, and a SIGTERM never waits for Redis to return.
-            if not is_transient(exc) or self.stopping:
-                raise
-            self._redis_down(exc)
-            await asyncio.sleep(_BACKOFF(RetryCallState(_FIRST, None, (), {})))  # attempt 1
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=lambda _state: self.stopping,
-            wait=_BACKOFF,
-            before_sleep=lambda state: self._redis_down(_error_of(state)),
-            reraise=True,
-        ):
-            with attempt:
-                return await fn(*args)
+        connection errors (Redis restarting, failing over, unreachable),
+        each counted and logged (:func:`~processor.connections.until_done`).
+        Once stopping, it gives up: what was read stays pending for another
+        worker to reclaim, and a SIGTERM never waits for Redis to return."""
+        return await until_done(fn, *args, give_up=lambda: self.stopping,
+                                on_retry=self._redis_down)
 
     def _redis_down(self, exc: BaseException | None) -> None:
         self.metrics.redis_error(exc)
