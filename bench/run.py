@@ -203,11 +203,11 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 f"turn (raw updates {mem.raw_bytes / mem.turns:,.0f} B); after the drain "
                 f"{(mem.cleaned - mem.before) / 1024:+,.0f} KiB")
         if args.rss_updates:
-            rounds, total = [], 0
+            copies, total = [], 0  # the workload again under new turn names, as often as needed
             while total < args.rss_updates:
-                rounds.append(work.renamed(f"~r{len(rounds)}"))
+                copies.append(work.renamed(f"~r{len(copies)}"))
                 total += work.updates
-            rss = await memory_scenarios.worker_rss(ctx, rounds)
+            rss = await memory_scenarios.worker_rss(ctx, copies)
             r["rss"] = rss
             say(f"{'worker RSS':>24}: {rss.points[0][1] / 2**20:.0f} -> "
                 f"{rss.points[-1][1] / 2**20:.0f} MiB over {rss.updates:,} updates")
