@@ -96,6 +96,10 @@ class Metrics:
             "processor_turns_settled", "Turns merged for publishing, by where the merge "
             "came from (source=mirror: this worker's own copy; source=replay: the stored "
             "records read back from Redis)", ["source"], registry=r)
+        self.end_to_merged = Histogram(
+            "processor_end_to_merged_seconds", "From the XADD of the entry that ended a turn "
+            "(end, error, or the one past a limit; its stream id's time) to the turn's "
+            "publication (this worker's clock)", buckets=LATENCY_BUCKETS, registry=r)
         self.finalise_seconds = Histogram(
             "processor_finalise_seconds", "One finalisation round: read the turns' state, "
             "merge, publish with finalise_turns", buckets=LATENCY_BUCKETS, registry=r)
@@ -152,9 +156,14 @@ class Metrics:
         a turn published, with its merged entry, terminal event and the dead
         letters its replay found. Also logs each published turn: completed
         ones at debug, cancelled and failed ones at info."""
+        now = time.time()
         for (_key, _version, outcome), result in zip(settled, results, strict=True):
             if int(result) != 1:
                 continue
+            if outcome.ending:  # (a cancel or a timeout ended it: no entry to time from)
+                sent = int(outcome.ending.partition("-")[0]) / 1000
+                # Redis's clock against this worker's: skewed clocks clamp at 0.
+                self.end_to_merged.observe(max(0.0, now - sent))
             status = outcome.status
             children = self._published.get(status)
             if children is None:  # (labels() and label() cost more than the inc)

@@ -23,6 +23,7 @@ NAMES = (
     "processor_dropped_entries", "processor_reclaimed_entries", "processor_redis_errors",
     "processor_redis_retries", "processor_step_failures", "processor_batch_entries",
     "processor_merge_seconds", "processor_turns_settled", "processor_finalise_seconds",
+    "processor_end_to_merged_seconds",
     "processor_active_turns",
     "processor_group_lag", "processor_group_pending", "processor_group_consumers",
     "processor_dlq_length", "processor_loop_heartbeat_seconds", "processor_sample_errors",
@@ -98,6 +99,10 @@ async def test_metrics_move_with_the_turns_pushed_through(redis_url, namespace, 
         assert after.value("processor_cancels_total") == 1
         assert after.value("processor_merge_seconds_count") >= 5
         assert after.value("processor_finalise_seconds_count") >= 1
+        # Timed for the turns an entry ended (ghost, ok-1, ok-2 and failed), not
+        # the cancelled one; the ghost waited for its reclaim (500 ms idle).
+        assert after.value("processor_end_to_merged_seconds_count") == 4
+        assert 0.5 <= after.value("processor_end_to_merged_seconds_sum") < 60
         # Sampled per shard: the open turn is the one active turn left.
         assert after.total("processor_active_turns") == 1
         assert set(after.by_label("processor_group_lag", "shard")) == {"0", "1"}
