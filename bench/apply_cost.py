@@ -24,16 +24,20 @@ from processor.batches import build_apply
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 from processor.scripts import Scripts
-from processor.worker import WorkerConfig
+from processor.worker import Worker, WorkerConfig
 
 
-async def one_round(client: Any, work: workload.Workload,
-                    batch: int = 500) -> tuple[int, dict[str, Any]]:
+async def one_round(client: Any, work: workload.Workload, batch: int = 500,
+                    finalise: bool = False) -> tuple[int, dict[str, Any]]:
     """Apply the whole stream once, ``batch`` entries a call; the entries
-    applied and the commandstats."""
+    applied and the commandstats. With ``finalise``, each batch goes through
+    the worker's own ``apply`` (the script, its copy of the turns, then
+    ``finalise_turns`` for the turns made ready), so the shard's zsets hold
+    only the turns in flight, as in a running worker."""
     config = WorkerConfig(namespace="cost")
     shard = next(iter(Namespace(config.namespace, 1).all()))
     scripts, options = Scripts(client), config.batch_options()
+    worker = Worker(client, config) if finalise else None
     await client.copy("cost:template", shard.updates, replace=True)
     await client.config_resetstat()
     applied = 0
@@ -41,7 +45,11 @@ async def one_round(client: Any, work: workload.Workload,
                                            count=batch):
         entries = reply[0][1]
         call = build_apply(shard, entries, {}, options, int(time.time() * 1000))
-        await scripts.apply_entries(keys=call.keys, args=call.args)
+        if worker is not None:
+            call.newest = True  # read with ">", as the shard loop marks it
+            await worker.apply(shard, entries, {}, call)
+        else:
+            await scripts.apply_entries(keys=call.keys, args=call.args)
         applied += len(entries)
     stats = await client.info("commandstats")
     await workload.forget(client, "{cost:*")

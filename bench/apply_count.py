@@ -8,7 +8,7 @@ counted, applies the end-to-end workload's first ``--turns`` turns with
 ``apply_entries`` in batches of 500 as the worker builds them (no finalise),
 and prints the instructions per entry applied::
 
-    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500]
+    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500] [--finalise]
 
 ``--keep`` keeps callgrind's output for ``callgrind_annotate --inclusive=yes``.
 
@@ -51,7 +51,8 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
     raise RuntimeError("redis-server under valgrind did not start")
 
 
-async def count(turns: int, keep: Path | None = None, batch: int = 500) -> None:
+async def count(turns: int, keep: Path | None = None, batch: int = 500,
+                finalise: bool = False) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -65,7 +66,7 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500) -> None:
             await _wait_up(client)
             work = workload.build(turns)
             await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
-            applied, _stats = await one_round(client, work, batch)
+            applied, _stats = await one_round(client, work, batch, finalise)
             with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
                 await client.shutdown(nosave=True)
             server.wait(timeout=60)  # callgrind writes its counts as the server exits
@@ -76,8 +77,9 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500) -> None:
         total = _total(out)
         if keep is not None:
             shutil.copyfile(out, keep)
+    scripts = "apply_entries and finalise_turns" if finalise else "apply_entries"
     print(f"entries applied: {applied:,} ({turns:,} turns, {batch} a call)")
-    print(f"apply_entries: {total / applied:,.0f} instructions of redis-server per entry "
+    print(f"{scripts}: {total / applied:,.0f} instructions of redis-server per entry "
           f"({total:,} inside EVALSHA)")
 
 
@@ -87,5 +89,8 @@ if __name__ == "__main__":
     parser.add_argument("--keep", type=Path, help="where to copy callgrind's output")
     parser.add_argument("--batch", type=int, default=500,
                         help="entries a call (the worker reads up to 500; fewer under a trickle)")
+    parser.add_argument("--finalise", action="store_true",
+                        help="apply each batch as the worker does, finalising the turns "
+                             "it makes ready (both scripts counted)")
     args = parser.parse_args()
-    asyncio.run(count(args.turns, args.keep, args.batch))
+    asyncio.run(count(args.turns, args.keep, args.batch, args.finalise))
