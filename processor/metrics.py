@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from processor import logs
 from processor.connections import as_text, is_redis_failure
 from processor.keys import Namespace, Shard
+from processor.settle import id_order
 
 log = logging.getLogger("processor.metrics")
 turn_log = logging.getLogger("processor.turns")
@@ -161,7 +162,7 @@ class Metrics:
             if int(result) != 1:
                 continue
             if outcome.ending:  # (a cancel or a timeout ended it: no entry to time from)
-                sent = int(outcome.ending.partition("-")[0]) / 1000
+                sent = id_order(outcome.ending)[0] / 1000
                 # Redis's clock against this worker's: skewed clocks clamp at 0.
                 self.end_to_merged.observe(max(0.0, now - sent))
             status = outcome.status
