@@ -61,6 +61,7 @@ class ApplyCall:
     # Read by one XREADGROUP ">": in id order, and newer than every entry
     # delivered before (processor.mirror need not check their order).
     newest: bool = False
+    now_ms: int = 0  # when it was built: the time of its synthesis.started events
 
     @property
     def args(self) -> list[Any]:
@@ -125,7 +126,7 @@ def build_apply(
     head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
             lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit,
             options.compact_threshold]
-    return ApplyCall(keys, [*head, *turns.args], per_entry, applied)
+    return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
 _new_applied = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
@@ -240,3 +241,42 @@ def build_compact(
         [shard.updates, shard.turn(tk), shard.recs(tk), shard.done(tk)],
         [options.group, plan.expected, plan.cover, plan.state, *plan.folded],
     )
+
+
+def build_open(
+    shard: Shard, turns: dict[TurnKey, dict[str, str]], options: BatchOptions, now_ms: int
+) -> ScriptCall:
+    """KEYS/ARGV of ``open_turns`` for the turns a held batch starts (with
+    their first entry's correlation ids)."""
+    call = ScriptCall([shard.events, shard.active], [options.events_maxlen, len(turns)])
+    for key, ids in turns.items():
+        tk = key.encode()
+        call.keys += [shard.turn(tk), shard.done(tk), shard.cancel(key.response_id)]
+        call.args += [tk, _pack.encode(event_fields(key, ev.started(key, ids, now_ms)))]
+    return call
+
+
+def parse_opened(flat: list[Any]) -> dict[TurnKey, bool]:
+    """``open_turns``' first reply: flat ``[tk, "held" | "old", ...]``."""
+    return {TurnKey.decode(as_text(flat[i])): as_text(flat[i + 1]) == "held"
+            for i in range(0, len(flat) - 1, 2)}
+
+
+def build_finalise_held(
+    shard: Shard, settled: list[tuple[TurnKey, list[str], Settled]], options: BatchOptions,
+    consumer: str,
+) -> ScriptCall:
+    """KEYS/ARGV of ``finalise_held``: (turn, its held ids, outputs) per turn."""
+    call = ScriptCall(
+        [shard.merged, shard.events, shard.dlq, shard.active, shard.updates],
+        [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
+         len(settled), options.group, consumer],
+    )
+    for key, ids, outcome in settled:
+        tk = key.encode()
+        call.keys += [shard.turn(tk), shard.done(tk)]
+        call.args += [tk, "0", outcome.status, outcome.outputs, outcome.dead_letters,
+                      _pack.encode(ids)]
+    if options.agui:
+        call.keys.append(shard.agui)
+    return call

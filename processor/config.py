@@ -90,6 +90,9 @@ OPTIONS: tuple[Option, ...] = (
            "stored records of a turn before they are folded into one snapshot (0 = never)", 0),
     Option("mirror_turns", int, 10_000, "turns per shard whose merge the worker also keeps "
            "in memory, to publish them without reading their records back (0 = none)", 0),
+    Option("hold_turns", _flag, False, "experimental: keep each turn's entries pending and "
+           "merged in this worker's memory until the turn ends, then publish and ack them in "
+           "one step (docs/design.md, Held turns; no effect with --progress)"),
     Option("log_level", str, "info", "debug, info, warning or error"),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
@@ -221,4 +224,5 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         done_ttl=values["done_ttl"],
         compact_threshold=values["compact_threshold"],
         mirror_turns=values["mirror_turns"],
+        hold_turns=values["hold_turns"],
     )

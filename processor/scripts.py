@@ -26,7 +26,7 @@ def source(name: str) -> str:
 
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
-    "compact_turn", "beat_worker",
+    "compact_turn", "beat_worker", "open_turns", "finalise_held",
 )
 
 
@@ -40,3 +40,5 @@ class Scripts:
         self.send_update = client.register_script(source("send_update"))
         self.compact_turn = client.register_script(source("compact_turn"))
         self.beat_worker = client.register_script(source("beat_worker"))
+        self.open_turns = client.register_script(source("open_turns"))
+        self.finalise_held = client.register_script(source("finalise_held"))

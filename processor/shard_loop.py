@@ -104,6 +104,7 @@ class ShardLoop:
     if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
         async def _take_back(self, shard: Shard) -> None: ...
         async def reclaim(self, shard: Shard) -> None: ...
+        async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
 
         @property
         def stopping(self) -> bool:  # stop() was called
@@ -164,6 +165,9 @@ class ShardLoop:
                 await self._step(shard, batch)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
+                # Held turns are spilled when due, and all of them once
+                # another worker reads the shard (it cannot finish them).
+                await self._guarded(shard, self._retrying, self._spill_due, shard, not reads)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
@@ -177,6 +181,9 @@ class ShardLoop:
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
             finally:
                 batches.task_done()
+        # Stopping: what is held goes to apply_entries (stored, acked) before
+        # leaving; if Redis is gone, it stays pending for a reclaim.
+        await self._guarded(shard, self._spill_due, shard, True)
 
     async def _step(self, shard: Shard, batch: Batch) -> None:
         if batch.entries:

@@ -33,6 +33,8 @@ from processor.batches import (
 )
 from processor.compaction import compact_turns
 from processor.connections import as_text, is_transient, until_done
+from processor.hold import Holds
+from processor.holding import Holding
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
@@ -77,6 +79,7 @@ class WorkerConfig:
     done_ttl: int = 86_400
     compact_threshold: int = 256
     mirror_turns: int = 10_000
+    hold_turns: bool = False
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
@@ -101,7 +104,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery):
+class Worker(ShardLoop, Recovery, Holding):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
@@ -123,6 +126,8 @@ class Worker(ShardLoop, Recovery):
         budget = MIRROR_BYTES // config.shards
         self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
                          for s in self.namespace.all()}
+        self._holds = {s.index: Holds(config.limits, config.mirror_turns, budget)
+                       for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
@@ -202,8 +207,18 @@ class Worker(ShardLoop, Recovery):
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
         call: ApplyCall | None = None,
     ) -> None:
-        """Apply a batch (``call``: its script call, if already built), then
-        finalise whatever it made ready."""
+        """Apply a batch (``call``: its script call, if already built): hold
+        it (:mod:`processor.holding`) or store it."""
+        if call is not None and self._holding(call):
+            await self._apply_held(shard, entries, call)
+        else:
+            await self._store(shard, entries, deliveries, call)
+
+    async def _store(
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        call: ApplyCall | None = None,
+    ) -> None:
+        """Store a batch with ``apply_entries``, then finalise whatever it made ready."""
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
         cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
@@ -363,6 +378,9 @@ class Worker(ShardLoop, Recovery):
                     todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
+        held = [key for key in todo if key in self._holds[shard.index].turns]
+        if held:  # cancelled or timed out while held: finalised as stored turns
+            await self._spill(shard, held)
         if todo:
             await self.finalise(shard, todo)
 

@@ -68,6 +68,7 @@ local now_str = tostring(now_ms)
 --- includes/pad_id
 --- includes/publish_event
 --- includes/dead_letter
+--- includes/trim_acked
 
 local cancelled, seen_cancel = {}, {}
 local counts = {}
@@ -285,27 +286,7 @@ for i = 1, #E, 8 do
     acked[#acked + 1] = id
   end
 end
--- The group's last delivered id (nothing pending: every delivered entry is acked).
-local function last_delivered()
-  for _, info in ipairs(redis.call('XINFO', 'GROUPS', updates)) do
-    local name, last
-    for j = 1, #info, 2 do
-      if info[j] == 'name' then name = info[j + 1] end
-      if info[j] == 'last-delivered-id' then last = info[j + 1] end
-    end
-    if name == group then return last end
-  end
-end
-if #acked > 0 then
-  local pending = redis.call('XPENDING', updates, group)
-  if tonumber(pending[1]) > 0 then
-    redis.call('XTRIM', updates, 'MINID', pending[2])
-  else
-    local last = last_delivered()
-    redis.call('XTRIM', updates, 'MINID', last)
-    redis.call('XDEL', updates, last)
-  end
-end
+if #acked > 0 then trim_acked(updates, group) end
 -- Write back the counters (see counters_of), and tell the caller each
 -- turn's version before and after this call, what it stored and when the
 -- turn started: the worker keeps its own copy of a turn's merge only while

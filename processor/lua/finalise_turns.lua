@@ -41,6 +41,7 @@ local agui = KEYS[6 + 3 * nturns + 1]
 
 --- includes/pad_id
 --- includes/publish_event
+--- includes/publish_outcome
 
 -- The oldest pending entry of the shard (padded), or nil when none is.
 local function oldest_pending()
@@ -67,21 +68,10 @@ local function finalise(t)
     end
     return 2
   end
-  local out = cmsgpack.unpack(ARGV[a + 3])
-  redis.call('XADD', merged, 'MAXLEN', '~', merged_max, '*', unpack(out[1]))
-  publish_event(tkey, events, events_max, out[2])
-  for _, fields in ipairs(out[3] or {}) do
-    redis.call('XADD', agui, 'MAXLEN', '~', events_max, '*', unpack(fields))
-  end
-  for _, fields in ipairs(cmsgpack.unpack(ARGV[a + 4])) do
-    redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', unpack(fields))
-  end
-  redis.call('HSET', dkey, 'status', status, 'dropped', 0)
-  redis.call('EXPIRE', dkey, done_ttl)
   local member = redis.call('HGET', tkey, 'closing')
   if member then redis.call('ZREM', closing, member) end
-  redis.call('ZREM', active, tk)
-  redis.call('DEL', tkey, rkey)
+  redis.call('DEL', rkey)
+  publish_outcome(tkey, dkey, tk, status, ARGV[a + 3], ARGV[a + 4])
   return 1
 end
 

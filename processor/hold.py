@@ -1,0 +1,149 @@
+"""Held turns (``--hold-turns``): a turn's entries kept pending in the
+stream, merged only in this worker's memory, and acked all at once when the
+turn is published (docs/design.md, *Held turns*).
+
+Pure bookkeeping: which turns of a batch this worker holds, what it holds
+of each (the merge so far, and the entries as read, which a *spill* hands
+to ``apply_entries`` when holding a turn stops being safe or cheap), and
+which held turns are due to spill. The I/O is the worker's
+(:mod:`processor.holding`).
+
+A turn is held only from its first entry on (``open_turns`` says whether
+any consumer started it before); once spilled, it takes the
+``apply_entries`` path for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from processor.ids import TurnKey
+from processor.lifecycle import Limits, TurnLife
+from processor.mirror import Applied
+from processor.settle import Replay, id_order
+
+Entry = tuple[Any, Any]  # (id, fields) as XREADGROUP returns them
+
+#: Turns remembered as taking the ``apply_entries`` path (so that their next
+#: entries need no ``open_turns`` call), per shard; forgotten all at once.
+OLD_TURNS = 10_000
+
+
+@dataclass
+class Held:
+    """What this worker holds of one turn."""
+
+    key: TurnKey
+    replay: Replay
+    started: str  # ms, as open_turns wrote it into the turn's hash
+    since: float  # monotonic seconds when it was opened
+    entries: list[Entry] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    last: tuple[int, int] = (0, 0)
+    size: int = 0  # bytes of its entries
+
+    @property
+    def ended(self) -> bool:
+        """Whether an entry ended it (end, error, a limit): ready to publish."""
+        return self.replay.life.outcome is not None
+
+    def turn_hash(self) -> dict[bytes, bytes]:
+        """The turn's hash as open_turns left it (what :func:`~processor.settle.render` reads)."""
+        return {b"ver": b"0", b"started": self.started.encode()}
+
+    def finalise_ids(self) -> list[str]:
+        """The ids finalise_held acks, the ending entry's first."""
+        ending = self.replay.ending
+        return [ending, *(i for i in self.ids if i != ending)]
+
+
+@dataclass
+class Routed:
+    """Where a batch's entries go."""
+
+    held: list[TurnKey]  # turns fed this batch
+    stored: list[Entry]  # entries for apply_entries, in batch order
+
+
+@dataclass
+class Holds:
+    """One shard's held turns, oldest first, bounded in number and bytes."""
+
+    limits: Limits
+    max_turns: int
+    max_bytes: int
+    turns: dict[TurnKey, Held] = field(default_factory=dict)
+    old: set[TurnKey] = field(default_factory=set)
+    bytes: int = 0
+
+    def to_open(self, applied: list[Applied]) -> dict[TurnKey, dict[str, str]]:
+        """The batch's turns this worker knows nothing of yet, in first-seen
+        order, with their first entry's correlation ids (for synthesis.started,
+        as ``apply_entries`` would publish it)."""
+        if len(self.old) > OLD_TURNS:
+            self.old.clear()
+        found: dict[TurnKey, dict[str, str]] = {}
+        for entry in applied:
+            key = entry.key
+            if key not in self.turns and key not in self.old and key not in found:
+                found[key] = entry.record.ids
+        return found
+
+    def opened(self, statuses: dict[TurnKey, bool], started: str, now: float) -> None:
+        """open_turns' answer: True for each turn now held, False for the others."""
+        for key, held in statuses.items():
+            if held:
+                self.turns[key] = Held(key, Replay(TurnLife(key, self.limits)), started, now)
+            else:
+                self.old.add(key)
+
+    def route(self, entries: list[Entry], applied: list[Applied]) -> Routed:
+        """Feed the entries of held turns; the rest are stored (an entry that
+        failed to decode is dead-lettered by ``apply_entries``, which moves
+        its turn's version: a held turn then spills at its finalise)."""
+        plain: dict[str, Applied] = {entry.entry_id: entry for entry in applied}
+        fed: dict[TurnKey, None] = {}
+        stored: list[Entry] = []
+        for raw in entries:
+            entry = plain.get(_text(raw[0]))
+            held = None if entry is None else self.turns.get(entry.key)
+            if entry is None or held is None:
+                stored.append(raw)
+            elif self._feed(held, raw, entry):
+                fed[held.key] = None
+        return Routed(list(fed), stored)
+
+    def _feed(self, held: Held, raw: Entry, entry: Applied) -> bool:
+        order = id_order(entry.entry_id)
+        if order <= held.last:
+            return False  # the same batch applied again after a lost reply
+        held.last = order
+        held.replay.feed(entry.entry_id, entry.record, entry.size)
+        held.entries.append(raw)
+        held.ids.append(entry.entry_id)
+        held.size += entry.size
+        self.bytes += entry.size
+        return True
+
+    def take(self, key: TurnKey) -> Held | None:
+        held = self.turns.pop(key, None)
+        if held is not None:
+            self.bytes -= held.size
+        return held
+
+    def due(self, now: float, hold_s: float) -> list[TurnKey]:
+        """Turns to spill now: held longer than ``hold_s``, or the oldest
+        over the bounds in number and bytes."""
+        keys: list[TurnKey] = []
+        count, size = len(self.turns), self.bytes
+        for key, held in self.turns.items():
+            if now - held.since < hold_s and count <= self.max_turns and size <= self.max_bytes:
+                break
+            keys.append(key)
+            count, size = count - 1, size - held.size
+        return keys
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

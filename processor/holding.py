@@ -1,0 +1,120 @@
+"""The worker's side of held turns (``--hold-turns``; :mod:`processor.hold`,
+docs/design.md *Held turns*): opening the turns a batch starts, feeding
+their entries to this worker's memory only, publishing them with
+``finalise_held`` and spilling them to ``apply_entries`` whenever holding
+stops being safe. A mixin of :class:`~processor.worker.Worker`, run inside
+its shard loops; every path out of holding ends in the stored path, which
+decides nothing differently."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from processor.batches import (
+    ApplyCall,
+    BatchOptions,
+    build_finalise_held,
+    build_open,
+    parse_opened,
+)
+from processor.hold import Entry, Holds
+from processor.ids import TurnKey
+from processor.keys import Shard
+from processor.metrics import Metrics
+from processor.settle import Settled, render
+
+log = logging.getLogger("processor.worker")
+
+
+def hold_seconds(reclaim_idle_ms: int) -> float:
+    """How long a turn may be held: well inside the reclaim idle time, so
+    that no worker reclaims entries their reader holds on purpose."""
+    return min(5.0, reclaim_idle_ms / 4000)
+
+
+class Holding:
+    """Held turns, for :class:`~processor.worker.Worker`."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    options: BatchOptions
+    scripts: Any
+    _holds: dict[int, Holds]
+    # Worker's: apply entries through apply_entries, and finalise as it does.
+    _store: Callable[..., Awaitable[None]]
+
+    def _holding(self, call: ApplyCall | None) -> bool:
+        """Whether a batch goes the held path: read by XREADGROUP > (in id
+        order, delivered once) with --hold-turns, and no progress events."""
+        return (call is not None and call.newest and self.config.hold_turns
+                and not self.config.progress)
+
+    async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall) -> None:
+        """Hold what can be held of a batch, store the rest, publish what ended."""
+        holds = self._holds[shard.index]
+        fresh = holds.to_open(call.applied)
+        if fresh:
+            opened = build_open(shard, fresh, self.options, call.now_ms)
+            statuses, started = await self.scripts.open_turns(keys=opened.keys,
+                                                              args=opened.args)
+            holds.opened(parse_opened(statuses), started.decode() if isinstance(started, bytes)
+                         else str(started), time.monotonic())
+        routed = holds.route(entries, call.applied)
+        if routed.stored:
+            await self._store(shard, routed.stored, {}, None)
+        ended = [key for key in routed.held if (held := holds.turns.get(key)) and held.ended]
+        if ended:
+            await self._finalise_held(shard, ended)
+
+    async def _finalise_held(self, shard: Shard, keys: list[TurnKey]) -> None:
+        """Publish ended held turns; spill any that finalise_held refuses."""
+        holds, now = self._holds[shard.index], int(time.time() * 1000)
+        settled: list[tuple[TurnKey, list[str], Settled]] = []
+        for key in keys:
+            held = holds.turns[key]
+            outcome = render(key, held.replay, held.turn_hash(), "closing", now, self.config.agui)
+            if outcome is not None:
+                settled.append((key, held.finalise_ids(), outcome))
+        call = build_finalise_held(shard, settled, self.options, self.config.consumer)
+        results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
+        self.metrics.finalised([(k, "0", s) for k, _, s in settled], results)
+        refused = []
+        for (key, ids, _), result in zip(settled, results, strict=True):
+            if int(result) == 1:
+                holds.take(key)
+                self.metrics.stored.inc(len(ids))
+                self.metrics.settled.labels("held").inc()
+            else:
+                refused.append(key)
+        if refused:
+            await self._spill(shard, refused)
+
+    async def _spill(self, shard: Shard, keys: list[TurnKey]) -> None:
+        """Hand held turns to apply_entries: their entries are stored and
+        acked there (the XACK fence skips any that were applied already), and
+        the turns go on as any stored turn."""
+        holds = self._holds[shard.index]
+        entries: list[Entry] = []
+        for key in keys:
+            held = holds.take(key)
+            if held is not None:
+                holds.old.add(key)
+                entries += held.entries
+        if entries:
+            self.metrics.spilled.inc(len(keys))
+            await self._store(shard, entries, {}, None)
+
+    async def _spill_due(self, shard: Shard, everything: bool = False) -> None:
+        """Spill the turns held too long or over the bounds (all of them
+        with ``everything``: stopping, or the shard read by another worker)."""
+        holds = self._holds[shard.index]
+        if not holds.turns:
+            return
+        keys = (list(holds.turns) if everything
+                else holds.due(time.monotonic(), hold_seconds(self.config.reclaim_idle_ms)))
+        if keys:
+            await self._spill(shard, keys)

@@ -1,0 +1,91 @@
+--[==[
+finalise_held: publish held turns (--hold-turns) and ack their entries,
+which were pending to this consumer until now (docs/design.md, "Held turns").
+
+For each turn, atomically, unless it is done or gone (0), or its version
+moved since open_turns made it (-1: some consumer stored, dropped or
+dead-lettered one of its entries, so this worker's copy is not the whole
+turn), or another consumer has a pending entry older than the entry that
+ended it (2: that entry may be one of the turn's):
+XACK every entry of the turn this consumer holds (one call), then publish
+its outcome as finalise_turns does (merged response, terminal event, dead
+letters, done marker) and trim what is acked from the stream. The caller
+spills a turn that got anything but 1 (apply_entries stores and acks its
+entries, and the turn finalises through finalise_turns).
+
+Why the XACK cannot miss an entry: every entry of the turn is older than
+its ending one, so (XREADGROUP delivers in id order) each was delivered
+and is acked or pending. Acked means applied (version moved) or published
+(done); pending to another consumer fails the check above; so all are
+pending to this consumer, and it holds every one of those (a worker takes
+back its own pending entries when it starts).
+
+KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
+KEYS[4] active zset     KEYS[5] updates stream
+KEYS[5 + 2*(t-1) + 1..2]   per turn t: turn hash, done hash
+KEYS[5 + 2*T + 1]          agui stream (only with --agui)
+
+ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
+ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
+ARGV[7] this consumer
+ARGV[8 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status, outputs and
+                           dead letters (as finalise_turns), the held entry ids
+                           (msgpack array, the ending entry's id first)
+
+Returns one integer per turn: 1 published, 0 already done or gone, -1
+changed, 2 another consumer holds an older entry
+]==]
+
+local merged, events, dlq, active, updates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
+local done_ttl = ARGV[4]
+local nturns = tonumber(ARGV[5])
+local group, consumer = ARGV[6], ARGV[7]
+local agui = KEYS[5 + 2 * nturns + 1]
+
+--- includes/pad_id
+--- includes/publish_event
+--- includes/publish_outcome
+--- includes/trim_acked
+
+-- The oldest entry pending to any other consumer (padded), '' when none
+-- is; looked up once, on the first turn that needs it.
+local others
+local function others_oldest()
+  if others then return others end
+  others = ''
+  local summary = redis.call('XPENDING', updates, group)
+  for _, pair in ipairs(summary[4] or {}) do
+    if pair[1] ~= consumer then
+      local first = redis.call('XPENDING', updates, group, '-', '+', 1, pair[1])
+      if first[1] then
+        local id = pad_id(first[1][1])
+        if others == '' or id < others then others = id end
+      end
+    end
+  end
+  return others
+end
+
+local acked = false
+local function finalise(t)
+  local k, a = 5 + 2 * (t - 1), 8 + 6 * (t - 1)
+  local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
+  local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
+  if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
+  local ids = cmsgpack.unpack(ARGV[a + 5])
+  local oldest = others_oldest()
+  if oldest ~= '' and oldest < pad_id(ids[1]) then return 2 end
+  for j = 1, #ids, 1000 do
+    redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))
+  end
+  acked = true
+  publish_outcome(tkey, dkey, tk, status, ARGV[a + 3], ARGV[a + 4])
+  return 1
+end
+
+local results = {}
+for t = 1, nturns do results[t] = finalise(t) end
+if acked then trim_acked(updates, group) end
+return results
