@@ -60,9 +60,11 @@ def verdict(ok: bool) -> str:
 
 def own_copy_share(t: Throughput) -> str:
     """The share of turns a worker published from its own copy of the merge
-    (``processor_turns_settled_total{source="mirror"}``), the rest replayed
-    from the records read back from Redis; "-" for the other consumers."""
-    mirror, replay = t.settled.get("mirror", 0), t.settled.get("replay", 0)
+    (``processor_turns_settled_total{source="mirror"}``, or ``"held"`` with
+    ``--hold-turns``), the rest replayed from the records read back from
+    Redis; "-" for the other consumers."""
+    mirror = t.settled.get("mirror", 0) + t.settled.get("held", 0)
+    replay = t.settled.get("replay", 0)
     return f"{mirror / (mirror + replay):.0%}" if mirror + replay else "-"
 
 

@@ -132,6 +132,33 @@ def build_apply(
 _new_applied = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
 
 
+def decode_batch(
+    shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
+) -> ApplyCall:
+    """A batch read with XREADGROUP > decoded for holding (``--hold-turns``):
+    only ``applied``, the entries that decoded and belong to ``shard``; the
+    others are left to ``apply_entries`` (which dead-letters them), whose
+    call is built when needed. Not a call to send as it is (no KEYS/ARGV)."""
+    applied: list[Applied] = []
+    max_bytes = options.limits.max_entry_bytes
+    for raw_id, fields in entries:
+        try:
+            key, record = decode_stream_entry(fields, max_entry_bytes=max_bytes)
+        except EntryError:
+            continue
+        if options.shards > 1 and _shard_of(fields, options.shards) != shard.index:
+            continue
+        applied.append(_new_applied(Applied, (key, as_text(raw_id), record,
+                                              _entry_size(fields))))
+    return ApplyCall([], [], [], applied, newest=True, now_ms=now_ms)
+
+
+def _shard_of(fields: dict[Any, Any], shards: int) -> int:
+    named = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v
+             for k, v in fields.items()}
+    return shard_of(routing_id(named), shards)
+
+
 def _entry_args(
     shard: Shard,
     turns: _Turns,
@@ -155,11 +182,7 @@ def _entry_args(
         return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries, ""]
     # Field names are bytes from Redis; one that is not UTF-8 is just an
     # unknown field (decode_entry ignored it), never a reason to fail the batch.
-    expected = 0
-    if options.shards > 1:
-        named = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v
-                 for k, v in fields.items()}
-        expected = shard_of(routing_id(named), options.shards)
+    expected = _shard_of(fields, options.shards) if options.shards > 1 else 0
     if expected != shard.index:
         detail = f"the turn belongs to shard {expected}, not {shard.index}"
         return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries, ""]

@@ -91,9 +91,9 @@ class Holding:
             else:
                 refused.append(key)
         if refused:
-            await self._spill(shard, refused)
+            await self._spill(shard, refused, "refused")
 
-    async def _spill(self, shard: Shard, keys: list[TurnKey]) -> None:
+    async def _spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
         """Hand held turns to apply_entries: their entries are stored and
         acked there (the XACK fence skips any that were applied already), and
         the turns go on as any stored turn."""
@@ -106,6 +106,8 @@ class Holding:
                 entries += held.entries
         if entries:
             self.metrics.spilled.inc(len(keys))
+            log.info("spilled held turns", extra={"shard": shard.index, "turns": len(keys),
+                                                  "entries": len(entries), "why": why})
             await self._store(shard, entries, {}, None)
 
     async def _spill_due(self, shard: Shard, everything: bool = False) -> None:
@@ -117,4 +119,4 @@ class Holding:
         keys = (list(holds.turns) if everything
                 else holds.due(time.monotonic(), hold_seconds(self.config.reclaim_idle_ms)))
         if keys:
-            await self._spill(shard, keys)
+            await self._spill(shard, keys, "all" if everything else "due")

@@ -143,6 +143,12 @@ class Metrics:
         if source == "reclaim":
             self.reclaimed.labels(str(shard)).inc(count)
 
+    def settled_by_source(self) -> dict[str, int]:
+        """Turns merged for publishing so far, by source (for the exit log line)."""
+        return {sample.labels["source"]: int(sample.value)
+                for metric in self.settled.collect() for sample in metric.samples
+                if sample.name.endswith("_total")}
+
     def applied(self, counts: Sequence[Any]) -> None:
         """``apply_entries``' third reply: flat ``[name, n, ...]`` with
         ``stored``, ``dropped`` and ``dlq:<reason>``."""

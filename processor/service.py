@@ -119,7 +119,7 @@ async def run_worker(values: dict[str, Any]) -> int:
             background.append(asyncio.create_task(sampler.run()))
         await worker.run()
         await client.aclose()
-        log.info("stopped cleanly")
+        log.info("stopped cleanly", extra={"turns_settled": metrics.settled_by_source()})
         return 0
     finally:
         for task in background:

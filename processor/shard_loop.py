@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from processor.batches import ApplyCall, BatchOptions, build_apply
+from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
 from processor.connections import is_transient
 from processor.keys import Shard
 from processor.membership import Membership
@@ -149,6 +149,8 @@ class ShardLoop:
         if not entries:
             return None
         try:
+            if self.config.hold_turns and not self.config.progress:  # processor.holding
+                return decode_batch(shard, entries, self.options, now_ms())
             call = build_apply(shard, entries, {}, self.options, now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": shard.index})

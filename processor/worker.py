@@ -380,7 +380,7 @@ class Worker(ShardLoop, Recovery, Holding):
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         held = [key for key in todo if key in self._holds[shard.index].turns]
         if held:  # cancelled or timed out while held: finalised as stored turns
-            await self._spill(shard, held)
+            await self._spill(shard, held, "cancel or timeout")
         if todo:
             await self.finalise(shard, todo)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import time
@@ -72,8 +73,9 @@ class ChaosRun(ChaosChecks):
 
     def _flags(self) -> dict[str, Any]:
         cfg = self.cfg
-        return {"reclaim_idle_ms": cfg.reclaim_idle_ms, "batch": cfg.batch,
-                "turn_timeout": cfg.turn_timeout, "log_level": "info"}
+        flags = {"reclaim_idle_ms": cfg.reclaim_idle_ms, "batch": cfg.batch,
+                 "turn_timeout": cfg.turn_timeout, "log_level": "info"}
+        return {**flags, "hold_turns": True} if cfg.hold_turns else flags
 
     def _spawn(self, harness: Harness) -> SubprocessWorker:
         sub = harness.spawn(**self._flags())
@@ -249,6 +251,11 @@ class ChaosRun(ChaosChecks):
             for line in sub.log().splitlines():
                 if '"reclaimed entries"' in line:
                     self.figures.reclaim_logs += 1
+                if '"spilled held turns"' in line:
+                    self.figures.spill_logs += 1
+                if '"stopped cleanly"' in line:
+                    settled = json.loads(line).get("turns_settled", {})
+                    self.figures.held_published += settled.get("held", 0)
                 if '"level": "error"' in line:
                     self.figures.error_logs += 1
                     if len(self.problems) < 20:

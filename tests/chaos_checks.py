@@ -42,6 +42,8 @@ class Figures:
     mismatches: int = 0  # responses differing from processor merge
     unexpected: int = 0  # turns whose outcome is not their plan (e.g. an early timeout)
     reclaim_logs: int = 0  # "reclaimed entries" log lines
+    held_published: int = 0  # turns published as held (--hold-turns), by the workers that exited
+    spill_logs: int = 0  # "spilled held turns" log lines
     error_logs: int = 0  # worker log lines at level error
     leftover_keys: int = 0
 
@@ -59,7 +61,9 @@ class Figures:
             f"lost {self.lost}, duplicated {self.duplicated}, responses differing from "
             f"processor merge {self.mismatches}, unexpected outcomes {self.unexpected}, "
             f"state keys left {self.leftover_keys}",
-            f"worker logs: {self.reclaim_logs} reclaims, {self.error_logs} error lines",
+            f"worker logs: {self.reclaim_logs} reclaims, {self.error_logs} error lines, "
+            f"{self.spill_logs} spills of held turns, {self.held_published} turns published "
+            f"held by the workers that exited",
         ]
 
 

@@ -32,6 +32,7 @@ class ChaosConfig:
     restart_redis: bool = True  # needs ChaosRun.restart
     client_kill: bool = True
     seed: int = 1
+    hold_turns: bool = False  # the workers run with --hold-turns
 
 
 @dataclass

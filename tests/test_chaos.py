@@ -24,10 +24,14 @@ from worker_harness import Harness
 from processor.lifecycle import Limits
 
 
-@pytest.mark.parametrize("shards", [1, 3])
-async def test_chaos_soak(make_redis_server, namespace: str, tmp_path, shards: int) -> None:
+@pytest.mark.parametrize(("shards", "hold"), [(1, False), (3, False), (3, True)])
+async def test_chaos_soak(
+    make_redis_server, namespace: str, tmp_path, shards: int, hold: bool
+) -> None:
     """With one shard every worker reads it; with three, the workers split
-    them (shard affinity) while they are killed and restarted under it."""
+    them (shard affinity) while they are killed and restarted under it; and
+    the same with held turns (--hold-turns: a killed worker's held entries
+    are pending, reclaimed and stored by another)."""
     server = make_redis_server(appendonly=True)  # appendfsync always
     assert server.appendonly
     turns = int(os.environ.get("PROCESSOR_CHAOS_TURNS", "150"))
@@ -36,6 +40,7 @@ async def test_chaos_soak(make_redis_server, namespace: str, tmp_path, shards: i
         shards=shards,
         seed=int(os.environ.get("PROCESSOR_CHAOS_SEED", "1")),
         produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "15")),
+        hold_turns=hold,
     )
 
     async def restart() -> None:
@@ -51,6 +56,8 @@ async def test_chaos_soak(make_redis_server, namespace: str, tmp_path, shards: i
     assert figures.lost == figures.duplicated == figures.mismatches == 0
     assert figures.unexpected == 0 and figures.leftover_keys == 0
     assert sum(figures.statuses.values()) == figures.turns
+    if hold:  # turns were held and published so, and some spilled
+        assert figures.held_published > 0 and figures.spill_logs > 0
 
 
 async def test_no_timeout_while_the_turns_entries_wait_to_be_reclaimed(
