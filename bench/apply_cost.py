@@ -49,7 +49,7 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
             call.newest = True  # read with ">", as the shard loop marks it
             await worker.apply(shard, entries, {}, call)
         else:
-            await scripts.apply_entries(keys=call.keys, args=call.args)
+            await scripts.apply_entries(keys=call.keys, args=call.argv())
         applied += len(entries)
     stats = await client.info("commandstats")
     await workload.forget(client, "{cost:*")

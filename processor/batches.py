@@ -63,9 +63,14 @@ class ApplyCall:
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
 
-    @property
-    def args(self) -> list[Any]:
-        return [*self.head, _pack.encode(self.entries)]
+    def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
+        """The ARGV, with the calling consumer and its floor (``floor`` of
+        includes/watermark.lua, given only with --hold-turns) in their place."""
+        head = self.head
+        return [*head[:_HEAD], consumer, floor, *head[_HEAD:], _pack.encode(self.entries)]
+
+
+_HEAD = 9  # ARGV values before the consumer and its floor (apply_entries.lua)
 
 
 #: The msgpack str headers of lengths below 256 (fixstr, then str 8), made once.
@@ -237,13 +242,15 @@ def parse_member(member: Any) -> TurnKey:
 
 
 def build_finalise(
-    shard: Shard, settled: list[tuple[TurnKey, str, Settled]], options: BatchOptions
+    shard: Shard, settled: list[tuple[TurnKey, str, Settled]], options: BatchOptions,
+    consumer: str = "", floor: str = "",
 ) -> ScriptCall:
-    """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn."""
+    """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn;
+    the calling consumer and its floor as in :meth:`ApplyCall.argv`."""
     call = ScriptCall(
         [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates],
         [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
-         len(settled), options.group],
+         len(settled), options.group, consumer, floor],
     )
     for key, version, outcome in settled:
         tk = key.encode()
@@ -299,7 +306,7 @@ def build_finalise_held(
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk)]
         call.args += [tk, "0", outcome.status, outcome.outputs, outcome.dead_letters,
-                      _pack.encode(ids)]
+                      _pack.encode(ids), outcome.ending]
     if options.agui:
         call.keys.append(shard.agui)
     return call

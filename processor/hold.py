@@ -15,6 +15,7 @@ any consumer started it before); once spilled, it takes the
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +53,6 @@ class Held:
         """The turn's hash as open_turns left it (what :func:`~processor.settle.render` reads)."""
         return {b"ver": b"0", b"started": self.started.encode()}
 
-    def finalise_ids(self) -> list[str]:
-        """The ids finalise_held acks, the ending entry's first."""
-        ending = self.replay.ending
-        return [ending, *(i for i in self.ids if i != ending)]
 
 
 @dataclass
@@ -147,3 +144,33 @@ class Holds:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Floor:
+    """The ``floor`` of includes/watermark.lua for one shard: the oldest id
+    this consumer may have pending there without having held or applied it.
+    Its batches are read in id order, one ahead of the applier; a batch read
+    but not yet routed is unknown, and so is anything after the last one read
+    (a read whose reply is on its way)."""
+
+    unrouted: deque[str] = field(default_factory=deque)  # first ids, oldest first
+    last: str = ""  # the last id read
+
+    def read(self, first: str, last: str) -> None:
+        self.unrouted.append(first)
+        self.last = last
+
+    def routed(self, first: str) -> None:
+        """The batch starting at ``first`` is held or applied (or failed: its
+        entries are then pending to this consumer, which takes them back)."""
+        if self.unrouted and self.unrouted[0] == first:
+            self.unrouted.popleft()
+
+    def value(self) -> str:
+        if self.unrouted:
+            return self.unrouted[0]
+        if not self.last:
+            return ""
+        ms, _, seq = self.last.partition("-")
+        return f"{ms}-{int(seq or 0) + 1}"

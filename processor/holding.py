@@ -20,19 +20,21 @@ from processor.batches import (
     build_open,
     parse_opened,
 )
-from processor.hold import Entry, Holds
+from processor.connections import as_text
+from processor.hold import Entry, Floor, Holds
 from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.metrics import Metrics
-from processor.settle import Settled, render
+from processor.settle import Reason, Settled, render
 
 log = logging.getLogger("processor.worker")
 
 
-def hold_seconds(reclaim_idle_ms: int) -> float:
-    """How long a turn may be held: well inside the reclaim idle time, so
-    that no worker reclaims entries their reader holds on purpose."""
-    return min(5.0, reclaim_idle_ms / 4000)
+def hold_seconds(hold_ms: int, reclaim_idle_ms: int) -> float:
+    """How long a turn may be held: ``--hold-ms``, and never more than half
+    the reclaim idle time, so that no worker reclaims entries their reader
+    holds on purpose (the CLI refuses more; this guards the library use)."""
+    return min(hold_ms, reclaim_idle_ms // 2) / 1000
 
 
 class Holding:
@@ -44,8 +46,22 @@ class Holding:
     options: BatchOptions
     scripts: Any
     _holds: dict[int, Holds]
+    _floors: dict[int, Floor]
+    _orphans: set[int]
     # Worker's: apply entries through apply_entries, and finalise as it does.
     _store: Callable[..., Awaitable[None]]
+
+    def _floor(self, shard: Shard) -> str:
+        """The ``floor`` this consumer gives the watermark (includes/watermark.lua):
+        none without --hold-turns, nor while it may have pending entries it
+        does not know of (a lost reply: it takes them back first)."""
+        if not self.config.hold_turns or shard.index in self._orphans:
+            return ""
+        return self._floors[shard.index].value()
+
+    def _held_ids(self, shard: Shard) -> set[str]:
+        """The ids of every entry this worker holds on ``shard``."""
+        return {i for held in self._holds[shard.index].turns.values() for i in held.ids}
 
     def _holding(self, call: ApplyCall | None) -> bool:
         """Whether a batch goes the held path: read by XREADGROUP > (in id
@@ -64,34 +80,44 @@ class Holding:
             holds.opened(parse_opened(statuses), started.decode() if isinstance(started, bytes)
                          else str(started), time.monotonic())
         routed = holds.route(entries, call.applied)
+        self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
             await self._store(shard, routed.stored, {}, None)
-        ended = [key for key in routed.held if (held := holds.turns.get(key)) and held.ended]
+        ended: dict[TurnKey, Reason] = {
+            key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
             await self._finalise_held(shard, ended)
 
-    async def _finalise_held(self, shard: Shard, keys: list[TurnKey]) -> None:
-        """Publish ended held turns; spill any that finalise_held refuses."""
+    async def _finalise_held(
+        self, shard: Shard, todo: dict[TurnKey, Reason]
+    ) -> list[TurnKey]:
+        """Publish held turns, ended (``closing``), cancelled or timed out,
+        with what is held of them; spill any that finalise_held refuses.
+        Returns the turns published."""
         holds, now = self._holds[shard.index], int(time.time() * 1000)
         settled: list[tuple[TurnKey, list[str], Settled]] = []
-        for key in keys:
+        for key, reason in todo.items():
             held = holds.turns[key]
-            outcome = render(key, held.replay, held.turn_hash(), "closing", now, self.config.agui)
+            outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
             if outcome is not None:
-                settled.append((key, held.finalise_ids(), outcome))
+                settled.append((key, held.ids, outcome))
+        if not settled:
+            return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)
         results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
         self.metrics.finalised([(k, "0", s) for k, _, s in settled], results)
-        refused = []
+        published, refused = [], []
         for (key, ids, _), result in zip(settled, results, strict=True):
             if int(result) == 1:
                 holds.take(key)
+                published.append(key)
                 self.metrics.stored.inc(len(ids))
                 self.metrics.settled.labels("held").inc()
             else:
                 refused.append(key)
         if refused:
             await self._spill(shard, refused, "refused")
+        return published
 
     async def _spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
         """Hand held turns to apply_entries: their entries are stored and
@@ -117,6 +143,7 @@ class Holding:
         if not holds.turns:
             return
         keys = (list(holds.turns) if everything
-                else holds.due(time.monotonic(), hold_seconds(self.config.reclaim_idle_ms)))
+                else holds.due(time.monotonic(),
+                            hold_seconds(self.config.hold_ms, self.config.reclaim_idle_ms)))
         if keys:
             await self._spill(shard, keys, "all" if everything else "due")

@@ -30,6 +30,7 @@ class Recovery:
     _reclaim_cursor: dict[int, str]
     # Worker's: apply entries (a batch, or one by one if the batch fails).
     _apply_isolated: Callable[..., Awaitable[None]]
+    _held_ids: Callable[[Shard], set[str]]  # Holding's
 
     async def _take_back(self, shard: Shard) -> None:
         """Apply what this consumer was delivered but never received, now,
@@ -48,7 +49,9 @@ class Recovery:
             if not found:
                 break
             start = as_text(found[-1][0])
-            entries = [(i, f) for i, f in found if f]
+            # Held entries (--hold-turns) are pending on purpose, not orphans.
+            held = self._held_ids(shard)
+            entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [i for i, f in found if not f]
             if gone:  # deleted while pending: nothing to apply
                 await self.client.xack(shard.updates, cfg.group, *gone)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
-from processor.connections import is_transient
+from processor.connections import as_text, is_transient
+from processor.hold import Floor
 from processor.keys import Shard
 from processor.membership import Membership
 from processor.metrics import Metrics
@@ -95,6 +96,7 @@ class ShardLoop:
     membership: Membership
     options: BatchOptions
     _orphans: set[int]
+    _floors: dict[int, Floor]
     # Worker's and Recovery's.
     _retrying: Callable[..., Awaitable[Any]]
     _apply_isolated: Callable[..., Awaitable[None]]
@@ -192,8 +194,11 @@ class ShardLoop:
             self.metrics.read(shard.index, len(batch.entries))
             # On a connection error the same batch is applied again: the XACK
             # fence makes that idempotent, and nothing waits for a reclaim.
-            await self._guarded(shard, self._retrying, self._apply_isolated, shard,
-                                batch.entries, {}, batch.call)
+            try:
+                await self._guarded(shard, self._retrying, self._apply_isolated, shard,
+                                    batch.entries, {}, batch.call)
+            finally:
+                self._floors[shard.index].routed(as_text(batch.entries[0][0]))
 
     async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
         """One step of the shard loop; a failure is logged and counted, never fatal."""
@@ -231,7 +236,10 @@ class ShardLoop:
         entries = await self._retrying(self._read, shard)
         if entries:
             self.metrics.read(shard.index, len(entries))
-            await self._retrying(self._apply_isolated, shard, entries, {})
+            try:
+                await self._retrying(self._apply_isolated, shard, entries, {})
+            finally:
+                self._floors[shard.index].routed(as_text(entries[0][0]))
 
     async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
         if not self.membership.reads(shard.index):
@@ -254,5 +262,8 @@ class ShardLoop:
                 # Redis may have delivered the batch and lost the reply.
                 self._orphans.add(shard.index)
             raise
-        return [entry for _stream, entries in reply or [] for entry in entries]
+        entries = [entry for _stream, entries in reply or [] for entry in entries]
+        if entries and self.config.hold_turns:
+            self._floors[shard.index].read(as_text(entries[0][0]), as_text(entries[-1][0]))
+        return entries
 

@@ -33,7 +33,7 @@ from processor.batches import (
 )
 from processor.compaction import compact_turns
 from processor.connections import as_text, is_transient, until_done
-from processor.hold import Holds
+from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
@@ -80,6 +80,7 @@ class WorkerConfig:
     compact_threshold: int = 256
     mirror_turns: int = 10_000
     hold_turns: bool = False
+    hold_ms: int = 5000  # at most reclaim_idle_ms / 2 (config.py checks)
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
@@ -128,6 +129,7 @@ class Worker(ShardLoop, Recovery, Holding):
                          for s in self.namespace.all()}
         self._holds = {s.index: Holds(config.limits, config.mirror_turns, budget)
                        for s in self.namespace.all()}
+        self._floors = {s.index: Floor() for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
@@ -195,6 +197,8 @@ class Worker(ShardLoop, Recovery, Holding):
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
                               extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
+                if self.config.hold_turns:  # pending, neither held nor applied: see _floor
+                    self._orphans.add(shard.index)
                 return
             log.exception("batch failed, applying its entries one by one",
                           extra={"shard": shard.index, "count": len(entries)})
@@ -222,7 +226,7 @@ class Worker(ShardLoop, Recovery, Holding):
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
         cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
-            keys=call.keys, args=call.args)
+            keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
         self.metrics.applied(counts)
         fresh = self._follow(shard, call.applied, versions, call.newest)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
@@ -323,7 +327,8 @@ class Worker(ShardLoop, Recovery, Holding):
                 settled.append((key, as_text(turn_hash.get(b"ver", b"0")), outcome))
         if not settled:
             return again
-        call = build_finalise(shard, settled, self.options)
+        call = build_finalise(shard, settled, self.options, self.config.consumer,
+                              self._floor(shard))
         results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
         self.metrics.finalised(settled, results)
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
@@ -365,7 +370,8 @@ class Worker(ShardLoop, Recovery, Holding):
         _now, ready, expired, active, count = await self.scripts.sweep_shard(
             keys=[shard.updates, shard.active, shard.closing],
             args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
-                  self.options.ready_limit if whole else 0, start, size],
+                  self.options.ready_limit if whole else 0, start, size, cfg.consumer,
+                  self._floor(shard)],
         )
         self._active[shard.index] = int(count)
         self._cursor[shard.index] = 0 if start + size >= count else start + len(active)
@@ -378,9 +384,10 @@ class Worker(ShardLoop, Recovery, Holding):
                     todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
-        held = [key for key in todo if key in self._holds[shard.index].turns]
-        if held:  # cancelled or timed out while held: finalised as stored turns
-            await self._spill(shard, held, "cancel or timeout")
+        held = {key: why for key, why in todo.items() if key in self._holds[shard.index].turns}
+        if held:  # cancelled or timed out while held: published from what is held
+            for key in await self._finalise_held(shard, held):
+                del todo[key]
         if todo:
             await self.finalise(shard, todo)
 

@@ -237,7 +237,7 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
         # Corrupt the progress events of the first entry: unpacking them fails.
         first = call.entries.index(ids[0])
         call.entries[first + 5] = msgpack_str(b"\xc1")
-        await Scripts(harness.client).apply_entries(keys=call.keys, args=call.args)
+        await Scripts(harness.client).apply_entries(keys=call.keys, args=call.argv())
         assert await harness.client.xlen(shard.updates) == 0
         assert (await harness.client.xpending(shard.updates, config.group))["pending"] == 0
         outputs = await harness.outputs()

@@ -8,6 +8,8 @@ publishes, exactly once."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 from typing import Any
 
@@ -72,3 +74,177 @@ def test_a_turn_is_held_from_its_first_entry_and_fed_each_entry_once() -> None:
     again = holds.route(raw, applied)  # the same batch after a lost reply: nothing twice
     assert again.held == [] and holds.turns[key].ids == ["1-0", "2-0"]
     assert holds.to_open(applied) == {}
+
+
+def _update(rid: str, text: str) -> dict[str, Any]:
+    return {"response_id": rid, "update": {
+        "type": "agent_response_update", "role": "assistant", "message_id": "m",
+        "contents": [{"type": "text", "text": text}]}}
+
+
+def _end(rid: str) -> dict[str, Any]:
+    return {"response_id": rid, "kind": "end"}
+
+
+def _text_of(outputs: Any, rid: str) -> str:
+    response = json.loads(outputs.turns[TurnKey(rid)].response)
+    return "".join(c["text"] for m in response["messages"] for c in m["contents"]
+                   if c.get("type") == "text")
+
+
+async def _pending(harness: Harness, consumer: str | None = None) -> int:
+    shard = harness.shards[0]
+    if consumer is None:
+        return int((await harness.client.xpending(shard.updates, harness.group))["pending"])
+    rows = await harness.client.xpending_range(shard.updates, harness.group, min="-", max="+",
+                                               count=1000, consumername=consumer)
+    return len(rows)
+
+
+async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker holding turns dies (its task cancelled: no spill); their
+    entries stay pending, another worker reclaims and stores them, and each
+    turn is published once, as processor merge publishes it."""
+    entries = [_update("a", "1"), _update("b", "x"), _update("a", "2"), _update("b", "y")]
+    ends = [_end("a"), _end("b")]
+    async with Harness(redis_url, namespace, **HOLD) as harness:
+        holder = await harness.start_worker(hold_ms=60_000, reclaim_idle_ms=120_000)
+        await harness.add(entries)
+        await harness.wait_for(lambda: len(holder.worker._holds[0].turns) == 2, 10,
+                               "the turns were never held")
+        holder.task.cancel()  # a crash: nothing spilled, nothing acked
+        await asyncio.gather(holder.task, return_exceptions=True)
+        harness.workers.remove(holder)
+        assert await _pending(harness, holder.consumer) == 4
+        rescuer = await harness.start_worker(reclaim_idle_ms=300)
+        await harness.add(ends)
+        await harness.wait_merged(2, timeout=30)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        reclaimed = _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
+                            source="reclaim")
+    compare_with_offline(outputs, offline_results(entries + ends))
+    assert reclaimed == 4
+
+
+async def test_another_consumers_older_entry_makes_the_holder_spill(
+    redis_url: str, namespace: str
+) -> None:
+    """An entry of the turn pending to another consumer (read, not applied)
+    fails finalise_held's check: the turn is spilled, waits for that entry
+    (reclaimed once idle) and is published with it, in order."""
+    async with Harness(redis_url, namespace, reclaim_idle_ms=500, **HOLD) as harness:
+        await harness.add([_update("t", "1")])
+        shard = harness.shards[0]
+        await harness.client.xgroup_create(shard.updates, harness.group, id="0")
+        await harness.client.xreadgroup(harness.group, "ghost", {shard.updates: ">"}, count=10)
+        (running,) = await harness.start_workers(1)
+        rest = [_update("t", "2"), _update("t", "3"), _end("t")]
+        await harness.add(rest)
+        await harness.wait_merged(1, timeout=30)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+    assert _text_of(outputs, "t") == "123"
+    assert spilled == 1
+
+
+async def test_a_dead_letter_of_a_held_turn_moves_its_version_and_it_spills(
+    redis_url: str, namespace: str
+) -> None:
+    """A bad entry of a held turn is dead-lettered by apply_entries, which
+    moves the turn's version: finalise_held refuses the worker's copy (which
+    never saw it), the turn spills and is published with the dead letter
+    counted."""
+    async with Harness(redis_url, namespace, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add([_update("t", "1")])
+        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.add([{"response_id": "t", "update": "{not json"}, _update("t", "2"),
+                           _end("t")])
+        await harness.wait_merged(1, timeout=30)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+    turn = outputs.turns[TurnKey("t")]
+    assert _text_of(outputs, "t") == "12"
+    assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
+    assert turn.events[-1]["counts"]["dlq"] == 1 and spilled == 1
+
+
+async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
+    redis_url: str, namespace: str
+) -> None:
+    async with Harness(redis_url, namespace, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add([_update("c", "1"), _update("c", "2")])
+        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.cancel("c")
+        await harness.wait_merged(1, timeout=30)
+        await harness.add([_update("c", "3"), _end("c")])
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        done = await harness.client.hgetall(harness.shards[0].done(TurnKey("c").encode()))
+    turn = outputs.turns[TurnKey("c")]
+    assert turn.merged[0]["status"] == "cancelled" and _text_of(outputs, "c") == "12"
+    assert int(done[b"dropped"]) == 2 and outputs.dlq == []
+    assert outputs.terminal_counts()[TurnKey("c")] == 1
+
+
+async def test_a_turn_held_past_hold_ms_is_stored_and_finishes_stored(
+    redis_url: str, namespace: str
+) -> None:
+    async with Harness(redis_url, namespace, hold_ms=200, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add([_update("s", "1"), _update("s", "2")])
+        await harness.wait_applied()  # stored: acked, and the stream trimmed
+        recs = await harness.client.hlen(harness.shards[0].recs(TurnKey("s").encode()))
+        await harness.add([_update("s", "3"), _end("s")])
+        await harness.wait_merged(1)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+    assert recs == 2 and spilled == 1 and _text_of(outputs, "s") == "123"
+
+
+async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace: str) -> None:
+    async with Harness(redis_url, namespace, hold_ms=60_000, reclaim_idle_ms=120_000,
+                       **HOLD) as harness:
+        first = await harness.start_worker()
+        await harness.add([_update("p", "1"), _update("p", "2")])
+        await harness.wait_for(lambda: first.worker._holds[0].turns, 10, "never held")
+        await harness.stop_worker(first)
+        assert await _pending(harness) == 0  # stored and acked before it left
+        await harness.start_worker()
+        await harness.add([_update("p", "3"), _end("p")])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    assert _text_of(outputs, "p") == "123"
+
+
+async def test_a_stored_turn_does_not_wait_for_held_turns(
+    redis_url: str, namespace: str
+) -> None:
+    """A stored turn (started before this worker held anything) is published
+    as soon as its end is applied, though older entries of held turns are
+    still pending: they are this worker's, and held turns never need them
+    (the floor of includes/watermark.lua)."""
+    async with Harness(redis_url, namespace, hold_ms=60_000, reclaim_idle_ms=120_000,
+                       **HOLD) as harness:
+        plain = await harness.start_worker(hold_turns=False)
+        await harness.add([_update("old", "1")])
+        await harness.wait_applied()
+        await harness.stop_worker(plain)
+        (running,) = await harness.start_workers(1)
+        await harness.add([_update("held", "x")])
+        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.add([_update("old", "2"), _end("old")])
+        await harness.wait_merged(1, timeout=10)
+        still_held = list(running.worker._holds[0].turns)
+        await harness.add([_end("held")])
+        await harness.wait_merged(2)
+        outputs = await harness.outputs()
+    assert still_held == [TurnKey("held")]
+    assert _text_of(outputs, "old") == "12" and _text_of(outputs, "held") == "x"

@@ -32,8 +32,9 @@ ARGV[5] max updates per turn  ARGV[6] max bytes per turn
 ARGV[7] max bytes of an entry's names and values copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9] compaction threshold (stored records of a turn; 0 = never)
-ARGV[10 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
-ARGV[10 + 2*T]                the entries: one msgpack array, 8 values per entry:
+ARGV[10] this consumer        ARGV[11] its floor (includes/watermark; '' = none)
+ARGV[12 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
+ARGV[12 + 2*T]                the entries: one msgpack array, 8 values per entry:
                               id, turn index (0 = none), op, a, b, c, deliveries, ids
   op "u" update / "e" end|error: a = stored record, b = size, c = progress events
                                   (msgpack array of field arrays), ids = the entry's
@@ -57,7 +58,8 @@ local dlq_value_max = tonumber(ARGV[7])
 local ready_limit = tonumber(ARGV[8])
 local compact_at = tonumber(ARGV[9])
 local compact_step = math.max(1, math.floor(compact_at / 2))
-local TURNS = 10  -- ARGV index of the first turn's tk
+local consumer, floor = ARGV[10], ARGV[11]
+local TURNS = 12  -- ARGV index of the first turn's tk
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -312,7 +314,8 @@ for j = 1, #members, 1000 do
   redis.call('ZADD', active, unpack(members, j, math.min(j + 999, #members)))
 end
 
+--- includes/watermark
 --- includes/ready_closing
 local flat = {}
 for name, n in pairs(counts) do flat[#flat + 1] = name; flat[#flat + 1] = n end
-return { cancelled, ready_closing(updates, group, closing, ready_limit), flat, full, versions }
+return { cancelled, ready_closing(updates, group, consumer, floor, closing, ready_limit), flat, full, versions }

@@ -6,7 +6,8 @@ For each turn, atomically, unless it is done or gone (0), or its version
 moved since open_turns made it (-1: some consumer stored, dropped or
 dead-lettered one of its entries, so this worker's copy is not the whole
 turn), or another consumer has a pending entry older than the entry that
-ended it (2: that entry may be one of the turn's):
+ended it (2: that entry may be one of the turn's; not checked for a
+cancel or a timeout, after which such entries are dropped):
 XACK every entry of the turn this consumer holds (one call), then publish
 its outcome as finalise_turns does (merged response, terminal event, dead
 letters, done marker) and trim what is acked from the stream. The caller
@@ -28,9 +29,12 @@ KEYS[5 + 2*T + 1]          agui stream (only with --agui)
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
 ARGV[7] this consumer
-ARGV[8 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status, outputs and
+ARGV[8 + 7*(t-1) + 0..6]   per turn t: tk, expected version, status, outputs and
                            dead letters (as finalise_turns), the held entry ids
-                           (msgpack array, the ending entry's id first)
+                           (msgpack array), the id of the entry that ended the
+                           turn ('' = a cancel or a timeout: published with
+                           what is held, as finalise_turns publishes what is
+                           stored, without the check on other consumers)
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
 changed, 2 another consumer holds an older entry
@@ -47,36 +51,28 @@ local agui = KEYS[5 + 2 * nturns + 1]
 --- includes/publish_event
 --- includes/publish_outcome
 --- includes/trim_acked
+--- includes/watermark
 
--- The oldest entry pending to any other consumer (padded), '' when none
--- is; looked up once, on the first turn that needs it.
+-- The oldest entry pending to another consumer, looked up once, on the
+-- first turn that needs it (false: none is).
 local others
-local function others_oldest()
-  if others then return others end
-  others = ''
-  local summary = redis.call('XPENDING', updates, group)
-  for _, pair in ipairs(summary[4] or {}) do
-    if pair[1] ~= consumer then
-      local first = redis.call('XPENDING', updates, group, '-', '+', 1, pair[1])
-      if first[1] then
-        local id = pad_id(first[1][1])
-        if others == '' or id < others then others = id end
-      end
-    end
-  end
+local function others_first()
+  if others == nil then others = others_oldest(updates, group, consumer) or false end
   return others
 end
 
 local acked = false
 local function finalise(t)
-  local k, a = 5 + 2 * (t - 1), 8 + 6 * (t - 1)
+  local k, a = 5 + 2 * (t - 1), 8 + 7 * (t - 1)
   local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
   local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
-  local ids = cmsgpack.unpack(ARGV[a + 5])
-  local oldest = others_oldest()
-  if oldest ~= '' and oldest < pad_id(ids[1]) then return 2 end
+  local ids, ending = cmsgpack.unpack(ARGV[a + 5]), ARGV[a + 6]
+  if ending ~= '' then
+    local oldest = others_first()
+    if oldest and oldest < pad_id(ending) then return 2 end
+  end
   for j = 1, #ids, 1000 do
     redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))
   end

@@ -9,8 +9,8 @@ found after the turn's end, mark the turn done (hash with TTL, for dedup and
 drop counting) and delete its state.
 
 A turn ended by one of its entries (end, error, limit) is published only once
-that entry is below the shard's watermark (every earlier entry of the stream
-acked, so the caller's replay had all of them): until then its closing member
+that entry is below the shard's watermark (includes/watermark: every earlier
+entry of the stream it may need acked, so the caller's replay had all of them): until then its closing member
 is moved to that entry, for a later sweep, and the turn is left alone. The
 apply script counts limits in apply order, which may cross a limit "early".
 
@@ -21,7 +21,8 @@ KEYS[6 + 3*T + 1]          agui stream (only with --agui: then every turn's outp
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
-ARGV[7 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
+ARGV[7] this consumer      ARGV[8] its floor (includes/watermark; '' = none)
+ARGV[9 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
                            merged fields + terminal event fields (+ AG-UI entries with
                            --agui) (msgpack [[...], [...](, [[...], ...])]),
                            dead letters (msgpack array of field arrays),
@@ -36,29 +37,27 @@ local updates = KEYS[6]
 local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
-local group = ARGV[6]
+local group, consumer, floor = ARGV[6], ARGV[7], ARGV[8]
 local agui = KEYS[6 + 3 * nturns + 1]
 
 --- includes/pad_id
 --- includes/publish_event
 --- includes/publish_outcome
+--- includes/watermark
 
--- The oldest pending entry of the shard (padded), or nil when none is.
-local function oldest_pending()
-  local ok, pending = pcall(redis.call, 'XPENDING', updates, group)
-  if not ok or tonumber(pending[1]) == 0 then return nil end
-  return pad_id(pending[2])
-end
-local watermark = oldest_pending()
+-- The shard's watermark (includes/watermark); nil when nothing is pending
+-- or the stream or group is gone.
+local ok, mark = pcall(watermark, updates, group, consumer, floor)
+if not ok then mark = nil end
 
 local function finalise(t)
-  local k, a = 6 + 3 * (t - 1), 7 + 6 * (t - 1)
+  local k, a = 6 + 3 * (t - 1), 9 + 6 * (t - 1)
   local tkey, rkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local ending = ARGV[a + 5]
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
-  if ending ~= '' and watermark and watermark < pad_id(ending) then
+  if ending ~= '' and mark and mark < pad_id(ending) then
     local member = pad_id(ending) .. '|' .. tk
     local current = redis.call('HGET', tkey, 'closing')
     if current ~= member then

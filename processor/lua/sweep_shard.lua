@@ -11,6 +11,7 @@ ARGV[1] consumer group   ARGV[2] turn timeout (ms)
 ARGV[3] ready limit (most closing and timed-out turns returned; 0 for
         none: a worker sweeping a shard it does not read, for cancels only)
 ARGV[4] active slice start   ARGV[5] active slice size
+ARGV[6] this consumer        ARGV[7] its floor (includes/watermark; '' = none)
 
 Returns { now_ms, ready closing members, timed-out tks, active slice tks, active count }
 ]==]
@@ -19,15 +20,17 @@ local updates, active, closing = KEYS[1], KEYS[2], KEYS[3]
 local group = ARGV[1]
 local timeout_ms, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local start, size = tonumber(ARGV[4]), tonumber(ARGV[5])
+local consumer, floor = ARGV[6], ARGV[7]
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 --- includes/pad_id
+--- includes/watermark
 --- includes/ready_closing
 
 -- A stream or group deleted under a running worker must not fail the sweep.
-local ok, ready = pcall(ready_closing, updates, group, closing, limit)
+local ok, ready = pcall(ready_closing, updates, group, consumer, floor, closing, limit)
 if not ok then ready = {} end
 -- Idle means no entry *arrived* for the timeout (contract 7), not "none was
 -- applied": entries may wait in a dead worker's pending list or, after an
