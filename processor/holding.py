@@ -30,11 +30,12 @@ from processor.settle import Reason, Settled, render
 log = logging.getLogger("processor.worker")
 
 
-def hold_seconds(hold_ms: int, reclaim_idle_ms: int) -> float:
-    """How long a turn may be held: ``--hold-ms``, and never more than half
-    the reclaim idle time, so that no worker reclaims entries their reader
-    holds on purpose (the CLI refuses more; this guards the library use)."""
-    return min(hold_ms, reclaim_idle_ms // 2) / 1000
+def hold_seconds(hold_ms: int | None, reclaim_idle_ms: int) -> float:
+    """How long a turn may be held: ``--hold-ms`` (default 5 s), and never
+    more than half the reclaim idle time, so that no worker reclaims entries
+    their reader holds on purpose (the CLI refuses more; this guards the
+    library use)."""
+    return min(5000 if hold_ms is None else hold_ms, reclaim_idle_ms // 2) / 1000
 
 
 class Holding:

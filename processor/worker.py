@@ -80,7 +80,7 @@ class WorkerConfig:
     compact_threshold: int = 256
     mirror_turns: int = 10_000
     hold_turns: bool = False
-    hold_ms: int = 5000  # at most reclaim_idle_ms / 2 (config.py checks)
+    hold_ms: int | None = None  # None: 5000, or reclaim_idle_ms / 2 if less (config.py checks)
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
