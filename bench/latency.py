@@ -21,7 +21,8 @@ class Latency:
     samples: list[float]  # ms, one per turn, after the warm-up turns
 
 
-async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100) -> Latency:
+async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100,
+                  **flags: Any) -> Latency:
     """A paced producer at ``rate`` updates/s and one worker: time from sending
     a turn's ``end`` entry to reading its merged entry (both clocks here).
 
@@ -32,7 +33,7 @@ async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100) -> L
     machine would not take from the worker."""
     client = ctx.client
     async with Harness(ctx.url, "lat", log_dir=ctx.log_dir) as harness:
-        subs = spawn_workers(harness, 1)
+        subs = spawn_workers(harness, 1, **flags)  # flags: e.g. hold_turns=True
         shard = harness.shards[0]
         sent: dict[bytes, float] = {}
         got: dict[bytes, float] = {}

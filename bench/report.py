@@ -68,6 +68,11 @@ def own_copy_share(t: Throughput) -> str:
     return f"{mirror / (mirror + replay):.0%}" if mirror + replay else "-"
 
 
+def _cpu_per_update(t: Throughput) -> float:
+    """Microseconds of CPU (consumers and redis-server) per update."""
+    return 1e6 * sum(t.cpu.values()) / t.updates
+
+
 def summary(r: dict[str, Any]) -> str:
     """The headline: command, machine, throughput and the two ratios."""
     runs: list[Throughput] = r["throughput"]
@@ -132,6 +137,17 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
+    held = next((t for t in runs if t.name == "processor, 1 worker, held turns"), None)
+    if held is not None:
+        also = f", processor / FastStream {held.rate / peer.rate:.2f}x" if peer else ""
+        lines.append(
+            f"- **With `--hold-turns` (experimental, off by default; docs/design.md, *Held "
+            f"turns*): processor / drain {held.rate / drain.rate:.2f}{also}** (1 worker), "
+            f"{held.rate / one.rate:.2f}x the default worker, with "
+            f"{_cpu_per_update(held):.0f} µs of CPU per update (consumers + redis-server; "
+            f"redis-server {1e6 * held.cpu.get('redis', 0) / held.updates:.0f} µs) against "
+            f"{_cpu_per_update(one):.0f} µs ({1e6 * one.cpu.get('redis', 0) / one.updates:.0f}"
+            " µs).")
     ceiling = next((t for t in runs if t.name == "in-memory ceiling"), None)
     if ceiling is not None:
         lines.append(
@@ -188,9 +204,23 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
         "",
         f"Target p99 under {LATENCY_TARGET_MS:g} ms: {verdict(p99 < LATENCY_TARGET_MS)} "
         f"(p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round).",
+        *_held_latency(r),
         "",
         "![latency](bench-latency.png)",
     ])
+
+
+def _held_latency(r: dict[str, Any]) -> list[str]:
+    """The same pace with the worker holding turns (``--hold-turns``), if run."""
+    lat = r.get("latency_held")
+    if lat is None:
+        return []
+    p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
+    rounds = ", ".join(f"{percentile(one.samples, 99):.1f} ms"
+                       for one in r.get("latency_held_rounds", [lat]))
+    return ["", f"With `--hold-turns` (experimental), the same pace and rounds: p50 "
+                f"{p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round "
+                f"(p99 of each round: {rounds}): {verdict(p99 < LATENCY_TARGET_MS)}."]
 
 
 def memory_section(mem: Memory | None, rss: RssRun | None) -> str:

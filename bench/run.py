@@ -77,6 +77,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "'--mirror-turns 0' (the docs are then left untouched)")
     p.add_argument("--no-sharded", action="store_true",
                    help="skip the runs of N workers on N shards (for each N > 1 of --workers)")
+    p.add_argument("--no-held", action="store_true",
+                   help="skip the runs with --hold-turns (1 worker, and the most workers "
+                        "on as many shards)")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
@@ -119,6 +122,11 @@ async def one_round(
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags))
     for n in args.sharded_counts:
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags, shards=n))
+    if not args.no_held and "--hold-turns" not in args.worker_flags:
+        held = (*args.worker_flags, "--hold-turns")
+        runs.append(await scenarios.processor(ctx, work, 1, flags=held))
+        for n in args.sharded_counts[-1:]:
+            runs.append(await scenarios.processor(ctx, work, n, flags=held, shards=n))
     runs.append(await scenarios.faststream(ctx_peer, peer))
     for t in runs:
         show(t)
@@ -194,6 +202,17 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             # moment of the machine, and the best round would flatter.
             r["latency"] = latency.median_round(runs_lat)
             r["latency_rounds"] = runs_lat
+            if not args.no_held:  # the same pace, the worker holding turns
+                held_lat = []
+                for _ in range(args.repeat):
+                    lat = await latency.latency(ctx, work.head(args.latency_turns), rate,
+                                                hold_turns=True)
+                    held_lat.append(lat)
+                    p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
+                    say(f"{'latency, held turns':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, "
+                        f"p99.9 {p[2]:.1f} ms at {lat.achieved:,.0f} updates/s")
+                r["latency_held"] = latency.median_round(held_lat)
+                r["latency_held_rounds"] = held_lat
             r["latency_rate_set"] = bool(args.latency_rate)
             r["latency_turns"] = args.latency_turns
         if args.memory_turns:
@@ -310,8 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     drain = next(t for t in runs if t.name == "drain")
     peer = next(t for t in runs if t.name == "FastStream")
     one = next(t for t in runs if t.name.endswith(" 1 worker"))
+    held = next((t for t in runs if t.name == "processor, 1 worker, held turns"), None)
+    also = (f"; with --hold-turns {held.rate / drain.rate:.2f} and "
+            f"{held.rate / peer.rate:.2f}x" if held else "")
     say(f"ratio processor/drain {one.rate / drain.rate:.2f} (target >= {report.DRAIN_TARGET:g}), "
-        f"processor/FastStream {one.rate / peer.rate:.2f}x (target >= {report.PEER_TARGET:g}x)")
+        f"processor/FastStream {one.rate / peer.rate:.2f}x (target >= {report.PEER_TARGET:g}x)"
+        + also)
     return 0
 
 

@@ -265,6 +265,8 @@ async def processor(
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
     if workers > 1 or shards > 1:
         label += f", {shards} shard" + ("s" if shards > 1 else "")
+    if "--hold-turns" in flags:
+        label += ", held turns"
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
                       len(work.turns), settled)
 

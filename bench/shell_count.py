@@ -11,7 +11,7 @@ in batches of 500, with the replies ``apply_entries`` would give made up
 
     python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
     export PYTHONHASHSEED=0  # else str hashing moves a side by up to ~1,200 per entry
-    for side in none decode build follow finish; do
+    for side in none decode build follow finish held; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/sc.$side \\
             python bench/shell_count.py $side --turns 400 --entries /tmp/sc.entries
     done
@@ -22,7 +22,9 @@ entries built, nothing else), ``decode`` (``decode_stream_entry`` per
 entry), ``build`` (``build_apply`` per batch, which decodes too, instead),
 ``follow`` (``Mirrors.update`` per batch: the worker's copy of each turn,
 merge included), ``finish`` (``render`` of each turn whose end was fed, as
-a finalise from the worker's copy does). ``python bench/shell_count.py
+a finalise from the worker's copy does); and ``held``, on its own beside
+``none``: what a worker holding turns (``--hold-turns``) does instead of
+``build`` to ``finish`` (decode, feed the held copy, render). ``python bench/shell_count.py
 SIDE`` alone prints the entries and turns and the seconds it took.
 """
 
@@ -36,15 +38,16 @@ from pathlib import Path
 import msgspec
 import workload
 
-from processor.batches import ApplyCall, build_apply
+from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
 from processor.decode import decode_stream_entry
+from processor.hold import Holds
 from processor.ids import TurnKey
-from processor.keys import Namespace
-from processor.mirror import Mirrors, Version
+from processor.keys import Namespace, Shard
+from processor.mirror import MIRROR_BYTES, Mirrors, Version
 from processor.settle import render
 from processor.worker import WorkerConfig
 
-SIDES = ("none", "decode", "build", "follow", "finish")
+SIDES = ("none", "decode", "build", "follow", "finish", "held")
 BATCH = 500
 NOW_MS = 1_700_000_000_000
 
@@ -92,17 +95,35 @@ def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
             if (m := mirrors.turns.get(key)) is not None and m.replay.life.outcome is not None]
 
 
+def hold(shard: Shard, entries: list[Entry], options: BatchOptions, holds: Holds) -> None:
+    """One batch as a worker holding turns takes it (``processor.holding``):
+    decoded, new turns opened (open_turns made up: every one held), fed,
+    and the turns it ended rendered for finalise_held."""
+    call = decode_batch(shard, entries, options, NOW_MS)
+    holds.opened({key: True for key in holds.to_open(call.applied)}, str(NOW_MS), 0.0)
+    routed = holds.route(entries, call.applied)
+    for key in routed.held:
+        held = holds.turns[key]
+        if held.ended:
+            holds.take(key)
+            render(key, held.replay, held.turn_hash(), "closing", NOW_MS)
+
+
 def run(side: str, replies: list[list[Entry]]) -> None:
     config = WorkerConfig(namespace="count")
     shard = next(iter(Namespace(config.namespace, 1).all()))
     options = config.batch_options()
     mirrors = Mirrors(config.limits)
+    holds = Holds(config.limits, config.mirror_turns, MIRROR_BYTES)
     for entries in replies:
         if side == "decode":
             for _id, fields in entries:
                 decode_stream_entry(fields)
             continue
         if side == "none":
+            continue
+        if side == "held":
+            hold(shard, entries, options, holds)
             continue
         call = build_apply(shard, entries, {}, options, NOW_MS)
         if side == "build":
