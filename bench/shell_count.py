@@ -100,8 +100,8 @@ def hold(shard: Shard, entries: list[Entry], options: BatchOptions, holds: Holds
     decoded, new turns opened (open_turns made up: every one held), fed,
     and the turns it ended rendered for finalise_held."""
     call = decode_batch(shard, entries, options, NOW_MS)
-    holds.opened({key: True for key in holds.to_open(call.applied)}, str(NOW_MS), 0.0)
-    routed = holds.route(entries, call.applied)
+    holds.opened({key: True for key in holds.to_open(call.decoded)}, str(NOW_MS), 0.0)
+    routed = holds.route(entries, call.decoded)
     for key in routed.held:
         held = holds.turns[key]
         if held.ended:

@@ -62,6 +62,8 @@ class ApplyCall:
     # delivered before (processor.mirror need not check their order).
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
+    # decode_batch's: one per entry read, None for one apply_entries dead-letters
+    decoded: list[Applied | None] = field(default_factory=list)
 
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
         """The ARGV, with the calling consumer and its floor (``floor`` of
@@ -141,21 +143,25 @@ def decode_batch(
     shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
 ) -> ApplyCall:
     """A batch read with XREADGROUP > decoded for holding (``--hold-turns``):
-    only ``applied``, the entries that decoded and belong to ``shard``; the
-    others are left to ``apply_entries`` (which dead-letters them), whose
-    call is built when needed. Not a call to send as it is (no KEYS/ARGV)."""
-    applied: list[Applied] = []
+    ``decoded`` has each entry that decoded and belongs to ``shard``, None
+    for the others, which are left to ``apply_entries`` (it dead-letters
+    them; its call is built when needed). Not a call to send as it is."""
+    decoded: list[Applied | None] = []
+    add = decoded.append
     max_bytes = options.limits.max_entry_bytes
+    shards = options.shards
     for raw_id, fields in entries:
         try:
             key, record = decode_stream_entry(fields, max_entry_bytes=max_bytes)
         except EntryError:
+            add(None)
             continue
-        if options.shards > 1 and _shard_of(fields, options.shards) != shard.index:
+        if shards > 1 and _shard_of(fields, shards) != shard.index:
+            add(None)
             continue
-        applied.append(_new_applied(Applied, (key, as_text(raw_id), record,
-                                              _entry_size(fields))))
-    return ApplyCall([], [], [], applied, newest=True, now_ms=now_ms)
+        entry_id = raw_id.decode() if raw_id.__class__ is bytes else str(raw_id)
+        add(_new_applied(Applied, (key, entry_id, record, _entry_size(fields))))
+    return ApplyCall([], [], [], newest=True, now_ms=now_ms, decoded=decoded)
 
 
 def _shard_of(fields: dict[Any, Any], shards: int) -> int:

@@ -41,7 +41,6 @@ class Held:
     since: float  # monotonic seconds when it was opened
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
-    last: tuple[int, int] = (0, 0)
     size: int = 0  # bytes of its entries
 
     @property
@@ -73,17 +72,21 @@ class Holds:
     turns: dict[TurnKey, Held] = field(default_factory=dict)
     old: set[TurnKey] = field(default_factory=set)
     bytes: int = 0
+    last: tuple[int, int] = (0, 0)  # the newest entry routed (batches arrive in id order)
 
-    def to_open(self, applied: list[Applied]) -> dict[TurnKey, dict[str, str]]:
+    def to_open(self, decoded: list[Applied | None]) -> dict[TurnKey, dict[str, str]]:
         """The batch's turns this worker knows nothing of yet, in first-seen
         order, with their first entry's correlation ids (for synthesis.started,
         as ``apply_entries`` would publish it)."""
         if len(self.old) > OLD_TURNS:
             self.old.clear()
         found: dict[TurnKey, dict[str, str]] = {}
-        for entry in applied:
+        turns, old = self.turns, self.old
+        for entry in decoded:
+            if entry is None:
+                continue
             key = entry.key
-            if key not in self.turns and key not in self.old and key not in found:
+            if key not in turns and key not in old and key not in found:
                 found[key] = entry.record.ids
         return found
 
@@ -95,33 +98,40 @@ class Holds:
             else:
                 self.old.add(key)
 
-    def route(self, entries: list[Entry], applied: list[Applied]) -> Routed:
-        """Feed the entries of held turns; the rest are stored (an entry that
-        failed to decode is dead-lettered by ``apply_entries``, which moves
-        its turn's version: a held turn then spills at its finalise)."""
-        plain: dict[str, Applied] = {entry.entry_id: entry for entry in applied}
+    def route(self, entries: list[Entry], decoded: list[Applied | None]) -> Routed:
+        """Feed the entries of held turns (``decoded``: decode_batch's, one per
+        entry); the rest are stored (an entry that failed to decode is
+        dead-lettered by ``apply_entries``, which moves its turn's version: a
+        held turn then spills at its finalise). A batch routed again (its
+        reply lost, the same call retried) feeds nothing twice."""
+        turns = self.turns
         fed: dict[TurnKey, None] = {}
         stored: list[Entry] = []
-        for raw in entries:
-            entry = plain.get(_text(raw[0]))
-            held = None if entry is None else self.turns.get(entry.key)
+        seen = self._routed(entries)
+        size = 0
+        for raw, entry in zip(entries, decoded, strict=True):
+            held = None if entry is None else turns.get(entry.key)
             if entry is None or held is None:
                 stored.append(raw)
-            elif self._feed(held, raw, entry):
+            elif seen is None or id_order(entry.entry_id) > seen:
+                held.replay.feed(entry.entry_id, entry.record, entry.size)
+                held.entries.append(raw)
+                held.ids.append(entry.entry_id)
+                held.size += entry.size
+                size += entry.size
                 fed[held.key] = None
+        self.bytes += size
         return Routed(list(fed), stored)
 
-    def _feed(self, held: Held, raw: Entry, entry: Applied) -> bool:
-        order = id_order(entry.entry_id)
-        if order <= held.last:
-            return False  # the same batch applied again after a lost reply
-        held.last = order
-        held.replay.feed(entry.entry_id, entry.record, entry.size)
-        held.entries.append(raw)
-        held.ids.append(entry.entry_id)
-        held.size += entry.size
-        self.bytes += entry.size
-        return True
+    def _routed(self, entries: list[Entry]) -> tuple[int, int] | None:
+        """Move the last id routed to this batch's; return the one before if
+        this batch starts at or below it (routed before), else None."""
+        if not entries:
+            return None
+        first, last = (id_order(_text(entries[i][0])) for i in (0, -1))
+        before = self.last
+        self.last = max(before, last)
+        return before if first <= before else None
 
     def take(self, key: TurnKey) -> Held | None:
         held = self.turns.pop(key, None)
@@ -140,10 +150,6 @@ class Holds:
             keys.append(key)
             count, size = count - 1, size - held.size
         return keys
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -174,3 +180,7 @@ class Floor:
             return ""
         ms, _, seq = self.last.partition("-")
         return f"{ms}-{int(seq or 0) + 1}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -73,14 +73,14 @@ class Holding:
     async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall) -> None:
         """Hold what can be held of a batch, store the rest, publish what ended."""
         holds = self._holds[shard.index]
-        fresh = holds.to_open(call.applied)
+        fresh = holds.to_open(call.decoded)
         if fresh:
             opened = build_open(shard, fresh, self.options, call.now_ms)
             statuses, started = await self.scripts.open_turns(keys=opened.keys,
                                                               args=opened.args)
             holds.opened(parse_opened(statuses), started.decode() if isinstance(started, bytes)
                          else str(started), time.monotonic())
-        routed = holds.route(entries, call.applied)
+        routed = holds.route(entries, call.decoded)
         self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
             await self._store(shard, routed.stored, {}, None)

@@ -248,3 +248,24 @@ async def test_a_stored_turn_does_not_wait_for_held_turns(
         outputs = await harness.outputs()
     assert still_held == [TurnKey("held")]
     assert _text_of(outputs, "old") == "12" and _text_of(outputs, "held") == "x"
+
+
+def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> None:
+    """The same call is retried after a lost reply: entries already fed are
+    not fed again, even when the batch's last entry did not decode (so the
+    batch's ids, not its decoded entries, say how far routing went)."""
+    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
+    key = TurnKey("r1")
+    updates = [{"response_id": "r1", "update": e["update"]} for e in simple_turn("r1", 4)[:4]]
+    first = [(f"{i}-0", f) for i, f in enumerate(updates[:2], 1)]
+    second = [*((f"{i}-0", f) for i, f in enumerate(updates[2:], 3)), ("5-0", {"bad": "x"})]
+    decoded_first = [_applied(key, i, f) for i, f in first]
+    decoded_second = [*(_applied(key, i, f) for i, f in second[:2]), None]
+    holds.opened({key: True}, "5", now=0.0)
+    holds.route(first, decoded_first)
+    routed = holds.route(second, decoded_second)
+    assert routed.stored == [second[2]]  # the undecodable one: apply_entries dead-letters it
+    again = holds.route(second, decoded_second)
+    assert again.held == [] and again.stored == [second[2]]
+    assert holds.turns[key].ids == ["1-0", "2-0", "3-0", "4-0"]
+    assert holds.turns[key].replay.life.counts.updates == 4
