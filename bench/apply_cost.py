@@ -20,7 +20,7 @@ from typing import Any
 import redis.asyncio
 import workload
 
-from processor.batches import build_apply
+from processor.batches import build_apply, decode_batch
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 from processor.scripts import Scripts
@@ -28,13 +28,16 @@ from processor.worker import Worker, WorkerConfig
 
 
 async def one_round(client: Any, work: workload.Workload, batch: int = 500,
-                    finalise: bool = False) -> tuple[int, dict[str, Any]]:
+                    finalise: bool = False, held: bool = False) -> tuple[int, dict[str, Any]]:
     """Apply the whole stream once, ``batch`` entries a call; the entries
     applied and the commandstats. With ``finalise``, each batch goes through
     the worker's own ``apply`` (the script, its copy of the turns, then
     ``finalise_turns`` for the turns made ready), so the shard's zsets hold
-    only the turns in flight, as in a running worker."""
-    config = WorkerConfig(namespace="cost")
+    only the turns in flight, as in a running worker. With ``held``, the
+    worker holds turns (``--hold-turns``: ``open_turns`` and
+    ``finalise_held`` instead)."""
+    finalise = finalise or held
+    config = WorkerConfig(namespace="cost", consumer="cost", hold_turns=held)
     shard = next(iter(Namespace(config.namespace, 1).all()))
     scripts, options = Scripts(client), config.batch_options()
     worker = Worker(client, config) if finalise else None
@@ -44,7 +47,9 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
     while reply := await client.xreadgroup(config.group, "cost", {shard.updates: ">"},
                                            count=batch):
         entries = reply[0][1]
-        call = build_apply(shard, entries, {}, options, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        call = (decode_batch(shard, entries, options, now) if held
+                else build_apply(shard, entries, {}, options, now))
         if worker is not None:
             call.newest = True  # read with ">", as the shard loop marks it
             await worker.apply(shard, entries, {}, call)

@@ -8,7 +8,7 @@ counted, applies the end-to-end workload's first ``--turns`` turns with
 ``apply_entries`` in batches of 500 as the worker builds them (no finalise),
 and prints the instructions per entry applied::
 
-    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500] [--finalise]
+    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500] [--finalise | --held]
 
 ``--keep`` keeps callgrind's output for ``callgrind_annotate --inclusive=yes``.
 
@@ -52,7 +52,7 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
 
 
 async def count(turns: int, keep: Path | None = None, batch: int = 500,
-                finalise: bool = False) -> None:
+                finalise: bool = False, held: bool = False) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -66,7 +66,7 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
             await _wait_up(client)
             work = workload.build(turns)
             await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
-            applied, _stats = await one_round(client, work, batch, finalise)
+            applied, _stats = await one_round(client, work, batch, finalise, held)
             with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
                 await client.shutdown(nosave=True)
             server.wait(timeout=60)  # callgrind writes its counts as the server exits
@@ -77,7 +77,8 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
         total = _total(out)
         if keep is not None:
             shutil.copyfile(out, keep)
-    scripts = "apply_entries and finalise_turns" if finalise else "apply_entries"
+    scripts = ("open_turns and finalise_held (held turns)" if held
+               else "apply_entries and finalise_turns" if finalise else "apply_entries")
     print(f"entries applied: {applied:,} ({turns:,} turns, {batch} a call)")
     print(f"{scripts}: {total / applied:,.0f} instructions of redis-server per entry "
           f"({total:,} inside EVALSHA)")
@@ -92,5 +93,7 @@ if __name__ == "__main__":
     parser.add_argument("--finalise", action="store_true",
                         help="apply each batch as the worker does, finalising the turns "
                              "it makes ready (both scripts counted)")
+    parser.add_argument("--held", action="store_true",
+                        help="apply each batch as a worker holding turns does (--hold-turns)")
     args = parser.parse_args()
-    asyncio.run(count(args.turns, args.keep, args.batch, args.finalise))
+    asyncio.run(count(args.turns, args.keep, args.batch, args.finalise, args.held))

@@ -8,7 +8,7 @@ blocked in ``select`` with nothing to run: the time that better overlap of
 the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
-    python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
+    python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge] [--hold-turns]
 
 A diagnostic for trying a change to the shard loop (compare the idle
 seconds, which move less with the machine's load than the throughput),
@@ -63,11 +63,11 @@ class IdleClock:
 
 
 async def one_round(client: Any, work: workload.Workload, index: int,
-                    idle: IdleClock) -> tuple[float, float, float]:
+                    idle: IdleClock, hold: bool = False) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
-    worker = Worker(client, WorkerConfig(namespace=namespace))
+    worker = Worker(client, WorkerConfig(namespace=namespace, hold_turns=hold))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()
     await asyncio.sleep(0.3)  # its first idle reads are under way
@@ -107,7 +107,7 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
     return update if update is not None else fields[b"response_id"] + b"|" + fields[b"kind"]
 
 
-async def main(turns: int, rounds: int, free: bool) -> None:
+async def main(turns: int, rounds: int, free: bool, hold: bool) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -117,7 +117,7 @@ async def main(turns: int, rounds: int, free: bool) -> None:
         if free:
             free_decode_merge(work)
         for index in range(rounds):
-            wall, cpu, waited = await one_round(client, work, index, idle)
+            wall, cpu, waited = await one_round(client, work, index, idle, hold)
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
                   f"CPU {cpu:.2f} s  loop idle {waited:.2f} s", flush=True)
         await client.aclose()
@@ -129,5 +129,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--free-decode-merge", action="store_true",
                         help="decoding a table lookup, merging an update nothing")
+    parser.add_argument("--hold-turns", action="store_true", help="the worker holds turns")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge))
+    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns))
