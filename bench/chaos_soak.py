@@ -1,6 +1,7 @@
 """The long chaos soak, recorded in docs/reliability.md.
 
-    python bench/chaos_soak.py [--turns 1000] [--seconds 120] [--seed 2] [--no-write]
+    python bench/chaos_soak.py [--turns 1000] [--seconds 120] [--seed 2] [--shards 1]
+        [--reclaim-idle-ms 1000] [--hold-turns] [--no-write]
 
 Starts a private redis-server with the AOF on (appendfsync always) and runs
 tests/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
@@ -9,6 +10,8 @@ restarted, Redis SIGKILLed and restarted once, every worker connection
 CLIENT KILLed once. Prints the figures and, unless ``--no-write``, writes them
 into docs/reliability.md between the ``chaos-soak`` marker comments. Exits 1
 if any check failed (a lost, duplicated or differing turn, an error logged).
+With ``--hold-turns`` the workers hold turns, and the figures go between
+the ``chaos-soak-held`` markers instead.
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ async def soak(cfg: ChaosConfig) -> tuple[list[str], list[str]]:
 
 
 def record(lines: list[str], cfg: ChaosConfig, command: str) -> None:
+    begin, end = (BEGIN, END) if not cfg.hold_turns else (
+        BEGIN.replace("soak", "soak-held"), END.replace("soak", "soak-held"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     block = "\n".join([
-        BEGIN,
+        begin,
         f"Measured at commit `{commit}` with `{command}` on {platform.system()} "
         f"{platform.machine()}, {os.cpu_count()} cores, load average {load} (a shared "
         "machine: times are noisy, counts are not).",
@@ -63,11 +68,11 @@ def record(lines: list[str], cfg: ChaosConfig, command: str) -> None:
         "```text",
         *lines,
         "```",
-        END,
+        end,
     ])
     text = DOC.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
     DOC.write_text(head + block + tail)
 
 
@@ -76,16 +81,27 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=120.0, help="producing time")
     parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--reclaim-idle-ms", type=int, default=ChaosConfig.reclaim_idle_ms,
+                        help="the workers' --reclaim-idle-ms (with --hold-turns, a turn is "
+                             "held at most half of it)")
+    parser.add_argument("--hold-turns", action="store_true", help="the workers hold turns")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    cfg = ChaosConfig(turns=args.turns, produce_seconds=args.seconds, seed=args.seed)
+    cfg = ChaosConfig(turns=args.turns, produce_seconds=args.seconds, seed=args.seed,
+                      shards=args.shards, hold_turns=args.hold_turns,
+                      reclaim_idle_ms=args.reclaim_idle_ms)
     lines, problems = asyncio.run(soak(cfg))
     print("\n".join(lines))
     for problem in problems[:20]:
         print("PROBLEM:", problem, file=sys.stderr)
     if not args.no_write and not problems:
         command = (f"python bench/chaos_soak.py --turns {args.turns} "
-                   f"--seconds {args.seconds:g} --seed {args.seed}")
+                   f"--seconds {args.seconds:g} --seed {args.seed}"
+                   + (f" --shards {args.shards}" if args.shards != 1 else "")
+                   + (f" --reclaim-idle-ms {args.reclaim_idle_ms}"
+                      if args.reclaim_idle_ms != ChaosConfig.reclaim_idle_ms else "")
+                   + (" --hold-turns" if args.hold_turns else ""))
         record(lines, cfg, command)
         print(f"written to {DOC.relative_to(ROOT)}")
     return 1 if problems else 0

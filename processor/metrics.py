@@ -61,7 +61,8 @@ class Metrics:
             registry=r)
         self.stored = Counter(
             "processor_entries_stored", "Entries applied to their turn's state (merged at "
-            "finalisation), as counted by apply_entries", registry=r)
+            "finalisation), as counted by apply_entries, and held turns' entries once "
+            "published (--hold-turns)", registry=r)
         self.spilled = Counter(
             "processor_held_turns_spilled", "Held turns (--hold-turns) handed to apply_entries "
             "instead of being published from the worker's memory", registry=r)

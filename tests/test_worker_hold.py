@@ -17,6 +17,7 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results, simple_turn
 from worker_harness import Harness
 
+from processor.batches import build_apply, decode_batch
 from processor.decode import decode_entry
 from processor.hold import Holds
 from processor.ids import TurnKey
@@ -269,3 +270,45 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     assert again.held == [] and again.stored == [second[2]]
     assert holds.turns[key].ids == ["1-0", "2-0", "3-0", "4-0"]
     assert holds.turns[key].replay.life.counts.updates == 4
+
+
+async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak: a turn this worker holds part of, whose other
+    entries (its end among them) another consumer stored. The watermark
+    skips this worker's own held entries, so the stored path finds the turn
+    ready here: the worker must store what it holds of it before
+    publishing it, or those entries end up dead-lettered as turn_closed.
+    Driven step by step (the worker's reads made by the test) so that the
+    other consumer gets exactly the entries it should."""
+    async with Harness(redis_url, namespace) as harness:
+        client = harness.client
+        shard = harness.shards[0]
+        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        config = harness.worker_config(hold_turns=True)
+        worker = Worker(client, config)
+        worker._orphans.clear()  # it knows every entry pending to it
+
+        async def read(consumer: str) -> list[Any]:
+            reply = await client.xreadgroup(harness.group, consumer, {shard.updates: ">"})
+            return reply[0][1]
+
+        async def hold(entries: list[Any]) -> None:
+            ids = [e[0].decode() for e in entries]
+            worker._floors[0].read(ids[0], ids[-1])
+            call = decode_batch(shard, entries, worker.options, 0)
+            await worker.apply(shard, entries, {}, call)
+
+        await harness.add([_update("u", "1")])
+        await hold(await read(config.consumer))
+        assert TurnKey("u") in worker._holds[0].turns
+        await harness.add([_update("u", "2"), _end("u")])
+        others = await read("other")  # another consumer stores them
+        call = build_apply(shard, others, {}, worker.options, 0)
+        await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
+        await harness.add([_update("v", "x")])
+        await hold(await read(config.consumer))  # its floor is now past u's end
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert _text_of(outputs, "u") == "12" and outputs.dlq == []

@@ -21,11 +21,17 @@ from processor.lifecycle import Limits
 from processor.offline import merge_lines
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
 @pytest.mark.parametrize("name", scenario_names())
-async def test_scenario_live_equals_offline(name: str, redis_url: str, namespace: str) -> None:
+async def test_scenario_live_equals_offline(
+    name: str, hold: bool, redis_url: str, namespace: str
+) -> None:
+    """Both paths: turns stored entry by entry (the default), and held in
+    the worker's memory (--hold-turns), spilling to the stored path when a
+    cancel, a dead letter or a limit calls for it."""
     lines = scenario_lines(name)
     offline = offline_results_of_lines(lines)
-    async with Harness(redis_url, namespace, agui=True,
+    async with Harness(redis_url, namespace, agui=True, hold_turns=hold,
                        limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
         await harness.start_workers(2)
         await feed_scenario(harness, lines)
