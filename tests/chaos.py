@@ -253,6 +253,7 @@ class ChaosRun(ChaosChecks):
                     self.figures.reclaim_logs += 1
                 if '"spilled held turns"' in line:
                     self.figures.spill_logs += 1
+                    self.figures.spills[json.loads(line).get("why", "?")] += 1
                 if '"stopped cleanly"' in line:
                     settled = json.loads(line).get("turns_settled", {})
                     self.figures.held_published += settled.get("held", 0)

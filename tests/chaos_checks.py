@@ -44,6 +44,7 @@ class Figures:
     reclaim_logs: int = 0  # "reclaimed entries" log lines
     held_published: int = 0  # turns published as held (--hold-turns), by the workers that exited
     spill_logs: int = 0  # "spilled held turns" log lines
+    spills: Counter[str] = field(default_factory=Counter)  # those lines, by why
     error_logs: int = 0  # worker log lines at level error
     leftover_keys: int = 0
 
@@ -62,8 +63,8 @@ class Figures:
             f"processor merge {self.mismatches}, unexpected outcomes {self.unexpected}, "
             f"state keys left {self.leftover_keys}",
             f"worker logs: {self.reclaim_logs} reclaims, {self.error_logs} error lines, "
-            f"{self.spill_logs} spills of held turns, {self.held_published} turns published "
-            f"held by the workers that exited",
+            f"{self.spill_logs} spills of held turns {dict(self.spills)}, "
+            f"{self.held_published} turns published held by the workers that exited",
         ]
 
 
