@@ -16,9 +16,10 @@ end
 -- oldest pending entry. With --hold-turns the calling consumer passes
 -- `floor`, the oldest id it may have pending without having held or applied
 -- it (its next batch not yet routed): its own pending entries below the
--- floor are all held, and a held turn's entries are never a stored turn's,
--- so they are skipped; the watermark is then the oldest of the floor and
--- every other consumer's oldest pending entry. floor '' = no skipping.
+-- floor are all held, so they are skipped (the worker stores what it holds
+-- of a turn before it finalises it on the stored path: worker.finalise);
+-- the watermark is then the oldest of the floor and every other consumer's
+-- oldest pending entry. floor '' = no skipping.
 local function watermark(updates, group, consumer, floor)
   local summary = redis.call('XPENDING', updates, group)
   if tonumber(summary[1]) == 0 then return nil end
