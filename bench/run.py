@@ -143,6 +143,19 @@ async def one_worker_on(ctx: Ctx, work: Any, turns: int, name: str, *args: Any,
     return await scenarios.processor(extra, head, 1, *args, **options)
 
 
+async def latency_rounds(args: argparse.Namespace, ctx: Ctx, work: Any, rate: float,
+                         label: str, **flags: Any) -> list[Any]:
+    """``--repeat`` rounds of the latency run at ``rate`` (worker ``flags``), each printed."""
+    rounds = []
+    for _ in range(args.repeat):
+        lat = await latency.latency(ctx, work.head(args.latency_turns), rate, **flags)
+        rounds.append(lat)
+        p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
+        say(f"{label:>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 "
+            f"{p[2]:.1f} ms at {lat.achieved:,.0f} updates/s")
+    return rounds
+
+
 async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     r: dict[str, Any] = {}
     with EmbeddedRedis() as server:
@@ -191,26 +204,14 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         one = next(t for t in runs if t.name.endswith(" 1 worker"))
         if args.latency_turns:
             rate = args.latency_rate or one.rate / 2
-            runs_lat = []
-            for _ in range(args.repeat):
-                lat = await latency.latency(ctx, work.head(args.latency_turns), rate)
-                runs_lat.append(lat)
-                p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
-                say(f"{'latency':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, p99.9 "
-                    f"{p[2]:.1f} ms at {lat.achieved:,.0f} updates/s")
+            runs_lat = await latency_rounds(args, ctx, work, rate, "latency")
             # Judged on the round of median p99: one round can meet a busy
             # moment of the machine, and the best round would flatter.
             r["latency"] = latency.median_round(runs_lat)
             r["latency_rounds"] = runs_lat
             if not args.no_held:  # the same pace, the worker holding turns
-                held_lat = []
-                for _ in range(args.repeat):
-                    lat = await latency.latency(ctx, work.head(args.latency_turns), rate,
+                held_lat = await latency_rounds(args, ctx, work, rate, "latency, held turns",
                                                 hold_turns=True)
-                    held_lat.append(lat)
-                    p = [latency.percentile(lat.samples, q) for q in (50, 99, 99.9)]
-                    say(f"{'latency, held turns':>24}: p50 {p[0]:.1f} ms, p99 {p[1]:.1f} ms, "
-                        f"p99.9 {p[2]:.1f} ms at {lat.achieved:,.0f} updates/s")
                 r["latency_held"] = latency.median_round(held_lat)
                 r["latency_held_rounds"] = held_lat
             r["latency_rate_set"] = bool(args.latency_rate)
