@@ -11,6 +11,7 @@ restarted, and every worker connection on every node cut once.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -47,7 +48,12 @@ def spread_namespace(cluster: LocalRedisCluster, shards: int = SHARDS) -> str:
     raise AssertionError("no namespace spreads over every master")
 
 
-async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path) -> None:
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_scenarios_on_a_cluster(
+    redis_cluster: LocalRedisCluster, tmp_path, hold: bool
+) -> None:
+    """Every scenario on a three-master cluster, stored and held (--hold-turns:
+    open_turns and finalise_held touch only keys of the turn's shard slot)."""
     names = scenario_names()
     lines = {name: scenario_lines(name) for name in names}
     offline: dict = {}
@@ -58,7 +64,8 @@ async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path
 
     async with Harness(redis_cluster.url, namespace, shards=SHARDS, cluster=True,
                        log_dir=tmp_path) as harness:
-        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(3)]
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info", hold_turns=hold)
+                 for _ in range(3)]
         await harness.wait_started(procs, timeout=60)
         for phase in range(max(len(s) for s in segments.values())):
             cancels = []
@@ -79,7 +86,11 @@ async def test_scenarios_on_a_cluster(redis_cluster: LocalRedisCluster, tmp_path
         assert await harness.state_keys() == []
         for sub in list(harness.procs):
             assert harness.terminate(sub) == 0
+        held = sum(json.loads(line).get("turns_settled", {}).get("held", 0)
+                   for sub in procs for line in sub.log().splitlines()
+                   if '"stopped cleanly"' in line)
 
+    assert (held > 0) == hold  # with --hold-turns, turns were published held
     compare_with_offline(outputs, offline, "scenarios on a cluster")
     by_id = {key.response_id: turn.result() for key, turn in outputs.turns.items()}
     for name in names:
