@@ -83,8 +83,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--reclaim-idle-ms", type=int, default=ChaosConfig.reclaim_idle_ms,
-                        help="the workers' --reclaim-idle-ms (with --hold-turns, a turn is "
-                             "held at most half of it)")
+                        help="the workers' --reclaim-idle-ms (a dead worker's entries wait "
+                             "this long)")
     parser.add_argument("--hold-turns", action="store_true", help="the workers hold turns")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()

@@ -93,9 +93,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("hold_turns", _flag, False, "experimental: keep each turn's entries pending and "
            "merged in this worker's memory until the turn ends, then publish and ack them in "
            "one step (docs/design.md, Held turns; no effect with --progress)"),
-    Option("hold_ms", int, None, "with --hold-turns: a turn held this long is handed to the "
-           "stored path (the stream keeps every entry since the oldest held one); at most half "
-           "of --reclaim-idle-ms (default: 5000, or that half if less)", 1),
+    Option("hold_ms", int, 5000, "with --hold-turns: a turn held this long is handed to the "
+           "stored path (the stream keeps every entry since the oldest held one; held "
+           "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
@@ -186,12 +186,6 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
         path = values[name]
         if path and not os.path.isfile(path):
             problems.append(f"--{name.replace('_', '-')}: no such file {path!r}")
-    hold_ms = values["hold_ms"]
-    if values["hold_turns"] and hold_ms is not None and hold_ms * 2 > values["reclaim_idle_ms"]:
-        problems.append(
-            f"--hold-ms ({values['hold_ms']}) must be at most half of --reclaim-idle-ms "
-            f"({values['reclaim_idle_ms']}): another worker would reclaim held entries"
-        )
     if values["ssl_keyfile"] and not values["ssl_certfile"]:
         problems.append("--ssl-keyfile needs --ssl-certfile")
     return problems

@@ -39,6 +39,7 @@ class Held:
     replay: Replay
     started: str  # ms, as open_turns wrote it into the turn's hash
     since: float  # monotonic seconds when it was opened
+    refreshed: float = 0.0  # when its entries' idle time was last reset (0: never)
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries
@@ -138,6 +139,17 @@ class Holds:
         if held is not None:
             self.bytes -= held.size
         return held
+
+    def stale(self, now: float, every: float) -> list[str]:
+        """The ids of the entries of turns held or last refreshed ``every``
+        seconds ago or more, whose idle time the holder now resets (so that
+        no worker reclaims what is held on purpose); marks them refreshed."""
+        ids: list[str] = []
+        for held in self.turns.values():
+            if now - max(held.since, held.refreshed) >= every:
+                held.refreshed = now
+                ids += held.ids
+        return ids
 
     def due(self, now: float, hold_s: float) -> list[TurnKey]:
         """Turns to spill now: held longer than ``hold_s``, or the oldest

@@ -30,12 +30,9 @@ from processor.settle import Reason, Settled, render
 log = logging.getLogger("processor.worker")
 
 
-def hold_seconds(hold_ms: int | None, reclaim_idle_ms: int) -> float:
-    """How long a turn may be held: ``--hold-ms`` (default 5 s), and never
-    more than half the reclaim idle time, so that no worker reclaims entries
-    their reader holds on purpose (the CLI refuses more; this guards the
-    library use)."""
-    return min(5000 if hold_ms is None else hold_ms, reclaim_idle_ms // 2) / 1000
+#: A held turn's entries have their idle time reset this often, as a share
+#: of --reclaim-idle-ms: well before another worker may reclaim them.
+REFRESH_SHARE = 1 / 3
 
 
 class Holding:
@@ -49,14 +46,17 @@ class Holding:
     _holds: dict[int, Holds]
     _floors: dict[int, Floor]
     _orphans: set[int]
+    _claimed: set[int]
     # Worker's: apply entries through apply_entries, and finalise as it does.
     _store: Callable[..., Awaitable[None]]
 
     def _floor(self, shard: Shard) -> str:
         """The ``floor`` this consumer gives the watermark (includes/watermark.lua):
         none without --hold-turns, nor while it may have pending entries it
-        does not know of (a lost reply: it takes them back first)."""
-        if not self.config.hold_turns or shard.index in self._orphans:
+        neither holds nor has applied (a lost reply or a failed apply: it
+        takes them back first; entries it reclaimed, until applied)."""
+        index = shard.index
+        if not self.config.hold_turns or index in self._orphans or index in self._claimed:
             return ""
         return self._floors[shard.index].value()
 
@@ -96,6 +96,13 @@ class Holding:
         with what is held of them; spill any that finalise_held refuses.
         Returns the turns published."""
         holds, now = self._holds[shard.index], int(time.time() * 1000)
+        if shard.index in self._orphans or shard.index in self._claimed:
+            # Entries may be pending to this consumer that it neither holds nor
+            # has applied, and one may be a held turn's: finalise_held's
+            # argument needs every such entry held. The stored path waits for them.
+            ended = [key for key, reason in todo.items() if reason == "closing"]
+            await self._spill(shard, ended, "unknown pending")
+            todo = {key: reason for key, reason in todo.items() if reason != "closing"}
         settled: list[tuple[TurnKey, list[str], Settled]] = []
         for key, reason in todo.items():
             held = holds.turns[key]
@@ -139,12 +146,27 @@ class Holding:
 
     async def _spill_due(self, shard: Shard, everything: bool = False) -> None:
         """Spill the turns held too long or over the bounds (all of them
-        with ``everything``: stopping, or the shard read by another worker)."""
+        with ``everything``: stopping, or the shard read by another worker),
+        and reset the idle time of what stays held."""
         holds = self._holds[shard.index]
         if not holds.turns:
             return
-        keys = (list(holds.turns) if everything
-                else holds.due(time.monotonic(),
-                            hold_seconds(self.config.hold_ms, self.config.reclaim_idle_ms)))
+        now = time.monotonic()
+        keys = list(holds.turns) if everything else holds.due(now, self.config.hold_ms / 1000)
         if keys:
             await self._spill(shard, keys, "all" if everything else "due")
+        every = self.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
+        if ids := holds.stale(now, every):
+            await self._refresh(shard, ids)
+
+    async def _refresh(self, shard: Shard, ids: list[str]) -> None:
+        """``XCLAIM ... JUSTID`` held entries to this consumer: their idle
+        time starts again and their delivery count stays, so no worker
+        reclaims them while this one is alive. One reclaimed meanwhile (this
+        worker was slow) is taken back; whoever acks it first applies it
+        (the XACK fence), and a turn another worker stored into is refused at
+        finalise_held and spilled."""
+        cfg = self.config
+        for i in range(0, len(ids), 1000):
+            await self.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
+                                     ids[i:i + 1000], justid=True)

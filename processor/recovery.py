@@ -27,6 +27,7 @@ class Recovery:
     metrics: Metrics
     namespace: Namespace
     _orphans: set[int]
+    _claimed: set[int]  # shards with entries reclaimed and being applied
     _reclaim_cursor: dict[int, str]
     # Worker's: apply entries (a batch, or one by one if the batch fails).
     _apply_isolated: Callable[..., Awaitable[None]]
@@ -91,10 +92,20 @@ class Recovery:
             await self.client.xack(shard.updates, cfg.group, *gone)
         if not entries:
             return
-        deliveries = await self._deliveries(shard, entries)
-        self.metrics.read(shard.index, len(entries), "reclaim")
-        log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
-        await self._apply_isolated(shard, entries, deliveries)
+        # Pending to this consumer now, neither held nor applied until applied
+        # below: no floor for the watermark meanwhile (holding._floor); if
+        # applying them fails, they are taken back before the next read.
+        self._claimed.add(shard.index)
+        try:
+            deliveries = await self._deliveries(shard, entries)
+            self.metrics.read(shard.index, len(entries), "reclaim")
+            log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
+            await self._apply_isolated(shard, entries, deliveries)
+        except BaseException:
+            self._orphans.add(shard.index)
+            raise
+        finally:
+            self._claimed.discard(shard.index)
 
     async def _leave(self) -> None:
         """Remove this consumer from each group once it holds no pending entry."""

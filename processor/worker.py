@@ -80,7 +80,7 @@ class WorkerConfig:
     compact_threshold: int = 256
     mirror_turns: int = 10_000
     hold_turns: bool = False
-    hold_ms: int | None = None  # None: 5000, or reclaim_idle_ms / 2 if less (config.py checks)
+    hold_ms: int = 5000
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
@@ -123,6 +123,7 @@ class Worker(ShardLoop, Recovery, Holding):
         # read whose reply a connection error lost (and, at start, a previous
         # process with the same consumer name). See _take_back.
         self._orphans: set[int] = {s.index for s in self.namespace.all()}
+        self._claimed: set[int] = set()  # reclaimed entries being applied (recovery.py)
         # The copies' byte budget is the worker's, shared by its shards.
         budget = MIRROR_BYTES // config.shards
         self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
@@ -194,11 +195,13 @@ class Worker(ShardLoop, Recovery, Holding):
         except Exception as exc:
             if is_transient(exc):
                 raise
+            if self.config.hold_turns:
+                # Some may stay pending, neither held nor applied: no floor
+                # (_floor) until they are taken back before the next read.
+                self._orphans.add(shard.index)
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
                               extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
-                if self.config.hold_turns:  # pending, neither held nor applied: see _floor
-                    self._orphans.add(shard.index)
                 return
             log.exception("batch failed, applying its entries one by one",
                           extra={"shard": shard.index, "count": len(entries)})

@@ -120,12 +120,16 @@ async def run_every_scenario(harness: Harness) -> None:
     compare_with_offline(outputs, offline, "every scenario as the processor user")
 
 
-async def test_every_scenario_as_the_processor_user(acl_server: EmbeddedRedis) -> None:
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_every_scenario_as_the_processor_user(acl_server: EmbeddedRedis, hold: bool) -> None:
     # The harness's own client (producing, cancelling, reading outputs) is the
     # admin; the workers connect with the URL of the ACL user.
-    # --agui: the user may write the AG-UI stream too.
+    # --agui: the user may write the AG-UI stream too. Held: open_turns,
+    # finalise_held, and the XCLAIM that keeps held entries from being
+    # reclaimed (every 0.2 s here) run as the user too.
+    held = {"hold_turns": True, "hold_ms": 1000, "reclaim_idle_ms": 600} if hold else {}
     async with Harness(acl_server.url, NAMESPACE, shards=2, agui=True,
-                       limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
+                       limits=Limits(turn_timeout=TURN_TIMEOUT), **held) as harness:
         harness.url = url_for(acl_server, "processor")
         await harness.start_workers(2)
         await run_every_scenario(harness)

@@ -14,8 +14,7 @@ import pytest
 from worker_harness import ROOT
 
 from processor.cli import build_parser, main
-from processor.config import OPTIONS, resolve, unknown_env, worker_config
-from processor.holding import hold_seconds
+from processor.config import OPTIONS, resolve, unknown_env
 
 
 def _args(*argv: str):
@@ -104,15 +103,3 @@ def test_the_readme_table_lists_every_option() -> None:
             for line in section.splitlines() if line.startswith("| `--")}
     assert rows.pop("--redis-url") == "REDIS_URL"
     assert rows == {opt.flag: opt.env for opt in OPTIONS}
-
-
-def test_a_hold_longer_than_half_the_reclaim_idle_time_is_refused() -> None:
-    """Held entries idle longer than --reclaim-idle-ms would be reclaimed by
-    another worker while their reader still holds them on purpose."""
-    _values, problems = resolve(_args("--hold-turns", "--hold-ms", "6000",
-                                      "--reclaim-idle-ms", "10000"), {})
-    assert problems == ["--hold-ms (6000) must be at most half of --reclaim-idle-ms (10000): "
-                        "another worker would reclaim held entries"]
-    values, problems = resolve(_args("--hold-turns", "--reclaim-idle-ms", "3000"), {})
-    assert problems == [] and worker_config(values).hold_ms is None
-    assert hold_seconds(None, 3000) == 1.5 and hold_seconds(None, 30_000) == 5.0

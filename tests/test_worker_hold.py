@@ -13,6 +13,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+import redis.exceptions
 from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results, simple_turn
 from worker_harness import Harness
@@ -309,6 +311,74 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
         await harness.add([_update("v", "x")])
         await hold(await read(config.consumer))  # its floor is now past u's end
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert _text_of(outputs, "u") == "12" and outputs.dlq == []
+
+
+async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
+    redis_url: str, namespace: str
+) -> None:
+    """A turn held longer than --reclaim-idle-ms: the holder resets its held
+    entries' idle time (XCLAIM JUSTID to itself), so another worker sweeping
+    the shard for idle entries reclaims none, and the turn is still
+    published held once its end comes."""
+    async with Harness(redis_url, namespace, hold_turns=True, affinity=False,
+                       reclaim_idle_ms=900, hold_ms=60_000) as harness:
+        holder = await harness.start_worker()
+        await harness.add([_update("long", "1"), _update("long", "2")])
+        await harness.wait_for(lambda: holder.worker._holds[0].turns, 10, "never held")
+        other = await harness.start_worker()
+        await asyncio.sleep(3.0)  # over three reclaim idle times
+        reclaimed = _metric(other.worker, "processor_entries_consumed_total", shard="0",
+                            source="reclaim")
+        await harness.stop_worker(other)
+        assert await _pending(harness, holder.consumer) == 2
+        await harness.add([_end("long")])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+        held = _metric(holder.worker, "processor_turns_settled_total", source="held")
+    assert reclaimed == 0 and held == 1 and _text_of(outputs, "long") == "12"
+
+
+async def test_entries_reclaimed_but_not_applied_are_waited_for(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak under load: a reclaim's apply cut by a
+    connection error leaves the claimed entries pending to this worker,
+    neither held nor applied; neither a held turn's publish nor the
+    watermark's floor may pass them. The turn waits until they are taken
+    back, and is published whole."""
+    async with Harness(redis_url, namespace) as harness:
+        client = harness.client
+        shard = harness.shards[0]
+        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        config = harness.worker_config(hold_turns=True, reclaim_idle_ms=100)
+        worker = Worker(client, config)
+        worker._orphans.clear()
+
+        async def read(consumer: str) -> list[Any]:
+            reply = await client.xreadgroup(harness.group, consumer, {shard.updates: ">"})
+            return reply[0][1]
+
+        await harness.add([_update("u", "1")])
+        await read("dead")  # a worker that died holding it
+        await asyncio.sleep(0.2)
+        real = worker._apply_isolated
+
+        async def cut(*args: Any) -> None:
+            raise redis.exceptions.ConnectionError("cut")
+
+        worker._apply_isolated = cut  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await worker.reclaim(shard)
+        worker._apply_isolated = real  # type: ignore[method-assign]
+        await harness.add([_update("u", "2"), _end("u")])
+        entries = await read(config.consumer)
+        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+        assert await harness.merged_count() == 0  # waits for "1", pending here
+        await worker._take_back(shard)  # what the loop does before its next read
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert _text_of(outputs, "u") == "12" and outputs.dlq == []
