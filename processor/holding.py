@@ -142,7 +142,13 @@ class Holding:
             self.metrics.spilled.inc(len(keys))
             log.info("spilled held turns", extra={"shard": shard.index, "turns": len(keys),
                                                   "entries": len(entries), "why": why})
-            await self._store(shard, entries, {}, None)
+            try:
+                await self._store(shard, entries, {}, None)
+            except BaseException:
+                # No longer held, maybe not applied: taken back before the
+                # next read, and no floor until then (_floor).
+                self._orphans.add(shard.index)
+                raise
 
     async def _spill_due(self, shard: Shard, everything: bool = False) -> None:
         """Spill the turns held too long or over the bounds (all of them

@@ -56,8 +56,8 @@ async def test_chaos_soak(
     assert figures.lost == figures.duplicated == figures.mismatches == 0
     assert figures.unexpected == 0 and figures.leftover_keys == 0
     assert sum(figures.statuses.values()) == figures.turns
-    if hold:  # turns were held and published so, and some spilled
-        assert figures.held_published > 0 and figures.spill_logs > 0
+    if hold:  # turns were held (how many the survivors published held is chance)
+        assert figures.spill_logs > 0
 
 
 async def test_no_timeout_while_the_turns_entries_wait_to_be_reclaimed(

@@ -382,3 +382,43 @@ async def test_entries_reclaimed_but_not_applied_are_waited_for(
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert _text_of(outputs, "u") == "12" and outputs.dlq == []
+
+
+async def test_a_spill_cut_by_a_connection_error_is_waited_for(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak under load: a spill whose apply_entries call
+    a connection error cut leaves the turn's entries pending, no longer held
+    and maybe not applied; the turn's end, stored next, must wait for them."""
+    async with Harness(redis_url, namespace) as harness:
+        client = harness.client
+        shard = harness.shards[0]
+        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        config = harness.worker_config(hold_turns=True)
+        worker = Worker(client, config)
+        worker._orphans.clear()
+
+        async def hold() -> None:
+            reply = await client.xreadgroup(harness.group, config.consumer, {shard.updates: ">"})
+            entries = reply[0][1]
+            worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+            await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+
+        await harness.add([_update("s", "1")])
+        await hold()
+        real = worker._store
+
+        async def cut(*args: Any) -> None:
+            raise redis.exceptions.ConnectionError("cut")
+
+        worker._store = cut  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await worker._spill(shard, [TurnKey("s")], "due")
+        worker._store = real  # type: ignore[method-assign]
+        await harness.add([_update("s", "2"), _end("s")])
+        await hold()
+        assert await harness.merged_count() == 0  # waits for "1", pending here
+        await worker._take_back(shard)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert _text_of(outputs, "s") == "12" and outputs.dlq == []
