@@ -274,6 +274,41 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     assert holds.turns[key].replay.life.counts.updates == 4
 
 
+class Stepped:
+    """A held-turns worker driven step by step by the test (no loop of its
+    own): the test reads for it and hands it each batch, so that other
+    consumers get exactly the entries the test gives them."""
+
+    def __init__(self, harness: Harness, **config: Any) -> None:
+        self.harness = harness
+        self.shard = harness.shards[0]
+        self.worker = Worker(harness.client, harness.worker_config(hold_turns=True, **config))
+        self.worker._orphans.clear()  # it knows every entry pending to it
+
+    async def start(self) -> Stepped:
+        await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
+                                                id="0", mkstream=True)
+        return self
+
+    async def read(self, consumer: str | None = None) -> list[Any]:
+        """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
+        name = consumer or self.worker.config.consumer
+        reply = await self.harness.client.xreadgroup(self.harness.group, name,
+                                                     {self.shard.updates: ">"})
+        return reply[0][1]
+
+    async def step(self) -> None:
+        """Read a batch and apply it as the shard loop would."""
+        entries = await self.read()
+        worker, shard = self.worker, self.shard
+        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+
+
+async def _cut(*args: Any) -> None:
+    raise redis.exceptions.ConnectionError("cut")
+
+
 async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
     redis_url: str, namespace: str
 ) -> None:
@@ -285,32 +320,17 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
     Driven step by step (the worker's reads made by the test) so that the
     other consumer gets exactly the entries it should."""
     async with Harness(redis_url, namespace) as harness:
-        client = harness.client
-        shard = harness.shards[0]
-        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
-        config = harness.worker_config(hold_turns=True)
-        worker = Worker(client, config)
-        worker._orphans.clear()  # it knows every entry pending to it
-
-        async def read(consumer: str) -> list[Any]:
-            reply = await client.xreadgroup(harness.group, consumer, {shard.updates: ">"})
-            return reply[0][1]
-
-        async def hold(entries: list[Any]) -> None:
-            ids = [e[0].decode() for e in entries]
-            worker._floors[0].read(ids[0], ids[-1])
-            call = decode_batch(shard, entries, worker.options, 0)
-            await worker.apply(shard, entries, {}, call)
-
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
         await harness.add([_update("u", "1")])
-        await hold(await read(config.consumer))
+        await stepped.step()
         assert TurnKey("u") in worker._holds[0].turns
         await harness.add([_update("u", "2"), _end("u")])
-        others = await read("other")  # another consumer stores them
+        others = await stepped.read("other")  # another consumer stores them
         call = build_apply(shard, others, {}, worker.options, 0)
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
         await harness.add([_update("v", "x")])
-        await hold(await read(config.consumer))  # its floor is now past u's end
+        await stepped.step()  # its floor is now past u's end
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert _text_of(outputs, "u") == "12" and outputs.dlq == []
@@ -350,33 +370,18 @@ async def test_entries_reclaimed_but_not_applied_are_waited_for(
     watermark's floor may pass them. The turn waits until they are taken
     back, and is published whole."""
     async with Harness(redis_url, namespace) as harness:
-        client = harness.client
-        shard = harness.shards[0]
-        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
-        config = harness.worker_config(hold_turns=True, reclaim_idle_ms=100)
-        worker = Worker(client, config)
-        worker._orphans.clear()
-
-        async def read(consumer: str) -> list[Any]:
-            reply = await client.xreadgroup(harness.group, consumer, {shard.updates: ">"})
-            return reply[0][1]
-
+        stepped = await Stepped(harness, reclaim_idle_ms=100).start()
+        worker, shard = stepped.worker, stepped.shard
         await harness.add([_update("u", "1")])
-        await read("dead")  # a worker that died holding it
+        await stepped.read("dead")  # a worker that died holding it
         await asyncio.sleep(0.2)
         real = worker._apply_isolated
-
-        async def cut(*args: Any) -> None:
-            raise redis.exceptions.ConnectionError("cut")
-
-        worker._apply_isolated = cut  # type: ignore[method-assign]
+        worker._apply_isolated = _cut  # type: ignore[method-assign]
         with pytest.raises(redis.exceptions.ConnectionError):
             await worker.reclaim(shard)
         worker._apply_isolated = real  # type: ignore[method-assign]
         await harness.add([_update("u", "2"), _end("u")])
-        entries = await read(config.consumer)
-        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+        await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
         await worker._take_back(shard)  # what the loop does before its next read
         await worker.sweep(shard)
@@ -391,32 +396,17 @@ async def test_a_spill_cut_by_a_connection_error_is_waited_for(
     a connection error cut leaves the turn's entries pending, no longer held
     and maybe not applied; the turn's end, stored next, must wait for them."""
     async with Harness(redis_url, namespace) as harness:
-        client = harness.client
-        shard = harness.shards[0]
-        await client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
-        config = harness.worker_config(hold_turns=True)
-        worker = Worker(client, config)
-        worker._orphans.clear()
-
-        async def hold() -> None:
-            reply = await client.xreadgroup(harness.group, config.consumer, {shard.updates: ">"})
-            entries = reply[0][1]
-            worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-            await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
-
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
         await harness.add([_update("s", "1")])
-        await hold()
+        await stepped.step()
         real = worker._store
-
-        async def cut(*args: Any) -> None:
-            raise redis.exceptions.ConnectionError("cut")
-
-        worker._store = cut  # type: ignore[method-assign]
+        worker._store = _cut  # type: ignore[method-assign]
         with pytest.raises(redis.exceptions.ConnectionError):
             await worker._spill(shard, [TurnKey("s")], "due")
         worker._store = real  # type: ignore[method-assign]
         await harness.add([_update("s", "2"), _end("s")])
-        await hold()
+        await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
         await worker._take_back(shard)
         await worker.sweep(shard)
