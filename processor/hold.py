@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.connections import as_text
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
 from processor.mirror import Applied
@@ -129,7 +130,7 @@ class Holds:
         this batch starts at or below it (routed before), else None."""
         if not entries:
             return None
-        first, last = (id_order(_text(entries[i][0])) for i in (0, -1))
+        first, last = (id_order(as_text(entries[i][0])) for i in (0, -1))
         before = self.last
         self.last = max(before, last)
         return before if first <= before else None
@@ -192,7 +193,3 @@ class Floor:
             return ""
         ms, _, seq = self.last.partition("-")
         return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

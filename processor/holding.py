@@ -78,8 +78,7 @@ class Holding:
             opened = build_open(shard, fresh, self.options, call.now_ms)
             statuses, started = await self.scripts.open_turns(keys=opened.keys,
                                                               args=opened.args)
-            holds.opened(parse_opened(statuses), started.decode() if isinstance(started, bytes)
-                         else str(started), time.monotonic())
+            holds.opened(parse_opened(statuses), as_text(started), time.monotonic())
         routed = holds.route(entries, call.decoded)
         self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
@@ -176,3 +175,22 @@ class Holding:
         for i in range(0, len(ids), 1000):
             await self.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
                                      ids[i:i + 1000], justid=True)
+
+    async def _publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
+        """Of a sweep's turns, publish the held ones that were cancelled or
+        timed out from what is held (removed from ``todo``)."""
+        holds = self._holds[shard.index].turns
+        held: dict[TurnKey, Reason] = {key: why for key, why in todo.items()
+                                       if why != "closing" and key in holds}
+        if held:
+            for key in await self._finalise_held(shard, held):
+                del todo[key]
+
+    async def _spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
+        """Spill the turns about to be finalised on the stored path that this
+        worker still holds entries of: another consumer stored the rest (and
+        its end), and the watermark skips this worker's own held entries
+        (includes/watermark.lua), so they must be stored first."""
+        held = [key for key in todo if key in self._holds[shard.index].turns]
+        if held:
+            await self._spill(shard, held, "stored elsewhere")

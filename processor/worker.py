@@ -268,12 +268,7 @@ class Worker(ShardLoop, Recovery, Holding):
     ) -> None:
         """Merge and publish finished turns; re-read any that changed meanwhile.
         ``fresh``: turns whose copy the apply call that made them ready confirmed."""
-        held = [key for key in todo if key in self._holds[shard.index].turns]
-        if held:
-            # Stored by another consumer (it is ready on the stored path) while
-            # this worker holds some of its entries, which the watermark skips
-            # as this worker's own (includes/watermark.lua): store them first.
-            await self._spill(shard, held, "stored elsewhere")
+        await self._spill_ready(shard, todo)
         for _ in range(5):
             with self.metrics.timed(self.metrics.finalise_seconds):
                 todo = await self._finalise_once(shard, todo, fresh or set())
@@ -393,12 +388,7 @@ class Worker(ShardLoop, Recovery, Holding):
                     todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
-        holds = self._holds[shard.index].turns
-        held: dict[TurnKey, Reason] = {key: why for key, why in todo.items()
-                                       if why != "closing" and key in holds}
-        if held:  # cancelled or timed out while held: published from what is held
-            for key in await self._finalise_held(shard, held):
-                del todo[key]
+        await self._publish_held_ends(shard, todo)
         if todo:
             await self.finalise(shard, todo)
 

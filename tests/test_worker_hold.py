@@ -9,17 +9,21 @@ publishes, exactly once."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from typing import Any
 
-import pytest
-import redis.exceptions
 from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results, simple_turn
+from turn_reference import (
+    compare_with_offline,
+    end_entry,
+    interleave,
+    offline_results,
+    response_text,
+    simple_turn,
+    text_delta,
+)
 from worker_harness import Harness
 
-from processor.batches import build_apply, decode_batch
 from processor.decode import decode_entry
 from processor.hold import Holds
 from processor.ids import TurnKey
@@ -79,20 +83,7 @@ def test_a_turn_is_held_from_its_first_entry_and_fed_each_entry_once() -> None:
     assert holds.to_open(applied) == {}
 
 
-def _update(rid: str, text: str) -> dict[str, Any]:
-    return {"response_id": rid, "update": {
-        "type": "agent_response_update", "role": "assistant", "message_id": "m",
-        "contents": [{"type": "text", "text": text}]}}
 
-
-def _end(rid: str) -> dict[str, Any]:
-    return {"response_id": rid, "kind": "end"}
-
-
-def _text_of(outputs: Any, rid: str) -> str:
-    response = json.loads(outputs.turns[TurnKey(rid)].response)
-    return "".join(c["text"] for m in response["messages"] for c in m["contents"]
-                   if c.get("type") == "text")
 
 
 async def _pending(harness: Harness, consumer: str | None = None) -> int:
@@ -110,8 +101,9 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
     """A worker holding turns dies (its task cancelled: no spill); their
     entries stay pending, another worker reclaims and stores them, and each
     turn is published once, as processor merge publishes it."""
-    entries = [_update("a", "1"), _update("b", "x"), _update("a", "2"), _update("b", "y")]
-    ends = [_end("a"), _end("b")]
+    entries = [text_delta(rid, text) for rid, text in (("a", "1"), ("b", "x"), ("a", "2"),
+                                                       ("b", "y"))]
+    ends = [end_entry("a"), end_entry("b")]
     async with Harness(redis_url, namespace, **HOLD) as harness:
         holder = await harness.start_worker(hold_ms=60_000, reclaim_idle_ms=120_000)
         await harness.add(entries)
@@ -139,18 +131,18 @@ async def test_another_consumers_older_entry_makes_the_holder_spill(
     fails finalise_held's check: the turn is spilled, waits for that entry
     (reclaimed once idle) and is published with it, in order."""
     async with Harness(redis_url, namespace, reclaim_idle_ms=500, **HOLD) as harness:
-        await harness.add([_update("t", "1")])
+        await harness.add([text_delta("t", "1")])
         shard = harness.shards[0]
         await harness.client.xgroup_create(shard.updates, harness.group, id="0")
         await harness.client.xreadgroup(harness.group, "ghost", {shard.updates: ">"}, count=10)
         (running,) = await harness.start_workers(1)
-        rest = [_update("t", "2"), _update("t", "3"), _end("t")]
+        rest = [text_delta("t", "2"), text_delta("t", "3"), end_entry("t")]
         await harness.add(rest)
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
         spilled = _metric(running.worker, "processor_held_turns_spilled_total")
-    assert _text_of(outputs, "t") == "123"
+    assert response_text(outputs, "t") == "123"
     assert spilled == 1
 
 
@@ -163,16 +155,16 @@ async def test_a_dead_letter_of_a_held_turn_moves_its_version_and_it_spills(
     counted."""
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        await harness.add([_update("t", "1")])
+        await harness.add([text_delta("t", "1")])
         await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
-        await harness.add([{"response_id": "t", "update": "{not json"}, _update("t", "2"),
-                           _end("t")])
+        await harness.add([{"response_id": "t", "update": "{not json"}, text_delta("t", "2"),
+                           end_entry("t")])
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
         spilled = _metric(running.worker, "processor_held_turns_spilled_total")
     turn = outputs.turns[TurnKey("t")]
-    assert _text_of(outputs, "t") == "12"
+    assert response_text(outputs, "t") == "12"
     assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
     assert turn.events[-1]["counts"]["dlq"] == 1 and spilled == 1
 
@@ -182,16 +174,16 @@ async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
 ) -> None:
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        await harness.add([_update("c", "1"), _update("c", "2")])
+        await harness.add([text_delta("c", "1"), text_delta("c", "2")])
         await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
         await harness.cancel("c")
         await harness.wait_merged(1, timeout=30)
-        await harness.add([_update("c", "3"), _end("c")])
+        await harness.add([text_delta("c", "3"), end_entry("c")])
         await harness.wait_drained()
         outputs = await harness.outputs()
         done = await harness.client.hgetall(harness.shards[0].done(TurnKey("c").encode()))
     turn = outputs.turns[TurnKey("c")]
-    assert turn.merged[0]["status"] == "cancelled" and _text_of(outputs, "c") == "12"
+    assert turn.merged[0]["status"] == "cancelled" and response_text(outputs, "c") == "12"
     assert int(done[b"dropped"]) == 2 and outputs.dlq == []
     assert outputs.terminal_counts()[TurnKey("c")] == 1
 
@@ -201,30 +193,30 @@ async def test_a_turn_held_past_hold_ms_is_stored_and_finishes_stored(
 ) -> None:
     async with Harness(redis_url, namespace, hold_ms=200, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        await harness.add([_update("s", "1"), _update("s", "2")])
+        await harness.add([text_delta("s", "1"), text_delta("s", "2")])
         await harness.wait_applied()  # stored: acked, and the stream trimmed
         recs = await harness.client.hlen(harness.shards[0].recs(TurnKey("s").encode()))
-        await harness.add([_update("s", "3"), _end("s")])
+        await harness.add([text_delta("s", "3"), end_entry("s")])
         await harness.wait_merged(1)
         await harness.wait_drained()
         outputs = await harness.outputs()
         spilled = _metric(running.worker, "processor_held_turns_spilled_total")
-    assert recs == 2 and spilled == 1 and _text_of(outputs, "s") == "123"
+    assert recs == 2 and spilled == 1 and response_text(outputs, "s") == "123"
 
 
 async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace: str) -> None:
     async with Harness(redis_url, namespace, hold_ms=60_000, reclaim_idle_ms=120_000,
                        **HOLD) as harness:
         first = await harness.start_worker()
-        await harness.add([_update("p", "1"), _update("p", "2")])
+        await harness.add([text_delta("p", "1"), text_delta("p", "2")])
         await harness.wait_for(lambda: first.worker._holds[0].turns, 10, "never held")
         await harness.stop_worker(first)
         assert await _pending(harness) == 0  # stored and acked before it left
         await harness.start_worker()
-        await harness.add([_update("p", "3"), _end("p")])
+        await harness.add([text_delta("p", "3"), end_entry("p")])
         await harness.wait_merged(1)
         outputs = await harness.outputs()
-    assert _text_of(outputs, "p") == "123"
+    assert response_text(outputs, "p") == "123"
 
 
 async def test_a_stored_turn_does_not_wait_for_held_turns(
@@ -237,20 +229,20 @@ async def test_a_stored_turn_does_not_wait_for_held_turns(
     async with Harness(redis_url, namespace, hold_ms=60_000, reclaim_idle_ms=120_000,
                        **HOLD) as harness:
         plain = await harness.start_worker(hold_turns=False)
-        await harness.add([_update("old", "1")])
+        await harness.add([text_delta("old", "1")])
         await harness.wait_applied()
         await harness.stop_worker(plain)
         (running,) = await harness.start_workers(1)
-        await harness.add([_update("held", "x")])
+        await harness.add([text_delta("held", "x")])
         await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
-        await harness.add([_update("old", "2"), _end("old")])
+        await harness.add([text_delta("old", "2"), end_entry("old")])
         await harness.wait_merged(1, timeout=10)
         still_held = list(running.worker._holds[0].turns)
-        await harness.add([_end("held")])
+        await harness.add([end_entry("held")])
         await harness.wait_merged(2)
         outputs = await harness.outputs()
     assert still_held == [TurnKey("held")]
-    assert _text_of(outputs, "old") == "12" and _text_of(outputs, "held") == "x"
+    assert response_text(outputs, "old") == "12" and response_text(outputs, "held") == "x"
 
 
 def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> None:
@@ -274,68 +266,6 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     assert holds.turns[key].replay.life.counts.updates == 4
 
 
-class Stepped:
-    """A held-turns worker driven step by step by the test (no loop of its
-    own): the test reads for it and hands it each batch, so that other
-    consumers get exactly the entries the test gives them."""
-
-    def __init__(self, harness: Harness, **config: Any) -> None:
-        self.harness = harness
-        self.shard = harness.shards[0]
-        self.worker = Worker(harness.client, harness.worker_config(hold_turns=True, **config))
-        self.worker._orphans.clear()  # it knows every entry pending to it
-
-    async def start(self) -> Stepped:
-        await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
-                                                id="0", mkstream=True)
-        return self
-
-    async def read(self, consumer: str | None = None) -> list[Any]:
-        """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
-        name = consumer or self.worker.config.consumer
-        reply = await self.harness.client.xreadgroup(self.harness.group, name,
-                                                     {self.shard.updates: ">"})
-        return reply[0][1]
-
-    async def step(self) -> None:
-        """Read a batch and apply it as the shard loop would."""
-        entries = await self.read()
-        worker, shard = self.worker, self.shard
-        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
-
-
-async def _cut(*args: Any) -> None:
-    raise redis.exceptions.ConnectionError("cut")
-
-
-async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
-    redis_url: str, namespace: str
-) -> None:
-    """Found by the chaos soak: a turn this worker holds part of, whose other
-    entries (its end among them) another consumer stored. The watermark
-    skips this worker's own held entries, so the stored path finds the turn
-    ready here: the worker must store what it holds of it before
-    publishing it, or those entries end up dead-lettered as turn_closed.
-    Driven step by step (the worker's reads made by the test) so that the
-    other consumer gets exactly the entries it should."""
-    async with Harness(redis_url, namespace) as harness:
-        stepped = await Stepped(harness).start()
-        worker, shard = stepped.worker, stepped.shard
-        await harness.add([_update("u", "1")])
-        await stepped.step()
-        assert TurnKey("u") in worker._holds[0].turns
-        await harness.add([_update("u", "2"), _end("u")])
-        others = await stepped.read("other")  # another consumer stores them
-        call = build_apply(shard, others, {}, worker.options, 0)
-        await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
-        await harness.add([_update("v", "x")])
-        await stepped.step()  # its floor is now past u's end
-        await worker.sweep(shard)
-        outputs = await harness.outputs()
-    assert _text_of(outputs, "u") == "12" and outputs.dlq == []
-
-
 async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
     redis_url: str, namespace: str
 ) -> None:
@@ -346,7 +276,7 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
     async with Harness(redis_url, namespace, hold_turns=True, affinity=False,
                        reclaim_idle_ms=900, hold_ms=60_000) as harness:
         holder = await harness.start_worker()
-        await harness.add([_update("long", "1"), _update("long", "2")])
+        await harness.add([text_delta("long", "1"), text_delta("long", "2")])
         await harness.wait_for(lambda: holder.worker._holds[0].turns, 10, "never held")
         other = await harness.start_worker()
         await asyncio.sleep(3.0)  # over three reclaim idle times
@@ -354,61 +284,8 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
                             source="reclaim")
         await harness.stop_worker(other)
         assert await _pending(harness, holder.consumer) == 2
-        await harness.add([_end("long")])
+        await harness.add([end_entry("long")])
         await harness.wait_merged(1)
         outputs = await harness.outputs()
         held = _metric(holder.worker, "processor_turns_settled_total", source="held")
-    assert reclaimed == 0 and held == 1 and _text_of(outputs, "long") == "12"
-
-
-async def test_entries_reclaimed_but_not_applied_are_waited_for(
-    redis_url: str, namespace: str
-) -> None:
-    """Found by the chaos soak under load: a reclaim's apply cut by a
-    connection error leaves the claimed entries pending to this worker,
-    neither held nor applied; neither a held turn's publish nor the
-    watermark's floor may pass them. The turn waits until they are taken
-    back, and is published whole."""
-    async with Harness(redis_url, namespace) as harness:
-        stepped = await Stepped(harness, reclaim_idle_ms=100).start()
-        worker, shard = stepped.worker, stepped.shard
-        await harness.add([_update("u", "1")])
-        await stepped.read("dead")  # a worker that died holding it
-        await asyncio.sleep(0.2)
-        real = worker._apply_isolated
-        worker._apply_isolated = _cut  # type: ignore[method-assign]
-        with pytest.raises(redis.exceptions.ConnectionError):
-            await worker.reclaim(shard)
-        worker._apply_isolated = real  # type: ignore[method-assign]
-        await harness.add([_update("u", "2"), _end("u")])
-        await stepped.step()
-        assert await harness.merged_count() == 0  # waits for "1", pending here
-        await worker._take_back(shard)  # what the loop does before its next read
-        await worker.sweep(shard)
-        outputs = await harness.outputs()
-    assert _text_of(outputs, "u") == "12" and outputs.dlq == []
-
-
-async def test_a_spill_cut_by_a_connection_error_is_waited_for(
-    redis_url: str, namespace: str
-) -> None:
-    """Found by the chaos soak under load: a spill whose apply_entries call
-    a connection error cut leaves the turn's entries pending, no longer held
-    and maybe not applied; the turn's end, stored next, must wait for them."""
-    async with Harness(redis_url, namespace) as harness:
-        stepped = await Stepped(harness).start()
-        worker, shard = stepped.worker, stepped.shard
-        await harness.add([_update("s", "1")])
-        await stepped.step()
-        real = worker._store
-        worker._store = _cut  # type: ignore[method-assign]
-        with pytest.raises(redis.exceptions.ConnectionError):
-            await worker._spill(shard, [TurnKey("s")], "due")
-        worker._store = real  # type: ignore[method-assign]
-        await harness.add([_update("s", "2"), _end("s")])
-        await stepped.step()
-        assert await harness.merged_count() == 0  # waits for "1", pending here
-        await worker._take_back(shard)
-        await worker.sweep(shard)
-        outputs = await harness.outputs()
-    assert _text_of(outputs, "s") == "12" and outputs.dlq == []
+    assert reclaimed == 0 and held == 1 and response_text(outputs, "long") == "12"

@@ -173,6 +173,24 @@ def compare_with_offline(
 # --------------------------------------------------------------------------- turns
 
 
+def text_delta(response_id: str, text: str) -> dict[str, Any]:
+    """One assistant text delta of ``response_id`` (message ``m``)."""
+    return {"response_id": response_id, "update": {
+        "type": "agent_response_update", "role": "assistant", "message_id": "m",
+        "contents": [{"type": "text", "text": text}]}}
+
+
+def end_entry(response_id: str) -> dict[str, Any]:
+    return {"response_id": response_id, "kind": "end"}
+
+
+def response_text(outputs: Outputs, response_id: str) -> str:
+    """The text of a published turn's merged response, all messages joined."""
+    response = json.loads(outputs.turns[TurnKey(response_id)].response)
+    return "".join(c["text"] for m in response["messages"] for c in m["contents"]
+                   if c.get("type") == "text")
+
+
 def simple_turn(response_id: str, updates: int) -> list[dict[str, Any]]:
     """A plain turn of ``updates`` text deltas over two messages, then its end."""
     out: list[dict[str, Any]] = []

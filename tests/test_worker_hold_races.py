@@ -1,0 +1,133 @@
+"""Held turns (``--hold-turns``) where another consumer, a cut connection
+or a reclaim gets in the way, driven step by step (the test reads for the
+worker and hands it each batch), each found by the chaos soak: whatever
+happens, a turn is published whole, once (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.exceptions
+from turn_reference import end_entry, response_text, text_delta
+from worker_harness import Harness
+
+from processor.batches import build_apply, decode_batch
+from processor.ids import TurnKey
+from processor.worker import Worker
+
+
+class Stepped:
+    """A held-turns worker driven step by step by the test (no loop of its
+    own): the test reads for it and hands it each batch, so that other
+    consumers get exactly the entries the test gives them."""
+
+    def __init__(self, harness: Harness, **config: Any) -> None:
+        self.harness = harness
+        self.shard = harness.shards[0]
+        self.worker = Worker(harness.client, harness.worker_config(hold_turns=True, **config))
+        self.worker._orphans.clear()  # it knows every entry pending to it
+
+    async def start(self) -> Stepped:
+        await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
+                                                id="0", mkstream=True)
+        return self
+
+    async def read(self, consumer: str | None = None) -> list[Any]:
+        """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
+        name = consumer or self.worker.config.consumer
+        reply = await self.harness.client.xreadgroup(self.harness.group, name,
+                                                     {self.shard.updates: ">"})
+        return reply[0][1]
+
+    async def step(self) -> None:
+        """Read a batch and apply it as the shard loop would."""
+        entries = await self.read()
+        worker, shard = self.worker, self.shard
+        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+
+
+async def _cut(*args: Any) -> None:
+    raise redis.exceptions.ConnectionError("cut")
+
+
+async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak: a turn this worker holds part of, whose other
+    entries (its end among them) another consumer stored. The watermark
+    skips this worker's own held entries, so the stored path finds the turn
+    ready here: the worker must store what it holds of it before
+    publishing it, or those entries end up dead-lettered as turn_closed.
+    Driven step by step (the worker's reads made by the test) so that the
+    other consumer gets exactly the entries it should."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("u", "1")])
+        await stepped.step()
+        assert TurnKey("u") in worker._holds[0].turns
+        await harness.add([text_delta("u", "2"), end_entry("u")])
+        others = await stepped.read("other")  # another consumer stores them
+        call = build_apply(shard, others, {}, worker.options, 0)
+        await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
+        await harness.add([text_delta("v", "x")])
+        await stepped.step()  # its floor is now past u's end
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert response_text(outputs, "u") == "12" and outputs.dlq == []
+
+
+async def test_entries_reclaimed_but_not_applied_are_waited_for(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak under load: a reclaim's apply cut by a
+    connection error leaves the claimed entries pending to this worker,
+    neither held nor applied; neither a held turn's publish nor the
+    watermark's floor may pass them. The turn waits until they are taken
+    back, and is published whole."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, reclaim_idle_ms=100).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("u", "1")])
+        await stepped.read("dead")  # a worker that died holding it
+        await asyncio.sleep(0.2)
+        real = worker._apply_isolated
+        worker._apply_isolated = _cut  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await worker.reclaim(shard)
+        worker._apply_isolated = real  # type: ignore[method-assign]
+        await harness.add([text_delta("u", "2"), end_entry("u")])
+        await stepped.step()
+        assert await harness.merged_count() == 0  # waits for "1", pending here
+        await worker._take_back(shard)  # what the loop does before its next read
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert response_text(outputs, "u") == "12" and outputs.dlq == []
+
+
+async def test_a_spill_cut_by_a_connection_error_is_waited_for(
+    redis_url: str, namespace: str
+) -> None:
+    """Found by the chaos soak under load: a spill whose apply_entries call
+    a connection error cut leaves the turn's entries pending, no longer held
+    and maybe not applied; the turn's end, stored next, must wait for them."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("s", "1")])
+        await stepped.step()
+        real = worker._store
+        worker._store = _cut  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await worker._spill(shard, [TurnKey("s")], "due")
+        worker._store = real  # type: ignore[method-assign]
+        await harness.add([text_delta("s", "2"), end_entry("s")])
+        await stepped.step()
+        assert await harness.merged_count() == 0  # waits for "1", pending here
+        await worker._take_back(shard)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert response_text(outputs, "s") == "12" and outputs.dlq == []
