@@ -55,7 +55,6 @@ class Held:
         return {b"ver": b"0", b"started": self.started.encode()}
 
 
-
 @dataclass
 class Routed:
     """Where a batch's entries go."""

@@ -55,10 +55,14 @@ class Holding:
         none without --hold-turns, nor while it may have pending entries it
         neither holds nor has applied (a lost reply or a failed apply: it
         takes them back first; entries it reclaimed, until applied)."""
-        index = shard.index
-        if not self.config.hold_turns or index in self._orphans or index in self._claimed:
+        if not self.config.hold_turns or self._unknown_pending(shard):
             return ""
         return self._floors[shard.index].value()
+
+    def _unknown_pending(self, shard: Shard) -> bool:
+        """Whether entries may be pending to this consumer on ``shard`` that it
+        neither holds nor has applied (taken back before its next read)."""
+        return shard.index in self._orphans or shard.index in self._claimed
 
     def _held_ids(self, shard: Shard) -> set[str]:
         """The ids of every entry this worker holds on ``shard``."""
@@ -95,10 +99,9 @@ class Holding:
         with what is held of them; spill any that finalise_held refuses.
         Returns the turns published."""
         holds, now = self._holds[shard.index], int(time.time() * 1000)
-        if shard.index in self._orphans or shard.index in self._claimed:
-            # Entries may be pending to this consumer that it neither holds nor
-            # has applied, and one may be a held turn's: finalise_held's
-            # argument needs every such entry held. The stored path waits for them.
+        if self._unknown_pending(shard):
+            # One of them may be a held turn's: finalise_held's argument needs
+            # every entry pending here held. The stored path waits for them.
             ended = [key for key, reason in todo.items() if reason == "closing"]
             await self._spill(shard, ended, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason != "closing"}
