@@ -64,7 +64,10 @@ async def test_scenarios_on_a_cluster(
 
     async with Harness(redis_cluster.url, namespace, shards=SHARDS, cluster=True,
                        log_dir=tmp_path) as harness:
-        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info", hold_turns=hold)
+        # Held: spilled within 1 s, so that waiting for the entries before a
+        # cancel to be applied (stored) stays under the 3 s turn timeout.
+        hold_flags = {"hold_turns": True, "hold_ms": 1000} if hold else {}
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info", **hold_flags)
                  for _ in range(3)]
         await harness.wait_started(procs, timeout=60)
         for phase in range(max(len(s) for s in segments.values())):

@@ -31,8 +31,11 @@ async def test_scenario_live_equals_offline(
     cancel, a dead letter or a limit calls for it."""
     lines = scenario_lines(name)
     offline = offline_results_of_lines(lines)
-    async with Harness(redis_url, namespace, agui=True, hold_turns=hold,
-                       limits=Limits(turn_timeout=TURN_TIMEOUT)) as harness:
+    # Held: spilled within 1 s, so that waiting for the entries before a
+    # cancel to be applied (stored) stays under the 3 s turn timeout.
+    held = {"hold_turns": True, "hold_ms": 1000} if hold else {}
+    async with Harness(redis_url, namespace, agui=True,
+                       limits=Limits(turn_timeout=TURN_TIMEOUT), **held) as harness:
         await harness.start_workers(2)
         await feed_scenario(harness, lines)
         await harness.wait_merged(len(offline))
