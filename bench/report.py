@@ -51,6 +51,12 @@ def write_section(path: Path, name: str, body: str, after: str | None = None) ->
     path.write_text(text)
 
 
+def one_worker(runs: list[Throughput]) -> Throughput:
+    """The first one-worker row: ``processor, 1 worker``, or its name with
+    the flags of ``--worker-flags``."""
+    return next(t for t in runs if t.name.startswith("processor, 1 worker"))
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
@@ -78,7 +84,7 @@ def summary(r: dict[str, Any]) -> str:
     runs: list[Throughput] = r["throughput"]
     drain = next(t for t in runs if t.name == "drain")
     peer = next((t for t in runs if t.name == "FastStream"), None)
-    one = next(t for t in runs if t.name.endswith(" 1 worker"))
+    one = one_worker(runs)
     lines = [
         "## End to end: throughput against the limit and the peer",
         "",

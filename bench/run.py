@@ -193,6 +193,9 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["profiled"] = await one_worker_on(ctx, work, args.profile, "profile",
                                                 log_dir / "worker.pyspy", flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
+            if args.no_docs:  # else it goes to the page
+                prof = r["profiled"]
+                say(report.profile_section(Path(prof.profile), prof))
         if args.pyinstrument:
             tree = log_dir / "worker.pyinstrument.txt"
             r["tree"] = await one_worker_on(ctx, work, args.pyinstrument, "tree",
@@ -201,7 +204,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["tree_file"] = tree
             say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
-        one = next(t for t in runs if t.name.endswith(" 1 worker"))
+        one = report.one_worker(runs)
         if args.latency_turns:
             rate = args.latency_rate or one.rate / 2
             runs_lat = await latency_rounds(args, ctx, work, rate, "latency")
@@ -329,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Throughput] = r["throughput"]
     drain = next(t for t in runs if t.name == "drain")
     peer = next(t for t in runs if t.name == "FastStream")
-    one = next(t for t in runs if t.name.endswith(" 1 worker"))
+    one = report.one_worker(runs)
     held = next((t for t in runs if t.name == "processor, 1 worker, held turns"), None)
     also = (f"; with --hold-turns {held.rate / drain.rate:.2f} and "
             f"{held.rate / peer.rate:.2f}x" if held else "")
