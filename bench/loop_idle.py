@@ -9,6 +9,7 @@ the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
     python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge] [--hold-turns]
+        [--drain]
 
 A diagnostic for trying a change to the shard loop (compare the idle
 seconds, which move less with the machine's load than the throughput),
@@ -17,6 +18,11 @@ bounds what a faster decode and merge could give: every entry's decoding
 is looked up in a table built before the clock starts, and ``Turn.apply``
 skips updates (the responses come out empty; everything else, the scripts,
 the records stored, the worker's copies and the outputs, runs as usual).
+``--drain`` also times, each round before the worker, a drain of the same
+stream in this process (``bench/drain.py``'s loop: XREADGROUP COUNT 500,
+XACK per batch) and prints the worker's ratio to it: with
+``--free-decode-merge``, how close to the limit a worker could come if
+decoding and merging cost nothing.
 """
 
 from __future__ import annotations
@@ -83,6 +89,22 @@ async def one_round(client: Any, work: workload.Workload, index: int,
     return result
 
 
+async def drain_round(client: Any, work: workload.Workload, index: int) -> float:
+    """Seconds to drain a copy of the stream (bench/drain.py's loop, in this process)."""
+    stream, group = f"loop_idle_drain{index}", "drain"
+    await client.copy(TEMPLATE, stream, replace=True)
+    await client.xgroup_create(stream, group, id="0")
+    wall, acked = time.perf_counter(), 0
+    while acked < work.size:
+        reply = await client.xreadgroup(group, "drain", {stream: ">"}, count=500, block=100)
+        for _name, entries in reply or []:
+            if entries:
+                acked += await client.xack(stream, group, *(i for i, _f in entries))
+    seconds = time.perf_counter() - wall
+    await client.unlink(stream)
+    return seconds
+
+
 def free_decode_merge(work: workload.Workload) -> None:
     """Make decoding a dict lookup and merging an update nothing (see the docstring)."""
     table: dict[bytes, Any] = {}
@@ -107,7 +129,7 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
     return update if update is not None else fields[b"response_id"] + b"|" + fields[b"kind"]
 
 
-async def main(turns: int, rounds: int, free: bool, hold: bool) -> None:
+async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -117,9 +139,12 @@ async def main(turns: int, rounds: int, free: bool, hold: bool) -> None:
         if free:
             free_decode_merge(work)
         for index in range(rounds):
+            drained = await drain_round(client, work, index) if drain else 0.0
             wall, cpu, waited = await one_round(client, work, index, idle, hold)
+            versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
+                      f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
-                  f"CPU {cpu:.2f} s  loop idle {waited:.2f} s", flush=True)
+                  f"CPU {cpu:.2f} s  loop idle {waited:.2f} s{versus}", flush=True)
         await client.aclose()
 
 
@@ -130,5 +155,8 @@ if __name__ == "__main__":
     parser.add_argument("--free-decode-merge", action="store_true",
                         help="decoding a table lookup, merging an update nothing")
     parser.add_argument("--hold-turns", action="store_true", help="the worker holds turns")
+    parser.add_argument("--drain", action="store_true",
+                        help="also time a drain of the stream each round, and the ratio")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns))
+    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns,
+                     args.drain))
