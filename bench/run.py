@@ -212,11 +212,17 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             # moment of the machine, and the best round would flatter.
             r["latency"] = latency.median_round(runs_lat)
             r["latency_rounds"] = runs_lat
-            if not args.no_held:  # the same pace, the worker holding turns
+            held = next((t for t in runs if t.name == report.HELD_ROW), None)
+            if held is not None:  # the worker holding turns: the same pace, then its own half
                 held_lat = await latency_rounds(args, ctx, work, rate, "latency, held turns",
                                                 hold_turns=True)
                 r["latency_held"] = latency.median_round(held_lat)
                 r["latency_held_rounds"] = held_lat
+                if not args.latency_rate:
+                    own = await latency_rounds(args, ctx, work, held.rate / 2,
+                                               "latency, held, own half", hold_turns=True)
+                    r["latency_held_own"] = latency.median_round(own)
+                    r["latency_held_own_rounds"] = own
             r["latency_rate_set"] = bool(args.latency_rate)
             r["latency_turns"] = args.latency_turns
         if args.memory_turns:
@@ -333,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     drain = next(t for t in runs if t.name == "drain")
     peer = next(t for t in runs if t.name == "FastStream")
     one = report.one_worker(runs)
-    held = next((t for t in runs if t.name == "processor, 1 worker, held turns"), None)
+    held = next((t for t in runs if t.name == report.HELD_ROW), None)
     also = (f"; with --hold-turns {held.rate / drain.rate:.2f} and "
             f"{held.rate / peer.rate:.2f}x" if held else "")
     say(f"ratio processor/drain {one.rate / drain.rate:.2f} (target >= {report.DRAIN_TARGET:g}), "
