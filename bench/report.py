@@ -1,4 +1,5 @@
-"""Rendering ``bench/run.py``'s figures: docs/benchmarks.md sections and PNG charts.
+"""Rendering ``bench/run.py``'s figures as docs/benchmarks.md sections (the
+PNG charts are :mod:`charts`').
 
 Each generated section sits between its own marker comments; writing one
 replaces only what is between its markers, so the other sections (the pure
@@ -11,10 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from latency import Latency, percentile
 from memory_scenarios import Memory, RssRun
 from scenarios import Throughput
@@ -355,58 +352,3 @@ def _short(frame: str) -> str:
     if where.startswith("wt/") and "/" in where[3:]:
         where = where.split("/", 2)[2]
     return f"{name} ({where}" if where else name
-
-
-# --------------------------------------------------------------------------- charts
-
-
-def throughput_chart(runs: list[Throughput], out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.34 * len(runs)), dpi=110)
-    names = [t.name for t in runs]
-    rates = [t.rate for t in runs]
-    colors = ["#999999" if t.name == "drain" else "#d9822b" if t.name == "FastStream"
-              else "#2b6cb0" for t in runs]
-    bars = ax.barh(names, rates, color=colors)
-    ax.bar_label(bars, labels=[f"{r:,.0f}" for r in rates], padding=3, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("updates/s (higher is better)")
-    ax.set_xlim(0, max(rates) * 1.2)
-    ax.set_title("End-to-end throughput, same stream, same redis-server", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-
-
-def latency_chart(lat: Latency, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
-    ordered = sorted(lat.samples)
-    n = len(ordered)
-    ax.plot(ordered, [100 * (i + 1) / n for i in range(n)], color="#2b6cb0")
-    for q in (50, 99, 99.9):
-        v = percentile(ordered, q)
-        ax.axvline(v, color="#999999", linestyle=":", linewidth=1)
-        ax.text(v, 3 + q / 25, f" p{q:g} {v:.1f} ms", fontsize=8)
-    ax.axvline(LATENCY_TARGET_MS, color="#c53030", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("end XADD -> merged entry read (ms, log scale)")
-    ax.set_ylabel("% of turns")
-    ax.set_title(f"Latency at {lat.rate:,.0f} updates/s, one worker", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-
-
-def rss_chart(rss: RssRun, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
-    xs = [p[0] for p in rss.points]
-    ax.plot(xs, [p[1] / MIB for p in rss.points], color="#2b6cb0", label="worker RSS")
-    ax.plot(xs, [p[2] / MIB for p in rss.points], color="#d9822b",
-            label="Redis used_memory (incl. backlog)")
-    ax.set_xlabel("updates processed")
-    ax.set_ylabel("MiB")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title("Memory over a long run, one worker", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import charts
 import latency
 import memory_scenarios
 import redis.asyncio
@@ -283,17 +284,17 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         "figures.")
     r["load_note"] = note
     report.write_section(PAGE, "e2e-bench", report.summary(r))
-    report.throughput_chart(r["throughput"], DOCS / "bench-throughput.png")
+    charts.throughput_chart(r["throughput"], DOCS / "bench-throughput.png")
     if "latency" in r:
         report.write_section(PAGE, "e2e-latency", report.latency_section(r["latency"], r),
                              after="e2e-bench")
-        report.latency_chart(r["latency"], DOCS / "bench-latency.png")
+        charts.latency_chart(r["latency"], DOCS / "bench-latency.png")
     if "memory" in r or "rss" in r:
         report.write_section(PAGE, "e2e-memory",
                              report.memory_section(r.get("memory"), r.get("rss")),
                              after="e2e-latency")
         if "rss" in r:
-            report.rss_chart(r["rss"], DOCS / "bench-rss.png")
+            charts.rss_chart(r["rss"], DOCS / "bench-rss.png")
     if "profiled" in r:
         prof = r["profiled"]
         report.write_section(PAGE, "e2e-profile",
