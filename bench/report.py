@@ -280,8 +280,9 @@ def memory_section(mem: Memory | None, rss: RssRun | None) -> str:
     return "\n".join(lines)
 
 
-def profile_section(raw: Path, run: Throughput, top: int = 25) -> str:
-    """py-spy's samples of one worker: the functions where time goes."""
+def profile_section(raw: Path, run: Throughput, top: int = 25, held: bool = False) -> str:
+    """py-spy's samples of one worker (``held``: one holding turns): the
+    functions where time goes."""
     own: Counter[str] = Counter()
     total_in: Counter[str] = Counter()
     samples = 0
@@ -298,9 +299,10 @@ def profile_section(raw: Path, run: Throughput, top: int = 25) -> str:
     worker = run.cpu.get("consumers", 0)
     redis = run.cpu.get("redis", 0)
     lines = [
-        "## Profile of one worker",
+        "## Profile of one worker" + (" holding turns" if held else ""),
         "",
-        f"`py-spy record --format raw --rate 250 --nonblocking` on one worker, in an extra "
+        "`py-spy record --format raw --rate 250 --nonblocking` on one worker"
+        + (" with `--hold-turns`" if held else "") + ", in an extra "
         f"run over the first {run.turns:,} turns of the same stream ({run.rate:,.0f} "
         f"updates/s while sampled; {samples:,} samples). CPU seconds per 100,000 updates: "
         "worker "

@@ -194,9 +194,17 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["profiled"] = await one_worker_on(ctx, work, args.profile, "profile",
                                                 log_dir / "worker.pyspy", flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
+            if not args.no_held and "--hold-turns" not in args.worker_flags:
+                r["profiled_held"] = await one_worker_on(
+                    ctx, work, args.profile, "profile-held", log_dir / "worker-held.pyspy",
+                    flags=(*args.worker_flags, "--hold-turns"))
+                say(f"{'profiled, held turns':>24}: {r['profiled_held'].rate:,.0f} updates/s "
+                    "under py-spy")
             if args.no_docs:  # else it goes to the page
-                prof = r["profiled"]
-                say(report.profile_section(Path(prof.profile), prof))
+                for key in ("profiled", "profiled_held"):
+                    if key in r:
+                        say(report.profile_section(Path(r[key].profile), r[key],
+                                                   held=key == "profiled_held"))
         if args.pyinstrument:
             tree = log_dir / "worker.pyinstrument.txt"
             r["tree"] = await one_worker_on(ctx, work, args.pyinstrument, "tree",
@@ -300,10 +308,15 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         report.write_section(PAGE, "e2e-profile",
                              report.profile_section(Path(prof.profile), prof),
                              after="e2e-memory")
+    if "profiled_held" in r:
+        prof = r["profiled_held"]
+        report.write_section(PAGE, "e2e-profile-held",
+                             report.profile_section(Path(prof.profile), prof, held=True),
+                             after="e2e-profile")
     if "tree" in r:
         report.write_section(PAGE, "e2e-pyinstrument",
                              report.pyinstrument_section(r["tree_file"], r["tree"]),
-                             after="e2e-profile")
+                             after="e2e-profile-held" if "profiled_held" in r else "e2e-profile")
     say(f"{'docs':>24}: updated {PAGE.relative_to(ROOT)} and its charts")
 
 
