@@ -27,15 +27,21 @@ async def ready(client: redis.asyncio.Redis, stream: str, group: str) -> None:
     print("ready", flush=True)
 
 
-async def drain(url: str, stream: str, expected: int, group: str, count: int) -> None:
-    client = redis.asyncio.Redis.from_url(url)
-    await ready(client, stream, group)
+async def drain_group(client: redis.asyncio.Redis, stream: str, group: str, expected: int,
+                      count: int = 500) -> None:
+    """Read and ack ``expected`` entries of ``stream`` through ``group``: the limit's loop."""
     acked = 0
     while acked < expected:
         reply = await client.xreadgroup(group, "drain", {stream: ">"}, count=count, block=100)
         for _name, entries in reply or []:
             if entries:
                 acked += await client.xack(stream, group, *(i for i, _f in entries))
+
+
+async def drain(url: str, stream: str, expected: int, group: str, count: int) -> None:
+    client = redis.asyncio.Redis.from_url(url)
+    await ready(client, stream, group)
+    await drain_group(client, stream, group, expected, count)
     seconds, micros = await client.time()
     print(f"done {int(seconds) * 1000 + int(micros) // 1000}", flush=True)
     await client.aclose()

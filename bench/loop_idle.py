@@ -35,6 +35,7 @@ from typing import Any
 
 import redis.asyncio
 import workload
+from drain import drain_group
 
 from processor import batches, merge
 from processor.decode import decode_stream_entry
@@ -94,12 +95,8 @@ async def drain_round(client: Any, work: workload.Workload, index: int) -> float
     stream, group = f"loop_idle_drain{index}", "drain"
     await client.copy(TEMPLATE, stream, replace=True)
     await client.xgroup_create(stream, group, id="0")
-    wall, acked = time.perf_counter(), 0
-    while acked < work.size:
-        reply = await client.xreadgroup(group, "drain", {stream: ">"}, count=500, block=100)
-        for _name, entries in reply or []:
-            if entries:
-                acked += await client.xack(stream, group, *(i for i, _f in entries))
+    wall = time.perf_counter()
+    await drain_group(client, stream, group, work.size)
     seconds = time.perf_counter() - wall
     await client.unlink(stream)
     return seconds

@@ -56,6 +56,11 @@ def one_worker(runs: list[Throughput]) -> Throughput:
     return next(t for t in runs if t.name.startswith("processor, 1 worker"))
 
 
+def held_worker(runs: list[Throughput]) -> Throughput | None:
+    """The row of one worker holding turns, if it was run."""
+    return next((t for t in runs if t.name == HELD_ROW), None)
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
@@ -142,7 +147,7 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
-    held = next((t for t in runs if t.name == HELD_ROW), None)
+    held = held_worker(runs)
     if held is not None:
         also = f", processor / FastStream {held.rate / peer.rate:.2f}x" if peer else ""
         lines.append(
@@ -216,27 +221,29 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
 
 
 def _held_latency(r: dict[str, Any]) -> list[str]:
-    """The same pace with the worker holding turns (``--hold-turns``), if run."""
+    """The worker holding turns (``--hold-turns``), if run: at the same pace,
+    and at half its own throughput (the target's load for it)."""
     lat = r.get("latency_held")
     if lat is None:
         return []
-    p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
-    rounds = ", ".join(f"{percentile(one.samples, 99):.1f} ms"
-                       for one in r.get("latency_held_rounds", [lat]))
-    lines = ["", f"With `--hold-turns` (experimental), the same pace and rounds: p50 "
-                 f"{p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round "
-                 f"(p99 of each round: {rounds})."]
+    lines = ["", "With `--hold-turns` (experimental), the same pace and rounds: "
+                 f"{_median_round(lat, r['latency_held_rounds'])}."]
     own = r.get("latency_held_own")
-    if own is not None:  # the target's load for a held worker: half its own throughput
-        p50, p99, p999 = (percentile(own.samples, q) for q in (50, 99, 99.9))
-        rounds = ", ".join(f"{percentile(one.samples, 99):.1f} ms"
-                           for one in r.get("latency_held_own_rounds", [own]))
+    if own is not None:
+        p99 = percentile(own.samples, 99)
         lines += ["", f"At half the held worker's own throughput ({own.rate:,.0f} updates/s, "
                       f"kept up {own.achieved:,.0f}/s; the target's load for it), the same "
-                      f"rounds: p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in "
-                      f"the median round (p99 of each round: {rounds}): target "
+                      f"rounds: {_median_round(own, r['latency_held_own_rounds'])}: target "
                       f"{verdict(p99 < LATENCY_TARGET_MS)} with `--hold-turns`."]
     return lines
+
+
+def _median_round(lat: Latency, rounds: list[Latency]) -> str:
+    """The percentiles of the median round, and every round's p99."""
+    p50, p99, p999 = (percentile(lat.samples, q) for q in (50, 99, 99.9))
+    each = ", ".join(f"{percentile(one.samples, 99):.1f} ms" for one in rounds)
+    return (f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round "
+            f"(p99 of each round: {each})")
 
 
 def memory_section(mem: Memory | None, rss: RssRun | None) -> str:

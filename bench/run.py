@@ -99,6 +99,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.latency_turns = 4000
     args.worker_counts = [int(n) for n in (args.workers or "1,2,4").split(",")]
     args.sharded_counts = [] if args.no_sharded else [n for n in args.worker_counts if n > 1]
+    # The held-turns rows and profile, unless skipped or every worker holds already.
+    args.held = not args.no_held and "--hold-turns" not in args.worker_flags
     if 1 not in args.worker_counts:
         p.error("--workers must include 1 (the ratios are per worker)")
     return args
@@ -123,7 +125,7 @@ async def one_round(
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags))
     for n in args.sharded_counts:
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags, shards=n))
-    if not args.no_held and "--hold-turns" not in args.worker_flags:
+    if args.held:
         held = (*args.worker_flags, "--hold-turns")
         runs.append(await scenarios.processor(ctx, work, 1, flags=held))
         for n in args.sharded_counts[-1:]:
@@ -194,7 +196,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["profiled"] = await one_worker_on(ctx, work, args.profile, "profile",
                                                 log_dir / "worker.pyspy", flags=args.worker_flags)
             say(f"{'profiled':>24}: {r['profiled'].rate:,.0f} updates/s under py-spy")
-            if not args.no_held and "--hold-turns" not in args.worker_flags:
+            if args.held:
                 r["profiled_held"] = await one_worker_on(
                     ctx, work, args.profile, "profile-held", log_dir / "worker-held.pyspy",
                     flags=(*args.worker_flags, "--hold-turns"))
@@ -221,7 +223,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             # moment of the machine, and the best round would flatter.
             r["latency"] = latency.median_round(runs_lat)
             r["latency_rounds"] = runs_lat
-            held = next((t for t in runs if t.name == report.HELD_ROW), None)
+            held = report.held_worker(runs)
             if held is not None:  # the worker holding turns: the same pace, then its own half
                 held_lat = await latency_rounds(args, ctx, work, rate, "latency, held turns",
                                                 hold_turns=True)
@@ -353,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     drain = next(t for t in runs if t.name == "drain")
     peer = next(t for t in runs if t.name == "FastStream")
     one = report.one_worker(runs)
-    held = next((t for t in runs if t.name == report.HELD_ROW), None)
+    held = report.held_worker(runs)
     also = (f"; with --hold-turns {held.rate / drain.rate:.2f} and "
             f"{held.rate / peer.rate:.2f}x" if held else "")
     say(f"ratio processor/drain {one.rate / drain.rate:.2f} (target >= {report.DRAIN_TARGET:g}), "
