@@ -45,13 +45,13 @@ class Turns:
         self.started: dict[TurnKey, int] = {}
 
     def feed(self, entry_id: str, fields: dict[Any, Any], now: int) -> tuple[TurnKey, bool]:
-        key, record = decode_stream_entry(fields)
+        key, record, size = decode_stream_entry(fields)
         replay = self.open.get(key)
         new = replay is None
         if replay is None:
             replay = self.open[key] = Replay(TurnLife(key, Limits()))
             self.started[key] = now
-        replay.feed(entry_id, record, 0)
+        replay.feed(entry_id, record, size)
         return key, new
 
 

@@ -13,7 +13,7 @@ import msgspec
 
 from processor import events as ev
 from processor.connections import as_text
-from processor.decode import EntryError, decode_stream_entry, entry_size, routing_id
+from processor.decode import EntryError, decode_stream_entry, routing_id
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
@@ -152,14 +152,14 @@ def decode_batch(
     shards = options.shards
     for raw_id, fields in entries:
         try:
-            key, record = decode_stream_entry(fields, max_entry_bytes=max_bytes)
+            key, record, size = decode_stream_entry(fields, max_entry_bytes=max_bytes)
         except EntryError:
             add(None)
             continue
         if shards > 1 and _shard_of(fields, shards) != shard.index:
             add(None)
             continue
-        add(_new_applied(Applied, (key, as_text(raw_id), record, _entry_size(fields))))
+        add(_new_applied(Applied, (key, as_text(raw_id), record, size)))
     return ApplyCall([], [], [], newest=True, now_ms=now_ms, decoded=decoded)
 
 
@@ -184,7 +184,7 @@ def _entry_args(
         detail = f"delivered {deliveries} times without being acked (limit {limit})"
         return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries, ""]
     try:
-        key, record = decode_stream_entry(
+        key, record, size = decode_stream_entry(
             fields, max_entry_bytes=options.limits.max_entry_bytes
         )
     except EntryError as exc:
@@ -203,22 +203,11 @@ def _entry_args(
         if found:
             progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
-    size = _entry_size(fields)
     ids = _turn_ids(record.ids) if record.ids else b""  # most entries carry none
     applied.append(_new_applied(Applied, (key, entry_id, record, size)))
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]
-
-
-def _entry_size(fields: dict[Any, Any]) -> int:
-    """``entry_size``, with a shortcut for what Redis returns: bytes names and values."""
-    total = 0
-    for key, value in fields.items():
-        if key.__class__ is not bytes or value.__class__ is not bytes:
-            return entry_size(fields)
-        total += len(key) + len(value)
-    return total
 
 
 def _turn_ids(ids: dict[str, str]) -> bytes:

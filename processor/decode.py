@@ -69,6 +69,8 @@ _msgpack_any = msgspec.msgpack.Decoder()
 _recent_keys: dict[str | bytes, TurnKey] = {}
 _RECENT_KEYS = 1024
 _KINDS = ("update", "end", "error")
+#: A decoded entry with its size in bytes (:func:`entry_size`).
+Sized = tuple[TurnKey, Record, int]
 _TWO_NAMES = len("response_id") + len("update")
 _END_NAMES = len("response_id") + len("kind") + len("end")
 
@@ -84,7 +86,7 @@ def decode_entry(
     if raw_fields.__class__ is dict:
         found = _plain_update(raw_fields, max_entry_bytes)
         if found is not None:
-            return found
+            return found[0], found[1]
     fields, size = sized_str_keys(raw_fields)
     if size > max_entry_bytes:
         raise EntryError("too_large", f"entry is {size} bytes, the limit is {max_entry_bytes}")
@@ -98,9 +100,11 @@ def decode_entry(
 
 def decode_stream_entry(
     raw_fields: dict[Any, Any], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
-) -> tuple[TurnKey, Record]:
+) -> Sized:
     """:func:`decode_entry` for fields as Redis returns them (bytes names and
-    values), taking a fast path for the usual all-ASCII update: straight
+    values), with the entry's size (:func:`entry_size`, which the fast paths
+    know already: measuring it again cost a twentieth of a worker holding
+    turns). Takes a fast path for the usual all-ASCII update: straight
     from the bytes for an entry of just ``response_id`` and ``update`` (or
     ``kind=end``, a turn's plain end), else through str copies of the fields.
 
@@ -113,20 +117,24 @@ def decode_stream_entry(
         found = _two_bytes_fields(raw_fields, max_entry_bytes)
         if found is not None:
             return found
-        return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+        return _general(raw_fields, max_entry_bytes)
     try:
         fields = {k.decode("ascii"): v.decode("ascii") for k, v in raw_fields.items()}
     except (UnicodeDecodeError, AttributeError):  # non-ASCII, or not bytes
-        return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+        return _general(raw_fields, max_entry_bytes)
     found = _plain_update(fields, max_entry_bytes)
     if found is not None:
         return found
-    return decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+    return _general(raw_fields, max_entry_bytes)
 
 
-def _two_bytes_fields(
-    fields: dict[Any, Any], max_entry_bytes: int
-) -> tuple[TurnKey, Record] | None:
+def _general(raw_fields: dict[Any, Any], max_entry_bytes: int) -> Sized:
+    """What no fast path took: :func:`decode_entry`, and the entry's size."""
+    key, record = decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
+    return key, record, entry_size(raw_fields)
+
+
+def _two_bytes_fields(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
     """:func:`_plain_update` for ``{b"response_id": ..., b"update": ...}`` as
     Redis returns it, without making str copies of the names and the update:
     msgspec reads ASCII JSON bytes exactly as it reads their str."""
@@ -139,7 +147,8 @@ def _two_bytes_fields(
         return None
     if not (raw_id.isascii() and text.isascii()):
         return None
-    if _TWO_NAMES + len(raw_id) + len(text) > max_entry_bytes:
+    size = _TWO_NAMES + len(raw_id) + len(text)
+    if size > max_entry_bytes:
         return None
     turn = _recent_keys.get(raw_id)  # (bytes keys: never equal to the str ones)
     if turn is None:
@@ -148,17 +157,18 @@ def _two_bytes_fields(
         response_id = raw_id.decode("ascii")
     else:
         response_id = turn.response_id
-    return _decoded(turn, response_id, "", text, raw_id)
+    return _decoded(turn, response_id, "", text, raw_id, size)
 
 
-def _bytes_end(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey, Record] | None:
+def _bytes_end(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
     """``{b"response_id": ..., b"kind": b"end"}``, each turn's last entry, as
     ``decode_entry`` gives it (one in about 25 entries took the general path,
     at about twice an update's cost)."""
     raw_id = fields.get(b"response_id")
     if fields.get(b"kind") != b"end" or raw_id.__class__ is not bytes or not raw_id.isascii():
         return None
-    if _END_NAMES + len(raw_id) > max_entry_bytes:
+    size = _END_NAMES + len(raw_id)
+    if size > max_entry_bytes:
         return None
     turn = _recent_keys.get(raw_id)
     if turn is None:
@@ -166,7 +176,7 @@ def _bytes_end(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey, R
             return None
         turn = new_turn_key(TurnKey, (raw_id.decode("ascii"), ""))
         _remember(raw_id, turn)
-    return turn, Record("end")
+    return turn, Record("end"), size
 
 
 def _remember(cache_as: Any, turn: TurnKey) -> None:
@@ -175,7 +185,7 @@ def _remember(cache_as: Any, turn: TurnKey) -> None:
     _recent_keys[cache_as] = turn
 
 
-def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey, Record] | None:
+def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
     """The usual entry, decoded in one go: ASCII str names and values, a
     ``response_id``, JSON ``update`` text and no kind, encoding or
     correlation id. ``None`` for anything else (or any doubt): the general
@@ -215,12 +225,13 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> tuple[TurnKey
         turn = None if attempt_id else _recent_keys.get(response_id)
     if size > max_entry_bytes or not response_id or len(response_id) > MAX_ID_LENGTH:
         return None
-    return _decoded(turn, response_id, attempt_id, text, response_id)
+    return _decoded(turn, response_id, attempt_id, text, response_id, size)
 
 
 def _decoded(
-    turn: TurnKey | None, response_id: str, attempt_id: str, text: str | bytes, cache_as: Any
-) -> tuple[TurnKey, Record] | None:
+    turn: TurnKey | None, response_id: str, attempt_id: str, text: str | bytes, cache_as: Any,
+    size: int,
+) -> Sized | None:
     """The fast paths' common end: the update decoded and checked, the turn
     key made (and remembered under ``cache_as``) if it was not known."""
     try:
@@ -232,7 +243,7 @@ def _decoded(
         if not attempt_id:
             _remember(cache_as, turn)
     try:
-        return turn, Record("update", check_update(update), {})
+        return turn, Record("update", check_update(update), {}), size
     except EntryError as exc:
         exc.turn = turn
         raise

@@ -1,6 +1,7 @@
 """``decode_stream_entry`` (the worker's decoder for fields as Redis returns
 them) gives exactly what ``decode_entry`` gives: the same record, or the same
-error with the same detail and turn, so the DLQ output cannot change."""
+error with the same detail and turn, so the DLQ output cannot change; and
+the entry's size as ``entry_size`` measures it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from bad_entries import CASES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.decode import EntryError, decode_entry, decode_stream_entry
+from processor.decode import EntryError, decode_entry, decode_stream_entry, entry_size
 
 
 def outcome(decode: Any, fields: dict[Any, Any], **kwargs: Any) -> Any:
@@ -28,8 +29,13 @@ def as_stream(fields: dict[str, Any]) -> dict[bytes, bytes]:
 
 
 def same(fields: dict[Any, Any], **kwargs: Any) -> Any:
+    """decode_entry's outcome, after checking decode_stream_entry's is the same."""
     expected = outcome(decode_entry, fields, **kwargs)
-    assert outcome(decode_stream_entry, fields, **kwargs) == expected
+    found = outcome(decode_stream_entry, fields, **kwargs)
+    if expected[0] == "error":
+        assert found == expected
+    else:
+        assert found == (*expected, entry_size(fields))
     return expected
 
 
