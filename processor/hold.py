@@ -111,16 +111,20 @@ class Holds:
         seen = self._routed(entries)
         size = 0
         for raw, entry in zip(entries, decoded, strict=True):
-            held = None if entry is None else turns.get(entry.key)
-            if entry is None or held is None:
+            if entry is None:
                 stored.append(raw)
-            elif seen is None or id_order(entry.entry_id) > seen:
-                held.replay.feed(entry.entry_id, entry.record, entry.size)
+                continue
+            key, entry_id, record, entry_size = entry  # (cheaper than its fields by name)
+            held = turns.get(key)
+            if held is None:
+                stored.append(raw)
+            elif seen is None or id_order(entry_id) > seen:
+                held.replay.feed(entry_id, record, entry_size)
                 held.entries.append(raw)
-                held.ids.append(entry.entry_id)
-                held.size += entry.size
-                size += entry.size
-                fed[held.key] = None
+                held.ids.append(entry_id)
+                held.size += entry_size
+                size += entry_size
+                fed[key] = None
         self.bytes += size
         return Routed(list(fed), stored)
 

@@ -37,6 +37,14 @@ class Verdict(StrEnum):
     TURN_LIMIT = "turn_limit"  # DLQ reason
 
 
+# An Enum member read through its class costs about 60 ns (a descriptor
+# lookup), a module name 5: the per-entry paths read these.
+MERGED, DROPPED, TURN_CLOSED, TURN_LIMIT = (
+    Verdict.MERGED, Verdict.DROPPED, Verdict.TURN_CLOSED, Verdict.TURN_LIMIT)
+#: The verdicts of an entry fed after its turn's end (the DLQ's reasons).
+LATE = frozenset((TURN_CLOSED, TURN_LIMIT))
+
+
 class TurnLife:
     """One turn: its merge, its counts and, once ended, its outcome."""
 
@@ -60,13 +68,13 @@ class TurnLife:
         if self.outcome is not None:
             if self.outcome.status == "cancelled":
                 self.counts.dropped += 1
-                return Verdict.DROPPED
+                return DROPPED
             self.counts.dlq += 1
-            return Verdict.TURN_CLOSED
+            return TURN_CLOSED
         if record.kind == "update" and self._over_limit(size):
             self.outcome = Outcome.failed("turn_limit", self._limit_message())
             self.counts.dlq += 1
-            return Verdict.TURN_LIMIT
+            return TURN_LIMIT
         self.turn.apply(record)
         self.bytes += size
         self.counts.entries += 1
@@ -79,7 +87,7 @@ class TurnLife:
         if self.first_id is None:
             self.first_id = entry_id
         self.last_id = entry_id
-        return Verdict.MERGED
+        return MERGED
 
     def ends_turn(self, record: Record, size: int = 0) -> bool:
         """Whether feeding this entry next would end the turn (or find it ended)."""

@@ -21,7 +21,7 @@ import msgspec
 from processor import events as ev
 from processor.decode import EntryError, decode_entry, entry_size, turn_key
 from processor.ids import TurnKey
-from processor.lifecycle import Limits, TurnLife, Verdict
+from processor.lifecycle import LATE, MERGED, Limits, TurnLife, Verdict
 from processor.models import Event, TurnResult
 
 # Fields stay raw JSON: ``update`` then travels to the decoder as JSON text,
@@ -107,9 +107,9 @@ class OfflineMerge:
         life = turn.life
         was_open = life.outcome is None
         verdict = life.feed(source_id, record, entry_size(fields))
-        if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
+        if verdict in LATE:
             self._dead(line_no, source_id, verdict.value, _closed_detail(verdict), key.response_id)
-        if verdict is Verdict.MERGED and self.progress:
+        if verdict is MERGED and self.progress:
             turn.events.extend(ev.progress(key, life.turn.state.ids, record, ts))
         if was_open and life.outcome is not None:
             turn.finished_ms = ts

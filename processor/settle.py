@@ -19,7 +19,7 @@ from processor import agui
 from processor import events as ev
 from processor.connections import as_text
 from processor.ids import TurnKey
-from processor.lifecycle import Limits, TurnLife, Verdict
+from processor.lifecycle import LATE, Limits, TurnLife, Verdict
 from processor.merge import Turn
 from processor.models import Counts, Event, Record, Status
 
@@ -108,7 +108,7 @@ class Replay:
 
     def feed(self, entry_id: str, record: Record, size: int) -> None:
         verdict = self.life.feed(entry_id, record, size)
-        if verdict in (Verdict.TURN_CLOSED, Verdict.TURN_LIMIT):
+        if verdict in LATE:
             self.late.append((entry_id, record, verdict))
         if not self.ending and self.life.outcome is not None:
             self.ending = entry_id
