@@ -11,6 +11,8 @@ in batches of 500, with the replies ``apply_entries`` would give made up
 
     python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
     export PYTHONHASHSEED=0  # else str hashing moves a side by up to ~1,200 per entry
+    unset PYTHONDONTWRITEBYTECODE  # and run each side once first: compiling a changed
+                                   # module (no .pyc to read) adds thousands per entry
     for side in none decode build follow finish held; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/sc.$side \\
             python bench/shell_count.py $side --turns 400 --entries /tmp/sc.entries

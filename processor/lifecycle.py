@@ -71,16 +71,19 @@ class TurnLife:
                 return DROPPED
             self.counts.dlq += 1
             return TURN_CLOSED
-        if record.kind == "update" and self._over_limit(size):
+        counts, kind = self.counts, record.kind
+        # (_over_limit written out: a call costs as much, on every entry.)
+        if kind == "update" and (counts.updates >= self.limits.max_turn_updates
+                                 or self.bytes + size > self.limits.max_turn_bytes):
             self.outcome = Outcome.failed("turn_limit", self._limit_message())
-            self.counts.dlq += 1
+            counts.dlq += 1
             return TURN_LIMIT
         self.turn.apply(record)
         self.bytes += size
-        self.counts.entries += 1
-        if record.kind == "update":
-            self.counts.updates += 1
-        elif record.kind == "end":
+        counts.entries += 1
+        if kind == "update":
+            counts.updates += 1
+        elif kind == "end":
             self.outcome = Outcome.completed()
         else:
             self.outcome = producer_error(record)
