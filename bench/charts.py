@@ -9,9 +9,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from latency import Latency, percentile
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter
 from memory_scenarios import RssRun
 from report import LATENCY_TARGET_MS, MIB
 from scenarios import Throughput
+
+#: Axis ticks in thousands ("150k"): full numbers ran into each other.
+_THOUSANDS = FuncFormatter(lambda v, _pos: f"{v / 1000:,.0f}k")
 
 
 def throughput_chart(runs: list[Throughput], out: Path) -> None:
@@ -23,12 +28,28 @@ def throughput_chart(runs: list[Throughput], out: Path) -> None:
     bars = ax.barh(names, rates, color=colors)
     ax.bar_label(bars, labels=[f"{r:,.0f}" for r in rates], padding=3, fontsize=8)
     ax.invert_yaxis()
+    _targets(ax, {t.name: t.rate for t in runs})
     ax.set_xlabel("updates/s (higher is better)")
+    ax.xaxis.set_major_formatter(_THOUSANDS)
     ax.set_xlim(0, max(rates) * 1.2)
     ax.set_title("End-to-end throughput, same stream, same redis-server", fontsize=10)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+
+
+def _targets(ax: Axes, rates: dict[str, float]) -> None:
+    """The throughput targets as vertical lines, named in a legend: half the
+    drain, five times FastStream."""
+    marks = [(rates.get("drain", 0) * 0.5, "target: 0.5x drain", "#c53030", "--"),
+             (rates.get("FastStream", 0) * 5, "target: 5x FastStream", "#d9822b", ":")]
+    drawn = False
+    for x, label, color, style in marks:
+        if x > 0:
+            ax.axvline(x, color=color, linestyle=style, linewidth=1.2, label=label)
+            drawn = True
+    if drawn:
+        ax.legend(fontsize=7, loc="lower right")
 
 
 def latency_chart(lat: Latency, out: Path) -> None:
@@ -57,6 +78,7 @@ def rss_chart(rss: RssRun, out: Path) -> None:
     ax.plot(xs, [p[2] / MIB for p in rss.points], color="#d9822b",
             label="Redis used_memory (incl. backlog)")
     ax.set_xlabel("updates processed")
+    ax.xaxis.set_major_formatter(_THOUSANDS)
     ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
