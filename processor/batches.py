@@ -159,8 +159,7 @@ def decode_batch(
         if shards > 1 and _shard_of(fields, shards) != shard.index:
             add(None)
             continue
-        entry_id = raw_id.decode() if raw_id.__class__ is bytes else as_text(raw_id)
-        add(_new_applied(Applied, (key, entry_id, record, size)))
+        add(_new_applied(Applied, (key, as_text(raw_id), record, size)))
     return ApplyCall([], [], [], newest=True, now_ms=now_ms, decoded=decoded)
 
 

@@ -83,16 +83,22 @@ def decode_entry(
     ``update`` may be JSON text, msgpack bytes (``enc=msgpack``) or, offline,
     an already-parsed JSON object.
     """
+    turn, record, _size = _sized_entry(raw_fields, max_entry_bytes)
+    return turn, record
+
+
+def _sized_entry(raw_fields: Mapping[Any, Any], max_entry_bytes: int) -> Sized:
+    """:func:`decode_entry`, with the entry's size (:func:`entry_size`)."""
     if raw_fields.__class__ is dict:
         found = _plain_update(raw_fields, max_entry_bytes)
         if found is not None:
-            return found[0], found[1]
+            return found
     fields, size = sized_str_keys(raw_fields)
     if size > max_entry_bytes:
         raise EntryError("too_large", f"entry is {size} bytes, the limit is {max_entry_bytes}")
     turn = turn_key(fields)
     try:
-        return turn, _record(fields)
+        return turn, _record(fields), size
     except EntryError as exc:
         exc.turn = turn
         raise
@@ -117,21 +123,15 @@ def decode_stream_entry(
         found = _two_bytes_fields(raw_fields, max_entry_bytes)
         if found is not None:
             return found
-        return _general(raw_fields, max_entry_bytes)
+        return _sized_entry(raw_fields, max_entry_bytes)
     try:
         fields = {k.decode("ascii"): v.decode("ascii") for k, v in raw_fields.items()}
     except (UnicodeDecodeError, AttributeError):  # non-ASCII, or not bytes
-        return _general(raw_fields, max_entry_bytes)
+        return _sized_entry(raw_fields, max_entry_bytes)
     found = _plain_update(fields, max_entry_bytes)
     if found is not None:
         return found
-    return _general(raw_fields, max_entry_bytes)
-
-
-def _general(raw_fields: dict[Any, Any], max_entry_bytes: int) -> Sized:
-    """What no fast path took: :func:`decode_entry`, and the entry's size."""
-    key, record = decode_entry(raw_fields, max_entry_bytes=max_entry_bytes)
-    return key, record, entry_size(raw_fields)
+    return _sized_entry(raw_fields, max_entry_bytes)
 
 
 def _two_bytes_fields(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:

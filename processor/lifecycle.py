@@ -72,9 +72,7 @@ class TurnLife:
             self.counts.dlq += 1
             return TURN_CLOSED
         counts, kind = self.counts, record.kind
-        # (_over_limit written out: a call costs as much, on every entry.)
-        if kind == "update" and (counts.updates >= self.limits.max_turn_updates
-                                 or self.bytes + size > self.limits.max_turn_bytes):
+        if kind == "update" and self._over_limit(size):
             self.outcome = Outcome.failed("turn_limit", self._limit_message())
             counts.dlq += 1
             return TURN_LIMIT
