@@ -9,7 +9,7 @@ the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
     python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge] [--hold-turns]
-        [--drain]
+        [--drain] [--gen0 N]
 
 A diagnostic for trying a change to the shard loop (compare the idle
 seconds, which move less with the machine's load than the throughput),
@@ -22,13 +22,17 @@ the records stored, the worker's copies and the outputs, runs as usual).
 stream in this process (``bench/drain.py``'s loop: XREADGROUP COUNT 500,
 XACK per batch) and prints the worker's ratio to it: with
 ``--free-decode-merge``, how close to the limit a worker could come if
-decoding and merging cost nothing.
+decoding and merging cost nothing. The worker runs with ``processor
+run``'s collector settings (``service.tune_gc``; ``--gen0`` sets another
+generation-0 threshold), and each round also prints the seconds the cyclic
+garbage collector ran (a ``gc.callbacks`` hook) and its passes per generation.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import selectors
 import time
 from typing import Any
@@ -41,6 +45,7 @@ from processor import batches, merge
 from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
+from processor.service import tune_gc
 from processor.worker import Worker, WorkerConfig
 
 TEMPLATE = "loop_idle:template"
@@ -67,6 +72,25 @@ class IdleClock:
 
     def reset(self) -> None:
         self.seconds = 0.0
+
+
+class GcClock:
+    """Seconds the cyclic garbage collector ran and its passes per generation,
+    since the last ``reset``."""
+
+    def __init__(self) -> None:
+        self.seconds, self.passes, self._started = 0.0, [0, 0, 0], 0.0
+        gc.callbacks.append(self._on_pass)
+
+    def _on_pass(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.passes[info["generation"]] += 1
+
+    def reset(self) -> None:
+        self.seconds, self.passes = 0.0, [0, 0, 0]
 
 
 async def one_round(client: Any, work: workload.Workload, index: int,
@@ -126,7 +150,8 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
     return update if update is not None else fields[b"response_id"] + b"|" + fields[b"kind"]
 
 
-async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool) -> None:
+async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
+               gen0: int | None) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -135,13 +160,19 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool) -> 
         await workload.make_template(client, TEMPLATE, work, [WorkerConfig().group])
         if free:
             free_decode_merge(work)
+        tune_gc()
+        if gen0 is not None:
+            gc.set_threshold(gen0, *gc.get_threshold()[1:])
+        collector = GcClock()
         for index in range(rounds):
             drained = await drain_round(client, work, index) if drain else 0.0
+            collector.reset()
             wall, cpu, waited = await one_round(client, work, index, idle, hold)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
-                  f"CPU {cpu:.2f} s  loop idle {waited:.2f} s{versus}", flush=True)
+                  f"CPU {cpu:.2f} s  loop idle {waited:.2f} s  GC {collector.seconds:.3f} s "
+                  f"(passes {'/'.join(map(str, collector.passes))}){versus}", flush=True)
         await client.aclose()
 
 
@@ -154,6 +185,8 @@ if __name__ == "__main__":
     parser.add_argument("--hold-turns", action="store_true", help="the worker holds turns")
     parser.add_argument("--drain", action="store_true",
                         help="also time a drain of the stream each round, and the ratio")
+    parser.add_argument("--gen0", type=int,
+                        help="generation-0 threshold instead of the worker's")
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns,
-                     args.drain))
+                     args.drain, args.gen0))

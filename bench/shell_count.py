@@ -46,6 +46,7 @@ from processor.hold import Holds
 from processor.ids import TurnKey
 from processor.keys import Namespace, Shard
 from processor.mirror import MIRROR_BYTES, Mirrors, Version
+from processor.service import tune_gc
 from processor.settle import render
 from processor.worker import WorkerConfig
 
@@ -146,6 +147,7 @@ def main() -> None:
     parser.add_argument("--entries", type=Path, help="a file to keep the built entries in")
     args = parser.parse_args()
     replies = batches(args.turns, args.entries)
+    tune_gc()  # the worker's collector settings, as processor run has them
     started = time.perf_counter()
     run(args.side, replies)
     took = time.perf_counter() - started
