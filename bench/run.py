@@ -34,6 +34,7 @@ from typing import Any
 import charts
 import latency
 import memory_scenarios
+import ratios
 import redis.asyncio
 import report
 import scenarios
@@ -191,7 +192,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             say(f"{'best of the rounds':>24}:")
             for t in runs:
                 show(t)
-        r["throughput"], r["repeat"] = runs, args.repeat
+        r["throughput"], r["repeat"], r["rounds"] = runs, args.repeat, rounds
         if args.profile:
             r["profiled"] = await one_worker_on(ctx, work, args.profile, "profile",
                                                 log_dir / "worker.pyspy", flags=args.worker_flags)
@@ -215,7 +216,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["tree_file"] = tree
             say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
-        one = report.one_worker(runs)
+        one = ratios.one_worker(runs)
         if args.latency_turns:
             rate = args.latency_rate or one.rate / 2
             runs_lat = await latency_rounds(args, ctx, work, rate, "latency")
@@ -223,7 +224,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             # moment of the machine, and the best round would flatter.
             r["latency"] = latency.median_round(runs_lat)
             r["latency_rounds"] = runs_lat
-            held = report.held_worker(runs)
+            held = ratios.held_worker(runs)
             if held is not None:  # the worker holding turns: the same pace, then its own half
                 held_lat = await latency_rounds(args, ctx, work, rate, "latency, held turns",
                                                 hold_turns=True)
@@ -351,16 +352,13 @@ def main(argv: list[str] | None = None) -> int:
             r["minutes"] = (time.perf_counter() - started) / 60 + 3
             write_docs(args, r, (load_start, load_average()))
     refresh_others(args)
-    runs: list[Throughput] = r["throughput"]
-    drain = next(t for t in runs if t.name == "drain")
-    peer = next(t for t in runs if t.name == "FastStream")
-    one = report.one_worker(runs)
-    held = report.held_worker(runs)
-    also = (f"; with --hold-turns {held.rate / drain.rate:.2f} and "
-            f"{held.rate / peer.rate:.2f}x" if held else "")
-    say(f"ratio processor/drain {one.rate / drain.rate:.2f} (target >= {report.DRAIN_TARGET:g}), "
-        f"processor/FastStream {one.rate / peer.rate:.2f}x (target >= {report.PEER_TARGET:g}x)"
-        + also)
+    median = ratios.median_ratios([ratios.Round.of(one) for one in r["rounds"]])
+    also = (f"; with --hold-turns {median['held_drain']:.2f} and {median['held_peer']:.2f}x"
+            if "held_drain" in median else "")
+    of = f" (median of {len(r['rounds'])} rounds)" if len(r["rounds"]) > 1 else ""
+    say(f"ratio processor/drain {median['drain']:.2f} (target >= {report.DRAIN_TARGET:g}), "
+        f"processor/FastStream {median['peer']:.2f}x (target >= {report.PEER_TARGET:g}x)"
+        + also + of)
     return 0
 
 
