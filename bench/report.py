@@ -120,12 +120,12 @@ def summary(r: dict[str, Any]) -> str:
     rounds = [Round.of(one_round) for one_round in r.get("rounds", [runs])]
     median = median_ratios(rounds)
     ratio_drain = median["drain"]
-    judged = (f", the median of the {len(rounds)} rounds' ratios (each within its round: "
-              "*Ratios within each round*, below);" if len(rounds) > 1 else "")
+    judged = (f", the median of the {len(rounds)} rounds' ratios (*Ratios within each "
+              "round*, below)" if len(rounds) > 1 else "")
     lines += [
         "",
-        f"- **processor / drain (1 worker): {ratio_drain:.2f}**{judged} (target at least "
-        f"{DRAIN_TARGET:g}: {verdict(ratio_drain >= DRAIN_TARGET)}). The drain is "
+        f"- **processor / drain (1 worker): {ratio_drain:.2f}** (target at least "
+        f"{DRAIN_TARGET:g}: {verdict(ratio_drain >= DRAIN_TARGET)}){judged}. The drain is "
         "`XREADGROUP COUNT 500` + `XACK` per batch and nothing else (`bench/drain.py`).",
     ]
     if peer is not None:
