@@ -29,6 +29,7 @@ import redis.asyncio
 from drain import ready
 
 from processor import events as ev
+from processor.connections import fast_stream_reads
 from processor.decode import decode_stream_entry
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
@@ -58,6 +59,7 @@ class Turns:
 async def consume(url: str, stream: str, merged: str, events: str, group: str,
                   count: int) -> None:
     client = redis.asyncio.Redis.from_url(url)
+    fast_stream_reads(client)  # the worker's reply parsing, as the rest is its code
     await ready(client, stream, group)
     turns = Turns()
     while True:

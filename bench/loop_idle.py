@@ -93,12 +93,15 @@ class GcClock:
         self.seconds, self.passes = 0.0, [0, 0, 0]
 
 
-async def one_round(client: Any, work: workload.Workload, index: int,
+async def one_round(client: Any, url: str, work: workload.Workload, index: int,
                     idle: IdleClock, hold: bool = False) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
-    worker = Worker(client, WorkerConfig(namespace=namespace, hold_turns=hold))
+    # The worker's own client, as `processor run` has: the worker sets its
+    # reply parsing on it, which the drain's client must not get.
+    own = redis.asyncio.Redis.from_url(url)
+    worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()
     await asyncio.sleep(0.3)  # its first idle reads are under way
@@ -110,6 +113,7 @@ async def one_round(client: Any, work: workload.Workload, index: int,
     result = time.perf_counter() - wall, time.process_time() - cpu, idle.seconds
     worker.stop()
     await task
+    await own.aclose()
     await workload.forget(client, "{" + namespace + ":*")
     return result
 
@@ -167,7 +171,7 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
         for index in range(rounds):
             drained = await drain_round(client, work, index) if drain else 0.0
             collector.reset()
-            wall, cpu, waited = await one_round(client, work, index, idle, hold)
+            wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "

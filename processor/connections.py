@@ -144,6 +144,52 @@ def as_text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def parse_stream_read(response: Any, **options: Any) -> list[list[Any]]:
+    """An XREAD/XREADGROUP reply (RESP3's map or RESP2's list) as redis-py's
+    own callback gives it, ``[[stream, [(id, {field: value}), ...]], ...]``,
+    in about a third of its time: a worker parses one such entry per update,
+    and redis-py's per-entry helper calls took about 3% of a worker holding
+    turns."""
+    if not response:
+        return []
+    streams = response.items() if response.__class__ is dict else response
+    if "claim_min_idle_time" in options:  # CLAIM: idle time and deliveries follow the fields
+        return [[stream, [(None, None) if e is None else (e[0], _fields(e[1]), *e[2:])
+                          for e in entries]] for stream, entries in streams]
+    return [[stream, _stream_entries(entries)] for stream, entries in streams]
+
+
+def _stream_entries(entries: list[Any]) -> list[tuple[Any, Any]]:
+    found: list[tuple[Any, Any]] = []
+    add = found.append
+    for entry in entries:
+        if entry is None:
+            add((None, None))
+            continue
+        entry_id, flat = entry
+        if flat is not None and len(flat) == 4:  # the usual entry: no iterator to build
+            add((entry_id, {flat[0]: flat[1], flat[2]: flat[3]}))
+        else:
+            add((entry_id, _fields(flat)))
+    return found
+
+
+def _fields(flat: list[Any] | None) -> dict[Any, Any]:
+    """An entry's flat field list as a dict (later duplicates win, as in
+    redis-py); none (an entry deleted while pending, read with id 0) is {}."""
+    if flat is None:
+        return {}
+    pairs = iter(flat)
+    return dict(zip(pairs, pairs, strict=False))
+
+
+def fast_stream_reads(client: Any) -> None:
+    """Parse ``client``'s XREADGROUP replies with :func:`parse_stream_read`
+    (the same shape as redis-py's, so every caller of the client is served
+    alike; a cluster client's nodes share its callbacks)."""
+    client.set_response_callback("XREADGROUP", parse_stream_read)
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe for logs and errors)."""
     parts = urlsplit(url)
