@@ -42,6 +42,7 @@ import workload
 from drain import drain_group
 
 from processor import batches, merge
+from processor.connections import fast_stream_reads
 from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
@@ -98,9 +99,10 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
-    # The worker's own client, as `processor run` has: the worker sets its
-    # reply parsing on it, which the drain's client must not get.
+    # The worker's own client, as `processor run` makes it (connections.connect:
+    # its own reply parsing, which the drain's client must not get).
     own = redis.asyncio.Redis.from_url(url)
+    fast_stream_reads(own)
     worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()

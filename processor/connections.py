@@ -232,7 +232,12 @@ async def is_cluster(options: RedisOptions) -> bool:
 
 
 async def connect(options: RedisOptions) -> Any:
-    """A client for the URL: the cluster client when the node is in a cluster."""
+    """A client for the URL: the cluster client when the node is in a cluster,
+    its stream reads parsed by :func:`parse_stream_read`."""
+    client: Any
     if await is_cluster(options):
-        return RedisCluster.from_url(options.url, **_kwargs(options))
-    return aioredis.Redis.from_url(options.url, **_kwargs(options))
+        client = RedisCluster.from_url(options.url, **_kwargs(options))
+    else:
+        client = aioredis.Redis.from_url(options.url, **_kwargs(options))
+    fast_stream_reads(client)
+    return client

@@ -32,7 +32,7 @@ from processor.batches import (
     parse_versions,
 )
 from processor.compaction import compact_turns
-from processor.connections import as_text, fast_stream_reads, is_transient, until_done
+from processor.connections import as_text, is_transient, until_done
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
@@ -110,7 +110,6 @@ class Worker(ShardLoop, Recovery, Holding):
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
-        fast_stream_reads(client)
         self.config = config
         self.metrics = metrics or Metrics()
         self.options = config.batch_options()

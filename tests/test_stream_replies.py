@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_xread, parse_xread_resp3_to_resp2_legacy
 
-from processor.connections import fast_stream_reads, parse_stream_read
+from processor.connections import RedisOptions, connect, fast_stream_reads, parse_stream_read
 
 values = st.binary(max_size=6)
 flat_fields = st.none() | st.lists(values, max_size=7)  # odd lengths and repeated names too
@@ -65,3 +65,11 @@ async def test_a_workers_client_reads_what_a_plain_client_reads(
         await plain.delete(stream)
         await plain.aclose()
         await fast.aclose()
+
+
+async def test_the_workers_connection_parses_reads_with_it(redis_url: str) -> None:
+    client = await connect(RedisOptions(redis_url))
+    try:
+        assert client.response_callbacks["XREADGROUP"] is parse_stream_read
+    finally:
+        await client.aclose()
