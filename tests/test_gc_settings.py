@@ -5,10 +5,10 @@ Python's defaults."""
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Iterator
 
 import pytest
+from turn_reference import entry_fields, text_delta
 
 from processor.batches import BatchOptions, decode_batch
 from processor.keys import Namespace
@@ -30,15 +30,10 @@ def worker_gc() -> Iterator[None]:
 
 def text_deltas(count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """``count`` entries as XREADGROUP returns them: eight turns' text deltas, interleaved."""
-    entries = []
-    for i in range(count):
-        turn = f"resp-{i % 8}"
-        update = {"type": "agent_response_update", "role": "assistant",
-                  "contents": [{"type": "text", "text": f"word {i} ", "additional_properties": {}}],
-                  "response_id": turn, "message_id": f"{turn}-m", "author_name": "writer"}
-        entries.append((f"1700000000000-{i}".encode(),
-                        {b"response_id": turn.encode(), b"update": json.dumps(update).encode()}))
-    return entries
+    return [(f"1700000000000-{i}".encode(),
+             {name.encode(): value.encode()
+              for name, value in entry_fields(text_delta(f"resp-{i % 8}", f"word {i} ")).items()})
+            for i in range(count)]
 
 
 def test_tune_gc_raises_only_the_young_threshold(worker_gc: None) -> None:
