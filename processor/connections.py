@@ -7,7 +7,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -142,6 +142,48 @@ class RedisOptions:
 def as_text(value: Any) -> str:
     """A Redis reply value as ``str`` (clients may or may not decode responses)."""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+async def tls_refusal_probe(options: RedisOptions, wait: float = 1.0) -> str | None:
+    """The server's TLS refusal, found on a connection that sends nothing.
+
+    With TLS 1.3 a server refuses a missing or untrusted client certificate
+    only after the handshake, with an alert and a close. A client that has
+    already sent a command makes the server close with unread data, which
+    resets the connection: on a loaded machine the reset can overtake the
+    alert, and the worker saw a plain ``Connection reset by peer`` (an
+    outage, retried forever) instead of the refusal. Here nothing is sent,
+    so the close is clean and the alert is read. None when the handshake and
+    the ``wait`` after it pass (or the URL is not ``rediss://``)."""
+    parts = urlsplit(options.url)
+    if parts.scheme != "rediss":
+        return None
+    # The files as redis-py takes them: the options, else the URL's query.
+    query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+    cafile = options.ssl_ca_certs or query.get("ssl_ca_certs")
+    certfile = options.ssl_certfile or query.get("ssl_certfile")
+    keyfile = options.ssl_keyfile or query.get("ssl_keyfile")
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+        # No stricter than redis-py: hostnames are not checked, nor the server's
+        # certificate when the URL says not to, so a refusal found here is one
+        # redis-py meets too.
+        context.check_hostname = False
+        if query.get("ssl_cert_reqs", "required").lower() != "required":
+            context.verify_mode = ssl.CERT_NONE
+        if certfile:
+            context.load_cert_chain(certfile, keyfile)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            parts.hostname, parts.port or 6379, ssl=context), wait + 4)
+    except (OSError, TimeoutError) as exc:
+        return tls_refusal(exc)
+    try:
+        await asyncio.wait_for(reader.read(1), wait)
+    except (OSError, TimeoutError) as exc:
+        return tls_refusal(exc)
+    finally:
+        writer.close()
+    return None
 
 
 def parse_stream_read(response: Any, **options: Any) -> list[list[Any]]:

@@ -14,7 +14,14 @@ from typing import Any
 from redis.exceptions import AuthenticationError, NoPermissionError
 
 from processor import config, logs, stopping
-from processor.connections import TRANSIENT, RedisOptions, connect, redact, tls_refusal
+from processor.connections import (
+    TRANSIENT,
+    RedisOptions,
+    connect,
+    redact,
+    tls_refusal,
+    tls_refusal_probe,
+)
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
 from processor.worker import Worker
@@ -51,7 +58,7 @@ async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = N
             raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
                              f"connection's credentials or rights: {exc}") from None
         except TRANSIENT as exc:
-            refusal = tls_refusal(exc)
+            refusal = tls_refusal(exc) or await tls_refusal_probe(options)
             if refusal:
                 raise SystemExit(f"processor: TLS with redis at {redact(options.url)} failed: "
                                  f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "

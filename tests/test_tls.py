@@ -27,6 +27,7 @@ from tls_certs import make_client_certificate, make_tls_files
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import ROOT, Harness
 
+from processor.connections import RedisOptions, tls_refusal_probe
 from processor.embedded import TlsFiles
 from processor.keys import Namespace
 
@@ -158,3 +159,20 @@ def test_cancel_over_tls_with_client_certificates(tls_setup: TlsSetup, namespace
         assert check.get(key) == b"cancelled"
     finally:
         check.close()
+
+
+async def test_the_probe_reads_the_servers_refusal_a_reset_would_hide(tls_setup: TlsSetup) -> None:
+    """connect_retrying's probe: a connection that sends nothing gets the
+    server's TLS 1.3 alert for a missing or untrusted client certificate,
+    which a client that had sent a command could lose to a reset; a
+    certificate the server trusts, or the same files in the URL, pass."""
+    s = tls_setup
+    missing = await tls_refusal_probe(RedisOptions(s.url, ssl_ca_certs=str(s.ca)))
+    assert missing is not None and "CERTIFICATE_REQUIRED" in missing
+    foreign = await tls_refusal_probe(RedisOptions(
+        s.url, ssl_ca_certs=str(s.ca), ssl_certfile=str(s.foreign_cert),
+        ssl_keyfile=str(s.foreign_key)))
+    assert foreign is not None and "UNKNOWN_CA" in foreign
+    for trusted in (RedisOptions(s.url, **s.flags()), RedisOptions(s.producer_url())):
+        assert await tls_refusal_probe(trusted, wait=0.2) is None
+    assert await tls_refusal_probe(RedisOptions(s.url.replace("rediss:", "redis:"))) is None
