@@ -8,6 +8,7 @@ decides nothing differently."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ class Holding:
     options: BatchOptions
     scripts: Any
     _holds: dict[int, Holds]
+    _opening: dict[int, asyncio.Lock]  # per shard: one open_turns at a time
     _floors: dict[int, Floor]
     _orphans: set[int]
     _claimed: set[int]
@@ -77,12 +79,7 @@ class Holding:
     async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall) -> None:
         """Hold what can be held of a batch, store the rest, publish what ended."""
         holds = self._holds[shard.index]
-        fresh = holds.to_open(call.decoded)
-        if fresh:
-            opened = build_open(shard, fresh, self.options, call.now_ms)
-            statuses, started = await self.scripts.open_turns(keys=opened.keys,
-                                                              args=opened.args)
-            holds.opened(parse_opened(statuses), as_text(started), time.monotonic())
+        await self._open(shard, call)  # what the reader did not open already (_open_ahead)
         routed = holds.route(entries, call.decoded)
         self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
@@ -91,6 +88,32 @@ class Holding:
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
             await self._finalise_held(shard, ended)
+
+    async def _open(self, shard: Shard, call: ApplyCall) -> None:
+        """``open_turns`` for the batch's turns this worker knows nothing of.
+        The reader and the applier may both open (:meth:`_open_ahead`): one
+        at a time, so that no turn is opened twice."""
+        async with self._opening[shard.index]:
+            holds = self._holds[shard.index]
+            fresh = holds.to_open(call.decoded)
+            if fresh:
+                opened = build_open(shard, fresh, self.options, call.now_ms)
+                statuses, started = await self.scripts.open_turns(keys=opened.keys,
+                                                                  args=opened.args)
+                holds.opened(parse_opened(statuses), as_text(started), time.monotonic())
+
+    async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None:
+        """Open a held batch's new turns as soon as it is read, while the
+        applier is still busy with the batch before: the round trip then
+        overlaps the applier's Python instead of stalling it (redis-server
+        answers the reader's XREADGROUP first). Best effort: whatever this
+        does not open, the applier opens (:meth:`_apply_held`)."""
+        if call is None or not self._holding(call):
+            return
+        try:
+            await self._open(shard, call)
+        except Exception:  # the applier tries again, and its failures count
+            log.debug("opening ahead failed", exc_info=True, extra={"shard": shard.index})
 
     async def _finalise_held(
         self, shard: Shard, todo: dict[TurnKey, Reason]

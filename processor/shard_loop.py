@@ -107,6 +107,7 @@ class ShardLoop:
         async def _take_back(self, shard: Shard) -> None: ...
         async def reclaim(self, shard: Shard) -> None: ...
         async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
+        async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
 
         @property
         def stopping(self) -> bool:  # stop() was called
@@ -134,7 +135,9 @@ class ShardLoop:
                     await batches.join()  # nothing read earlier is still waiting to be applied
                     await self._retrying(self._take_back, shard)
                 entries = await self._retrying(self._read, shard)
-                await batches.put(Batch(entries, self._prepare(shard, entries)))
+                call = self._prepare(shard, entries)
+                await self._open_ahead(shard, call)
+                await batches.put(Batch(entries, call))
                 await batches.taken()  # one batch ahead of the applier, no more
             except asyncio.CancelledError as exc:
                 if _cancelling() or self.stopping:

@@ -131,6 +131,7 @@ class Worker(ShardLoop, Recovery, Holding):
         self._holds = {s.index: Holds(config.limits, config.mirror_turns, budget)
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
+        self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)

@@ -131,3 +131,77 @@ async def test_a_spill_cut_by_a_connection_error_is_waited_for(
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "s") == "12" and outputs.dlq == []
+
+
+async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
+    redis_url: str, namespace: str
+) -> None:
+    """The reader opens a held batch's new turns as soon as it has read it
+    (the round trip overlaps the applier's work on the batch before); the
+    applier then opens nothing more, and the turn is published whole, once."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("a", "1"), text_delta("a", "2"), end_entry("a")])
+        entries = await stepped.read()
+        call = decode_batch(shard, entries, worker.options, 0)
+        await worker._open_ahead(shard, call)
+        assert TurnKey("a") in worker._holds[0].turns
+        assert await harness.client.exists(shard.turn(TurnKey("a").encode())) == 1
+        worker.scripts.open_turns = _cut  # the applier must not open it again
+        await worker.apply(shard, entries, {}, call)
+        outputs = await harness.outputs()
+    assert response_text(outputs, "a") == "12" and outputs.dlq == []
+    events = [e["type"] for e in outputs.turns[TurnKey("a")].events]
+    assert events.count("synthesis.started") == 1 and outputs.terminal_counts()[TurnKey("a")] == 1
+
+
+async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
+    redis_url: str, namespace: str
+) -> None:
+    """The reader's open is best effort: cut, it changes nothing, and the
+    applier opens the turn and holds it."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("b", "1"), end_entry("b")])
+        entries = await stepped.read()
+        call = decode_batch(shard, entries, worker.options, 0)
+        real = worker.scripts.open_turns
+        worker.scripts.open_turns = _cut
+        await worker._open_ahead(shard, call)
+        assert TurnKey("b") not in worker._holds[0].turns
+        worker.scripts.open_turns = real
+        await worker.apply(shard, entries, {}, call)
+        outputs = await harness.outputs()
+    assert response_text(outputs, "b") == "1" and outputs.dlq == []
+    held = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
+                                                    {"source": "held"})
+    assert held == 1
+
+
+async def test_the_reader_and_the_applier_opening_at_once_open_each_turn_once(
+    redis_url: str, namespace: str
+) -> None:
+    """The applier opens what the reader's open left (it failed, say) while
+    the reader opens the next batch, which starts with the same turn: one
+    ``open_turns`` must carry it, else the second finds the first's hash and
+    calls the turn stored while it is held."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("c", "1")])
+        first = decode_batch(shard, await stepped.read(), worker.options, 0)
+        await harness.add([text_delta("c", "2")])
+        second = decode_batch(shard, await stepped.read(), worker.options, 0)
+        real, carried = worker.scripts.open_turns, []
+
+        async def counted(*, keys: list[Any], args: list[Any]) -> Any:
+            carried.append(args[1])
+            await asyncio.sleep(0.01)  # long enough for the other open to start
+            return await real(keys=keys, args=args)
+
+        worker.scripts.open_turns = counted
+        await asyncio.gather(worker._open(shard, first), worker._open_ahead(shard, second))
+    holds = worker._holds[0]
+    assert carried == [1] and TurnKey("c") in holds.turns and TurnKey("c") not in holds.old
