@@ -74,6 +74,40 @@ class Mirror:
                 and turn_hash.get("started") == self.started)
 
 
+class _Fed:
+    """One turn of a batch fed ahead (:meth:`Mirrors.feed_ahead`)."""
+
+    __slots__ = ("bytes", "count", "known", "last", "mirror", "version")
+
+    def __init__(self, key: TurnKey, mirror: Mirror | None, limits: Limits) -> None:
+        self.known = mirror is not None  # followed before this batch
+        if mirror is None:
+            mirror = Mirror(Replay(TurnLife(key, limits)), 0, "")
+        self.mirror = mirror
+        self.version = mirror.version  # before this batch
+        self.bytes = mirror.replay.life.bytes  # of its entries, before this batch
+        self.count = 0
+        self.last = ""
+
+    def confirmed(self, version: Version) -> bool:
+        """:meth:`Mirrors._follow`'s checks: the call stored every entry fed,
+        on top of exactly the state this mirror replayed."""
+        if not self.known and version.before != 0:
+            return False  # records stored before this worker followed the turn
+        if self.known and self.mirror.started != version.started:
+            return False
+        return (self.version == version.before
+                and version.stored == self.count == version.after - version.before)
+
+
+@dataclass
+class Ahead:
+    """A batch fed into the mirrors before its ``apply_entries`` call answered."""
+
+    turns: dict[TurnKey, _Fed] = field(default_factory=dict)
+    accounted: bool = False  # its bytes counted in Mirrors.bytes
+
+
 @dataclass
 class Mirrors:
     """The mirrors of one shard's turns, oldest first."""
@@ -128,6 +162,69 @@ class Mirrors:
         self.bytes += life.bytes - before
         mirror.version = version.after
         return mirror
+
+    def feed_ahead(self, applied: list[Applied], ahead: Ahead) -> None:
+        """Feed a batch read with one ``XREADGROUP >`` into the mirrors before
+        ``apply_entries`` answers, so that the worker's Python runs while
+        redis-server runs the script; :meth:`settle` then keeps what the
+        call's versions confirm, and :meth:`forget` drops it all if the call
+        (or this) failed. Together they end as :meth:`update` with ``newest``."""
+        if self.max_turns == 0:
+            return
+        turns = ahead.turns
+        for entry in applied:
+            key = entry.key
+            fed = turns.get(key)
+            if fed is None:
+                fed = turns[key] = _Fed(key, self.turns.get(key), self.limits)
+            fed.mirror.replay.feed(entry.entry_id, entry.record, entry.size)
+            fed.count += 1
+            fed.last = entry.entry_id
+        self._account(ahead)
+
+    def _account(self, ahead: Ahead) -> None:
+        """Count in ``self.bytes`` what was fed to the mirrors it holds."""
+        if not ahead.accounted:
+            ahead.accounted = True
+            for fed in ahead.turns.values():
+                if fed.known:
+                    self.bytes += fed.mirror.replay.life.bytes - fed.bytes
+
+    def settle(self, ahead: Ahead, versions: dict[TurnKey, Version]) -> set[TurnKey]:
+        """What :meth:`update` returns, for a batch fed by :meth:`feed_ahead`
+        (the same checks, made after feeding: a mirror that fails them is
+        dropped, fed or not)."""
+        if self.max_turns == 0:
+            return set()
+        for key in ahead.turns.keys() - versions.keys():
+            self.drop(key)  # (apply_entries reports every turn it was given)
+        for key, version in versions.items():
+            fed = ahead.turns.get(key)
+            if fed is None:  # none of its entries in the batch: as update() does
+                kept = self._follow(key, version, [], True)
+                if kept is None:
+                    self.drop(key)
+                elif key not in self.turns:
+                    self.turns[key] = kept
+                continue
+            if not fed.confirmed(version):
+                self.drop(key)
+                continue
+            mirror = fed.mirror
+            mirror.version, mirror.started = version.after, version.started
+            mirror.last_id = id_order(fed.last)
+            if not fed.known:
+                self.turns[key] = mirror
+                self.bytes += mirror.replay.life.bytes
+        self._bound()
+        return {key for key in versions if key in self.turns}
+
+    def forget(self, ahead: Ahead) -> None:
+        """The call failed (or may have), or feeding did: drop every mirror
+        :meth:`feed_ahead` fed, which a retry would feed again."""
+        self._account(ahead)
+        for key in ahead.turns:
+            self.drop(key)
 
     @staticmethod
     def _in_order(mirror: Mirror, entries: list[Applied]) -> bool:

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from processor.batches import (
     parse_versions,
 )
 from processor.compaction import compact_turns
-from processor.connections import as_text, is_transient, until_done
+from processor.connections import as_text, handed_over, is_transient, until_done
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
@@ -40,7 +41,7 @@ from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.membership import Membership
 from processor.metrics import Metrics
-from processor.mirror import MIRROR_BYTES, Applied, Mirror, Mirrors
+from processor.mirror import MIRROR_BYTES, Ahead, Applied, Mirror, Mirrors
 from processor.recovery import Recovery
 from processor.scripts import Scripts
 from processor.settle import Reason, Settled, render, settle, text_hash
@@ -229,10 +230,15 @@ class Worker(ShardLoop, Recovery, Holding):
         """Store a batch with ``apply_entries``, then finalise whatever it made ready."""
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
-        cancelled, ready, counts, full, versions = await self.scripts.apply_entries(
+        applying = self.scripts.apply_entries(
             keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
+        if call.newest:
+            cancelled, ready, counts, full, versions, fresh = await self._follow_ahead(
+                shard, call.applied, applying)
+        else:
+            cancelled, ready, counts, full, versions = await applying
+            fresh = self._follow(shard, call.applied, versions, call.newest)
         self.metrics.applied(counts)
-        fresh = self._follow(shard, call.applied, versions, call.newest)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -240,6 +246,38 @@ class Worker(ShardLoop, Recovery, Holding):
             await self.finalise(shard, todo, fresh)
         if full:
             await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
+
+    async def _follow_ahead(
+        self, shard: Shard, applied: list[Applied], applying: Awaitable[list[Any]]
+    ) -> tuple[Any, ...]:
+        """``apply_entries``' reply and :meth:`_follow`'s turns, for a batch
+        read with ``XREADGROUP >``: the copies are fed while redis-server runs
+        the script (:meth:`~processor.mirror.Mirrors.feed_ahead`), and kept
+        only where its versions confirm them, exactly as :meth:`_follow`
+        would keep them."""
+        mirrors = self._mirrors[shard.index]
+        sent = asyncio.ensure_future(applying)
+        ahead = Ahead()
+        try:
+            await handed_over()  # the call is with redis-server: feed meanwhile
+            try:
+                mirrors.feed_ahead(applied, ahead)
+            except Exception:  # a copy is only a shortcut (as in _follow)
+                log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+                mirrors.forget(ahead)
+                ahead = Ahead()  # settle then drops each turn of the batch
+            reply = await sent
+        except BaseException:
+            sent.cancel()
+            mirrors.forget(ahead)  # a retry feeds the batch again
+            raise
+        try:
+            fresh = mirrors.settle(ahead, parse_versions(reply[4]))
+        except Exception:
+            log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+            mirrors.forget(ahead)
+            fresh = set()
+        return (*reply, fresh)
 
     def _follow(
         self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool

@@ -11,6 +11,9 @@ import uuid
 from typing import Any
 
 import pytest
+import redis.exceptions
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import random_turn
 from turn_reference import (
     compare_with_offline,
@@ -25,11 +28,11 @@ from processor.batches import build_apply, parse_versions
 from processor.decode import decode_entry
 from processor.ids import TurnKey
 from processor.lifecycle import Limits
-from processor.mirror import Applied, Mirror, Mirrors, Version
+from processor.mirror import Ahead, Applied, Mirror, Mirrors, Version
 from processor.models import Record
 from processor.scripts import Scripts
 from processor.settle import encode_stored, render, replay
-from processor.worker import WorkerConfig
+from processor.worker import Worker, WorkerConfig
 
 KEY = TurnKey("r1")
 
@@ -236,3 +239,113 @@ async def test_two_workers_agree_with_the_replay(redis_url: str) -> None:
     compare_with_offline(outputs, offline, "two workers")
     assert sum(settled.values()) >= len(offline)
     assert settled.get("replay", 0) > 0, settled
+
+
+def _state(mirrors: Mirrors) -> list[tuple[Any, ...]]:
+    return [(key, m.version, m.started, m.last_id, m.replay.life.counts, m.replay.life.bytes,
+             m.replay.ending) for key, m in mirrors.turns.items()]
+
+
+_KEYS = [TurnKey(f"t{i}") for i in range(3)]
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> list[tuple[list[Applied], dict[TurnKey, Version], bool]]:
+    """Batches read with XREADGROUP > (ids rising) and the versions their
+    apply_entries call reports for every turn in them: mostly what one
+    worker storing everything would see, sometimes off in one way or
+    another (another consumer, a fenced or dropped entry, a new start), and
+    sometimes a call that failed (True)."""
+    server: dict[TurnKey, int] = {}
+    started = dict.fromkeys(_KEYS, "7")
+    seq, batches = 1, []
+    for _ in range(draw(st.integers(1, 6))):
+        keys = draw(st.lists(st.sampled_from(_KEYS), min_size=0, max_size=6))
+        applied = []
+        for key in keys:
+            text = draw(st.sampled_from(["a", "bc", ""]))
+            applied.append(Applied(key, f"{seq}-0", _record(text), len(text) + 5))
+            seq += 1
+        extra = draw(st.lists(st.sampled_from(_KEYS), max_size=1))
+        versions = {}
+        for key in dict.fromkeys([*keys, *extra]):
+            count = keys.count(key)
+            before = server.get(key, 0)
+            skew = draw(st.sampled_from(["", "", "", "other", "fenced", "moved", "restart"]))
+            if skew == "other":
+                before += 1
+            if skew == "restart":  # finished and started again, its counts where they were
+                started[key] = "9" if started[key] == "7" else "7"
+            stored = count - 1 if skew == "fenced" and count else count
+            after = before + stored + (skew == "moved")
+            versions[key] = Version(before, after, stored, started[key])
+            server[key] = after
+        batches.append((applied, versions, draw(st.booleans()) and draw(st.booleans())))
+    return batches
+
+
+@given(_batches())
+@settings(max_examples=300, deadline=None)
+def test_feeding_ahead_keeps_exactly_what_update_keeps(
+    batches: list[tuple[list[Applied], dict[TurnKey, Version], bool]],
+) -> None:
+    """The worker feeds a batch's copies while its apply_entries call runs
+    (Mirrors.feed_ahead) and settles them on the reply: the copies kept and
+    the turns named are update()'s, whatever the versions say; a failed
+    call drops every copy the batch fed (a retry feeds them again)."""
+    now, ahead_side = Mirrors(Limits(), max_turns=2), Mirrors(Limits(), max_turns=2)
+    for applied, versions, failed in batches:
+        ahead = Ahead()
+        ahead_side.feed_ahead(applied, ahead)
+        if failed:
+            ahead_side.forget(ahead)
+            for key in ahead.turns:
+                now.drop(key)
+            assert not ahead.turns.keys() & ahead_side.turns.keys()
+        else:
+            assert ahead_side.settle(ahead, versions) == now.update(applied, versions, True)
+        assert _state(ahead_side) == _state(now)
+        assert ahead_side.bytes == now.bytes == sum(
+            m.replay.life.bytes for m in now.turns.values())
+
+
+@pytest.mark.parametrize("ran", [True, False])
+async def test_a_batch_whose_call_failed_is_not_fed_twice(
+    redis_url: str, namespace: str, ran: bool
+) -> None:
+    """The copies are fed while apply_entries runs; the call failed (its
+    reply lost after the script ran, or never sent), the batch is applied
+    again: the copies it fed are dropped first, so the turn is replayed
+    from Redis, its text once. (Unsent, the retry's versions would confirm
+    a copy fed twice.)"""
+    entries = simple_turn("lost", 4)
+    async with Harness(redis_url, namespace) as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config())
+        worker._orphans.clear()
+        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        real = worker.scripts.apply_entries
+        for part, lose in ((entries[:2], False), (entries[2:], True)):
+            await harness.add(part)
+            [[_, read]] = await harness.client.xreadgroup(
+                harness.group, worker.config.consumer, {shard.updates: ">"})
+            call = build_apply(shard, read, {}, worker.options, 0)
+            call.newest = True
+            if lose:
+                async def ran_then_lost(**kwargs: Any) -> Any:
+                    if ran:
+                        await real(**kwargs)
+                    raise redis.exceptions.ConnectionError("cut")
+
+                worker.scripts.apply_entries = ran_then_lost
+                with pytest.raises(redis.exceptions.ConnectionError):
+                    await worker.apply(shard, read, {}, call)
+                assert TurnKey("lost") not in worker._mirrors[0].turns
+                worker.scripts.apply_entries = real
+            await worker.apply(shard, read, {}, call)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline_results(entries), f"cut, ran: {ran}")
+    settled = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
+                                                       {"source": "replay"})
+    assert settled == 1

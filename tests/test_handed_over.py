@@ -1,0 +1,35 @@
+"""``connections.handed_over``: after it, a command started as a task is
+with redis-server, so the worker's Python runs while the server runs the
+command (the copies fed during ``apply_entries``: ``Worker._follow_ahead``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from processor.connections import RedisOptions, connect, handed_over
+
+
+async def test_a_command_started_as_a_task_is_with_the_server_after_handed_over(
+    redis_url: str, namespace: str
+) -> None:
+    """The worker's own client (with its socket timeout, under which redis-py
+    writes from a task of its own). A blocking client that asks next, without
+    yielding to the event loop, finds the command run: it was written first."""
+    client = await connect(RedisOptions(redis_url))
+    blocking = redis.Redis.from_url(redis_url)
+    script = client.register_script("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+    key = f"{namespace}:handed-over"
+    try:
+        await script(keys=[key], args=["loaded"])  # loaded: one EVALSHA, no NOSCRIPT retry
+        for attempt in range(20):
+            running = asyncio.ensure_future(script(keys=[key], args=[str(attempt)]))
+            await handed_over()
+            seen = blocking.get(key)
+            await running
+            assert seen == str(attempt).encode(), f"attempt {attempt}: not sent yet"
+    finally:
+        blocking.delete(key)
+        blocking.close()
+        await client.aclose()
