@@ -95,7 +95,8 @@ class GcClock:
 
 
 async def one_round(client: Any, url: str, work: workload.Workload, index: int,
-                    idle: IdleClock, hold: bool = False) -> tuple[float, float, float]:
+                    idle: IdleClock, hold: bool = False,
+                    batch: int = 500) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
@@ -103,7 +104,7 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     # its own reply parsing, which the drain's client must not get).
     own = redis.asyncio.Redis.from_url(url)
     fast_stream_reads(own)
-    worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold))
+    worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold, batch=batch))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()
     await asyncio.sleep(0.3)  # its first idle reads are under way
@@ -157,7 +158,7 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
 
 
 async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
-               gen0: int | None) -> None:
+               gen0: int | None, batch: int) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -173,7 +174,8 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
         for index in range(rounds):
             drained = await drain_round(client, work, index) if drain else 0.0
             collector.reset()
-            wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold)
+            wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold,
+                                                  batch)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
@@ -193,6 +195,8 @@ if __name__ == "__main__":
                         help="also time a drain of the stream each round, and the ratio")
     parser.add_argument("--gen0", type=int,
                         help="generation-0 threshold instead of the worker's")
+    parser.add_argument("--batch", type=int, default=500,
+                        help="the worker's --batch (XREADGROUP COUNT); the drain keeps 500")
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns,
-                     args.drain, args.gen0))
+                     args.drain, args.gen0, args.batch))

@@ -232,10 +232,11 @@ def fast_stream_reads(client: Any) -> None:
     client.set_response_callback("XREADGROUP", parse_stream_read)
 
 
-#: Event-loop iterations from starting a command to its bytes being written:
-#: with a socket timeout, redis-py writes inside ``asyncio.wait_for``, a task
-#: of its own, which runs one iteration after the caller's and hands back one
-#: after that (counted on redis-py 8.1; tests/test_handed_over.py checks it).
+#: Event-loop iterations to let a command started as a task reach its
+#: socket: redis-py 8.1 writes the bytes in the second iteration after the
+#: task is created (the task's first step awaits once inside redis-py before
+#: writing; counted with and without a socket timeout), and one more is
+#: margin. tests/test_handed_over.py fails with 1.
 WRITE_YIELDS = 3
 
 
