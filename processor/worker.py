@@ -265,7 +265,9 @@ class Worker(ShardLoop, Recovery, Holding):
             except Exception:  # a copy is only a shortcut (as in _follow)
                 log.exception("could not follow the batch's turns", extra={"shard": shard.index})
                 mirrors.forget(ahead)
-                ahead = Ahead()  # settle then drops each turn of the batch
+                # Nothing fed: settle keeps a copy only of a turn the call
+                # stored nothing of (update() with no entries does the same).
+                ahead = Ahead()
             reply = await sent
         except BaseException:
             sent.cancel()

@@ -349,3 +349,36 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
     settled = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
                                                        {"source": "replay"})
     assert settled == 1
+
+
+async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
+    redis_url: str, namespace: str
+) -> None:
+    """Feeding the copies while apply_entries runs raises (a bug): the batch
+    is still stored, the turn's copy dropped, and the turn published from
+    its records."""
+    entries = simple_turn("broken", 4)
+    async with Harness(redis_url, namespace) as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config())
+        worker._orphans.clear()
+        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        mirrors = worker._mirrors[0]
+        for part, broken in ((entries[:2], False), (entries[2:], True)):
+            await harness.add(part)
+            [[_, read]] = await harness.client.xreadgroup(
+                harness.group, worker.config.consumer, {shard.updates: ">"})
+            call = build_apply(shard, read, {}, worker.options, 0)
+            call.newest = True
+            if broken:
+                def fails(applied: list[Applied], ahead: Ahead) -> None:
+                    raise RuntimeError("a bug")
+
+                mirrors.feed_ahead = fails  # type: ignore[method-assign]
+            await worker.apply(shard, read, {}, call)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline_results(entries), "feeding failed")
+    settled = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
+                                                       {"source": "replay"})
+    assert settled == 1 and mirrors.bytes == 0
