@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.exceptions
 from turn_reference import end_entry, response_text, text_delta
-from worker_harness import Harness
+from worker_harness import Harness, settled_count
 
 from processor.batches import build_apply, decode_batch
 from processor.ids import TurnKey
@@ -175,9 +175,7 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         await worker.apply(shard, entries, {}, call)
         outputs = await harness.outputs()
     assert response_text(outputs, "b") == "1" and outputs.dlq == []
-    held = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
-                                                    {"source": "held"})
-    assert held == 1
+    assert settled_count(worker, "held") == 1
 
 
 async def test_the_reader_and_the_applier_opening_at_once_open_each_turn_once(

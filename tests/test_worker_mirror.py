@@ -22,7 +22,7 @@ from turn_reference import (
     offline_results,
     simple_turn,
 )
-from worker_harness import Harness
+from worker_harness import Harness, settled_count
 
 from processor.batches import build_apply, parse_versions
 from processor.decode import decode_entry
@@ -309,6 +309,26 @@ def test_feeding_ahead_keeps_exactly_what_update_keeps(
             m.replay.life.bytes for m in now.turns.values())
 
 
+async def _storing_worker(harness: Harness) -> Worker:
+    """A worker with no loop of its own, handed each batch by the test."""
+    worker = Worker(harness.client, harness.worker_config())
+    worker._orphans.clear()  # it knows every entry pending to it
+    await harness.client.xgroup_create(harness.shards[0].updates, harness.group, id="0",
+                                       mkstream=True)
+    return worker
+
+
+async def _read_new(harness: Harness, worker: Worker, part: list[dict[str, Any]]) -> Any:
+    """Add ``part``, read it with XREADGROUP > as the worker, and build its call."""
+    shard = harness.shards[0]
+    await harness.add(part)
+    [[_, read]] = await harness.client.xreadgroup(
+        harness.group, worker.config.consumer, {shard.updates: ">"})
+    call = build_apply(shard, read, {}, worker.options, 0)
+    call.newest = True
+    return read, call
+
+
 @pytest.mark.parametrize("ran", [True, False])
 async def test_a_batch_whose_call_failed_is_not_fed_twice(
     redis_url: str, namespace: str, ran: bool
@@ -321,16 +341,10 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
     entries = simple_turn("lost", 4)
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]
-        worker = Worker(harness.client, harness.worker_config())
-        worker._orphans.clear()
-        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        worker = await _storing_worker(harness)
         real = worker.scripts.apply_entries
         for part, lose in ((entries[:2], False), (entries[2:], True)):
-            await harness.add(part)
-            [[_, read]] = await harness.client.xreadgroup(
-                harness.group, worker.config.consumer, {shard.updates: ">"})
-            call = build_apply(shard, read, {}, worker.options, 0)
-            call.newest = True
+            read, call = await _read_new(harness, worker, part)
             if lose:
                 async def ran_then_lost(**kwargs: Any) -> Any:
                     if ran:
@@ -346,9 +360,7 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
         await worker.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), f"cut, ran: {ran}")
-    settled = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
-                                                       {"source": "replay"})
-    assert settled == 1
+    assert settled_count(worker, "replay") == 1
 
 
 async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
@@ -360,16 +372,10 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
     entries = simple_turn("broken", 4)
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]
-        worker = Worker(harness.client, harness.worker_config())
-        worker._orphans.clear()
-        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        worker = await _storing_worker(harness)
         mirrors = worker._mirrors[0]
         for part, broken in ((entries[:2], False), (entries[2:], True)):
-            await harness.add(part)
-            [[_, read]] = await harness.client.xreadgroup(
-                harness.group, worker.config.consumer, {shard.updates: ">"})
-            call = build_apply(shard, read, {}, worker.options, 0)
-            call.newest = True
+            read, call = await _read_new(harness, worker, part)
             if broken:
                 def fails(applied: list[Applied], ahead: Ahead) -> None:
                     raise RuntimeError("a bug")
@@ -379,6 +385,4 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
         await worker.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), "feeding failed")
-    settled = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
-                                                       {"source": "replay"})
-    assert settled == 1 and mirrors.bytes == 0
+    assert settled_count(worker, "replay") == 1 and mirrors.bytes == 0

@@ -341,3 +341,10 @@ def _glob(pattern: str) -> str:
     head, star, tail = pattern.rpartition("*")
     escaped = "".join("\\" + c if c in "?[]\\" else c for c in head)
     return escaped + star + tail
+
+
+def settled_count(worker: Any, source: str) -> float:
+    """``processor_turns_settled_total{source}`` of one in-process worker."""
+    value = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
+                                                     {"source": source})
+    return value or 0.0
