@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.batches import (
     ApplyCall,
@@ -49,8 +48,12 @@ class Holding:
     _floors: dict[int, Floor]
     _orphans: set[int]
     _claimed: set[int]
-    # Worker's: apply entries through apply_entries, and finalise as it does.
-    _store: Callable[..., Awaitable[None]]
+
+    if TYPE_CHECKING:  # Storing's: apply entries through apply_entries, and finalise
+        async def _store(
+            self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+            call: ApplyCall | None = None,
+        ) -> None: ...
 
     def _floor(self, shard: Shard) -> str:
         """The ``floor`` this consumer gives the watermark (includes/watermark.lua):

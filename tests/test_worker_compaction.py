@@ -25,7 +25,7 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-import processor.worker
+import processor.storing
 from processor.batches import build_compact, build_finalise
 from processor.decode import decode_entry, entry_size
 from processor.ids import TurnKey
@@ -285,14 +285,14 @@ async def test_workers_race_compactions_on_shared_turns(
     arrival = interleave(turns, random.Random(22))
     offline = offline_results(arrival)
     answers: list[int] = []
-    real = processor.worker.compact_turns
+    real = processor.storing.compact_turns
 
     async def counting(*args: Any) -> dict[TurnKey, int]:
         found = await real(*args)
         answers.extend(found.values())
         return found
 
-    monkeypatch.setattr(processor.worker, "compact_turns", counting)
+    monkeypatch.setattr(processor.storing, "compact_turns", counting)
     async with Harness(redis_url, namespace, shards=2, batch=7, compact_threshold=8) as harness:
         await harness.start_workers(3)
         for start in range(0, len(arrival), 300):
