@@ -90,14 +90,21 @@ class _Fed:
         self.last = ""
 
     def confirmed(self, version: Version) -> bool:
-        """:meth:`Mirrors._follow`'s checks: the call stored every entry fed,
-        on top of exactly the state this mirror replayed."""
-        if not self.known and version.before != 0:
+        started = self.mirror.started if self.known else None
+        return _confirms(version, started, self.version, self.count)
+
+
+def _confirms(version: Version, started: str | None, before: int, count: int) -> bool:
+    """Whether an ``apply_entries`` call that reported ``version`` for a turn
+    stored exactly the ``count`` entries given for it on top of the mirror's
+    state: version ``before`` and start ``started`` (None: a turn not
+    followed yet, which must have had no record before the call)."""
+    if started is None:
+        if version.before != 0:
             return False  # records stored before this worker followed the turn
-        if self.known and self.mirror.started != version.started:
-            return False
-        return (self.version == version.before
-                and version.stored == self.count == version.after - version.before)
+    elif started != version.started:
+        return False  # a turn started again under the same key
+    return before == version.before and version.stored == count == version.after - version.before
 
 
 @dataclass
@@ -131,11 +138,7 @@ class Mirrors:
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
         for key, version in versions.items():
-            mirror = self._follow(key, version, by_turn.get(key, []), newest)
-            if mirror is None:
-                self.drop(key)
-            elif key not in self.turns:
-                self.turns[key] = mirror
+            self._keep(key, self._follow(key, version, by_turn.get(key, []), newest))
         self._bound()
         return {key for key in versions if key in self.turns}
 
@@ -144,13 +147,11 @@ class Mirrors:
     ) -> Mirror | None:
         """The turn's mirror after this call, or None when it cannot be trusted."""
         mirror = self.turns.get(key)
-        if mirror is None:
-            if version.before != 0:
-                return None  # records stored before this worker followed the turn
-            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
-        stored_all = version.stored == len(entries) == version.after - version.before
-        if mirror.version != version.before or mirror.started != version.started or not stored_all:
+        started = mirror.started if mirror is not None else None
+        if not _confirms(version, started, mirror.version if mirror else 0, len(entries)):
             return None
+        if mirror is None:
+            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
         if newest:  # the last one is enough: a later reclaim must come after it
             mirror.last_id = id_order(entries[-1].entry_id) if entries else mirror.last_id
         elif not self._in_order(mirror, entries):
@@ -201,11 +202,7 @@ class Mirrors:
         for key, version in versions.items():
             fed = ahead.turns.get(key)
             if fed is None:  # none of its entries in the batch: as update() does
-                kept = self._follow(key, version, [], True)
-                if kept is None:
-                    self.drop(key)
-                elif key not in self.turns:
-                    self.turns[key] = kept
+                self._keep(key, self._follow(key, version, [], True))
                 continue
             if not fed.confirmed(version):
                 self.drop(key)
@@ -218,6 +215,13 @@ class Mirrors:
                 self.bytes += mirror.replay.life.bytes
         self._bound()
         return {key for key in versions if key in self.turns}
+
+    def _keep(self, key: TurnKey, mirror: Mirror | None) -> None:
+        """Keep the turn's mirror as a call left it, or drop it (None)."""
+        if mirror is None:
+            self.drop(key)
+        elif key not in self.turns:
+            self.turns[key] = mirror
 
     def forget(self, ahead: Ahead) -> None:
         """The call failed (or may have), or feeding did: drop every mirror
