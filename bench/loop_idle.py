@@ -15,9 +15,10 @@ A diagnostic for trying a change to the shard loop (compare the idle
 seconds, which move less with the machine's load than the throughput),
 not a figure of ``docs/benchmarks.md``'s tables. ``--free-decode-merge``
 bounds what a faster decode and merge could give: every entry's decoding
-is looked up in a table built before the clock starts, and ``Turn.apply``
-skips updates (the responses come out empty; everything else, the scripts,
-the records stored, the worker's copies and the outputs, runs as usual).
+is looked up in a table built before the clock starts (a held turn's
+waiting updates too), and ``Turn.fold`` skips updates (the responses come
+out empty; everything else, the scripts, the records stored, the worker's
+copies and the outputs, runs as usual).
 ``--drain`` also times, each round before the worker, a drain of the same
 stream in this process (``bench/drain.py``'s loop: XREADGROUP COUNT 500,
 XACK per batch) and prints the worker's ratio to it: with
@@ -41,7 +42,7 @@ import redis.asyncio
 import workload
 from drain import drain_group
 
-from processor import batches, merge
+from processor import batches, hold, merge
 from processor.connections import fast_stream_reads
 from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
@@ -143,13 +144,12 @@ def free_decode_merge(work: workload.Workload) -> None:
     def decoded(fields: dict[bytes, bytes], max_entry_bytes: int = 0) -> Any:
         return table[_lookup_key(fields)]
 
-    def apply(turn: merge.Turn, record: Any) -> None:
-        if record.update is None:
-            merge_apply(turn, record)
+    def decoded_plain(texts: list[bytes]) -> list[Any]:  # a held turn's waiting updates
+        return [table[text][1].update for text in texts]
 
-    merge_apply = merge.Turn.apply
     batches.decode_stream_entry = decoded  # type: ignore[assignment]
-    merge.Turn.apply = apply  # type: ignore[method-assign]
+    hold.decode_plain = decoded_plain  # type: ignore[assignment]
+    merge.Turn.fold = lambda turn, update: None  # type: ignore[method-assign,assignment]
 
 
 def _lookup_key(fields: dict[bytes, bytes]) -> bytes:

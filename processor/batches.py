@@ -7,13 +7,13 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from processor import events as ev
 from processor.connections import as_text
-from processor.decode import EntryError, decode_stream_entry, routing_id
+from processor.decode import EntryError, decode_stream_entry, peek_plain, routing_id
 from processor.ids import TurnKey, shard_of
 from processor.keys import Shard
 from processor.lifecycle import Limits
@@ -63,7 +63,7 @@ class ApplyCall:
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
     # decode_batch's: one per entry read, None for one apply_entries dead-letters
-    decoded: list[Applied | None] = field(default_factory=list)
+    decoded: list[Applied | Undecoded | None] = field(default_factory=list)
 
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
         """The ARGV, with the calling consumer and its floor (``floor`` of
@@ -136,30 +136,48 @@ def build_apply(
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
-_new_applied = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
+_new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
+
+
+class Undecoded(NamedTuple):
+    """A plain update of a batch read for holding, its JSON not decoded yet
+    (:func:`~processor.decode.peek_plain`): the held turn decodes its plain
+    updates together when it is next read (``Held.catch_up``)."""
+
+    key: TurnKey
+    entry_id: str
+    fields: dict[Any, Any]  # as read: the entry is decoded from them if need be
+    size: int
 
 
 def decode_batch(
     shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
 ) -> ApplyCall:
     """A batch read with XREADGROUP > decoded for holding (``--hold-turns``):
-    ``decoded`` has each entry that decoded and belongs to ``shard``, None
-    for the others, which are left to ``apply_entries`` (it dead-letters
-    them; its call is built when needed). Not a call to send as it is."""
-    decoded: list[Applied | None] = []
+    ``decoded`` has each entry that belongs to ``shard``, as an
+    :class:`Undecoded` plain update or else decoded, and None for the
+    others and for those that failed to decode, which are left to
+    ``apply_entries`` (it dead-letters them; its call is built when needed).
+    Not a call to send as it is."""
+    decoded: list[Applied | Undecoded | None] = []
     add = decoded.append
     max_bytes = options.limits.max_entry_bytes
     shards = options.shards
     for raw_id, fields in entries:
+        if shards > 1 and _shard_of(fields, shards) != shard.index:
+            add(None)
+            continue
+        plain = peek_plain(fields, max_bytes)
+        if plain is not None:
+            key, _text, size = plain
+            add(_new_tuple(Undecoded, (key, as_text(raw_id), fields, size)))
+            continue
         try:
             key, record, size = decode_stream_entry(fields, max_entry_bytes=max_bytes)
         except EntryError:
             add(None)
             continue
-        if shards > 1 and _shard_of(fields, shards) != shard.index:
-            add(None)
-            continue
-        add(_new_applied(Applied, (key, as_text(raw_id), record, size)))
+        add(_new_tuple(Applied, (key, as_text(raw_id), record, size)))
     return ApplyCall([], [], [], newest=True, now_ms=now_ms, decoded=decoded)
 
 
@@ -204,7 +222,7 @@ def _entry_args(
             progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
     ids = _turn_ids(record.ids) if record.ids else b""  # most entries carry none
-    applied.append(_new_applied(Applied, (key, entry_id, record, size)))
+    applied.append(_new_tuple(Applied, (key, entry_id, record, size)))
     return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
             msgpack_str(progress) if progress else "", deliveries,
             msgpack_str(ids) if ids else ""]

@@ -49,9 +49,11 @@ __all__ = [
     "check_update",
     "clip",
     "decode_entry",
+    "decode_plain",
     "decode_stream_entry",
     "decode_update",
     "entry_size",
+    "peek_plain",
     "routing_id",
     "turn_key",
     "update_from_object",
@@ -138,11 +140,26 @@ def _two_bytes_fields(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | N
     """:func:`_plain_update` for ``{b"response_id": ..., b"update": ...}`` as
     Redis returns it, without making str copies of the names and the update:
     msgspec reads ASCII JSON bytes exactly as it reads their str."""
-    try:
-        raw_id = fields[b"response_id"]
-        text = fields[b"update"]
-    except KeyError:
+    peeked = peek_plain(fields, max_entry_bytes)
+    if peeked is None:
         return _bytes_end(fields, max_entry_bytes)
+    turn, text, size = peeked
+    return _decoded(turn, text, size)
+
+
+def peek_plain(
+    fields: dict[Any, Any], max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+) -> tuple[TurnKey, bytes, int] | None:
+    """The turn, update JSON and size of a plain update as Redis returns it
+    (just ``response_id`` and ``update``, ASCII bytes, within the limit),
+    without decoding the JSON; None for any other entry. A worker holding
+    turns decodes a turn's plain updates later, all at once
+    (:func:`decode_plain`): the entry may still be one
+    :func:`decode_stream_entry` refuses."""
+    if len(fields) != 2:
+        return None
+    raw_id: Any = fields.get(b"response_id")
+    text = fields.get(b"update")
     if raw_id.__class__ is not bytes or text.__class__ is not bytes:
         return None
     if not (raw_id.isascii() and text.isascii()):
@@ -154,10 +171,33 @@ def _two_bytes_fields(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | N
     if turn is None:
         if not raw_id or len(raw_id) > MAX_ID_LENGTH:
             return None
-        response_id = raw_id.decode("ascii")
-    else:
-        response_id = turn.response_id
-    return _decoded(turn, response_id, "", text, raw_id, size)
+        turn = new_turn_key(TurnKey, (raw_id.decode("ascii"), ""))
+        _remember(raw_id, turn)
+    return turn, text, size
+
+
+def decode_plain(texts: list[bytes]) -> list[Update] | None:
+    """The updates of plain entries (:func:`peek_plain`), decoded in one
+    msgspec call and checked, exactly as :func:`decode_stream_entry` decodes
+    each; None if any of them needs more than that (an error, the .NET
+    shape, an unknown field): decode the entries one by one then.
+
+    The texts are decoded as lines (``decode_lines``), so each one must be a
+    single line: joined with newlines, then line i is text i and nothing
+    else (a text holding a newline could otherwise end one update and start
+    the next). ``decode_lines`` skips blank lines: the count is checked."""
+    joined = b"\n".join(texts)
+    if joined.count(b"\n") != len(texts) - 1:
+        return None
+    try:
+        updates = _json_update.decode_lines(joined)
+        if len(updates) != len(texts):
+            return None
+        for update in updates:
+            check_update(update)
+    except (msgspec.MsgspecError, RecursionError, EntryError):
+        return None
+    return updates
 
 
 def _bytes_end(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
@@ -225,23 +265,19 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
         turn = None if attempt_id else _recent_keys.get(response_id)
     if size > max_entry_bytes or not response_id or len(response_id) > MAX_ID_LENGTH:
         return None
-    return _decoded(turn, response_id, attempt_id, text, response_id, size)
+    if turn is None:
+        turn = new_turn_key(TurnKey, (response_id, attempt_id))
+        if not attempt_id:
+            _remember(response_id, turn)
+    return _decoded(turn, text, size)
 
 
-def _decoded(
-    turn: TurnKey | None, response_id: str, attempt_id: str, text: str | bytes, cache_as: Any,
-    size: int,
-) -> Sized | None:
-    """The fast paths' common end: the update decoded and checked, the turn
-    key made (and remembered under ``cache_as``) if it was not known."""
+def _decoded(turn: TurnKey, text: str | bytes, size: int) -> Sized | None:
+    """The fast paths' common end: the update decoded and checked."""
     try:
         update = _json_update.decode(text)
     except (msgspec.MsgspecError, RecursionError):
         return None
-    if turn is None:
-        turn = new_turn_key(TurnKey, (response_id, attempt_id))
-        if not attempt_id:
-            _remember(cache_as, turn)
     try:
         return turn, Record("update", check_update(update), {}), size
     except EntryError as exc:

@@ -19,10 +19,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.batches import Undecoded
 from processor.connections import as_text
+from processor.decode import EntryError, decode_plain, decode_stream_entry
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
 from processor.mirror import Applied
+from processor.models import Record
 from processor.settle import Replay, id_order
 
 Entry = tuple[Any, Any]  # (id, fields) as XREADGROUP returns them
@@ -34,7 +37,15 @@ OLD_TURNS = 10_000
 
 @dataclass
 class Held:
-    """What this worker holds of one turn."""
+    """What this worker holds of one turn.
+
+    Its plain updates (:class:`~processor.batches.Undecoded`) may wait in
+    ``pending``, their JSON not decoded yet, while the turn is open and they
+    stay within its limits (so each one would be merged): :meth:`catch_up`
+    decodes them together and feeds them before anything reads the replay.
+    One that turns out to be an entry ``apply_entries`` dead-letters breaks
+    the turn, which must then spill (the stored path dead-letters it in its
+    place)."""
 
     key: TurnKey
     replay: Replay
@@ -44,6 +55,15 @@ class Held:
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries
+    pending: list[Undecoded] = field(default_factory=list)  # plain updates not fed yet
+    broken: bool = False  # holds an entry apply_entries dead-letters: spill it
+    # How many more plain updates, and bytes of them, may wait in pending:
+    # what the turn's limits leave once everything pending is fed.
+    room_updates: int = 0
+    room_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self._reroom()
 
     @property
     def ended(self) -> bool:
@@ -54,6 +74,60 @@ class Held:
         """The turn's hash as open_turns left it (what :func:`~processor.settle.render` reads)."""
         return {b"ver": b"0", b"started": self.started.encode()}
 
+    def feed(self, entry: Applied | Undecoded) -> None:
+        """Feed an entry now, after what is pending (``route`` keeps a
+        plain update pending when it may wait)."""
+        if not self.catch_up():
+            return
+        if isinstance(entry, Undecoded):
+            record = self._decode(entry.fields)
+            if record is None:
+                return
+        else:
+            record = entry.record
+        self.replay.feed(entry.entry_id, record, entry.size)
+        self._reroom()
+
+    def catch_up(self) -> bool:
+        """Feed the pending plain updates, decoded together (or one by one
+        if that fails); False if the turn is broken (it must spill)."""
+        pending = self.pending
+        if pending and not self.broken:
+            self.pending = []
+            updates = decode_plain([entry.fields[b"update"] for entry in pending])
+            # (The room left for pending entries is what they will not take.)
+            life = self.replay.life
+            size = life.limits.max_turn_bytes - life.bytes - self.room_bytes
+            if updates is None or not self.replay.feed_updates(
+                    updates, pending[0].entry_id, pending[-1].entry_id, size):
+                for entry in pending:
+                    record = self._decode(entry.fields)
+                    if record is None:
+                        break
+                    self.replay.feed(entry.entry_id, record, entry.size)
+            self._reroom()
+        return not self.broken
+
+    def _decode(self, fields: dict[Any, Any]) -> Record | None:
+        """One entry as ``apply_entries`` would decode it; None (and the
+        turn broken) if it would dead-letter it."""
+        try:
+            return decode_stream_entry(
+                fields, max_entry_bytes=self.replay.life.limits.max_entry_bytes)[1]
+        except EntryError:
+            self.broken = True
+            self.room_updates = 0
+            return None
+
+    def _reroom(self) -> None:
+        life = self.replay.life
+        if life.outcome is not None or self.broken:
+            self.room_updates = 0
+            return
+        limits = life.limits
+        self.room_updates = limits.max_turn_updates - life.counts.updates
+        self.room_bytes = limits.max_turn_bytes - life.bytes
+
 
 @dataclass
 class Routed:
@@ -61,6 +135,7 @@ class Routed:
 
     held: list[TurnKey]  # turns fed this batch
     stored: list[Entry]  # entries for apply_entries, in batch order
+    broken: list[TurnKey] = field(default_factory=list)  # held turns to spill (Held.broken)
 
 
 @dataclass
@@ -75,7 +150,9 @@ class Holds:
     bytes: int = 0
     last: tuple[int, int] = (0, 0)  # the newest entry routed (batches arrive in id order)
 
-    def to_open(self, decoded: list[Applied | None]) -> dict[TurnKey, dict[str, str]]:
+    def to_open(
+        self, decoded: list[Applied | Undecoded | None]
+    ) -> dict[TurnKey, dict[str, str]]:
         """The batch's turns this worker knows nothing of yet, in first-seen
         order, with their first entry's correlation ids (for synthesis.started,
         as ``apply_entries`` would publish it)."""
@@ -88,7 +165,7 @@ class Holds:
                 continue
             key = entry.key
             if key not in turns and key not in old and key not in found:
-                found[key] = entry.record.ids
+                found[key] = {} if isinstance(entry, Undecoded) else entry.record.ids
         return found
 
     def opened(self, statuses: dict[TurnKey, bool], started: str, now: float) -> None:
@@ -99,12 +176,13 @@ class Holds:
             else:
                 self.old.add(key)
 
-    def route(self, entries: list[Entry], decoded: list[Applied | None]) -> Routed:
+    def route(self, entries: list[Entry], decoded: list[Applied | Undecoded | None]) -> Routed:
         """Feed the entries of held turns (``decoded``: decode_batch's, one per
-        entry); the rest are stored (an entry that failed to decode is
-        dead-lettered by ``apply_entries``, which moves its turn's version: a
-        held turn then spills at its finalise). A batch routed again (its
-        reply lost, the same call retried) feeds nothing twice."""
+        entry; a plain update may wait, see :class:`Held`); the rest are
+        stored (an entry that failed to decode is dead-lettered by
+        ``apply_entries``, which moves its turn's version: a held turn then
+        spills at its finalise). A batch routed again (its reply lost, the
+        same call retried) feeds nothing twice."""
         turns = self.turns
         fed: dict[TurnKey, None] = {}
         stored: list[Entry] = []
@@ -114,19 +192,26 @@ class Holds:
             if entry is None:
                 stored.append(raw)
                 continue
-            key, entry_id, record, entry_size = entry  # (cheaper than its fields by name)
+            key, entry_id, _record, entry_size = entry  # (cheaper than its fields by name)
             held = turns.get(key)
             if held is None:
                 stored.append(raw)
             elif seen is None or id_order(entry_id) > seen:
-                held.replay.feed(entry_id, record, entry_size)
+                if (entry.__class__ is Undecoded and held.room_updates
+                        and entry_size <= held.room_bytes):
+                    held.pending.append(entry)
+                    held.room_updates -= 1
+                    held.room_bytes -= entry_size
+                else:
+                    held.feed(entry)
                 held.entries.append(raw)
                 held.ids.append(entry_id)
                 held.size += entry_size
                 size += entry_size
                 fed[key] = None
         self.bytes += size
-        return Routed(list(fed), stored)
+        held_now = list(fed)
+        return Routed(held_now, stored, [key for key in held_now if turns[key].broken])
 
     def _routed(self, entries: list[Entry]) -> tuple[int, int] | None:
         """Move the last id routed to this batch's; return the one before if

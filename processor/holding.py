@@ -87,6 +87,8 @@ class Holding:
         self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
             await self._store(shard, routed.stored, {}, None)
+        if routed.broken:  # the stored path dead-letters what broke them
+            await self._spill(shard, routed.broken, "dead letter")
         ended: dict[TurnKey, Reason] = {
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
@@ -132,11 +134,17 @@ class Holding:
             await self._spill(shard, ended, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason != "closing"}
         settled: list[tuple[TurnKey, list[str], Settled]] = []
+        broken: list[TurnKey] = []
         for key, reason in todo.items():
             held = holds.turns[key]
+            if not held.catch_up():
+                broken.append(key)
+                continue
             outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
             if outcome is not None:
                 settled.append((key, held.ids, outcome))
+        if broken:
+            await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)

@@ -16,7 +16,7 @@ import msgspec
 from processor.events import Outcome, producer_error
 from processor.ids import TurnKey
 from processor.merge import Turn
-from processor.models import Counts, ErrorInfo, Meta, Record, Response
+from processor.models import Counts, ErrorInfo, Meta, Record, Response, Update
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -89,6 +89,28 @@ class TurnLife:
             self.first_id = entry_id
         self.last_id = entry_id
         return MERGED
+
+    def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
+                     size: int) -> bool:
+        """:meth:`feed` of plain updates (no correlation ids), ``size`` bytes
+        in all, from ``first_id`` to ``last_id``, when each would be merged:
+        the turn open and all of them within its limits. False, with
+        nothing fed, otherwise (feed them one by one then)."""
+        counts, limits = self.counts, self.limits
+        n = len(updates)
+        if (self.outcome is not None or counts.updates + n > limits.max_turn_updates
+                or self.bytes + size > limits.max_turn_bytes):
+            return False
+        fold = self.turn.fold
+        for update in updates:
+            fold(update)
+        self.bytes += size
+        counts.entries += n
+        counts.updates += n
+        if self.first_id is None:
+            self.first_id = first_id
+        self.last_id = last_id
+        return True
 
     def ends_turn(self, record: Record, size: int = 0) -> bool:
         """Whether feeding this entry next would end the turn (or find it ended)."""

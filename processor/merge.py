@@ -95,7 +95,16 @@ class Turn:
 
     def apply(self, record: Record) -> None:
         """Fold one record (in arrival order). Only ``update`` records change
-        the merge; the caller decides what ``end``/``error`` mean.
+        the merge; the caller decides what ``end``/``error`` mean."""
+        if record.ids:
+            self._take_ids(record.ids)
+        update = record.update
+        if update is not None:
+            self.fold(update)
+
+    def fold(self, update: Update) -> None:
+        """Fold one update (in arrival order): :meth:`apply` of a record of
+        it with no correlation ids.
 
         The usual update, one text, reasoning or argument delta continuing
         the last content of the message its id names, is folded right here,
@@ -103,11 +112,6 @@ class Turn:
         does exactly what :meth:`_apply_update` would. Anything else, or any
         doubt, takes :meth:`_apply_update`.
         """
-        if record.ids:
-            self._take_ids(record.ids)
-        update = record.update
-        if update is None:
-            return None
         try:
             (chunk,) = update.contents  # (cheaper than a len() test, in the usual case)
         except ValueError:

@@ -21,7 +21,7 @@ from processor.connections import as_text
 from processor.ids import TurnKey
 from processor.lifecycle import LATE, Limits, TurnLife, Verdict
 from processor.merge import Turn
-from processor.models import Counts, Event, Record, Status
+from processor.models import Counts, Event, Record, Status, Update
 
 Reason = Literal["closing", "cancel", "timeout"]
 
@@ -112,6 +112,12 @@ class Replay:
             self.late.append((entry_id, record, verdict))
         if not self.ending and self.life.outcome is not None:
             self.ending = entry_id
+
+    def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
+                     size: int) -> bool:
+        """:meth:`TurnLife.feed_updates`: each of them merged, so none is late
+        and none ends the turn."""
+        return self.life.feed_updates(updates, first_id, last_id, size)
 
 
 def replay(key: TurnKey, recs: dict[Any, Any], limits: Limits) -> Replay:

@@ -12,6 +12,7 @@ import asyncio
 import random
 from typing import Any
 
+import pytest
 from strategies import random_turn
 from turn_reference import (
     compare_with_offline,
@@ -146,19 +147,27 @@ async def test_another_consumers_older_entry_makes_the_holder_spill(
     assert spilled == 1
 
 
-async def test_a_dead_letter_of_a_held_turn_moves_its_version_and_it_spills(
-    redis_url: str, namespace: str
+@pytest.mark.parametrize(
+    "bad",
+    [{"response_id": "t", "update": "{not json"},
+     {"response_id": "t", "update": "{not json", "kind": "update"}],
+    ids=["waiting", "decoded-on-read"],
+)
+async def test_a_dead_letter_of_a_held_turn_spills_it(
+    bad: dict[str, str], redis_url: str, namespace: str
 ) -> None:
-    """A bad entry of a held turn is dead-lettered by apply_entries, which
-    moves the turn's version: finalise_held refuses the worker's copy (which
-    never saw it), the turn spills and is published with the dead letter
-    counted."""
+    """A bad entry of a held turn is dead-lettered by apply_entries, and the
+    turn spills and is published with the dead letter counted. A plain
+    update waits undecoded (processor/hold.py ``Held``): the worker finds it
+    bad when it decodes the turn's waiting updates (here, at the end) and
+    spills the turn, entry included. Any other entry is decoded on reading:
+    one that fails is stored at once, which moves the turn's version, and
+    finalise_held refuses the worker's copy (which never saw it)."""
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("t", "1")])
         await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
-        await harness.add([{"response_id": "t", "update": "{not json"}, text_delta("t", "2"),
-                           end_entry("t")])
+        await harness.add([bad, text_delta("t", "2"), end_entry("t")])
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()

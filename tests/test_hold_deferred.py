@@ -1,0 +1,241 @@
+"""A held turn's plain updates wait undecoded (processor/hold.py ``Held``),
+then are decoded together (``decode_plain``) and fed in one go
+(``TurnLife.feed_updates``). Whatever the entries, the result must be what
+feeding each entry as ``apply_entries`` decodes it gives, and an entry that
+``apply_entries`` dead-letters must break the turn (it then spills, and the
+stored path dead-letters it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import turns
+from turn_reference import entry_fields
+
+from processor.batches import BatchOptions, Undecoded, decode_batch
+from processor.decode import MAX_DEPTH, EntryError, decode_plain, decode_stream_entry, peek_plain
+from processor.hold import Holds
+from processor.ids import TurnKey
+from processor.keys import Namespace
+from processor.lifecycle import Limits, TurnLife
+from processor.models import Record, Update
+from processor.settle import Replay, render
+from processor.validate import check_update
+
+SHARD = next(iter(Namespace("deferred", 1).all()))
+NOW = 1_700_000_000_000
+
+
+def stream_fields(entry: dict[str, Any]) -> dict[bytes, bytes]:
+    """A test entry as XREADGROUP returns it (bytes names and values),
+    without ``kind=update`` (its default: most producers leave it out)."""
+    return {k.encode(): v if isinstance(v, bytes) else str(v).encode()
+            for k, v in entry_fields(entry).items() if (k, v) != ("kind", "update")}
+
+
+def plain(response_id: str, text: bytes | str) -> dict[bytes, bytes]:
+    raw = text.encode() if isinstance(text, str) else text
+    return {b"response_id": response_id.encode(), b"update": raw}
+
+
+def delta(text: str, message_id: str = "m1") -> str:
+    return json.dumps({"contents": [{"type": "text", "text": text}], "message_id": message_id,
+                       "role": "assistant"})
+
+
+# --------------------------------------------------------------------------- decode_plain
+
+
+_typed = msgspec.json.Decoder(Update)
+
+
+def _typed_ok(text: bytes) -> bool:
+    """Whether the typed decoder alone takes it (no general path)."""
+    try:
+        check_update(_typed.decode(text))
+    except (msgspec.MsgspecError, EntryError):
+        return False
+    return True
+
+
+@settings(max_examples=80, deadline=None)
+@given(turn=turns("t"))
+def test_decode_plain_gives_what_decode_stream_entry_gives_each(turn: list[dict[str, Any]]) -> None:
+    fields = [stream_fields(e) for e in turn]
+    peeked = [(f, p) for f in fields if (p := peek_plain(f)) is not None]
+    one_by_one = [decode_stream_entry(f)[1].update for f, _p in peeked]
+    texts = [p[1] for _f, p in peeked]
+    together = decode_plain(texts)
+    if all(_typed_ok(t) for t in texts):
+        assert together == one_by_one
+    else:
+        assert together is None  # (unknown fields: the general path, one by one)
+    for f, (key, _text, size) in peeked:
+        found_key, _record, found_size = decode_stream_entry(f)
+        assert (key, size) == (found_key, found_size)
+
+
+def test_decode_plain_declines_what_only_decodes_joined_or_needs_more() -> None:
+    good = delta("a").encode()
+    split = [b'{"contents": [{"type": "text", "text": "a', b'b"}]}']  # each invalid alone
+    assert decode_plain(split) is None
+    assert decode_plain([good, b'{"contents":\n []}']) is None  # a newline inside a text
+    assert decode_plain([good, b""]) is None  # a blank line (decode_lines skips it)
+    assert decode_plain([good + b"\n" + good, b""]) is None  # two lines, one of them blank
+    assert decode_plain([good, b"{not json"]) is None
+    assert decode_plain([good, b'{"contents": [], "Contents": []}']) is None  # unknown field
+    dotnet = json.dumps({"Contents": [{"$type": "text", "Text": "x"}]}).encode()
+    assert decode_plain([good, dotnet]) is None  # the .NET shape: the general path's
+    deep = (b'{"contents": [{"type": "text", "text": "x", "additional_properties": {"a": '
+            + b"[" * MAX_DEPTH + b"1" + b"]" * MAX_DEPTH + b"}}]}")
+    with pytest.raises(EntryError, match="deep"):
+        decode_stream_entry(plain("t", deep))
+    assert decode_plain([good, deep]) is None
+    (update,) = decode_plain([good]) or []
+    assert update == decode_stream_entry(plain("t", good))[1].update
+
+
+def test_peek_plain_takes_only_the_two_field_ascii_update() -> None:
+    assert peek_plain(plain("t", delta("a"))) is not None
+    assert peek_plain({**plain("t", delta("a")), b"kind": b"update"}) is None
+    assert peek_plain(plain("t", delta("é").encode("utf-8").replace(b"\\u00e9", "é".encode()))) \
+        is None
+    assert peek_plain({b"response_id": b"t", b"kind": b"end"}) is None
+    assert peek_plain(plain("", delta("a"))) is None
+    assert peek_plain(plain("t", delta("a")), max_entry_bytes=20) is None
+
+
+# --------------------------------------------------------------------------- feed_updates
+
+
+def test_feed_updates_feeds_nothing_past_a_limit_or_the_end() -> None:
+    update = decode_stream_entry(plain("t", delta("a")))[1].update
+    assert update is not None
+    life = TurnLife(TurnKey("t"), Limits(max_turn_updates=2))
+    assert not life.feed_updates([update] * 3, "1-0", "3-0", 30)
+    assert life.counts.updates == 0 and life.first_id is None
+    assert life.feed_updates([update] * 2, "1-0", "2-0", 30)
+    assert (life.counts.updates, life.bytes, life.first_id, life.last_id) == (2, 30, "1-0", "2-0")
+    ended = TurnLife(TurnKey("t"))
+    ended.feed("1-0", Record("end"))
+    assert not ended.feed_updates([update], "2-0", "2-0", 10) and ended.counts.updates == 0
+    sized = TurnLife(TurnKey("t"), Limits(max_turn_bytes=100))
+    assert not sized.feed_updates([update], "1-0", "1-0", 101)
+
+
+# --------------------------------------------------------------------------- held turns
+
+
+def _bad(draw: Any) -> dict[str, Any]:
+    """A plain entry apply_entries dead-letters, or one it needs its general path for."""
+    return draw(st.sampled_from([
+        {"response_id": "t", "update": "{not json"},
+        {"response_id": "t", "update": '{"contents": [{"type": "text", "text": "a'},
+        {"response_id": "t", "update": '{"contents": 7}'},
+        {"response_id": "t", "update": json.dumps({"Contents": [{"$type": "text", "Text": "x"}]})},
+        {"response_id": "t", "update": '{"contents":\n [{"type": "text", "text": "nl"}]}'},
+        {"response_id": "t", "update": "{not json", "attempt_id": ""},
+    ]))
+
+
+@st.composite
+def held_turn(draw: Any) -> tuple[list[dict[bytes, bytes]], Limits, list[int]]:
+    """A random turn's entries (some made bad or odd), limits that it may
+    cross, and the batch sizes it is read in."""
+    entries = draw(turns("t"))
+    for _ in range(draw(st.integers(0, 2))):
+        entries.insert(draw(st.integers(0, len(entries))), _bad(draw))
+    if draw(st.booleans()):
+        entries.append({"response_id": "t", "update": delta("late")})  # after the end
+    limits = Limits(max_turn_updates=draw(st.integers(1, 60)),
+                    max_turn_bytes=draw(st.sampled_from([300, 2_000, 64 << 20])))
+    cuts = draw(st.lists(st.integers(1, 12), min_size=1, max_size=8))
+    return [stream_fields(e) for e in entries], limits, cuts
+
+
+def _batches(entries: list[Any], cuts: list[int]) -> list[list[Any]]:
+    out, i, c = [], 0, 0
+    while i < len(entries):
+        n = cuts[c % len(cuts)]
+        out.append(entries[i:i + n])
+        i, c = i + n, c + 1
+    return out
+
+
+class Reference:
+    """Each entry fed as apply_entries decodes it (the old, eager way), and
+    whether a plain one was dead-lettered (the held turn must break)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.replay = Replay(TurnLife(TurnKey("t"), limits))
+        self.limits = limits
+        self.breaks = False
+
+    def feed(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        for entry_id, fields in entries:
+            try:
+                _key, record, size = decode_stream_entry(
+                    fields, max_entry_bytes=self.limits.max_entry_bytes)
+            except EntryError:
+                plain = peek_plain(fields, self.limits.max_entry_bytes) is not None
+                self.breaks = self.breaks or plain
+                continue
+            if not self.breaks:
+                self.replay.feed(entry_id.decode(), record, size)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=held_turn())
+def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
+    case: tuple[list[dict[bytes, bytes]], Limits, list[int]],
+) -> None:
+    fields, limits, cuts = case
+    key = TurnKey("t")
+    entries = [(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)]
+    holds = Holds(limits, max_turns=10, max_bytes=1 << 30)
+    holds.opened({key: True}, "5", 0.0)  # open_turns: held from its first entry
+    options = BatchOptions("g", 1, limits)
+    kept = []  # what decode_batch does not leave to apply_entries
+    reference = Reference(limits)
+    for batch in _batches(entries, cuts):
+        call = decode_batch(SHARD, batch, options, NOW)
+        kept += [raw for raw, entry in zip(batch, call.decoded, strict=True) if entry is not None]
+        routed = holds.route(batch, call.decoded)
+        reference.feed(batch)
+        held = holds.turns[key]
+        assert (key in routed.broken) == (held.broken and key in routed.held)
+        if not held.broken:  # it ends (is published) in the batch it would have
+            assert held.ended == (reference.replay.life.outcome is not None)
+    held = holds.turns[key]
+    caught_up = held.catch_up()
+    assert held.broken == reference.breaks and caught_up == (not reference.breaks)
+    assert held.entries == kept  # all of them, for a spill
+    if reference.breaks:
+        return  # spilled: the stored path takes every entry, as before
+    assert not held.pending
+    mine = render(key, held.replay, held.turn_hash(), "closing", NOW)
+    theirs = render(key, reference.replay, held.turn_hash(), "closing", NOW)
+    assert mine == theirs
+    assert held.replay.late == reference.replay.late
+    assert held.replay.ending == reference.replay.ending
+
+
+def test_updates_wait_until_the_end_and_are_fed_then() -> None:
+    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
+    batch = [(f"{i}-0".encode(), plain("t", delta(str(i)))) for i in range(1, 4)]
+    call = decode_batch(SHARD, batch, BatchOptions("g", 1, Limits()), NOW)
+    assert all(isinstance(e, Undecoded) for e in call.decoded)
+    holds.opened(dict.fromkeys(holds.to_open(call.decoded), True), "5", 0.0)
+    holds.route(batch, call.decoded)
+    held = holds.turns[TurnKey("t")]
+    assert len(held.pending) == 3 and held.replay.life.counts.updates == 0
+    end = [(b"4-0", {b"response_id": b"t", b"kind": b"end"})]
+    holds.route(end, decode_batch(SHARD, end, BatchOptions("g", 1, Limits()), NOW).decoded)
+    assert held.pending == [] and held.ended
+    assert held.replay.life.counts.updates == 3 and held.replay.ending == "4-0"
+    assert held.replay.life.response().messages[0].contents[0].text == "123"
