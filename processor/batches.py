@@ -64,6 +64,7 @@ class ApplyCall:
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
     # decode_batch's: one per entry read, None for one apply_entries dead-letters
     decoded: list[Applied | Undecoded | None] = field(default_factory=list)
+    opened: bool = False  # its new turns were opened (held path: open_turns answered)
 
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
         """The ARGV, with the calling consumer and its floor (``floor`` of
@@ -170,7 +171,9 @@ def decode_batch(
         plain = peek_plain(fields, max_bytes)
         if plain is not None:
             key, _text, size = plain
-            add(_new_tuple(Undecoded, (key, as_text(raw_id), fields, size)))
+            # (as_text, written out: a call per entry costs more than its body)
+            entry_id = raw_id.decode() if raw_id.__class__ is bytes else str(raw_id)
+            add(_new_tuple(Undecoded, (key, entry_id, fields, size)))
             continue
         try:
             key, record, size = decode_stream_entry(fields, max_entry_bytes=max_bytes)

@@ -99,6 +99,8 @@ class Holding:
         The reader and the applier may both open (:meth:`_open_ahead`): one
         at a time, so that no turn is opened twice."""
         async with self._opening[shard.index]:
+            if call.opened:  # (the reader's: the applier need not look again)
+                return
             holds = self._holds[shard.index]
             fresh = holds.to_open(call.decoded)
             if fresh:
@@ -106,6 +108,7 @@ class Holding:
                 statuses, started = await self.scripts.open_turns(keys=opened.keys,
                                                                   args=opened.args)
                 holds.opened(parse_opened(statuses), as_text(started), time.monotonic())
+            call.opened = True
 
     async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None:
         """Open a held batch's new turns as soon as it is read, while the

@@ -138,7 +138,8 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
 ) -> None:
     """The reader opens a held batch's new turns as soon as it has read it
     (the round trip overlaps the applier's work on the batch before); the
-    applier then opens nothing more, and the turn is published whole, once."""
+    applier then opens nothing more (nor looks for turns to open), and the
+    turn is published whole, once."""
     async with Harness(redis_url, namespace) as harness:
         stepped = await Stepped(harness).start()
         worker, shard = stepped.worker, stepped.shard
@@ -149,9 +150,11 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         assert TurnKey("a") in worker._holds[0].turns
         assert await harness.client.exists(shard.turn(TurnKey("a").encode())) == 1
         worker.scripts.open_turns = _cut  # the applier must not open it again
+        holds, looked = worker._holds[0], []
+        holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
         await worker.apply(shard, entries, {}, call)
         outputs = await harness.outputs()
-    assert response_text(outputs, "a") == "12" and outputs.dlq == []
+    assert response_text(outputs, "a") == "12" and outputs.dlq == [] and looked == []
     events = [e["type"] for e in outputs.turns[TurnKey("a")].events]
     assert events.count("synthesis.started") == 1 and outputs.terminal_counts()[TurnKey("a")] == 1
 
