@@ -122,7 +122,10 @@ def decode_stream_entry(
     sizes and the same JSON, so the fast paths' results are the same too.
     """
     if len(raw_fields) == 2:  # the usual entry: decoded from its bytes as they are
-        found = _two_bytes_fields(raw_fields, max_entry_bytes)
+        # (msgspec reads ASCII JSON bytes exactly as it reads their str)
+        peeked = peek_plain(raw_fields, max_entry_bytes)
+        found = (_decoded(*peeked) if peeked is not None
+                 else _bytes_end(raw_fields, max_entry_bytes))
         if found is not None:
             return found
         return _sized_entry(raw_fields, max_entry_bytes)
@@ -134,17 +137,6 @@ def decode_stream_entry(
     if found is not None:
         return found
     return _sized_entry(raw_fields, max_entry_bytes)
-
-
-def _two_bytes_fields(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
-    """:func:`_plain_update` for ``{b"response_id": ..., b"update": ...}`` as
-    Redis returns it, without making str copies of the names and the update:
-    msgspec reads ASCII JSON bytes exactly as it reads their str."""
-    peeked = peek_plain(fields, max_entry_bytes)
-    if peeked is None:
-        return _bytes_end(fields, max_entry_bytes)
-    turn, text, size = peeked
-    return _decoded(turn, text, size)
 
 
 def peek_plain(

@@ -233,15 +233,12 @@ def test_snapshot_chunks_replace_and_survive_resuming(
 
 
 class GeneralTurn(Turn):
-    """A Turn that never takes the delta fast path (written out in ``apply``)."""
+    """A Turn that never takes the delta fast path (written out in ``fold``)."""
 
     __slots__ = ()
 
-    def apply(self, record: Any) -> None:
-        if record.ids:
-            self._take_ids(record.ids)
-        if record.update is not None:
-            self._apply_update(record.update)
+    def fold(self, update: Any) -> None:
+        self._apply_update(update)
 
 
 @PROPERTY
