@@ -137,7 +137,7 @@ def build_apply(
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
-_new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
+_new_tuple = tuple.__new__  # Applied(...), Undecoded(...) without NamedTuple's Python-level __new__
 
 
 class Undecoded(NamedTuple):
