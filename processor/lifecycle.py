@@ -76,11 +76,7 @@ class TurnLife:
             self.outcome = Outcome.failed("turn_limit", self._limit_message())
             counts.dlq += 1
             return TURN_LIMIT
-        # Turn.apply, written out: a call per entry costs more than its body.
-        if record.ids:
-            self.turn.take_ids(record.ids)
-        if record.update is not None:
-            self.turn.fold(record.update)
+        self.turn.apply(record)
         self.bytes += size
         counts.entries += 1
         if kind == "update":

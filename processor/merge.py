@@ -97,7 +97,7 @@ class Turn:
         """Fold one record (in arrival order). Only ``update`` records change
         the merge; the caller decides what ``end``/``error`` mean."""
         if record.ids:
-            self.take_ids(record.ids)
+            self._take_ids(record.ids)
         update = record.update
         if update is not None:
             self.fold(update)
@@ -180,8 +180,7 @@ class Turn:
         if kind != "text" or chunk.additional_properties or chunk.annotations:
             merge_extras(target, chunk)  # (a no-op for a bare text delta)
 
-    def take_ids(self, ids: dict[str, str]) -> None:
-        """Keep an entry's turn-level correlation ids (the first of each wins)."""
+    def _take_ids(self, ids: dict[str, str]) -> None:
         for name, value in ids.items():
             # Only turn-level ids belong to the turn; entry-level ids
             # (step_id, ...) describe one entry and stay on its progress event.
