@@ -42,7 +42,7 @@ import redis.asyncio
 import workload
 from drain import drain_group
 
-from processor import batches, hold, merge
+from processor import batches, held_batch, hold, merge
 from processor.connections import fast_stream_reads
 from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
@@ -148,6 +148,8 @@ def free_decode_merge(work: workload.Workload) -> None:
         return [table[text][1].update for text in texts]
 
     batches.decode_stream_entry = decoded  # type: ignore[assignment]
+    held_batch.decode_stream_entry = decoded  # type: ignore[assignment]
+    hold.decode_stream_entry = decoded  # type: ignore[assignment]
     hold.decode_plain = decoded_plain  # type: ignore[assignment]
     merge.Turn.fold = lambda turn, update: None  # type: ignore[method-assign,assignment]
 

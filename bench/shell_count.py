@@ -102,9 +102,10 @@ def hold(shard: Shard, entries: list[Entry], options: BatchOptions, holds: Holds
     """One batch as a worker holding turns takes it (``processor.holding``):
     decoded, new turns opened (open_turns made up: every one held), fed,
     and the turns it ended rendered for finalise_held."""
-    call = decode_batch(shard, entries, options, NOW_MS)
-    holds.opened({key: True for key in holds.to_open(call.decoded)}, str(NOW_MS), 0.0)
-    routed = holds.route(entries, call.decoded)
+    grouped = decode_batch(shard, entries, options, NOW_MS).held
+    assert grouped is not None
+    holds.opened({key: True for key in holds.to_open(grouped)}, str(NOW_MS), 0.0)
+    routed = holds.route(entries, grouped)
     for key in routed.held:
         held = holds.turns[key]
         if held.ended:

@@ -7,14 +7,16 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
 from processor import events as ev
 from processor.connections import as_text
-from processor.decode import EntryError, decode_stream_entry, peek_plain, routing_id
-from processor.ids import TurnKey, shard_of
+from processor.decode import EntryError, decode_stream_entry
+from processor.entry_fields import entry_shard
+from processor.held_batch import HeldBatch, group_batch
+from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.lifecycle import Limits
 from processor.mirror import Applied, Version
@@ -62,8 +64,7 @@ class ApplyCall:
     # delivered before (processor.mirror need not check their order).
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
-    # decode_batch's: one per entry read, None for one apply_entries dead-letters
-    decoded: list[Applied | Undecoded | None] = field(default_factory=list)
+    held: HeldBatch | None = None  # decode_batch's: the batch grouped for holding
     opened: bool = False  # its new turns were opened (held path: open_turns answered)
 
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
@@ -137,57 +138,19 @@ def build_apply(
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
-_new_tuple = tuple.__new__  # Applied(...), Undecoded(...) without NamedTuple's Python-level __new__
-
-
-class Undecoded(NamedTuple):
-    """A plain update of a batch read for holding, its JSON not decoded yet
-    (:func:`~processor.decode.peek_plain`): the held turn decodes its plain
-    updates together when it is next read (``Held.catch_up``)."""
-
-    key: TurnKey
-    entry_id: str
-    fields: dict[Any, Any]  # as read: the entry is decoded from them if need be
-    size: int
+_new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
 
 
 def decode_batch(
     shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
 ) -> ApplyCall:
-    """A batch read with XREADGROUP > decoded for holding (``--hold-turns``):
-    ``decoded`` has each entry that belongs to ``shard``, as an
-    :class:`Undecoded` plain update or else decoded, and None for the
-    others and for those that failed to decode, which are left to
-    ``apply_entries`` (it dead-letters them; its call is built when needed).
-    Not a call to send as it is."""
-    decoded: list[Applied | Undecoded | None] = []
-    add = decoded.append
-    max_bytes = options.limits.max_entry_bytes
-    shards = options.shards
-    for raw_id, fields in entries:
-        if shards > 1 and _shard_of(fields, shards) != shard.index:
-            add(None)
-            continue
-        plain = peek_plain(fields, max_bytes)
-        if plain is not None:
-            key, _text, size = plain
-            # (as_text, written out: a call per entry costs more than its body)
-            entry_id = raw_id.decode() if raw_id.__class__ is bytes else str(raw_id)
-            add(_new_tuple(Undecoded, (key, entry_id, fields, size)))
-            continue
-        try:
-            key, record, size = decode_stream_entry(fields, max_entry_bytes=max_bytes)
-        except EntryError:
-            add(None)
-            continue
-        add(_new_tuple(Applied, (key, as_text(raw_id), record, size)))
-    return ApplyCall([], [], [], newest=True, now_ms=now_ms, decoded=decoded)
-
-
-def _shard_of(fields: dict[Any, Any], shards: int) -> int:
-    named = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v
-             for k, v in fields.items()}
-    return shard_of(routing_id(named), shards)
+    """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
+    :func:`~processor.held_batch.group_batch`): its ``held`` has each turn's
+    entries of this shard, and the entries left to ``apply_entries`` (it
+    dead-letters them; its call is built when needed). Not a call to send
+    as it is."""
+    held = group_batch(entries, shard.index, options.shards, options.limits.max_entry_bytes)
+    return ApplyCall([], [], [], newest=True, now_ms=now_ms, held=held)
 
 
 def _entry_args(
@@ -211,9 +174,7 @@ def _entry_args(
     except EntryError as exc:
         n = turns.number(exc.turn, now_ms) if exc.turn else 0
         return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries, ""]
-    # Field names are bytes from Redis; one that is not UTF-8 is just an
-    # unknown field (decode_entry ignored it), never a reason to fail the batch.
-    expected = _shard_of(fields, options.shards) if options.shards > 1 else 0
+    expected = entry_shard(fields, options.shards) if options.shards > 1 else 0
     if expected != shard.index:
         detail = f"the turn belongs to shard {expected}, not {shard.index}"
         return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries, ""]

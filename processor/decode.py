@@ -54,6 +54,7 @@ __all__ = [
     "decode_update",
     "entry_size",
     "peek_plain",
+    "recent_turn",
     "routing_id",
     "turn_key",
     "update_from_object",
@@ -70,6 +71,11 @@ _msgpack_any = msgspec.msgpack.Decoder()
 #: when full, so it holds at most this many keys whatever the stream.
 _recent_keys: dict[str | bytes, TurnKey] = {}
 _RECENT_KEYS = 1024
+#: The TurnKey of a response id (bytes as Redis returns it, or str) seen
+#: lately, else None: only ids that passed every check of a turn key of
+#: their own (ASCII, not empty, within :data:`MAX_ID_LENGTH`, no attempt id)
+#: are kept. A bound ``dict.get``: grouping a held batch asks it per entry.
+recent_turn = _recent_keys.get
 _KINDS = ("update", "end", "error")
 #: A decoded entry with its size in bytes (:func:`entry_size`).
 Sized = tuple[TurnKey, Record, int]

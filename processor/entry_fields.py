@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from processor.ids import TurnKey, new_turn_key, response_id_for_turn
+from processor.ids import TurnKey, new_turn_key, response_id_for_turn, shard_of
 from processor.models import ENTRY_IDS, TURN_IDS
 from processor.validate import EntryError
 
@@ -104,6 +104,14 @@ def turn_key(fields: Mapping[str, Any]) -> TurnKey:
 def routing_id(fields: Mapping[str, Any]) -> str:
     """What the shard is computed from: ``response_id``, else ``turn_id``."""
     return text_field(fields, "response_id") or text_field(fields, "turn_id") or ""
+
+
+def entry_shard(fields: Mapping[Any, Any], shards: int) -> int:
+    """The shard an entry's fields route to (bytes or str names; a name that
+    is not UTF-8 is just an unknown field, never a reason to fail)."""
+    named = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v
+             for k, v in fields.items()}
+    return shard_of(routing_id(named), shards)
 
 
 def check_id(name: str, value: str) -> None:

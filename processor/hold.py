@@ -19,16 +19,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.batches import Undecoded
 from processor.connections import as_text
 from processor.decode import EntryError, decode_plain, decode_stream_entry
+from processor.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
 from processor.mirror import Applied
-from processor.models import Record
 from processor.settle import Replay, id_order
-
-Entry = tuple[Any, Any]  # (id, fields) as XREADGROUP returns them
 
 #: Turns remembered as taking the ``apply_entries`` path (so that their next
 #: entries need no ``open_turns`` call), per shard; forgotten all at once.
@@ -39,13 +36,13 @@ OLD_TURNS = 10_000
 class Held:
     """What this worker holds of one turn.
 
-    Its plain updates (:class:`~processor.batches.Undecoded`) may wait in
-    ``pending``, their JSON not decoded yet, while the turn is open and they
-    stay within its limits (so each one would be merged): :meth:`catch_up`
-    decodes them together and feeds them before anything reads the replay.
-    One that turns out to be an entry ``apply_entries`` dead-letters breaks
-    the turn, which must then spill (the stored path dead-letters it in its
-    place)."""
+    Its plain updates may wait in ``pending`` (their JSON texts, not
+    decoded yet: the last ``len(pending)`` of ``entries`` and ``ids``)
+    while the turn is open and they stay within its limits (so each one
+    would be merged): :meth:`catch_up` decodes them together and feeds them
+    before anything reads the replay. One that turns out to be an entry
+    ``apply_entries`` dead-letters breaks the turn, which must then spill
+    (the stored path dead-letters it in its place)."""
 
     key: TurnKey
     replay: Replay
@@ -55,7 +52,7 @@ class Held:
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries
-    pending: list[Undecoded] = field(default_factory=list)  # plain updates not fed yet
+    pending: list[bytes] = field(default_factory=list)  # plain updates not fed yet
     broken: bool = False  # holds an entry apply_entries dead-letters: spill it
     # How many more plain updates, and bytes of them, may wait in pending:
     # what the turn's limits leave once everything pending is fed.
@@ -74,19 +71,37 @@ class Held:
         """The turn's hash as open_turns left it (what :func:`~processor.settle.render` reads)."""
         return {b"ver": b"0", b"started": self.started.encode()}
 
-    def feed(self, entry: Applied | Undecoded) -> None:
-        """Feed an entry now, after what is pending (``route`` keeps a
-        plain update pending when it may wait)."""
-        if not self.catch_up():
-            return
-        if isinstance(entry, Undecoded):
-            record = self._decode(entry.fields)
-            if record is None:
-                return
+    def take_run(self, run: Run) -> None:
+        """Hold a run of plain updates: all of them wait when the turn has
+        room for all (the usual case), else each waits or is fed as the room
+        left says, one after the other."""
+        if len(run.texts) <= self.room_updates and run.size <= self.room_bytes:
+            self.pending += run.texts
+            self.room_updates -= len(run.texts)
+            self.room_bytes -= run.size
+            self.entries += run.entries
+            self.ids += run.ids
         else:
-            record = entry.record
-        self.replay.feed(entry.entry_id, record, entry.size)
-        self._reroom()
+            for raw, text, entry_id, size in zip(run.entries, run.texts, run.ids, run.sizes(),
+                                                 strict=True):
+                if self.room_updates and size <= self.room_bytes:
+                    self.pending.append(text)
+                    self.room_updates -= 1
+                    self.room_bytes -= size
+                else:
+                    self._feed_fields(entry_id, raw[1])
+                self.entries.append(raw)
+                self.ids.append(entry_id)
+        self.size += run.size
+
+    def take_single(self, raw: Entry, entry: Applied) -> None:
+        """Feed a decoded entry now, after what is pending."""
+        if self.catch_up():
+            self.replay.feed(entry.entry_id, entry.record, entry.size)
+            self._reroom()
+        self.entries.append(raw)
+        self.ids.append(entry.entry_id)
+        self.size += entry.size
 
     def catch_up(self) -> bool:
         """Feed the pending plain updates, decoded together (or one by one
@@ -94,30 +109,36 @@ class Held:
         pending = self.pending
         if pending and not self.broken:
             self.pending = []
-            updates = decode_plain([entry.fields[b"update"] for entry in pending])
+            n = len(pending)
+            updates = decode_plain(pending)
             # (The room left for pending entries is what they will not take.)
             life = self.replay.life
             size = life.limits.max_turn_bytes - life.bytes - self.room_bytes
-            if updates is None or not self.replay.feed_updates(
-                    updates, pending[0].entry_id, pending[-1].entry_id, size):
-                for entry in pending:
-                    record = self._decode(entry.fields)
-                    if record is None:
+            ids = self.ids
+            if updates is None or not self.replay.feed_updates(updates, ids[-n], ids[-1], size):
+                for entry_id, (_raw_id, fields) in zip(ids[-n:], self.entries[-n:], strict=True):
+                    if not self._feed_now(entry_id, fields):
                         break
-                    self.replay.feed(entry.entry_id, record, entry.size)
             self._reroom()
         return not self.broken
 
-    def _decode(self, fields: dict[Any, Any]) -> Record | None:
-        """One entry as ``apply_entries`` would decode it; None (and the
-        turn broken) if it would dead-letter it."""
+    def _feed_fields(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        """Feed a plain update now (no room for it to wait), after what is pending."""
+        if self.catch_up() and self._feed_now(entry_id, fields):
+            self._reroom()
+
+    def _feed_now(self, entry_id: str, fields: dict[Any, Any]) -> bool:
+        """Feed one entry as ``apply_entries`` would decode it; False (and
+        the turn broken) if it would dead-letter it."""
         try:
-            return decode_stream_entry(
-                fields, max_entry_bytes=self.replay.life.limits.max_entry_bytes)[1]
+            _key, record, size = decode_stream_entry(
+                fields, max_entry_bytes=self.replay.life.limits.max_entry_bytes)
         except EntryError:
             self.broken = True
             self.room_updates = 0
-            return None
+            return False
+        self.replay.feed(entry_id, record, size)
+        return True
 
     def _reroom(self) -> None:
         life = self.replay.life
@@ -150,23 +171,15 @@ class Holds:
     bytes: int = 0
     last: tuple[int, int] = (0, 0)  # the newest entry routed (batches arrive in id order)
 
-    def to_open(
-        self, decoded: list[Applied | Undecoded | None]
-    ) -> dict[TurnKey, dict[str, str]]:
+    def to_open(self, batch: HeldBatch) -> dict[TurnKey, dict[str, str]]:
         """The batch's turns this worker knows nothing of yet, in first-seen
         order, with their first entry's correlation ids (for synthesis.started,
         as ``apply_entries`` would publish it)."""
         if len(self.old) > OLD_TURNS:
             self.old.clear()
-        found: dict[TurnKey, dict[str, str]] = {}
         turns, old = self.turns, self.old
-        for entry in decoded:
-            if entry is None:
-                continue
-            key = entry.key
-            if key not in turns and key not in old and key not in found:
-                found[key] = {} if isinstance(entry, Undecoded) else entry.record.ids
-        return found
+        return {key: {} if isinstance(parts[0], Run) else parts[0][1].record.ids
+                for key, parts in batch.turns.items() if key not in turns and key not in old}
 
     def opened(self, statuses: dict[TurnKey, bool], started: str, now: float) -> None:
         """open_turns' answer: True for each turn now held, False for the others."""
@@ -176,42 +189,37 @@ class Holds:
             else:
                 self.old.add(key)
 
-    def route(self, entries: list[Entry], decoded: list[Applied | Undecoded | None]) -> Routed:
-        """Feed the entries of held turns (``decoded``: decode_batch's, one per
-        entry; a plain update may wait, see :class:`Held`); the rest are
-        stored (an entry that failed to decode is dead-lettered by
-        ``apply_entries``, which moves its turn's version: a held turn then
-        spills at its finalise). A batch routed again (its reply lost, the
-        same call retried) feeds nothing twice."""
+    def route(self, entries: list[Entry], batch: HeldBatch) -> Routed:
+        """Feed the entries of held turns (a run of plain updates may wait,
+        see :class:`Held`); the rest are stored (an entry that failed to
+        decode is dead-lettered by ``apply_entries``, which moves its turn's
+        version: a held turn then spills at its finalise). A batch routed
+        again (its reply lost, the same call retried) feeds nothing twice."""
         turns = self.turns
-        fed: dict[TurnKey, None] = {}
-        stored: list[Entry] = []
+        fed: list[TurnKey] = []
+        stored = batch.failed
+        ordered = len(stored) < 2  # (stored keeps batch order: sorted if it mixes)
         seen = self._routed(entries)
         size = 0
-        for raw, entry in zip(entries, decoded, strict=True):
-            if entry is None:
-                stored.append(raw)
-                continue
-            key, entry_id, _record, entry_size = entry  # (cheaper than its fields by name)
+        for key, parts in batch.turns.items():
             held = turns.get(key)
             if held is None:
-                stored.append(raw)
-            elif seen is None or id_order(entry_id) > seen:
-                if (entry.__class__ is Undecoded and held.room_updates
-                        and entry_size <= held.room_bytes):
-                    held.pending.append(entry)
-                    held.room_updates -= 1
-                    held.room_bytes -= entry_size
+                stored = [*stored, *(e for part in parts for e in part_entries(part))]
+                ordered = False
+                continue
+            before = held.size
+            for part in parts if seen is None else _after(parts, seen):
+                if isinstance(part, Run):
+                    held.take_run(part)
                 else:
-                    held.feed(entry)
-                held.entries.append(raw)
-                held.ids.append(entry_id)
-                held.size += entry_size
-                size += entry_size
-                fed[key] = None
+                    held.take_single(*part)
+            if held.size != before:  # (every entry has a size: something was fed)
+                fed.append(key)
+                size += held.size - before
         self.bytes += size
-        held_now = list(fed)
-        return Routed(held_now, stored, [key for key in held_now if turns[key].broken])
+        if not ordered:
+            stored = sorted(stored, key=entry_order)
+        return Routed(fed, stored, [key for key in fed if turns[key].broken])
 
     def _routed(self, entries: list[Entry]) -> tuple[int, int] | None:
         """Move the last id routed to this batch's; return the one before if
@@ -251,6 +259,20 @@ class Holds:
             keys.append(key)
             count, size = count - 1, size - held.size
         return keys
+
+
+def _after(parts: list[Part], seen: tuple[int, int]) -> list[Part]:
+    """The parts of a batch routed again, less the entries routed before
+    (at or below ``seen``)."""
+    out: list[Part] = []
+    for part in parts:
+        if isinstance(part, Run):
+            keep = [i for i, entry_id in enumerate(part.ids) if id_order(entry_id) > seen]
+            if keep:
+                out.append(part.subset(keep))
+        elif id_order(part[1].entry_id) > seen:
+            out.append(part)
+    return out
 
 
 @dataclass

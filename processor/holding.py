@@ -21,7 +21,8 @@ from processor.batches import (
     parse_opened,
 )
 from processor.connections import as_text
-from processor.hold import Entry, Floor, Holds
+from processor.held_batch import Entry, HeldBatch
+from processor.hold import Floor, Holds
 from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.metrics import Metrics
@@ -75,15 +76,17 @@ class Holding:
 
     def _holding(self, call: ApplyCall | None) -> bool:
         """Whether a batch goes the held path: read by XREADGROUP > (in id
-        order, delivered once) with --hold-turns, and no progress events."""
-        return (call is not None and call.newest and self.config.hold_turns
-                and not self.config.progress)
+        order, delivered once) with --hold-turns, and no progress events
+        (the shard loop then groups it for holding: ``decode_batch``)."""
+        return call is not None and call.held is not None
 
-    async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall) -> None:
-        """Hold what can be held of a batch, store the rest, publish what ended."""
+    async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall,
+                          batch: HeldBatch) -> None:
+        """Hold what can be held of a batch (``batch``: ``call``'s, grouped
+        for holding), store the rest, publish what ended."""
         holds = self._holds[shard.index]
         await self._open(shard, call)  # what the reader did not open already (_open_ahead)
-        routed = holds.route(entries, call.decoded)
+        routed = holds.route(entries, batch)
         self._floors[shard.index].routed(as_text(entries[0][0]))
         if routed.stored:
             await self._store(shard, routed.stored, {}, None)
@@ -102,7 +105,7 @@ class Holding:
             if call.opened:  # (the reader's: the applier need not look again)
                 return
             holds = self._holds[shard.index]
-            fresh = holds.to_open(call.decoded)
+            fresh = holds.to_open(call.held) if call.held is not None else {}
             if fresh:
                 opened = build_open(shard, fresh, self.options, call.now_ms)
                 statuses, started = await self.scripts.open_turns(keys=opened.keys,

@@ -215,8 +215,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
     ) -> None:
         """Apply a batch (``call``: its script call, if already built): hold
         it (:mod:`processor.holding`) or store it."""
-        if call is not None and self._holding(call):
-            await self._apply_held(shard, entries, call)
+        if call is not None and call.held is not None:  # (Holding._holding)
+            await self._apply_held(shard, entries, call, call.held)
         else:
             await self._store(shard, entries, deliveries, call)
 

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from strategies import turns
 from turn_reference import entry_fields
 
-from processor.batches import BatchOptions, Undecoded, decode_batch
+from processor.batches import BatchOptions, decode_batch
 from processor.decode import MAX_DEPTH, EntryError, decode_plain, decode_stream_entry, peek_plain
+from processor.held_batch import Run
 from processor.hold import Holds
 from processor.ids import TurnKey
 from processor.keys import Namespace
@@ -203,9 +204,10 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
     kept = []  # what decode_batch does not leave to apply_entries
     reference = Reference(limits)
     for batch in _batches(entries, cuts):
-        call = decode_batch(SHARD, batch, options, NOW)
-        kept += [raw for raw, entry in zip(batch, call.decoded, strict=True) if entry is not None]
-        routed = holds.route(batch, call.decoded)
+        grouped = decode_batch(SHARD, batch, options, NOW).held
+        assert grouped is not None
+        kept += [raw for raw in batch if raw not in grouped.failed]
+        routed = holds.route(batch, grouped)
         reference.feed(batch)
         held = holds.turns[key]
         assert (key in routed.broken) == (held.broken and key in routed.held)
@@ -228,14 +230,18 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
 def test_updates_wait_until_the_end_and_are_fed_then() -> None:
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
     batch = [(f"{i}-0".encode(), plain("t", delta(str(i)))) for i in range(1, 4)]
-    call = decode_batch(SHARD, batch, BatchOptions("g", 1, Limits()), NOW)
-    assert all(isinstance(e, Undecoded) for e in call.decoded)
-    holds.opened(dict.fromkeys(holds.to_open(call.decoded), True), "5", 0.0)
-    holds.route(batch, call.decoded)
+    grouped = decode_batch(SHARD, batch, BatchOptions("g", 1, Limits()), NOW).held
+    assert grouped is not None
+    (run,) = grouped.turns[TurnKey("t")]  # one run of three plain updates
+    assert isinstance(run, Run) and run.ids == ["1-0", "2-0", "3-0"]
+    holds.opened(dict.fromkeys(holds.to_open(grouped), True), "5", 0.0)
+    holds.route(batch, grouped)
     held = holds.turns[TurnKey("t")]
     assert len(held.pending) == 3 and held.replay.life.counts.updates == 0
     end = [(b"4-0", {b"response_id": b"t", b"kind": b"end"})]
-    holds.route(end, decode_batch(SHARD, end, BatchOptions("g", 1, Limits()), NOW).decoded)
+    ending = decode_batch(SHARD, end, BatchOptions("g", 1, Limits()), NOW).held
+    assert ending is not None
+    holds.route(end, ending)
     assert held.pending == [] and held.ended
     assert held.replay.life.counts.updates == 3 and held.replay.ending == "4-0"
     assert held.replay.life.response().messages[0].contents[0].text == "123"

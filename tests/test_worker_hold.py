@@ -9,6 +9,7 @@ publishes, exactly once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from typing import Any
 
@@ -25,11 +26,10 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-from processor.decode import decode_entry
+from processor.held_batch import HeldBatch, group_batch
 from processor.hold import Holds
 from processor.ids import TurnKey
 from processor.lifecycle import Limits
-from processor.mirror import Applied
 from processor.worker import Worker
 
 HOLD = {"hold_turns": True}
@@ -64,24 +64,28 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
     assert held == len(turns) and spilled == 0
 
 
-def _applied(key: TurnKey, entry_id: str, fields: dict[str, Any]) -> Applied:
-    _key, record = decode_entry(fields)
-    return Applied(key, entry_id, record, 10)
+def _grouped(entries: list[tuple[Any, Any]]) -> HeldBatch:
+    return group_batch(entries, 0, 1, Limits().max_entry_bytes)
+
+
+def _plain(entry_id: int, update: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
+    """A plain update as XREADGROUP returns it (it joins its turn's run)."""
+    return f"{entry_id}-0".encode(), {b"response_id": b"r1", b"update": json.dumps(update).encode()}
 
 
 def test_a_turn_is_held_from_its_first_entry_and_fed_each_entry_once() -> None:
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
     key = TurnKey("r1")
     fields = [{"response_id": "r1", "update": e["update"]} for e in simple_turn("r1", 2)[:2]]
-    raw = [(f"{i}-0", f) for i, f in enumerate(fields, 1)]
-    applied = [_applied(key, i, f) for i, f in raw]
-    assert holds.to_open(applied) == {key: {}}
+    raw = [(f"{i}-0", f) for i, f in enumerate(fields, 1)]  # str fields: decoded on reading
+    batch = _grouped(raw)
+    assert holds.to_open(batch) == {key: {}}
     holds.opened({key: True}, "5", now=0.0)
-    routed = holds.route(raw, applied)
+    routed = holds.route(raw, batch)
     assert routed.held == [key] and routed.stored == []
-    again = holds.route(raw, applied)  # the same batch after a lost reply: nothing twice
+    again = holds.route(raw, batch)  # the same batch after a lost reply: nothing twice
     assert again.held == [] and holds.turns[key].ids == ["1-0", "2-0"]
-    assert holds.to_open(applied) == {}
+    assert holds.to_open(batch) == {}
 
 
 
@@ -260,19 +264,21 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     batch's ids, not its decoded entries, say how far routing went)."""
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
     key = TurnKey("r1")
-    updates = [{"response_id": "r1", "update": e["update"]} for e in simple_turn("r1", 4)[:4]]
-    first = [(f"{i}-0", f) for i, f in enumerate(updates[:2], 1)]
-    second = [*((f"{i}-0", f) for i, f in enumerate(updates[2:], 3)), ("5-0", {"bad": "x"})]
-    decoded_first = [_applied(key, i, f) for i, f in first]
-    decoded_second = [*(_applied(key, i, f) for i, f in second[:2]), None]
+    updates = [e["update"] for e in simple_turn("r1", 5)[:5]]
+    first = [_plain(i, u) for i, u in enumerate(updates[:2], 1)]
+    second = [*(_plain(i, u) for i, u in enumerate(updates[2:4], 3)), (b"5-0", {b"bad": b"x"})]
     holds.opened({key: True}, "5", now=0.0)
-    holds.route(first, decoded_first)
-    routed = holds.route(second, decoded_second)
+    holds.route(first, _grouped(first))
+    routed = holds.route(second, _grouped(second))
     assert routed.stored == [second[2]]  # the undecodable one: apply_entries dead-letters it
-    again = holds.route(second, decoded_second)
+    again = holds.route(second, _grouped(second))
     assert again.held == [] and again.stored == [second[2]]
-    assert holds.turns[key].ids == ["1-0", "2-0", "3-0", "4-0"]
-    assert holds.turns[key].replay.life.counts.updates == 4
+    # Part of a run routed before, part new: only the new part is held.
+    overlap = [second[1], _plain(6, updates[4])]
+    assert holds.route(overlap, _grouped(overlap)).held == [key]
+    held = holds.turns[key]
+    assert held.ids == ["1-0", "2-0", "3-0", "4-0", "6-0"]
+    assert held.catch_up() and held.replay.life.counts.updates == 5
 
 
 async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
