@@ -254,18 +254,20 @@ def build_open(
 ) -> ScriptCall:
     """KEYS/ARGV of ``open_turns`` for the turns a held batch starts (with
     their first entry's correlation ids)."""
-    call = ScriptCall([shard.events, shard.active], [options.events_maxlen, len(turns)])
+    keys = [shard.events, shard.active]
+    rows = []
     for key, ids in turns.items():
         tk = key.encode()
-        call.keys += [shard.turn(tk), shard.done(tk), shard.cancel(key.response_id)]
-        call.args += [tk, _pack.encode(event_fields(key, ev.started(key, ids, now_ms)))]
-    return call
+        keys += [shard.turn(tk), shard.done(tk), shard.cancel(key.response_id)]
+        rows.append((tk, event_fields(key, ev.started(key, ids, now_ms))))
+    return ScriptCall(keys, [options.events_maxlen, len(turns), _pack.encode(rows)])
 
 
-def parse_opened(flat: list[Any]) -> dict[TurnKey, bool]:
-    """``open_turns``' first reply: flat ``[tk, "held" | "old", ...]``."""
-    return {TurnKey.decode(as_text(flat[i])): as_text(flat[i + 1]) == "held"
-            for i in range(0, len(flat) - 1, 2)}
+def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
+    """``open_turns``' first reply for ``turns`` (as sent, in order): flat
+    ``[tk, "held" | "old", ...]``, one pair per turn."""
+    return {key: as_text(status) == "held"
+            for key, status in zip(turns, flat[1::2], strict=True)}
 
 
 def build_finalise_held(
@@ -273,16 +275,15 @@ def build_finalise_held(
     consumer: str,
 ) -> ScriptCall:
     """KEYS/ARGV of ``finalise_held``: (turn, its held ids, outputs) per turn."""
-    call = ScriptCall(
-        [shard.merged, shard.events, shard.dlq, shard.active, shard.updates],
-        [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
-         len(settled), options.group, consumer],
-    )
+    keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
+    rows = []
     for key, ids, outcome in settled:
         tk = key.encode()
-        call.keys += [shard.turn(tk), shard.done(tk)]
-        call.args += [tk, "0", outcome.status, outcome.outputs, outcome.dead_letters,
-                      _pack.encode(ids), outcome.ending]
+        keys += [shard.turn(tk), shard.done(tk)]
+        rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
+                     msgpack_str(outcome.dead_letters), ids, outcome.ending))
     if options.agui:
-        call.keys.append(shard.agui)
-    return call
+        keys.append(shard.agui)
+    return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
+                             options.done_ttl, len(settled), options.group, consumer,
+                             _pack.encode(rows)])

@@ -110,7 +110,8 @@ class Holding:
                 opened = build_open(shard, fresh, self.options, call.now_ms)
                 statuses, started = await self.scripts.open_turns(keys=opened.keys,
                                                                   args=opened.args)
-                holds.opened(parse_opened(statuses), as_text(started), time.monotonic())
+                holds.opened(parse_opened(list(fresh), statuses), as_text(started),
+                             time.monotonic())
             call.opened = True
 
     async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None:

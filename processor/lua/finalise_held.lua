@@ -29,12 +29,14 @@ KEYS[5 + 2*T + 1]          agui stream (only with --agui)
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
 ARGV[7] this consumer
-ARGV[8 + 7*(t-1) + 0..6]   per turn t: tk, expected version, status, outputs and
-                           dead letters (as finalise_turns), the held entry ids
-                           (msgpack array), the id of the entry that ended the
-                           turn ('' = a cancel or a timeout: published with
-                           what is held, as finalise_turns publishes what is
-                           stored, without the check on other consumers)
+ARGV[8]                    the turns: one msgpack array (the client packs each
+                           ARGV in Python, the array in C), per turn t an array
+                           { tk, expected version, status, outputs, dead letters
+                           (as finalise_turns), the held entry ids (an array),
+                           the id of the entry that ended the turn ('' = a
+                           cancel or a timeout: published with what is held, as
+                           finalise_turns publishes what is stored, without the
+                           check on other consumers) }
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
 changed, 2 another consumer holds an older entry
@@ -61,14 +63,14 @@ local function others_first()
   return others
 end
 
+local turns = cmsgpack.unpack(ARGV[8])
 local acked = false
 local function finalise(t)
-  local k, a = 5 + 2 * (t - 1), 8 + 7 * (t - 1)
+  local k = 5 + 2 * (t - 1)
   local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
-  local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local tk, version, status, outputs, dead, ids, ending = unpack(turns[t], 1, 7)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
-  local ids, ending = cmsgpack.unpack(ARGV[a + 5]), ARGV[a + 6]
   if ending ~= '' then
     local oldest = others_first()
     if oldest and oldest < pad_id(ending) then return 2 end
@@ -77,7 +79,7 @@ local function finalise(t)
     redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))
   end
   acked = true
-  publish_outcome(tkey, dkey, tk, status, ARGV[a + 3], ARGV[a + 4])
+  publish_outcome(tkey, dkey, tk, status, outputs, dead)
   return 1
 end
 

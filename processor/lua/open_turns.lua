@@ -15,7 +15,10 @@ KEYS[1] events stream         KEYS[2] active zset
 KEYS[2 + 3*(t-1) + 1..3]      per turn t: turn hash, done hash, cancel key
 
 ARGV[1] events MAXLEN (~)     ARGV[2] number of turns T
-ARGV[3 + 2*(t-1) + 0..1]      per turn t: tk, synthesis.started fields (msgpack array)
+ARGV[3]                       the turns: one msgpack array, per turn t an array
+                              { tk, synthesis.started fields (an array) }
+                              (one bulk string: the client packs each ARGV in
+                              Python, the array in C)
 
 Returns { flat [tk, "held" | "old", ...], started (ms, as text) }
 ]==]
@@ -27,15 +30,16 @@ local nturns = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now_str = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 
+local turns = cmsgpack.unpack(ARGV[3])
 local statuses, members = {}, {}
 for i = 1, nturns do
-  local k, a = 2 + 3 * (i - 1), 3 + 2 * (i - 1)
+  local k = 2 + 3 * (i - 1)
   local tkey, dkey, ckey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local tk = ARGV[a]
+  local tk, started = turns[i][1], turns[i][2]
   local status = 'old'
   if redis.call('EXISTS', tkey, dkey, ckey) == 0 then
     redis.call('HSET', tkey, 'seq', '1', 'ver', '0', 'started', now_str)
-    redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(cmsgpack.unpack(ARGV[a + 1])))
+    redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(started))
     members[#members + 1] = now_str
     members[#members + 1] = tk
     status = 'held'
