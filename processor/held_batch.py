@@ -36,8 +36,6 @@ Entry = tuple[Any, Any]  # (id, fields) as XREADGROUP returns them
 
 _TWO_NAMES = len("response_id") + len("update")
 _ids = itemgetter(0)
-_fields = itemgetter(1)
-_update = itemgetter(b"update")
 
 
 class Run:
@@ -45,35 +43,38 @@ class Run:
     the turn between them), their JSON not decoded. Each entry's size is
     ``base + len(text)``."""
 
-    __slots__ = ("base", "entries", "ids", "size", "texts")
+    __slots__ = ("base", "checked", "entries", "ids", "size", "texts")
 
-    def __init__(self, entries: list[Entry], base: int) -> None:
-        self.entries = entries
-        self.base = base
-        self.texts: list[bytes] = []
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.texts: list[Any] = []  # each entry's update field, bytes once checked
         self.ids: list[str] = []
+        self.base = 0
         self.size = 0
+        self.checked = False
 
-    def checked(self, max_entry_bytes: int) -> bool:
-        """Fill in the texts, ids and size; False if any entry is not a
-        plain update after all (not bytes, not ASCII, over the limit)."""
-        entries = self.entries
-        texts = list(map(_update, map(_fields, entries)))
+    def check(self, base: int, max_entry_bytes: int) -> bool:
+        """Take the ids and size (``base``: an entry's size less its text);
+        False if any entry is not a plain update after all (its text not
+        bytes, not ASCII, or over the limit)."""
+        texts = self.texts
         try:
             joined = b"".join(texts)
         except TypeError:  # a str value: not as Redis returns it
             return False
         if not joined.isascii() or set(map(type, texts)) != {bytes}:
             return False
-        if max(map(len, texts)) + self.base > max_entry_bytes:
+        # (Within the limit all together: each is. Else look at each.)
+        if len(joined) + base > max_entry_bytes and max(map(len, texts)) + base > max_entry_bytes:
             return False
-        raw_ids = list(map(_ids, entries))
+        raw_ids = list(map(_ids, self.entries))
         try:
             self.ids = list(map(bytes.decode, raw_ids))
         except TypeError:  # ids as str (never from Redis): one at a time
             self.ids = list(map(as_text, raw_ids))
-        self.texts = texts
-        self.size = len(joined) + self.base * len(texts)
+        self.base = base
+        self.size = len(joined) + base * len(texts)
+        self.checked = True
         return True
 
     def sizes(self) -> list[int]:
@@ -82,9 +83,11 @@ class Run:
 
     def subset(self, keep: list[int]) -> Run:
         """A checked run of the entries at positions ``keep`` only."""
-        run = Run([self.entries[i] for i in keep], self.base)
+        run = Run()
+        run.entries = [self.entries[i] for i in keep]
         run.texts = [self.texts[i] for i in keep]
         run.ids = [self.ids[i] for i in keep]
+        run.base, run.checked = self.base, True
         run.size = sum(run.sizes())
         return run
 
@@ -108,7 +111,7 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
 
     One step per entry: an entry of two fields whose ``response_id`` names
     a turn seen lately and which has an ``update`` joins its turn's current
-    run, checked with the run (:meth:`Run.checked`); anything else is
+    run, checked with the run (:meth:`Run.check`); anything else is
     classified by :func:`_add_one`, as :func:`group_each` does. A run that
     fails its check is classified again one entry at a time."""
     batch = HeldBatch()
@@ -117,18 +120,15 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
     recent = recent_turn
     for entry in entries:
         fields = entry[1]
-        if fields.__len__() == 2 and b"update" in fields:
+        if len(fields) == 2:
+            text = fields.get(b"update")
             key = recent(fields.get(b"response_id"))
-            if key is not None:
+            if key is not None and text is not None:
                 run = open_runs.get(key)
                 if run is None:
-                    run = open_runs[key] = Run([], 0)
-                    parts = turns.get(key)
-                    if parts is None:
-                        turns[key] = [run]
-                    else:
-                        parts.append(run)
+                    run = open_runs[key] = _new_run(turns, key)
                 run.entries.append(entry)
+                run.texts.append(text)
                 continue
         _add_one(batch, open_runs, entry, max_entry_bytes)
     _settle(batch, shard, shards, max_entry_bytes)
@@ -157,9 +157,9 @@ def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], entry: Entry,
         key = plain[0]
         run = open_runs.get(key)
         if run is None:
-            run = open_runs[key] = Run([], 0)
-            batch.turns.setdefault(key, []).append(run)
+            run = open_runs[key] = _new_run(batch.turns, key)
         run.entries.append(entry)
+        run.texts.append(plain[1])
         return
     try:
         key, record, size = decode_stream_entry(fields, max_entry_bytes=max_entry_bytes)
@@ -169,6 +169,17 @@ def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], entry: Entry,
     open_runs.pop(key, None)  # the turn's next plain update starts a new run
     applied = Applied(key, as_text(entry[0]), record, size)
     batch.turns.setdefault(key, []).append((entry, applied))
+
+
+def _new_run(turns: dict[TurnKey, list[Part]], key: TurnKey) -> Run:
+    """A new run, the turn's last part so far."""
+    run = Run()
+    parts = turns.get(key)
+    if parts is None:
+        turns[key] = [run]
+    else:
+        parts.append(run)
+    return run
 
 
 def _settle(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> None:
@@ -182,7 +193,7 @@ def _settle(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> 
             regrouped = True
             continue
         base = _TWO_NAMES + len(key.response_id)
-        if all(not isinstance(part, Run) or _check(part, base, max_entry_bytes)
+        if all(not isinstance(part, Run) or part.check(base, max_entry_bytes)
                for part in parts):
             continue
         parts[:] = _split(batch, parts, base, max_entry_bytes)
@@ -193,17 +204,12 @@ def _settle(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> 
         batch.failed.sort(key=entry_order)
 
 
-def _check(run: Run, base: int, max_entry_bytes: int) -> bool:
-    run.base = base
-    return run.checked(max_entry_bytes)
-
-
 def _split(batch: HeldBatch, parts: list[Part], base: int, max_entry_bytes: int) -> list[Part]:
     """A turn's parts with each run that failed its check classified again
     one entry at a time (its plain entries in runs of their own)."""
     out: list[Part] = []
     for part in parts:
-        if not isinstance(part, Run) or part.texts:  # a single, or a run that passed
+        if not isinstance(part, Run) or part.checked:  # a single, or a run that passed
             out.append(part)
             continue
         again = HeldBatch()
@@ -214,7 +220,7 @@ def _split(batch: HeldBatch, parts: list[Part], base: int, max_entry_bytes: int)
         for found in again.turns.values():  # (one turn: all of the run's)
             for piece in found:
                 if isinstance(piece, Run):
-                    _check(piece, base, max_entry_bytes)  # peek_plain passed each: it holds
+                    piece.check(base, max_entry_bytes)  # peek_plain passed each: it holds
                 out.append(piece)
     return out
 

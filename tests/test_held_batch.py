@@ -36,7 +36,7 @@ ODD: list[dict[bytes, Any]] = [
     {b"response_id": b"t1", b"update": delta("k").encode(), b"kind": b"update"},  # three fields
     {b"response_id": b"t1", b"kind": b"end"},
     {b"response_id": b"t2", b"update": delta("x" * 300).encode()},  # over a small entry limit
-    {b"response_id": "t2".encode(), b"update": delta("s")},  # a str value: not as Redis gives
+    {b"response_id": b"t2", b"update": delta("s")},  # a str value: not as Redis gives
     {b"response_id": b"t\xff", b"update": delta("u").encode()},  # a response id not UTF-8
     {b"turn_id": b"tt", b"update": delta("turn id only").encode()},
     {b"response_id": b"t3", b"update": json.dumps(
