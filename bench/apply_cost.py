@@ -21,6 +21,7 @@ import redis.asyncio
 import workload
 
 from processor.batches import build_apply, decode_batch
+from processor.connections import fast_stream_reads, read_raw
 from processor.embedded import EmbeddedRedis
 from processor.keys import Namespace
 from processor.scripts import Scripts
@@ -44,9 +45,9 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
     await client.copy("cost:template", shard.updates, replace=True)
     await client.config_resetstat()
     applied = 0
-    while reply := await client.xreadgroup(config.group, "cost", {shard.updates: ">"},
-                                           count=batch):
-        entries = reply[0][1]
+    fast_stream_reads(client)  # (read_raw's parser, as a worker's client has)
+    while entries := await (read_raw(client, config.group, "cost", shard.updates, batch) if held
+                            else _read(client, config.group, shard.updates, batch)):
         now = int(time.time() * 1000)
         call = (decode_batch(shard, entries, options, now) if held
                 else build_apply(shard, entries, {}, options, now))
@@ -59,6 +60,11 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
     stats = await client.info("commandstats")
     await workload.forget(client, "{cost:*")
     return applied, stats
+
+
+async def _read(client: Any, group: str, stream: str, batch: int) -> list[Any]:
+    reply = await client.xreadgroup(group, "cost", {stream: ">"}, count=batch)
+    return reply[0][1] if reply else []
 
 
 async def measure(turns: int, rounds: int) -> None:

@@ -36,6 +36,7 @@ import argparse
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import workload
@@ -98,8 +99,8 @@ def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
             if (m := mirrors.turns.get(key)) is not None and m.replay.life.outcome is not None]
 
 
-def hold(shard: Shard, entries: list[Entry], options: BatchOptions, holds: Holds) -> None:
-    """One batch as a worker holding turns takes it (``processor.holding``):
+def hold(shard: Shard, entries: list[Any], options: BatchOptions, holds: Holds) -> None:
+    """One batch, as read_raw gives it, as a worker holding turns takes it (``processor.holding``):
     decoded, new turns opened (open_turns made up: every one held), fed,
     and the turns it ended rendered for finalise_held."""
     grouped = decode_batch(shard, entries, options, NOW_MS).held
@@ -113,13 +114,19 @@ def hold(shard: Shard, entries: list[Entry], options: BatchOptions, holds: Holds
             render(key, held.replay, held.turn_hash(), "closing", NOW_MS)
 
 
-def run(side: str, replies: list[list[Entry]]) -> None:
+def as_read(replies: list[list[Entry]]) -> list[list[Any]]:
+    """The replies as a worker holding turns reads them (``connections.read_raw``)."""
+    return [[[entry_id, [x for pair in fields.items() for x in pair]]
+             for entry_id, fields in entries] for entries in replies]
+
+
+def run(side: str, replies: list[list[Entry]], read: list[list[Any]]) -> None:
     config = WorkerConfig(namespace="count")
     shard = next(iter(Namespace(config.namespace, 1).all()))
     options = config.batch_options()
     mirrors = Mirrors(config.limits)
     holds = Holds(config.limits, config.mirror_turns, MIRROR_BYTES)
-    for entries in replies:
+    for entries, raw in zip(replies, read, strict=True):
         if side == "decode":
             for _id, fields in entries:
                 decode_stream_entry(fields)
@@ -127,7 +134,7 @@ def run(side: str, replies: list[list[Entry]]) -> None:
         if side == "none":
             continue
         if side == "held":
-            hold(shard, entries, options, holds)
+            hold(shard, raw, options, holds)
             continue
         call = build_apply(shard, entries, {}, options, NOW_MS)
         if side == "build":
@@ -148,9 +155,10 @@ def main() -> None:
     parser.add_argument("--entries", type=Path, help="a file to keep the built entries in")
     args = parser.parse_args()
     replies = batches(args.turns, args.entries)
+    read = as_read(replies)  # (made for every side: the count of 'none' has it too)
     tune_gc()  # the worker's collector settings, as processor run has them
     started = time.perf_counter()
-    run(args.side, replies)
+    run(args.side, replies, read)
     took = time.perf_counter() - started
     count = sum(len(b) for b in replies)
     print(f"{args.side}: {count:,} entries, {args.turns} turns, {took:.3f} s")

@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from processor.connections import as_text
+from processor.connections import as_text, stream_entry
 from processor.decode import EntryError, decode_stream_entry, peek_plain, recent_turn
 from processor.entry_fields import entry_shard
 from processor.ids import TurnKey, shard_of
 from processor.mirror import Applied
 from processor.settle import id_order
 
-Entry = tuple[Any, Any]  # (id, fields) as XREADGROUP returns them
+#: An entry as read: ``[id, [name, value, ...]]`` (connections.read_raw), or
+#: ``(id, {name: value})`` (connections.stream_entry, the stored path's shape).
+Entry = Any
 
 _TWO_NAMES = len("response_id") + len("update")
 _ids = itemgetter(0)
@@ -40,8 +42,8 @@ _ids = itemgetter(0)
 
 class Run:
     """Consecutive plain updates of one turn in a batch (no other entry of
-    the turn between them), their JSON not decoded. Each entry's size is
-    ``base + len(text)``."""
+    the turn between them), their JSON not decoded, each entry as read.
+    Each entry's size is ``base + len(text)``."""
 
     __slots__ = ("base", "checked", "entries", "ids", "size", "texts")
 
@@ -102,28 +104,37 @@ class HeldBatch:
     """A batch read for holding, as :func:`group_batch` groups it."""
 
     turns: dict[TurnKey, list[Part]] = field(default_factory=dict)  # first-seen order
-    failed: list[Entry] = field(default_factory=list)  # for apply_entries, in batch order
+    # For apply_entries, in batch order, in the usual shape (stream_entry)
+    failed: list[tuple[Any, dict[Any, Any]]] = field(default_factory=list)
 
 
 def group_batch(entries: list[Entry], shard: int, shards: int,
                 max_entry_bytes: int) -> HeldBatch:
-    """``entries`` (one XREADGROUP > reply, in id order) grouped per turn.
+    """``entries`` (one XREADGROUP > reply as :func:`~processor.connections.read_raw`
+    gives it, in id order) grouped per turn.
 
-    One step per entry: an entry of two fields whose ``response_id`` names
-    a turn seen lately and which has an ``update`` joins its turn's current
-    run, checked with the run (:meth:`Run.check`); anything else is
-    classified by :func:`_add_one`, as :func:`group_each` does. A run that
-    fails its check is classified again one entry at a time."""
+    One step per entry: an entry of just ``response_id`` and ``update``
+    (in either order) whose response id names a turn seen lately joins its
+    turn's current run, checked with the run (:meth:`Run.check`); anything
+    else is classified by :func:`_add_one`, as :func:`group_each` does. A
+    run that fails its check is classified again one entry at a time."""
     batch = HeldBatch()
     turns = batch.turns
     open_runs: dict[TurnKey, Run] = {}  # each turn's run still being added to
     recent = recent_turn
     for entry in entries:
-        fields = entry[1]
-        if len(fields) == 2:
-            text = fields.get(b"update")
-            key = recent(fields.get(b"response_id"))
-            if key is not None and text is not None:
+        flat = entry[1]
+        if len(flat) == 4:
+            first = flat[0]
+            if first == b"response_id":
+                key = recent(flat[1]) if flat[2] == b"update" else None
+                text = flat[3]
+            elif first == b"update":
+                key = recent(flat[3]) if flat[2] == b"response_id" else None
+                text = flat[1]
+            else:
+                key = None
+            if key is not None:
                 run = open_runs.get(key)
                 if run is None:
                     run = open_runs[key] = _new_run(turns, key)
@@ -147,10 +158,11 @@ def group_each(entries: list[Entry], shard: int, shards: int,
     return batch
 
 
-def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], entry: Entry,
+def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], raw: Entry,
              max_entry_bytes: int) -> None:
     """One entry classified as ``apply_entries`` would decode it: joined to
     its turn's run (a plain update), or a single that ends the run."""
+    entry = stream_entry(raw)
     fields = entry[1]
     plain = peek_plain(fields, max_entry_bytes)
     if plain is not None:
@@ -158,7 +170,7 @@ def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], entry: Entry,
         run = open_runs.get(key)
         if run is None:
             run = open_runs[key] = _new_run(batch.turns, key)
-        run.entries.append(entry)
+        run.entries.append(raw)
         run.texts.append(plain[1])
         return
     try:
@@ -168,7 +180,7 @@ def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], entry: Entry,
         return
     open_runs.pop(key, None)  # the turn's next plain update starts a new run
     applied = Applied(key, as_text(entry[0]), record, size)
-    batch.turns.setdefault(key, []).append((entry, applied))
+    batch.turns.setdefault(key, []).append((raw, applied))
 
 
 def _new_run(turns: dict[TurnKey, list[Part]], key: TurnKey) -> Run:
@@ -233,14 +245,14 @@ def _ours(key: TurnKey, parts: list[Part], shard: int, shards: int) -> bool:
         if isinstance(part, Run):
             if shard_of(key.response_id, shards) != shard:
                 return False
-        elif entry_shard(part[0][1], shards) != shard:
+        elif entry_shard(stream_entry(part[0])[1], shards) != shard:
             return False
     return True
 
 
-def part_entries(part: Part) -> list[Entry]:
-    """A part's entries as read."""
-    return part.entries if isinstance(part, Run) else [part[0]]
+def part_entries(part: Part) -> list[tuple[Any, dict[Any, Any]]]:
+    """A part's entries, in the usual shape (stream_entry)."""
+    return list(map(stream_entry, part.entries if isinstance(part, Run) else [part[0]]))
 
 
 def entry_order(entry: Entry) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.connections import as_text
+from processor.connections import as_text, stream_entry
 from processor.decode import EntryError, decode_plain, decode_stream_entry
 from processor.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.ids import TurnKey
@@ -89,7 +89,7 @@ class Held:
                     self.room_updates -= 1
                     self.room_bytes -= size
                 else:
-                    self._feed_fields(entry_id, raw[1])
+                    self._feed_fields(entry_id, stream_entry(raw)[1])
                 self.entries.append(raw)
                 self.ids.append(entry_id)
         self.size += run.size
@@ -116,8 +116,8 @@ class Held:
             size = life.limits.max_turn_bytes - life.bytes - self.room_bytes
             ids = self.ids
             if updates is None or not self.replay.feed_updates(updates, ids[-n], ids[-1], size):
-                for entry_id, (_raw_id, fields) in zip(ids[-n:], self.entries[-n:], strict=True):
-                    if not self._feed_now(entry_id, fields):
+                for entry_id, entry in zip(ids[-n:], self.entries[-n:], strict=True):
+                    if not self._feed_now(entry_id, stream_entry(entry)[1]):
                         break
             self._reroom()
         return not self.broken

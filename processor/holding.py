@@ -20,7 +20,7 @@ from processor.batches import (
     build_open,
     parse_opened,
 )
-from processor.connections import as_text
+from processor.connections import as_text, stream_entry
 from processor.held_batch import Entry, HeldBatch
 from processor.hold import Floor, Holds
 from processor.ids import TurnKey
@@ -180,7 +180,7 @@ class Holding:
             held = holds.take(key)
             if held is not None:
                 holds.old.add(key)
-                entries += held.entries
+                entries += map(stream_entry, held.entries)
         if entries:
             self.metrics.spilled.inc(len(keys))
             log.info("spilled held turns", extra={"shard": shard.index, "turns": len(keys),

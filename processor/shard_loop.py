@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
-from processor.connections import as_text, is_transient
+from processor.connections import as_text, is_transient, read_raw
 from processor.hold import Floor
 from processor.keys import Shard
 from processor.membership import Membership
@@ -244,17 +244,26 @@ class ShardLoop:
             finally:
                 self._floors[shard.index].routed(as_text(entries[0][0]))
 
-    async def _read(self, shard: Shard) -> list[tuple[Any, Any]]:
+    async def _read(self, shard: Shard) -> list[Any]:
+        """The shard's next batch, ``(id, {name: value})`` each, or with
+        --hold-turns as the reply holds each (``[id, [name, value, ...]]``,
+        connections.read_raw: the held path groups those directly)."""
         if not self.membership.reads(shard.index):
             # Another worker reads this shard (shard affinity): wait as long
             # as an idle read would, so the loop's cancel sweeps keep their pace.
             await asyncio.sleep(self.config.block_ms / 1000)
             return []
+        cfg = self.config
         try:
-            reply = await self.client.xreadgroup(
-                self.config.group, self.config.consumer, {shard.updates: ">"},
-                count=self.config.batch, block=self.config.block_ms,
-            )
+            if cfg.hold_turns and not cfg.progress:  # grouped for holding (held_batch)
+                entries = await read_raw(self.client, cfg.group, cfg.consumer, shard.updates,
+                                         cfg.batch, cfg.block_ms)
+            else:
+                reply = await self.client.xreadgroup(
+                    cfg.group, cfg.consumer, {shard.updates: ">"},
+                    count=cfg.batch, block=cfg.block_ms,
+                )
+                entries = [entry for _stream, entries in reply or [] for entry in entries]
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -265,8 +274,7 @@ class ShardLoop:
                 # Redis may have delivered the batch and lost the reply.
                 self._orphans.add(shard.index)
             raise
-        entries = [entry for _stream, entries in reply or [] for entry in entries]
-        if entries and self.config.hold_turns:
+        if entries and cfg.hold_turns:
             self._floors[shard.index].read(as_text(entries[0][0]), as_text(entries[-1][0]))
         return entries
 

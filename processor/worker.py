@@ -29,7 +29,7 @@ from processor.batches import (
     BatchOptions,
     parse_member,
 )
-from processor.connections import as_text, is_transient, until_done
+from processor.connections import as_text, is_transient, stream_entry, until_done
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
@@ -217,6 +217,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         it (:mod:`processor.holding`) or store it."""
         if call is not None and call.held is not None:  # (Holding._holding)
             await self._apply_held(shard, entries, call, call.held)
+        elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)
+            await self._store(shard, list(map(stream_entry, entries)), deliveries, call)
         else:
             await self._store(shard, entries, deliveries, call)
 

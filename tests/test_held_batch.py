@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import turns
 from test_hold_deferred import delta, stream_fields
+from turn_reference import as_read
 
 from processor import decode
+from processor.connections import stream_entry
 from processor.decode import EntryError, decode_stream_entry, peek_plain
 from processor.entry_fields import entry_shard
 from processor.held_batch import HeldBatch, Run, group_batch, group_each
@@ -59,7 +61,7 @@ def batches(draw: Any) -> tuple[list[tuple[bytes, dict[bytes, Any]]], int, int, 
     shards = draw(st.integers(1, 3))
     shard = draw(st.integers(0, shards - 1))
     limit = draw(st.sampled_from([LIMIT, 400]))
-    return [(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)], shard, shards, limit
+    return as_read([(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)]), shard, shards, limit
 
 
 def canonical(batch: HeldBatch) -> tuple[Any, ...]:
@@ -74,7 +76,7 @@ def canonical(batch: HeldBatch) -> tuple[Any, ...]:
 def one_by_one(entries: list[Any], shard: int, shards: int, limit: int) -> dict[bytes, Any]:
     """What each entry is when decoded on its own, as the worker did before runs."""
     found: dict[bytes, Any] = {}
-    for entry_id, fields in entries:
+    for entry_id, fields in map(stream_entry, entries):
         try:  # (decoded first, as apply_entries does: its routing id is then text)
             key, record, size = decode_stream_entry(fields, max_entry_bytes=limit)
         except EntryError:
@@ -128,10 +130,12 @@ def test_runs_are_what_each_entry_on_its_own_gives(
 
 def test_a_run_of_a_known_turn_is_taken_in_one_step() -> None:
     """The usual batch: plain updates of turns seen before, and their ends."""
-    entries = [(f"{i}-0".encode(), {b"response_id": f"r{i % 2}".encode(),
-                                    b"update": delta(str(i)).encode()}) for i in range(1, 7)]
-    entries.append((b"7-0", {b"response_id": b"r0", b"kind": b"end"}))
-    entries.append((b"8-0", {b"response_id": b"r0", b"update": delta("late").encode()}))
+    entries = as_read([
+        *((f"{i}-0".encode(), {b"response_id": f"r{i % 2}".encode(),
+                               b"update": delta(str(i)).encode()}) for i in range(1, 7)),
+        (b"7-0", {b"response_id": b"r0", b"kind": b"end"}),
+        (b"8-0", {b"update": delta("late").encode(), b"response_id": b"r0"}),  # either order
+    ])
     group_each(entries, 0, 1, LIMIT)  # the response ids are known now
     batch = group_batch(entries, 0, 1, LIMIT)
     r0, r1 = batch.turns[TurnKey("r0")], batch.turns[TurnKey("r1")]
@@ -146,17 +150,17 @@ def test_a_run_that_fails_its_check_is_taken_entry_by_entry() -> None:
     """A non-ASCII update among a known turn's plain ones is decoded on its
     own; an undecodable one is left to apply_entries, in batch order."""
     utf8 = delta("\u00e9").encode().replace(b"\\u00e9", "\u00e9".encode())
-    entries = [(b"1-0", {b"response_id": b"r", b"update": delta("a").encode()}),
-               (b"2-0", {b"response_id": b"r", b"update": utf8}),
-               (b"3-0", {b"response_id": b"r", b"update": "{bad \u00e9".encode()}),
-               (b"4-0", {b"response_id": b"r", b"update": delta("b").encode()})]
+    entries = as_read([(b"1-0", {b"response_id": b"r", b"update": delta("a").encode()}),
+                       (b"2-0", {b"response_id": b"r", b"update": utf8}),
+                       (b"3-0", {b"response_id": b"r", b"update": "{bad \u00e9".encode()}),
+                       (b"4-0", {b"response_id": b"r", b"update": delta("b").encode()})])
     group_each(entries[:1], 0, 1, LIMIT)
     batch = group_batch(entries, 0, 1, LIMIT)
     first, single, last = batch.turns[TurnKey("r")]
     assert isinstance(first, Run) and first.ids == ["1-0"]
     assert not isinstance(single, Run) and single[1].entry_id == "2-0"
     assert isinstance(last, Run) and last.ids == ["4-0"]
-    assert batch.failed == [entries[2]]
+    assert batch.failed == [stream_entry(entries[2])]
 
 
 def test_another_shards_turn_is_left_to_apply_entries() -> None:
@@ -164,10 +168,10 @@ def test_another_shards_turn_is_left_to_apply_entries() -> None:
 
     ours = next(f"r{i}" for i in range(100) if shard_of(f"r{i}", 2) == 1)
     theirs = next(f"r{i}" for i in range(100) if shard_of(f"r{i}", 2) == 0)
-    entries = [(f"{i}-0".encode(), {b"response_id": rid.encode(),
-                                    b"update": delta(str(i)).encode()})
-               for i, rid in enumerate([ours, theirs, ours, theirs], 1)]
+    entries = as_read([(f"{i}-0".encode(), {b"response_id": rid.encode(),
+                                            b"update": delta(str(i)).encode()})
+                       for i, rid in enumerate([ours, theirs, ours, theirs], 1)])
     group_each(entries, 1, 2, LIMIT)
     batch = group_batch(entries, 1, 2, LIMIT)
     assert list(batch.turns) == [TurnKey(ours)]
-    assert batch.failed == [entries[1], entries[3]]
+    assert batch.failed == [stream_entry(entries[1]), stream_entry(entries[3])]

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import turns
-from turn_reference import entry_fields
+from turn_reference import as_read, entry_fields
 
 from processor.batches import BatchOptions, decode_batch
+from processor.connections import stream_entry
 from processor.decode import MAX_DEPTH, EntryError, decode_plain, decode_stream_entry, peek_plain
 from processor.held_batch import Run
 from processor.hold import Holds
@@ -197,7 +198,7 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
 ) -> None:
     fields, limits, cuts = case
     key = TurnKey("t")
-    entries = [(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)]
+    entries = as_read([(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)])
     holds = Holds(limits, max_turns=10, max_bytes=1 << 30)
     holds.opened({key: True}, "5", 0.0)  # open_turns: held from its first entry
     options = BatchOptions("g", 1, limits)
@@ -206,9 +207,9 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
     for batch in _batches(entries, cuts):
         grouped = decode_batch(SHARD, batch, options, NOW).held
         assert grouped is not None
-        kept += [raw for raw in batch if raw not in grouped.failed]
+        kept += [raw for raw in batch if stream_entry(raw) not in grouped.failed]
         routed = holds.route(batch, grouped)
-        reference.feed(batch)
+        reference.feed([stream_entry(raw) for raw in batch])
         held = holds.turns[key]
         assert (key in routed.broken) == (held.broken and key in routed.held)
         if not held.broken:  # it ends (is published) in the batch it would have
@@ -216,7 +217,7 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
     held = holds.turns[key]
     caught_up = held.catch_up()
     assert held.broken == reference.breaks and caught_up == (not reference.breaks)
-    assert held.entries == kept  # all of them, for a spill
+    assert held.entries == kept  # all of them, as read, for a spill
     if reference.breaks:
         return  # spilled: the stored path takes every entry, as before
     assert not held.pending
@@ -229,7 +230,7 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
 
 def test_updates_wait_until_the_end_and_are_fed_then() -> None:
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
-    batch = [(f"{i}-0".encode(), plain("t", delta(str(i)))) for i in range(1, 4)]
+    batch = as_read([(f"{i}-0".encode(), plain("t", delta(str(i)))) for i in range(1, 4)])
     grouped = decode_batch(SHARD, batch, BatchOptions("g", 1, Limits()), NOW).held
     assert grouped is not None
     (run,) = grouped.turns[TurnKey("t")]  # one run of three plain updates
@@ -238,7 +239,7 @@ def test_updates_wait_until_the_end_and_are_fed_then() -> None:
     holds.route(batch, grouped)
     held = holds.turns[TurnKey("t")]
     assert len(held.pending) == 3 and held.replay.life.counts.updates == 0
-    end = [(b"4-0", {b"response_id": b"t", b"kind": b"end"})]
+    end = as_read([(b"4-0", {b"response_id": b"t", b"kind": b"end"})])
     ending = decode_batch(SHARD, end, BatchOptions("g", 1, Limits()), NOW).held
     assert ending is not None
     holds.route(end, ending)

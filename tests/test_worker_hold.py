@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from strategies import random_turn
 from turn_reference import (
+    as_read,
     compare_with_offline,
     end_entry,
     interleave,
@@ -26,6 +27,7 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
+from processor.connections import stream_entry
 from processor.held_batch import HeldBatch, group_batch
 from processor.hold import Holds
 from processor.ids import TurnKey
@@ -64,20 +66,21 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
     assert held == len(turns) and spilled == 0
 
 
-def _grouped(entries: list[tuple[Any, Any]]) -> HeldBatch:
+def _grouped(entries: list[Any]) -> HeldBatch:
     return group_batch(entries, 0, 1, Limits().max_entry_bytes)
 
 
-def _plain(entry_id: int, update: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
-    """A plain update as XREADGROUP returns it (it joins its turn's run)."""
-    return f"{entry_id}-0".encode(), {b"response_id": b"r1", b"update": json.dumps(update).encode()}
+def _plain(entry_id: int, update: dict[str, Any]) -> list[Any]:
+    """A plain update as a worker holding turns reads it (it joins its turn's run)."""
+    return [f"{entry_id}-0".encode(), [b"response_id", b"r1", b"update",
+                                       json.dumps(update).encode()]]
 
 
 def test_a_turn_is_held_from_its_first_entry_and_fed_each_entry_once() -> None:
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
     key = TurnKey("r1")
     fields = [{"response_id": "r1", "update": e["update"]} for e in simple_turn("r1", 2)[:2]]
-    raw = [(f"{i}-0", f) for i, f in enumerate(fields, 1)]  # str fields: decoded on reading
+    raw = as_read([(f"{i}-0", f) for i, f in enumerate(fields, 1)])  # str: decoded on reading
     batch = _grouped(raw)
     assert holds.to_open(batch) == {key: {}}
     holds.opened({key: True}, "5", now=0.0)
@@ -266,13 +269,14 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     key = TurnKey("r1")
     updates = [e["update"] for e in simple_turn("r1", 5)[:5]]
     first = [_plain(i, u) for i, u in enumerate(updates[:2], 1)]
-    second = [*(_plain(i, u) for i, u in enumerate(updates[2:4], 3)), (b"5-0", {b"bad": b"x"})]
+    second = [*(_plain(i, u) for i, u in enumerate(updates[2:4], 3)), [b"5-0", [b"bad", b"x"]]]
     holds.opened({key: True}, "5", now=0.0)
     holds.route(first, _grouped(first))
     routed = holds.route(second, _grouped(second))
-    assert routed.stored == [second[2]]  # the undecodable one: apply_entries dead-letters it
+    bad = stream_entry(second[2])
+    assert routed.stored == [bad]  # the undecodable one: apply_entries dead-letters it
     again = holds.route(second, _grouped(second))
-    assert again.held == [] and again.stored == [second[2]]
+    assert again.held == [] and again.stored == [bad]
     # Part of a run routed before, part new: only the new part is held.
     overlap = [second[1], _plain(6, updates[4])]
     assert holds.route(overlap, _grouped(overlap)).held == [key]

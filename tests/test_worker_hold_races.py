@@ -14,6 +14,7 @@ from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, settled_count
 
 from processor.batches import build_apply, decode_batch
+from processor.connections import fast_stream_reads, read_raw, stream_entry
 from processor.ids import TurnKey
 from processor.worker import Worker
 
@@ -37,9 +38,9 @@ class Stepped:
     async def read(self, consumer: str | None = None) -> list[Any]:
         """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
         name = consumer or self.worker.config.consumer
-        reply = await self.harness.client.xreadgroup(self.harness.group, name,
-                                                     {self.shard.updates: ">"})
-        return reply[0][1]
+        fast_stream_reads(self.harness.client)  # (read_raw's parser, as the worker's client has)
+        return await read_raw(self.harness.client, self.harness.group, name,
+                              self.shard.updates)
 
     async def step(self) -> None:
         """Read a batch and apply it as the shard loop would."""
@@ -70,7 +71,8 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
         await stepped.step()
         assert TurnKey("u") in worker._holds[0].turns
         await harness.add([text_delta("u", "2"), end_entry("u")])
-        others = await stepped.read("other")  # another consumer stores them
+        # Another consumer stores them:
+        others = [stream_entry(e) for e in await stepped.read("other")]
         call = build_apply(shard, others, {}, worker.options, 0)
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
         await harness.add([text_delta("v", "x")])

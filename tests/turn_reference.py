@@ -39,6 +39,13 @@ def entry_fields(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def as_read(entries: list[tuple[Any, dict[Any, Any]]]) -> list[list[Any]]:
+    """``(id, {name: value})`` entries as a worker holding turns reads them
+    (``connections.read_raw``): ``[id, [name, value, ...]]``."""
+    return [[entry_id, [x for pair in fields.items() for x in pair]]
+            for entry_id, fields in entries]
+
+
 def entry_line(entry: dict[str, Any]) -> str:
     """The ``processor merge`` line of a test entry: the very field values a
     producer XADDs (``update`` as the same JSON text), so that sizes and
