@@ -157,15 +157,16 @@ class Holding:
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)
         results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
         self.metrics.finalised([(k, "0", s) for k, _, s in settled], results)
-        published, refused = [], []
+        published, refused, acked = [], [], 0
         for (key, ids, _), result in zip(settled, results, strict=True):
             if int(result) == 1:
                 holds.take(key)
                 published.append(key)
-                self.metrics.stored.inc(len(ids))
-                self.metrics.settled.labels("held").inc()
+                acked += len(ids)
             else:
                 refused.append(key)
+        if published:
+            self.metrics.held_published(len(published), acked)
         if refused:
             await self._spill(shard, refused, "refused")
         return published

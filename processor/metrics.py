@@ -128,6 +128,7 @@ class Metrics:
             "shard affinity gives it, plus any whose owners stalled", registry=r)
         # The merged and terminal counters' children by turn status.
         self._published: dict[str, tuple[Counter, Counter]] = {}
+        self._settled_held: Counter | None = None
         self.heartbeat = Gauge(
             "processor_loop_heartbeat_seconds", "Unix time of the event loop's last "
             "heartbeat", registry=r)
@@ -169,6 +170,7 @@ class Metrics:
         letters its replay found. Also logs each published turn: completed
         ones at debug, cancelled and failed ones at info."""
         now = time.time()
+        statuses: dict[str, int] = {}  # (one inc per status and call: each takes a lock)
         for (_key, _version, outcome), result in zip(settled, results, strict=True):
             if int(result) != 1:
                 continue
@@ -177,20 +179,29 @@ class Metrics:
                 # Redis's clock against this worker's: skewed clocks clamp at 0.
                 self.end_to_merged.observe(max(0.0, now - sent))
             status = outcome.status
-            children = self._published.get(status)
-            if children is None:  # (labels() and label() cost more than the inc)
-                value = label(status)
-                children = self._published[status] = (self.merged.labels(value),
-                                                      self.terminal.labels(value))
-            children[0].inc()
-            children[1].inc()
-            if status == "cancelled":
-                self.cancels.inc()
+            statuses[status] = statuses.get(status, 0) + 1
             for reason in dead_letter_reasons(outcome.dead_letters):
                 self.dlq.labels(label(reason)).inc()
             level = logging.DEBUG if status == "completed" else logging.INFO
             if turn_log.isEnabledFor(level):
                 turn_log.log(level, "turn published", extra=logs.turn_fields(outcome.outputs))
+        for status, n in statuses.items():
+            children = self._published.get(status)
+            if children is None:  # (labels() and label() cost more than the inc)
+                value = label(status)
+                children = self._published[status] = (self.merged.labels(value),
+                                                      self.terminal.labels(value))
+            children[0].inc(n)
+            children[1].inc(n)
+            if status == "cancelled":
+                self.cancels.inc(n)
+
+    def held_published(self, turns: int, entries: int) -> None:
+        """``finalise_held`` published ``turns`` held turns of ``entries`` entries."""
+        if self._settled_held is None:  # (made on first use: no series without --hold-turns)
+            self._settled_held = self.settled.labels("held")
+        self._settled_held.inc(turns)
+        self.stored.inc(entries)
 
     def redis_error(self, exc: BaseException | None, retried: bool = True) -> None:
         self.redis_errors.labels(label(type(exc).__name__)).inc()
