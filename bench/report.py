@@ -155,12 +155,14 @@ def summary(r: dict[str, Any]) -> str:
         lines.append(
             f"- **In-memory ceiling: {ceiling.rate / drain.rate:.2f} of the drain**; one worker "
             f"runs at {one.rate / ceiling.rate:.2f} of it. The ceiling (`bench/ceiling.py`) "
-            "decodes and merges every entry with processor's own code but keeps the turns "
-            "in its memory only and writes nothing but the outputs and the acks (not crash "
-            "safe, not shareable between consumers): what any design built on this decode "
-            "and merge can reach with one process. Worker / ceiling is the price of keeping "
-            "every turn's state in Redis; ceiling / drain the price of decoding and merging "
-            "in Python.")
+            "decodes and merges every entry on its own with processor's own code, as the "
+            "default worker does, but keeps the turns in its memory only and writes nothing "
+            "but the outputs and the acks (not crash safe, not shareable between consumers): "
+            "what a design built on that per-entry decode and merge can reach with one "
+            "process. Worker / ceiling is the price of keeping every turn's state in Redis; "
+            "ceiling / drain the price of decoding and merging each entry in Python. A worker "
+            "holding turns is not bound by it: it decodes a turn's plain updates together "
+            "and takes a batch a run of them at a time (docs/design.md, *Held turns*).")
     cpu = {t.name: sum(t.cpu.values()) / t.updates for t in runs if t.cpu}
     if peer is not None and all(n in cpu for n in (one.name, drain.name, peer.name)):
         lines.append(
