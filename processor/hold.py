@@ -197,15 +197,13 @@ class Holds:
         again (its reply lost, the same call retried) feeds nothing twice."""
         turns = self.turns
         fed: list[TurnKey] = []
-        stored = batch.failed
-        ordered = len(stored) < 2  # (stored keeps batch order: sorted if it mixes)
+        stored = list(batch.failed)  # (a copy: a batch may be routed again)
         seen = self._routed(entries)
         size = 0
         for key, parts in batch.turns.items():
             held = turns.get(key)
             if held is None:
-                stored = [*stored, *(e for part in parts for e in part_entries(part))]
-                ordered = False
+                stored += [e for part in parts for e in part_entries(part)]
                 continue
             before = held.size
             for part in parts if seen is None else _after(parts, seen):
@@ -217,8 +215,8 @@ class Holds:
                 fed.append(key)
                 size += held.size - before
         self.bytes += size
-        if not ordered:
-            stored = sorted(stored, key=entry_order)
+        if len(stored) > 1:  # in batch order, as apply_entries would have had them
+            stored.sort(key=entry_order)
         return Routed(fed, stored, [key for key in fed if turns[key].broken])
 
     def _routed(self, entries: list[Entry]) -> tuple[int, int] | None:
