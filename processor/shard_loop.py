@@ -154,7 +154,7 @@ class ShardLoop:
         if not entries:
             return None
         try:
-            if self.config.hold_turns and not self.config.progress:  # processor.holding
+            if self.config.holding:  # grouped for holding (processor.held_batch)
                 return decode_batch(shard, entries, self.options, now_ms())
             call = build_apply(shard, entries, {}, self.options, now_ms())
         except Exception:
@@ -255,7 +255,7 @@ class ShardLoop:
             return []
         cfg = self.config
         try:
-            if cfg.hold_turns and not cfg.progress:  # grouped for holding (held_batch)
+            if cfg.holding:  # as the reply holds them: grouped for holding (held_batch)
                 entries = await read_raw(self.client, cfg.group, cfg.consumer, shard.updates,
                                          cfg.batch, cfg.block_ms)
             else:

@@ -80,6 +80,12 @@ class WorkerConfig:
     hold_turns: bool = False
     hold_ms: int = 5000
 
+    @property
+    def holding(self) -> bool:
+        """Whether batches read with XREADGROUP > are held: --hold-turns,
+        which --progress turns off (processor.holding)."""
+        return self.hold_turns and not self.progress
+
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
             group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
