@@ -32,7 +32,7 @@ from processor.held_batch import HeldBatch, group_batch
 from processor.hold import Holds
 from processor.ids import TurnKey
 from processor.lifecycle import Limits
-from processor.worker import Worker
+from processor.worker import Worker, WorkerConfig
 
 HOLD = {"hold_turns": True}
 
@@ -64,6 +64,28 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
         spilled = _metric(worker, "processor_held_turns_spilled_total")
     compare_with_offline(outputs, offline_results(entries))
     assert held == len(turns) and spilled == 0
+
+
+async def test_progress_events_turn_holding_off(redis_url: str, namespace: str) -> None:
+    """--progress with --hold-turns: progress events are per entry, so the
+    worker stores every entry (read in the usual shape) and publishes the
+    offline merge with the offline events, none of its turns held."""
+    turns = _turns(12, seed=11)
+    entries = interleave(turns, random.Random(5))
+    config = {**HOLD, "progress": True}
+    assert not WorkerConfig(**config).holding and WorkerConfig(**HOLD).holding
+    async with Harness(redis_url, namespace, batch=50, **config) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        outputs = await harness.outputs()
+        held = _metric(running.worker, "processor_turns_settled_total", source="held")
+    offline = offline_results(entries, progress=True)
+    compare_with_offline(outputs, offline)
+    for key, want in offline.items():
+        assert [e["type"] for e in outputs.turns[key].events] == \
+            [e["type"] for e in want.line["events"]]
+    assert held == 0
 
 
 def _grouped(entries: list[Any]) -> HeldBatch:
