@@ -45,6 +45,7 @@ __all__ = [
     "DETAIL_PREFIX",
     "MAX_DEPTH",
     "MAX_ID_LENGTH",
+    "PLAIN_NAMES",
     "EntryError",
     "check_update",
     "clip",
@@ -79,7 +80,9 @@ recent_turn = _recent_keys.get
 _KINDS = ("update", "end", "error")
 #: A decoded entry with its size in bytes (:func:`entry_size`).
 Sized = tuple[TurnKey, Record, int]
-_TWO_NAMES = len("response_id") + len("update")
+#: The bytes of a plain update's two field names (an entry's size counts
+#: its names and values: :func:`entry_size`).
+PLAIN_NAMES = len("response_id") + len("update")
 _END_NAMES = len("response_id") + len("kind") + len("end")
 
 
@@ -162,7 +165,7 @@ def peek_plain(
         return None
     if not (raw_id.isascii() and text.isascii()):
         return None
-    size = _TWO_NAMES + len(raw_id) + len(text)
+    size = PLAIN_NAMES + len(raw_id) + len(text)
     if size > max_entry_bytes:
         return None
     turn = _recent_keys.get(raw_id)  # (bytes keys: never equal to the str ones)
@@ -241,7 +244,7 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
     if len(fields) == 2:  # just these two: no per-field loop
         if not (response_id.isascii() and text.isascii()):
             return None
-        size = _TWO_NAMES + len(response_id) + len(text)
+        size = PLAIN_NAMES + len(response_id) + len(text)
         attempt_id = ""
         turn = _recent_keys.get(response_id)
     else:

@@ -26,7 +26,13 @@ from operator import itemgetter
 from typing import Any
 
 from processor.connections import as_text, stream_entry
-from processor.decode import EntryError, decode_stream_entry, peek_plain, recent_turn
+from processor.decode import (
+    PLAIN_NAMES,
+    EntryError,
+    decode_stream_entry,
+    peek_plain,
+    recent_turn,
+)
 from processor.entry_fields import entry_shard
 from processor.ids import TurnKey, shard_of
 from processor.mirror import Applied
@@ -36,7 +42,6 @@ from processor.settle import id_order
 #: ``(id, {name: value})`` (connections.stream_entry, the stored path's shape).
 Entry = Any
 
-_TWO_NAMES = len("response_id") + len("update")
 _ids = itemgetter(0)
 
 
@@ -204,7 +209,7 @@ def _settle(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> 
             parts.clear()
             regrouped = True
             continue
-        base = _TWO_NAMES + len(key.response_id)
+        base = PLAIN_NAMES + len(key.response_id)
         if all(not isinstance(part, Run) or part.check(base, max_entry_bytes)
                for part in parts):
             continue
