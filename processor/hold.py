@@ -174,12 +174,38 @@ class Holds:
     def to_open(self, batch: HeldBatch) -> dict[TurnKey, dict[str, str]]:
         """The batch's turns this worker knows nothing of yet, in first-seen
         order, with their first entry's correlation ids (for synthesis.started,
-        as ``apply_entries`` would publish it)."""
+        as ``apply_entries`` would publish it).
+
+        A turn whose first entry is a plain update ``apply_entries`` would
+        dead-letter is not held: the stored path starts a turn at its first
+        entry it applies, and never for one that only ever dead-letters.
+        Holding it would publish its ``synthesis.started`` and leave it
+        active until it timed out."""
         if len(self.old) > OLD_TURNS:
             self.old.clear()
         turns, old = self.turns, self.old
-        return {key: {} if isinstance(parts[0], Run) else parts[0][1].record.ids
-                for key, parts in batch.turns.items() if key not in turns and key not in old}
+        fresh: dict[TurnKey, dict[str, str]] = {}
+        for key, parts in batch.turns.items():
+            if key in turns or key in old:
+                continue
+            first = parts[0]
+            if not isinstance(first, Run):
+                fresh[key] = first[1].record.ids
+            elif self._decodes(first.entries[0]):
+                fresh[key] = {}
+            else:
+                old.add(key)
+        return fresh
+
+    def _decodes(self, entry: Entry) -> bool:
+        """Whether ``apply_entries`` would decode a plain update (its JSON
+        is read only now: a run's are decoded together later)."""
+        try:
+            decode_stream_entry(stream_entry(entry)[1],
+                                max_entry_bytes=self.limits.max_entry_bytes)
+        except EntryError:
+            return False
+        return True
 
     def opened(self, statuses: dict[TurnKey, bool], started: str, now: float) -> None:
         """open_turns' answer: True for each turn now held, False for the others."""

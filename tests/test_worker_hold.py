@@ -113,6 +113,23 @@ def test_a_turn_is_held_from_its_first_entry_and_fed_each_entry_once() -> None:
     assert holds.to_open(batch) == {}
 
 
+def test_a_turn_starting_with_an_entry_to_dead_letter_is_left_to_the_stored_path() -> None:
+    """The stored path starts a turn at the first entry it applies: a turn
+    whose first entry it dead-letters (bad JSON here) is not held, else it
+    would publish synthesis.started and stay active until its timeout."""
+    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
+    bad = [b"1-0", [b"response_id", b"bad", b"update", b"{not json"]]
+    good = _plain(2, {"contents": [{"type": "text", "text": "hi"}]})
+    then_good = [b"3-0", [b"response_id", b"bad", b"update", good[1][3]]]
+    batch = _grouped([bad, good, then_good])
+    assert holds.to_open(batch) == {TurnKey("r1"): {}}
+    assert TurnKey("bad") in holds.old
+    holds.opened({TurnKey("r1"): True}, "5", now=0.0)
+    routed = holds.route([bad, good, then_good], batch)
+    assert routed.held == [TurnKey("r1")]
+    assert [entry_id for entry_id, _ in routed.stored] == [b"1-0", b"3-0"]  # both, in order
+
+
 
 
 
