@@ -270,20 +270,24 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
             for key, status in zip(turns, flat[1::2], strict=True)}
 
 
+#: A held turn to publish: its key, its held entry ids, the entries found
+#: after its end as (id, reason, detail) (``settle.take_late``), its outputs.
+HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled]
+
+
 def build_finalise_held(
-    shard: Shard, settled: list[tuple[TurnKey, list[str], Settled]], options: BatchOptions,
-    consumer: str,
+    shard: Shard, settled: list[HeldOutcome], options: BatchOptions, consumer: str,
 ) -> ScriptCall:
-    """KEYS/ARGV of ``finalise_held``: (turn, its held ids, outputs) per turn."""
+    """KEYS/ARGV of ``finalise_held``, one :data:`HeldOutcome` per turn."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
-    for key, ids, outcome in settled:
+    for key, ids, late, outcome in settled:
         tk = key.encode()
         keys += [shard.turn(tk), shard.done(tk)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
-                     msgpack_str(outcome.dead_letters), ids, outcome.ending))
+                     msgpack_str(outcome.dead_letters), ids, outcome.ending, late))
     if options.agui:
         keys.append(shard.agui)
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
                              options.done_ttl, len(settled), options.group, consumer,
-                             _pack.encode(rows)])
+                             options.dlq_value_max, _pack.encode(rows)])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from processor.batches import (
     ApplyCall,
     BatchOptions,
+    HeldOutcome,
     build_finalise_held,
     build_open,
     parse_opened,
@@ -26,7 +27,7 @@ from processor.hold import Floor, Holds
 from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.metrics import Metrics
-from processor.settle import Reason, Settled, render
+from processor.settle import Reason, render, take_late
 
 log = logging.getLogger("processor.worker")
 
@@ -140,33 +141,35 @@ class Holding:
             ended = [key for key, reason in todo.items() if reason == "closing"]
             await self._spill(shard, ended, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason != "closing"}
-        settled: list[tuple[TurnKey, list[str], Settled]] = []
+        settled: list[HeldOutcome] = []
         broken: list[TurnKey] = []
         for key, reason in todo.items():
             held = holds.turns[key]
             if not held.catch_up():
                 broken.append(key)
                 continue
+            late = take_late(held.replay)  # dead-lettered from the stream, as stored
             outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
             if outcome is not None:
-                settled.append((key, held.ids, outcome))
+                settled.append((key, held.ids, late, outcome))
         if broken:
             await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)
         results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
-        self.metrics.finalised([(k, "0", s) for k, _, s in settled], results)
-        published, refused, acked = [], [], 0
-        for (key, ids, _), result in zip(settled, results, strict=True):
+        self.metrics.finalised([(k, "0", s) for k, _, _, s in settled], results)
+        published, refused, acked, reasons = [], [], 0, []
+        for (key, ids, late, _), result in zip(settled, results, strict=True):
             if int(result) == 1:
                 holds.take(key)
                 published.append(key)
                 acked += len(ids)
+                reasons += [reason for _, reason, _ in late]
             else:
                 refused.append(key)
         if published:
-            self.metrics.held_published(len(published), acked)
+            self.metrics.held_published(len(published), acked, reasons)
         if refused:
             await self._spill(shard, refused, "refused")
         return published

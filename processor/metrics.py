@@ -196,12 +196,16 @@ class Metrics:
             if status == "cancelled":
                 self.cancels.inc(n)
 
-    def held_published(self, turns: int, entries: int) -> None:
-        """``finalise_held`` published ``turns`` held turns of ``entries`` entries."""
-        if self._settled_held is None:  # (made on first use: no series without --hold-turns)
+    def held_published(self, turns: int, entries: int, late: Sequence[str] = ()) -> None:
+        """``finalise_held`` published ``turns`` held turns of ``entries``
+        entries, and dead-lettered those found after their turn's end
+        (``late``: their reasons)."""
+        if self._settled_held is None:  # (made on first use: no series without holding)
             self._settled_held = self.settled.labels("held")
         self._settled_held.inc(turns)
         self.stored.inc(entries)
+        for reason in late:
+            self.dlq.labels(label(reason)).inc()
 
     def redis_error(self, exc: BaseException | None, retried: bool = True) -> None:
         self.redis_errors.labels(label(type(exc).__name__)).inc()

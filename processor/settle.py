@@ -265,7 +265,21 @@ def _late_fields(key: TurnKey, entry_id: str, record: Record, verdict: Verdict) 
             fields += [name, value]
     if record.update is not None:
         fields += ["update", _json.encode(record.update).decode()]
-    detail = ("the turn reached its limits and ended" if verdict is Verdict.TURN_LIMIT
-              else "the entry came after the turn's end")
-    return [*fields, "reason", verdict.value, "detail", detail, "source_id", entry_id,
-            "deliveries", "1"]
+    return [*fields, "reason", verdict.value, "detail", _late_detail(verdict),
+            "source_id", entry_id, "deliveries", "1"]
+
+
+def _late_detail(verdict: Verdict) -> str:
+    return ("the turn reached its limits and ended" if verdict is Verdict.TURN_LIMIT
+            else "the entry came after the turn's end")
+
+
+def take_late(done: Replay) -> list[tuple[str, str, str]]:
+    """The entries found after the turn's end, as (id, reason, detail),
+    taken out of ``done`` (so :func:`render` publishes none of them): for a
+    caller whose script dead-letters them from the stream's copy, with their
+    original fields (``finalise_held``: held entries are still in the stream)."""
+    late = [(entry_id, verdict.value, _late_detail(verdict))
+            for entry_id, _record, verdict in done.late]
+    done.late = []
+    return late

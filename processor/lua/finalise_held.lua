@@ -10,7 +10,10 @@ ended it (2: that entry may be one of the turn's; not checked for a
 cancel or a timeout, after which such entries are dropped):
 XACK every entry of the turn this consumer holds (one call), then publish
 its outcome as finalise_turns does (merged response, terminal event, dead
-letters, done marker) and trim what is acked from the stream. The caller
+letters, done marker) and trim what is acked from the stream. The entries
+the worker found after the turn's end are dead-lettered from the stream's
+copy, with their original fields, as apply_entries dead-letters them (held
+entries are pending, so the stream still has them). The caller
 spills a turn that got anything but 1 (apply_entries stores and acks its
 entries, and the turn finalises through finalise_turns).
 
@@ -28,15 +31,16 @@ KEYS[5 + 2*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
-ARGV[7] this consumer
-ARGV[8]                    the turns: one msgpack array (the client packs each
+ARGV[7] this consumer      ARGV[8] bytes of an entry copied into its DLQ entry
+ARGV[9]                    the turns: one msgpack array (the client packs each
                            ARGV in Python, the array in C), per turn t an array
                            { tk, expected version, status, outputs, dead letters
                            (as finalise_turns), the held entry ids (an array),
                            the id of the entry that ended the turn ('' = a
                            cancel or a timeout: published with what is held, as
                            finalise_turns publishes what is stored, without the
-                           check on other consumers) }
+                           check on other consumers), the late entries (an
+                           array of { id, reason, detail }: dead-lettered) }
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
 changed, 2 another consumer holds an older entry
@@ -47,8 +51,10 @@ local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
+local dlq_value_max = tonumber(ARGV[8])
 local agui = KEYS[5 + 2 * nturns + 1]
 
+--- includes/dead_letter
 --- includes/pad_id
 --- includes/publish_event
 --- includes/publish_outcome
@@ -63,12 +69,12 @@ local function others_first()
   return others
 end
 
-local turns = cmsgpack.unpack(ARGV[8])
+local turns = cmsgpack.unpack(ARGV[9])
 local acked = false
 local function finalise(t)
   local k = 5 + 2 * (t - 1)
   local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
-  local tk, version, status, outputs, dead, ids, ending = unpack(turns[t], 1, 7)
+  local tk, version, status, outputs, dead, ids, ending, late = unpack(turns[t], 1, 8)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
   if ending ~= '' then
@@ -79,6 +85,9 @@ local function finalise(t)
     redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))
   end
   acked = true
+  for _, one in ipairs(late) do
+    dead_letter(updates, dlq, dlq_max, dlq_value_max, one[1], one[2], one[3], '1')
+  end
   publish_outcome(tkey, dkey, tk, status, outputs, dead)
   return 1
 end
