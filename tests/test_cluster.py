@@ -66,7 +66,7 @@ async def test_scenarios_on_a_cluster(
                        log_dir=tmp_path) as harness:
         # Held: spilled within 1 s, so that waiting for the entries before a
         # cancel to be applied (stored) stays under the 3 s turn timeout.
-        hold_flags = {"hold_turns": True, "hold_ms": 1000} if hold else {}
+        hold_flags = {"hold_ms": 1000} if hold else {"hold_turns": False}
         procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info", **hold_flags)
                  for _ in range(3)]
         await harness.wait_started(procs, timeout=60)
@@ -130,7 +130,8 @@ async def test_cluster_hiccups_are_transient() -> None:
     """Errors a cluster client raises while a master restarts are retried,
     including redis-py closing a connection another task is using."""
     for exc in (ClusterDownError("CLUSTERDOWN"), TryAgainError("TRYAGAIN"),
-                SlotNotCoveredError("slot"), redis.ConnectionError("gone")):
+                SlotNotCoveredError("slot"), redis.ConnectionError("gone"),
+                redis.exceptions.ClusterError("TTL exhausted.")):  # (a slot still moving)
         assert is_transient(exc)
     connection = redis.asyncio.Connection()  # never connected: its writer is None
     with pytest.raises(AttributeError) as caught:
@@ -141,6 +142,7 @@ async def test_cluster_hiccups_are_transient() -> None:
     except AttributeError as exc:
         assert not is_transient(exc)  # a bug of ours is not retried forever
     assert not is_transient(redis.ResponseError("WRONGTYPE"))
+    assert not is_transient(redis.exceptions.ClusterError("Cluster mode is not enabled"))
 
 
 def _node_id(node: EmbeddedRedis) -> str:
