@@ -90,10 +90,11 @@ OPTIONS: tuple[Option, ...] = (
            "stored records of a turn before they are folded into one snapshot (0 = never)", 0),
     Option("mirror_turns", int, 10_000, "turns per shard whose merge the worker also keeps "
            "in memory, to publish them without reading their records back (0 = none)", 0),
-    Option("hold_turns", _flag, False, "experimental: keep each turn's entries pending and "
-           "merged in this worker's memory until the turn ends, then publish and ack them in "
-           "one step (docs/design.md, Held turns; no effect with --progress)"),
-    Option("hold_ms", int, 5000, "with --hold-turns: a turn held this long is handed to the "
+    Option("hold_turns", _flag, True, "keep each turn's entries pending and merged in this "
+           "worker's memory until the turn ends, then publish and ack them in one step; "
+           "--no-hold-turns stores a record of every entry in Redis as it is read instead "
+           "(docs/design.md, Held turns; no effect with --progress)"),
+    Option("hold_ms", int, 5000, "a held turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),
@@ -121,8 +122,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                 action="store_const",
                 const="true",
                 default=None,
-                help=f"{opt.help} (env {opt.env})",
+                help=f"{opt.help} (env {opt.env}{', on by default' if opt.default else ''})",
             )
+            if opt.default:  # an option on by default can be turned off by a flag too
+                parser.add_argument(
+                    "--no-" + opt.flag[2:], dest=opt.name, action="store_const",
+                    const="false", help=f"turn {opt.flag} off (env {opt.env}=0)",
+                )
         else:
             default = "" if opt.default is None else f", default {opt.default}"
             parser.add_argument(

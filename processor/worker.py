@@ -77,7 +77,7 @@ class WorkerConfig:
     done_ttl: int = 86_400
     compact_threshold: int = 256
     mirror_turns: int = 10_000
-    hold_turns: bool = False
+    hold_turns: bool = True
     hold_ms: int = 5000
 
     @property

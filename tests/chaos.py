@@ -75,7 +75,7 @@ class ChaosRun(ChaosChecks):
         cfg = self.cfg
         flags = {"reclaim_idle_ms": cfg.reclaim_idle_ms, "batch": cfg.batch,
                  "turn_timeout": cfg.turn_timeout, "log_level": "info"}
-        return {**flags, "hold_turns": True} if cfg.hold_turns else flags
+        return {**flags, "hold_turns": cfg.hold_turns}  # (False: --no-hold-turns)
 
     def _spawn(self, harness: Harness) -> SubprocessWorker:
         sub = harness.spawn(**self._flags())

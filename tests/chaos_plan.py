@@ -32,7 +32,7 @@ class ChaosConfig:
     restart_redis: bool = True  # needs ChaosRun.restart
     client_kill: bool = True
     seed: int = 1
-    hold_turns: bool = False  # the workers run with --hold-turns
+    hold_turns: bool = True  # the workers hold turns (the default), else --no-hold-turns
 
 
 @dataclass

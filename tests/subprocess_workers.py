@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from processor.config import OPTIONS
 from processor.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Options on by default: ``name=False`` turns them off (``--no-<name>``).
+_ON_BY_DEFAULT = {opt.name for opt in OPTIONS if opt.default is True}
 
 
 @dataclass
@@ -59,7 +62,8 @@ class Subprocesses:
               **options: Any) -> SubprocessWorker:
         """``python -m processor.cli run`` on this namespace. ``options`` become
         flags: ``reclaim_idle_ms=500`` -> ``--reclaim-idle-ms 500``,
-        ``progress=True`` -> ``--progress``. ``launcher`` goes between the
+        ``progress=True`` -> ``--progress``, ``hold_turns=False`` ->
+        ``--no-hold-turns`` (an option on by default). ``launcher`` goes between the
         interpreter and ``-m processor.cli`` (e.g. ``-m pyinstrument ...``)."""
         self._serial += 1
         consumer = consumer or f"p{self._serial}"
@@ -70,7 +74,10 @@ class Subprocesses:
             flag = "--" + name.replace("_", "-")
             if value is True:
                 args.append(flag)
-            elif value is not False and value is not None:
+            elif value is False:
+                if name in _ON_BY_DEFAULT:  # hold_turns=False -> --no-hold-turns
+                    args.append("--no-" + flag[2:])
+            elif value is not None:
                 args += [flag, str(value)]
         args += list(extra)
         log_path = self.log_dir / f"{self.ns.name}-{consumer}-{self._serial}.log"

@@ -127,7 +127,7 @@ async def test_every_scenario_as_the_processor_user(acl_server: EmbeddedRedis, h
     # --agui: the user may write the AG-UI stream too. Held: open_turns,
     # finalise_held, and the XCLAIM that keeps held entries from being
     # reclaimed (every 0.2 s here) run as the user too.
-    held = {"hold_turns": True, "hold_ms": 1000, "reclaim_idle_ms": 600} if hold else {}
+    held = {"hold_ms": 1000, "reclaim_idle_ms": 600} if hold else {"hold_turns": False}
     async with Harness(acl_server.url, NAMESPACE, shards=2, agui=True,
                        limits=Limits(turn_timeout=TURN_TIMEOUT), **held) as harness:
         harness.url = url_for(acl_server, "processor")

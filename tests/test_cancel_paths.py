@@ -17,6 +17,7 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from expectations import check_invariants
 from turn_reference import TurnOutput
 from worker_harness import Harness
@@ -110,18 +111,24 @@ async def test_cancel_paths_on_three_workers(redis_url: str, namespace: str) -> 
         "twice": "cancelled", "after": "completed"}
 
 
-async def test_worker_task_cancelled_mid_batch(redis_url: str, namespace: str) -> None:
-    """The worker that applied a turn's end has its task cancelled before it
-    finalises; another worker finishes the turn, once."""
-    async with Harness(redis_url, namespace, reclaim_idle_ms=300) as harness:
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
+async def test_worker_task_cancelled_mid_batch(redis_url: str, namespace: str,
+                                               hold: bool) -> None:
+    """The worker that read a turn's end has its task cancelled before it
+    publishes it (held: in finalise_held; stored: before finalise_turns);
+    other workers finish the turn, once."""
+    async with Harness(redis_url, namespace, reclaim_idle_ms=300, hold_turns=hold) as harness:
         first = await harness.start_worker()
         stuck = asyncio.Event()
 
-        async def finalise_forever(*_args: object) -> None:
+        async def finalise_forever(*_args: object, **_kwargs: object) -> None:
             stuck.set()
             await asyncio.Event().wait()
 
-        first.worker.finalise = finalise_forever  # type: ignore[method-assign]
+        if hold:
+            first.worker.scripts.finalise_held = finalise_forever
+        else:
+            first.worker.finalise = finalise_forever  # type: ignore[method-assign]
         await harness.add([_u("cut", "one"), _u("cut", " two"), _end("cut")])
         await asyncio.wait_for(stuck.wait(), 10)
         first.task.cancel()
@@ -139,14 +146,18 @@ async def test_worker_task_cancelled_mid_batch(redis_url: str, namespace: str) -
     assert _texts(_turn(outputs, "cut")) == ["one two"]
 
 
-async def test_stray_cancelled_error_inside_the_worker(redis_url: str, namespace: str) -> None:
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
+async def test_stray_cancelled_error_inside_the_worker(redis_url: str, namespace: str,
+                                                       hold: bool) -> None:
     """A CancelledError raised inside a step (a library's, not a cancel of the
     worker's task) must not kill the shard loop: the same worker goes on, and
-    the turn whose finalise it interrupted ends once."""
-    async with Harness(redis_url, namespace, reclaim_idle_ms=300) as harness:
+    the turn whose publishing it interrupted ends once (held: raised once
+    finalise_held published it; stored: once apply_entries stored it)."""
+    async with Harness(redis_url, namespace, reclaim_idle_ms=300, hold_turns=hold) as harness:
         running = await harness.start_worker()
         scripts = running.worker.scripts
-        real = scripts.apply_entries
+        name = "finalise_held" if hold else "apply_entries"
+        real = getattr(scripts, name)
         raised = asyncio.Event()
 
         async def apply_then_raise(**kwargs: Any) -> Any:
@@ -156,7 +167,7 @@ async def test_stray_cancelled_error_inside_the_worker(redis_url: str, namespace
                 raise asyncio.CancelledError("stray")
             return reply
 
-        scripts.apply_entries = apply_then_raise  # type: ignore[method-assign]
+        setattr(scripts, name, apply_then_raise)
         await harness.add([_u("stray", "x"), _end("stray")])
         await asyncio.wait_for(raised.wait(), 10)
         await harness.wait_merged(1)  # assert_workers_alive: the worker did not die

@@ -24,14 +24,15 @@ from worker_harness import Harness
 from processor.lifecycle import Limits
 
 
-@pytest.mark.parametrize(("shards", "hold"), [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize(("shards", "hold"), [(1, True), (3, True), (3, False)])
 async def test_chaos_soak(
     make_redis_server, namespace: str, tmp_path, shards: int, hold: bool
 ) -> None:
     """With one shard every worker reads it; with three, the workers split
-    them (shard affinity) while they are killed and restarted under it; and
-    the same with held turns (--hold-turns: a killed worker's held entries
-    are pending, reclaimed and stored by another)."""
+    them (shard affinity) while they are killed and restarted under it.
+    Workers hold turns (the default: a killed worker's held entries are
+    pending, reclaimed and stored by another), and, on three shards, store
+    every entry too (--no-hold-turns)."""
     server = make_redis_server(appendonly=True)  # appendfsync always
     assert server.appendonly
     turns = int(os.environ.get("PROCESSOR_CHAOS_TURNS", "150"))

@@ -14,7 +14,7 @@ import pytest
 from worker_harness import ROOT
 
 from processor.cli import build_parser, main
-from processor.config import OPTIONS, resolve, unknown_env
+from processor.config import OPTIONS, resolve, unknown_env, worker_config
 
 
 def _args(*argv: str):
@@ -48,6 +48,21 @@ def test_every_option_is_settable_by_environment_and_flags_win() -> None:
         if opt.kind is int:
             values, problems = resolve(_args(), {opt.env: "7"})
             assert values[opt.name] == 7 and not problems, opt.name
+
+
+def test_holding_turns_is_on_by_default_and_can_be_turned_off() -> None:
+    values, problems = resolve(_args(), {})
+    assert values["hold_turns"] is True and not problems
+    assert worker_config(values).holding
+    for argv, env in [(("--no-hold-turns",), {}), ((), {"PROCESSOR_HOLD_TURNS": "0"}),
+                      (("--no-hold-turns",), {"PROCESSOR_HOLD_TURNS": "1"})]:  # the flag wins
+        values, problems = resolve(_args(*argv), env)
+        assert values["hold_turns"] is False and not problems, (argv, env)
+        assert not worker_config(values).holding
+    values, _ = resolve(_args("--hold-turns"), {"PROCESSOR_HOLD_TURNS": "off"})
+    assert values["hold_turns"] is True
+    values, _ = resolve(_args("--progress"), {})  # progress events turn holding off
+    assert not worker_config(values).holding
 
 
 def test_bad_configuration_is_one_line_per_problem() -> None:

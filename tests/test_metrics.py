@@ -67,6 +67,8 @@ async def test_metrics_move_with_the_turns_pushed_through(redis_url, namespace, 
         await harness.add(turns)
         await harness.wait_merged(5)  # ghost, ok-1, ok-2, cancelled, failed
         await harness.add([late])
+        # (The open turn's entry is held, pending, until it has been held
+        # --hold-ms, 5 s: then it is stored like the others.)
         await harness.wait_applied()
         pushed = len(ghost) + len(turns) + 1
 
@@ -75,6 +77,7 @@ async def test_metrics_move_with_the_turns_pushed_through(redis_url, namespace, 
             while True:
                 now = await scrape(port)
                 if (now.total("processor_active_turns") == 1
+                        and now.total("processor_group_pending") == 0
                         and now.total("processor_dlq_entries_total") == 3) \
                         or time.monotonic() > deadline:
                     return now

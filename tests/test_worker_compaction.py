@@ -117,7 +117,9 @@ async def test_long_turns_keep_few_records(redis_url: str, namespace: str) -> No
     seen: dict[str, list[int]] = {"long-10k": [], "multi-agent": []}
     snapshots = 0
 
-    async with Harness(redis_url, namespace, batch=BATCH, compact_threshold=THRESHOLD) as harness:
+    # Stored turns: a held turn stores no records until it spills.
+    async with Harness(redis_url, namespace, batch=BATCH, compact_threshold=THRESHOLD,
+                       hold_turns=False) as harness:
         await harness.start_workers(2)
         shard = harness.shards[0]
 
@@ -293,7 +295,8 @@ async def test_workers_race_compactions_on_shared_turns(
         return found
 
     monkeypatch.setattr(processor.storing, "compact_turns", counting)
-    async with Harness(redis_url, namespace, shards=2, batch=7, compact_threshold=8) as harness:
+    async with Harness(redis_url, namespace, shards=2, batch=7, compact_threshold=8,
+                       hold_turns=False) as harness:  # (stored turns: they have records)
         await harness.start_workers(3)
         for start in range(0, len(arrival), 300):
             await harness.add(arrival[start:start + 300])

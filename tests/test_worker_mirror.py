@@ -166,8 +166,10 @@ async def _run(url: str, namespace: str, seed: int, workers: int, **config: Any)
 async def test_one_worker_finalises_from_its_copies(
     redis_url: str, namespace: str, mirror_turns: int
 ) -> None:
+    # (The stored path's copies: a worker holding turns publishes from its
+    # held copy, test_worker_hold.py.)
     outputs, offline, settled = await _run(redis_url, namespace, 11, 1, batch=50,
-                                           mirror_turns=mirror_turns)
+                                           mirror_turns=mirror_turns, hold_turns=False)
     compare_with_offline(outputs, offline, "one worker")
     # Every turn from the worker's copy: none was stored by anyone else
     # (with --mirror-turns 0, none: every one read back).

@@ -33,7 +33,7 @@ async def test_scenario_live_equals_offline(
     offline = offline_results_of_lines(lines)
     # Held: spilled within 1 s, so that waiting for the entries before a
     # cancel to be applied (stored) stays under the 3 s turn timeout.
-    held = {"hold_turns": True, "hold_ms": 1000} if hold else {}
+    held = {"hold_ms": 1000} if hold else {"hold_turns": False}
     async with Harness(redis_url, namespace, agui=True,
                        limits=Limits(turn_timeout=TURN_TIMEOUT), **held) as harness:
         await harness.start_workers(2)
