@@ -1,13 +1,17 @@
-"""Redis's CPU per entry inside ``apply_entries``, the worker's per-batch script.
+"""Redis's CPU per entry inside the worker's per-batch scripts.
 
-Reads the end-to-end workload's stream in batches of 500 and applies each
-batch with ``apply_entries`` as the worker builds it (``build_apply``), with
-no finalise, so that ``INFO commandstats`` splits redis-server's time between
-the script as a whole (``evalsha``) and the commands it runs (``hset``,
-``xack``, ...); the difference is the Lua interpreter's own share. Starts its
-own redis-server; prints microseconds per entry, best of ``--rounds``::
+Reads the end-to-end workload's stream in batches of 500 and takes each
+batch as a worker holding turns does (the default: ``open_turns`` for its
+new turns, ``finalise_held`` for the turns it ends, through the worker's own
+``apply``), or with ``--stored`` as one storing every entry
+(``--no-hold-turns``) does: ``apply_entries`` as the worker builds it
+(``build_apply``), with no finalise. ``INFO commandstats`` splits
+redis-server's time between the scripts as a whole (``evalsha``) and the
+commands they run (``hset``, ``xack``, ...); the difference is the Lua
+interpreter's own share. Starts its own redis-server; prints microseconds
+per entry, best of ``--rounds``::
 
-    python bench/apply_cost.py [--turns 800] [--rounds 3]
+    python bench/apply_cost.py [--turns 800] [--rounds 3] [--stored]
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ from processor.worker import Worker, WorkerConfig
 
 
 async def one_round(client: Any, work: workload.Workload, batch: int = 500,
-                    finalise: bool = False, held: bool = False) -> tuple[int, dict[str, Any]]:
+                    stored: bool = False,
+                    finalise: bool = False) -> tuple[int, dict[str, Any]]:
     """Apply the whole stream once, ``batch`` entries a call; the entries
-    applied and the commandstats. With ``finalise``, each batch goes through
-    the worker's own ``apply`` (the script, its copy of the turns, then
+    applied and the commandstats. By default each batch goes through the
+    worker's own ``apply``, holding turns (``open_turns`` and
+    ``finalise_held``). With ``stored`` (``--no-hold-turns``), each batch
+    goes to ``apply_entries`` alone; with ``finalise`` too, through the
+    worker's own ``apply`` (the script, its copy of the turns, then
     ``finalise_turns`` for the turns made ready), so the shard's zsets hold
-    only the turns in flight, as in a running worker. With ``held``, the
-    worker holds turns (``--hold-turns``: ``open_turns`` and
-    ``finalise_held`` instead)."""
+    only the turns in flight, as in a running worker."""
+    held = not stored
     finalise = finalise or held
     config = WorkerConfig(namespace="cost", consumer="cost", hold_turns=held)
     shard = next(iter(Namespace(config.namespace, 1).all()))
@@ -67,14 +74,22 @@ async def _read(client: Any, group: str, stream: str, batch: int) -> list[Any]:
     return reply[0][1] if reply else []
 
 
-async def measure(turns: int, rounds: int) -> None:
+def scripts_of(stored: bool, finalise: bool = False) -> str:
+    """The scripts :func:`one_round` calls, for the printed figures."""
+    if not stored:
+        return "open_turns and finalise_held (held turns, the default)"
+    return ("apply_entries and finalise_turns" if finalise else "apply_entries") + (
+        " (--no-hold-turns)")
+
+
+async def measure(turns: int, rounds: int, stored: bool) -> None:
     with EmbeddedRedis() as server:
         client = redis.asyncio.Redis.from_url(server.url)
         work = workload.build(turns)
         await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
         best: tuple[float, int, dict[str, Any]] | None = None
         for _ in range(rounds):
-            applied, stats = await one_round(client, work)
+            applied, stats = await one_round(client, work, stored=stored)
             script = stats["cmdstat_evalsha"]["usec"] / applied
             if best is None or script < best[0]:
                 best = (script, applied, stats)
@@ -85,7 +100,7 @@ async def measure(turns: int, rounds: int) -> None:
                   if name not in ("cmdstat_evalsha", "cmdstat_xreadgroup", "cmdstat_copy",
                                   "cmdstat_config|resetstat", "cmdstat_script|load")}
         print(f"entries applied: {applied:,} ({len(work.turns):,} turns), best of {rounds}")
-        print(f"apply_entries: {script:.2f} us of redis-server CPU per entry")
+        print(f"{scripts_of(stored)}: {script:.2f} us of redis-server CPU per entry")
         for name, usec in sorted(inside.items(), key=lambda kv: -kv[1])[:8]:
             print(f"  of which {name}: {usec:.2f} us")
         print(f"  of which the Lua interpreter: {script - sum(inside.values()):.2f} us")
@@ -96,8 +111,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stored", action="store_true",
+                        help="apply each batch as a worker storing every entry does "
+                             "(--no-hold-turns): apply_entries alone")
     args = parser.parse_args()
-    asyncio.run(measure(args.turns, args.rounds))
+    asyncio.run(measure(args.turns, args.rounds, args.stored))
 
 
 if __name__ == "__main__":

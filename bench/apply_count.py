@@ -4,11 +4,15 @@
 machine's load; this counts instructions, which do not. It starts a
 redis-server (the one on ``PATH``) under ``valgrind --tool=callgrind
 --toggle-collect=evalShaCommand``, so that only what runs inside EVALSHA is
-counted, applies the end-to-end workload's first ``--turns`` turns with
-``apply_entries`` in batches of 500 as the worker builds them (no finalise),
-and prints the instructions per entry applied::
+counted, takes the end-to-end workload's first ``--turns`` turns in batches
+of 500 as a worker holding turns does (the default: ``open_turns`` and
+``finalise_held``), or with ``--stored`` as one storing every entry
+(``--no-hold-turns``) does: ``apply_entries`` as the worker builds the
+calls, with no finalise (``--finalise``: and ``finalise_turns`` for the
+turns made ready, as the worker calls them), and prints the instructions per
+entry applied::
 
-    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500] [--finalise | --held]
+    python bench/apply_count.py [--turns 400] [--keep FILE] [--batch 500] [--stored] [--finalise]
 
 ``--keep`` keeps callgrind's output for ``callgrind_annotate --inclusive=yes``.
 
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import redis.asyncio
 import workload
-from apply_cost import one_round
+from apply_cost import one_round, scripts_of
 
 from processor.embedded.ports import free_port
 from processor.worker import WorkerConfig
@@ -52,7 +56,7 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
 
 
 async def count(turns: int, keep: Path | None = None, batch: int = 500,
-                finalise: bool = False, held: bool = False) -> None:
+                stored: bool = False, finalise: bool = False) -> None:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -66,7 +70,8 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
             await _wait_up(client)
             work = workload.build(turns)
             await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
-            applied, _stats = await one_round(client, work, batch, finalise, held)
+            applied, _stats = await one_round(client, work, batch, stored=stored,
+                                              finalise=finalise)
             with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
                 await client.shutdown(nosave=True)
             server.wait(timeout=60)  # callgrind writes its counts as the server exits
@@ -77,11 +82,9 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
         total = _total(out)
         if keep is not None:
             shutil.copyfile(out, keep)
-    scripts = ("open_turns and finalise_held (held turns)" if held
-               else "apply_entries and finalise_turns" if finalise else "apply_entries")
     print(f"entries applied: {applied:,} ({turns:,} turns, {batch} a call)")
-    print(f"{scripts}: {total / applied:,.0f} instructions of redis-server per entry "
-          f"({total:,} inside EVALSHA)")
+    print(f"{scripts_of(stored, finalise)}: {total / applied:,.0f} instructions of "
+          f"redis-server per entry ({total:,} inside EVALSHA)")
 
 
 if __name__ == "__main__":
@@ -90,10 +93,12 @@ if __name__ == "__main__":
     parser.add_argument("--keep", type=Path, help="where to copy callgrind's output")
     parser.add_argument("--batch", type=int, default=500,
                         help="entries a call (the worker reads up to 500; fewer under a trickle)")
+    parser.add_argument("--stored", action="store_true",
+                        help="apply each batch as a worker storing every entry does "
+                             "(--no-hold-turns): apply_entries alone")
     parser.add_argument("--finalise", action="store_true",
-                        help="apply each batch as the worker does, finalising the turns "
-                             "it makes ready (both scripts counted)")
-    parser.add_argument("--held", action="store_true",
-                        help="apply each batch as a worker holding turns does (--hold-turns)")
+                        help="with --stored (implied), apply each batch as the worker does, "
+                             "finalising the turns it makes ready (both scripts counted)")
     args = parser.parse_args()
-    asyncio.run(count(args.turns, args.keep, args.batch, args.finalise, args.held))
+    asyncio.run(count(args.turns, args.keep, args.batch, args.stored or args.finalise,
+                      args.finalise))

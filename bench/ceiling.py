@@ -4,9 +4,13 @@ turns in its memory only, and writes nothing but the outputs and the acks.
 
 It is not a safe design (a crash loses every open turn, two consumers split
 a turn, nothing is exactly-once); it measures what any design built on this
-decode and merge can reach with one process, so that the worker's distance
-from the drain splits into "the cost of keeping state in Redis" (worker vs
-this) and "the cost of decoding and merging in Python" (this vs the drain).
+per-entry decode and merge can reach with one process, so that the distance
+of a worker storing every entry (``--no-hold-turns``) from the drain splits
+into "the cost of keeping state in Redis" (that worker vs this) and "the
+cost of decoding and merging in Python" (this vs the drain). A worker
+holding turns (the default) is not bound by it: it decodes a turn's plain
+updates together and folds a run of them at a time (docs/design.md, *Held
+turns*).
 
 Per batch (``XREADGROUP COUNT 500``): decode each entry (``decode_stream_entry``),
 feed it to its turn's ``TurnLife``; one pipeline then ``XADD``s a

@@ -1,17 +1,19 @@
 """The long chaos soak, recorded in docs/reliability.md.
 
     python bench/chaos_soak.py [--turns 1000] [--seconds 120] [--seed 2] [--shards 1]
-        [--reclaim-idle-ms 1000] [--hold-turns] [--no-write]
+        [--reclaim-idle-ms 1000] [--no-hold-turns] [--no-write]
 
 Starts a private redis-server with the AOF on (appendfsync always) and runs
 tests/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
 per turn over the given number of turns, a worker SIGKILLed every ~2 s and
 restarted, Redis SIGKILLed and restarted once, every worker connection
 CLIENT KILLed once. Prints the figures and, unless ``--no-write``, writes them
-into docs/reliability.md between the ``chaos-soak`` marker comments. Exits 1
-if any check failed (a lost, duplicated or differing turn, an error logged).
-With ``--hold-turns`` the workers hold turns, and the figures go between
-the ``chaos-soak-held`` markers instead.
+into docs/reliability.md between marker comments named after what the
+workers did: they hold turns (the default), and the figures go between the
+``chaos-soak-held`` markers; with ``--no-hold-turns`` they store every entry
+(the stored path), and the figures go between the ``chaos-soak`` markers.
+Exits 1 if any check failed (a lost, duplicated or differing turn, an
+error logged).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ async def soak(cfg: ChaosConfig) -> tuple[list[str], list[str]]:
 def record(lines: list[str], cfg: ChaosConfig, command: str) -> None:
     begin, end = (BEGIN, END) if not cfg.hold_turns else (
         BEGIN.replace("soak", "soak-held"), END.replace("soak", "soak-held"))
+    text = DOC.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{DOC.relative_to(ROOT)} has no {begin} ... {end}: not written")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -70,7 +75,6 @@ def record(lines: list[str], cfg: ChaosConfig, command: str) -> None:
         "```",
         end,
     ])
-    text = DOC.read_text()
     head, _, rest = text.partition(begin)
     _, _, tail = rest.partition(end)
     DOC.write_text(head + block + tail)
@@ -85,11 +89,12 @@ def main() -> int:
     parser.add_argument("--reclaim-idle-ms", type=int, default=ChaosConfig.reclaim_idle_ms,
                         help="the workers' --reclaim-idle-ms (a dead worker's entries wait "
                              "this long)")
-    parser.add_argument("--hold-turns", action="store_true", help="the workers hold turns")
+    parser.add_argument("--no-hold-turns", action="store_true",
+                        help="the workers store every entry (the stored path)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     cfg = ChaosConfig(turns=args.turns, produce_seconds=args.seconds, seed=args.seed,
-                      shards=args.shards, hold_turns=args.hold_turns,
+                      shards=args.shards, hold_turns=not args.no_hold_turns,
                       reclaim_idle_ms=args.reclaim_idle_ms)
     lines, problems = asyncio.run(soak(cfg))
     print("\n".join(lines))
@@ -101,7 +106,7 @@ def main() -> int:
                    + (f" --shards {args.shards}" if args.shards != 1 else "")
                    + (f" --reclaim-idle-ms {args.reclaim_idle_ms}"
                       if args.reclaim_idle_ms != ChaosConfig.reclaim_idle_ms else "")
-                   + (" --hold-turns" if args.hold_turns else ""))
+                   + (" --no-hold-turns" if args.no_hold_turns else ""))
         record(lines, cfg, command)
         print(f"written to {DOC.relative_to(ROOT)}")
     return 1 if problems else 0

@@ -33,7 +33,7 @@ async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100,
     machine would not take from the worker."""
     client = ctx.client
     async with Harness(ctx.url, "lat", log_dir=ctx.log_dir) as harness:
-        subs = spawn_workers(harness, 1, **flags)  # flags: e.g. hold_turns=True
+        subs = spawn_workers(harness, 1, **flags)  # e.g. hold_turns=False: --no-hold-turns
         shard = harness.shards[0]
         sent: dict[bytes, float] = {}
         got: dict[bytes, float] = {}

@@ -8,17 +8,19 @@ blocked in ``select`` with nothing to run: the time that better overlap of
 the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
-    python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge] [--hold-turns]
-        [--drain] [--gen0 N]
+    python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
+        [--no-hold-turns] [--drain] [--gen0 N]
 
-A diagnostic for trying a change to the shard loop (compare the idle
-seconds, which move less with the machine's load than the throughput),
-not a figure of ``docs/benchmarks.md``'s tables. ``--free-decode-merge``
-bounds what a faster decode and merge could give: every entry's decoding
-is looked up in a table built before the clock starts (a held turn's
-waiting updates too), and ``Turn.fold`` skips updates (the responses come
-out empty; everything else, the scripts, the records stored, the worker's
-copies and the outputs, runs as usual).
+The worker holds turns, as by default; with ``--no-hold-turns`` it stores
+every entry (the stored path). A diagnostic for trying a change to the
+shard loop (compare the idle seconds, which move less with the machine's
+load than the throughput), not a figure of ``docs/benchmarks.md``'s
+tables. ``--free-decode-merge`` bounds what a faster decode and merge
+could give: every entry's decoding is looked up in a table built before
+the clock starts (a held turn's waiting updates too), and ``Turn.fold``
+skips updates (the responses come out empty; everything else, the
+scripts, the records stored with ``--no-hold-turns``, the worker's copies
+and the outputs, runs as usual).
 ``--drain`` also times, each round before the worker, a drain of the same
 stream in this process (``bench/drain.py``'s loop: XREADGROUP COUNT 500,
 XACK per batch) and prints the worker's ratio to it: with
@@ -192,7 +194,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--free-decode-merge", action="store_true",
                         help="decoding a table lookup, merging an update nothing")
-    parser.add_argument("--hold-turns", action="store_true", help="the worker holds turns")
+    parser.add_argument("--no-hold-turns", action="store_true",
+                        help="the worker stores every entry (the stored path)")
     parser.add_argument("--drain", action="store_true",
                         help="also time a drain of the stream each round, and the ratio")
     parser.add_argument("--gen0", type=int,
@@ -200,5 +203,5 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=500,
                         help="the worker's --batch (XREADGROUP COUNT); the drain keeps 500")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, args.hold_turns,
+    asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, not args.no_hold_turns,
                      args.drain, args.gen0, args.batch))

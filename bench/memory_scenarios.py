@@ -9,6 +9,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 from scenarios import Ctx, spawn_workers
@@ -33,22 +34,33 @@ class Memory:
     started_events: int  # MEMORY USAGE of the events stream (synthesis.started)
     drained: int  # used_memory after the ends, outputs still in their streams
     cleaned: int  # used_memory after the outputs are read and the done TTL passed
+    held: bool = False  # the worker held the turns (the default), else stored them
+    stream_bytes: int = 0  # MEMORY USAGE of the updates stream (its entries and PEL)
 
 
-async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1) -> Memory:
-    """Redis memory held per active turn (every update applied, none ended)."""
+async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1, hold: bool = True) -> Memory:
+    """Redis memory held per active turn (every update read, none ended).
+
+    ``hold`` (the default worker): the turns are held, their entries
+    pending in the updates stream (``--hold-ms`` long enough that none is
+    stored meanwhile); else (``--no-hold-turns``) every entry is stored
+    as a record and acked, and the stream trimmed."""
     updates = [e for e in work.entries if e.get("kind") != "end"]
     ends = [e for e in work.entries if e.get("kind") == "end"]
     raw = sum(len(k) + len(v) for e in updates for k, v in e.items())
     client = ctx.client
+    flags = {"hold_ms": 3_600_000} if hold else {"hold_turns": False}
     async with Harness(ctx.url, "mem", log_dir=ctx.log_dir, done_ttl=done_ttl) as harness:
-        subs = spawn_workers(harness, 1, done_ttl=done_ttl)
+        subs = spawn_workers(harness, 1, done_ttl=done_ttl, **flags)
         shard = harness.shards[0]
         try:
             await harness.wait_started(subs, timeout=120)
             before = await used_memory(client)
             await harness.add(updates, chunk=5000)
-            await harness.wait_applied(timeout=600)
+            if hold:
+                await _wait_held(client, shard, harness.group, len(work.turns))
+            else:
+                await harness.wait_applied(timeout=600)
             active = await used_memory(client)
             state = 0
             for key_fn in (shard.turn, shard.recs):
@@ -56,6 +68,7 @@ async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1) -> Memory:
                     key = key_fn(TurnKey(rid, "").encode())
                     state += await client.memory_usage(key, samples=0) or 0
             events = await client.memory_usage(shard.events, samples=0) or 0
+            stream = await client.memory_usage(shard.updates, samples=0) or 0
             await harness.add(ends)
             await harness.wait_merged(len(work.turns), timeout=600)
             await harness.wait_drained(timeout=600)
@@ -66,7 +79,22 @@ async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1) -> Memory:
             for sub in list(harness.procs):
                 harness.terminate(sub)
         await forget(client, "{mem:*")
-    return Memory(len(work.turns), raw, before, active, state, events, drained, cleaned)
+    return Memory(len(work.turns), raw, before, active, state, events, drained, cleaned,
+                  hold, stream)
+
+
+async def _wait_held(client: Any, shard: Any, group: str, turns: int,
+                     timeout: float = 600) -> None:
+    """Until every entry is delivered (lag 0) and every turn is active: all
+    held, their entries pending."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        [info] = await client.xinfo_groups(shard.updates)
+        if info["lag"] == 0 and await client.zcard(shard.active) == turns:
+            await asyncio.sleep(0.5)  # (the last batch's entries fed to its turns)
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the turns were not all held in time")
 
 
 # --------------------------------------------------------------------------- worker RSS

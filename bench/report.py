@@ -14,7 +14,7 @@ from typing import Any
 
 from latency import Latency, percentile
 from memory_scenarios import Memory, RssRun
-from ratios import Round, held_worker, median_ratios, one_worker
+from ratios import Round, median_ratios, one_worker, stored_worker
 from scenarios import Throughput
 
 MIB = 1 << 20
@@ -58,9 +58,10 @@ def verdict(ok: bool) -> str:
 
 def own_copy_share(t: Throughput) -> str:
     """The share of turns a worker published from its own copy of the merge
-    (``processor_turns_settled_total{source="mirror"}``, or ``"held"`` with
-    ``--hold-turns``), the rest replayed from the records read back from
-    Redis; "-" for the other consumers."""
+    (``processor_turns_settled_total``: ``source="held"``, a held turn, the
+    default; ``"mirror"``, a stored turn's copy kept beside its records), the
+    rest (``"replay"``) replayed from the records read back from Redis; "-"
+    for the other consumers."""
     mirror = t.settled.get("mirror", 0) + t.settled.get("held", 0)
     replay = t.settled.get("replay", 0)
     return f"{mirror / (mirror + replay):.0%}" if mirror + replay else "-"
@@ -69,6 +70,11 @@ def own_copy_share(t: Throughput) -> str:
 def _cpu_per_update(t: Throughput) -> float:
     """Microseconds of CPU (consumers and redis-server) per update."""
     return 1e6 * sum(t.cpu.values()) / t.updates
+
+
+def _redis_per_update(t: Throughput) -> float:
+    """Microseconds of redis-server's CPU per update."""
+    return 1e6 * t.cpu.get("redis", 0) / t.updates
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -84,7 +90,8 @@ def summary(r: dict[str, Any]) -> str:
         f"(from the repository root, after `pip install -e '.[test,bench]'`; about "
         f"{r['minutes']:.0f} minutes). It starts its own redis-server on a free port. "
         "`python bench/run.py --quick` (under a minute, docs untouched) prints the two "
-        f"ratios as its last line. The full run, every default (20,000 turns, a "
+        "ratios, and the same with `--no-hold-turns`, as its last line. The full run, "
+        "every default (20,000 turns, a "
         f"1,000,000-update RSS run, the pure-merge and cancellation sections refreshed), is "
         f"`{FULL_COMMAND}`.",
         "",
@@ -125,7 +132,8 @@ def summary(r: dict[str, Any]) -> str:
     lines += [
         "",
         f"- **processor / drain (1 worker): {ratio_drain:.2f}** (target at least "
-        f"{DRAIN_TARGET:g}: {verdict(ratio_drain >= DRAIN_TARGET)}){judged}. The drain is "
+        f"{DRAIN_TARGET:g}: {verdict(ratio_drain >= DRAIN_TARGET)}){judged}. The worker "
+        "holds turns, as by default (docs/design.md, *Held turns*). The drain is "
         "`XREADGROUP COUNT 500` + `XACK` per batch and nothing else (`bench/drain.py`).",
     ]
     if peer is not None:
@@ -139,36 +147,39 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
-    held = held_worker(runs)
-    if held is not None:
-        also = f", processor / FastStream {median['held_peer']:.2f}x" if peer else ""
+    stored = stored_worker(runs)
+    if stored is not None:
+        also = f", processor / FastStream {median['stored_peer']:.2f}x" if peer else ""
         lines.append(
-            f"- **With `--hold-turns` (experimental, off by default; docs/design.md, *Held "
-            f"turns*): processor / drain {median['held_drain']:.2f}{also}** (1 worker, "
-            f"median round), {held.rate / one.rate:.2f}x the default worker (best rounds), "
-            f"with {_cpu_per_update(held):.0f} µs of CPU per update (consumers + "
-            f"redis-server; redis-server {1e6 * held.cpu.get('redis', 0) / held.updates:.0f}"
-            f" µs) against {_cpu_per_update(one):.0f} µs "
-            f"({1e6 * one.cpu.get('redis', 0) / one.updates:.0f} µs).")
+            "- **With `--no-hold-turns` (every entry stored in Redis as read): processor / "
+            f"drain {median['stored_drain']:.2f}{also}** (1 worker, median round), "
+            f"{stored.rate / one.rate:.2f}x the default worker (best rounds), with "
+            f"{_cpu_per_update(stored):.0f} µs of CPU per update (consumers + redis-server; "
+            f"redis-server {_redis_per_update(stored):.0f} µs) against the default's "
+            f"{_cpu_per_update(one):.0f} µs ({_redis_per_update(one):.0f} µs).")
     ceiling = next((t for t in runs if t.name == "in-memory ceiling"), None)
     if ceiling is not None:
+        storing = (f", one storing every entry {stored.rate / ceiling.rate:.2f}"
+                   if stored is not None else "")
         lines.append(
             f"- **In-memory ceiling: {ceiling.rate / drain.rate:.2f} of the drain**; one worker "
-            f"runs at {one.rate / ceiling.rate:.2f} of it. The ceiling (`bench/ceiling.py`) "
-            "decodes and merges every entry on its own with processor's own code, as the "
-            "default worker does, but keeps the turns in its memory only and writes nothing "
-            "but the outputs and the acks (not crash safe, not shareable between consumers): "
-            "what a design built on that per-entry decode and merge can reach with one "
-            "process. Worker / ceiling is the price of keeping every turn's state in Redis; "
-            "ceiling / drain the price of decoding and merging each entry in Python. A worker "
-            "holding turns is not bound by it: it decodes a turn's plain updates together "
-            "and takes a batch a run of them at a time (docs/design.md, *Held turns*).")
+            f"runs at {one.rate / ceiling.rate:.2f} of it{storing}. The ceiling "
+            "(`bench/ceiling.py`) decodes and merges every entry on its own with processor's "
+            "own code, as a worker storing every entry (`--no-hold-turns`) does, but keeps "
+            "the turns in its memory only and writes nothing but the outputs and the acks "
+            "(not crash safe, not shareable between consumers): what a design built on that "
+            "per-entry decode and merge can reach with one process. Ceiling / drain is the "
+            "price of decoding and merging each entry in Python; storing worker / ceiling "
+            "the price of keeping every turn's state in Redis as well. The default worker, "
+            "holding turns, is not bound by the ceiling: it decodes a turn's plain updates "
+            "together and takes a batch a run of them at a time (docs/design.md, *Held "
+            "turns*).")
     cpu = {t.name: sum(t.cpu.values()) / t.updates for t in runs if t.cpu}
     if peer is not None and all(n in cpu for n in (one.name, drain.name, peer.name)):
         lines.append(
             f"- Counted in CPU time instead (consumers + redis-server, less sensitive to "
             f"other load on the machine): {1e6 * cpu[one.name]:.0f} µs per update for one "
-            f"worker, {1e6 * cpu[drain.name]:.0f} µs for the drain, "
+            f"worker (the default), {1e6 * cpu[drain.name]:.0f} µs for the drain, "
             f"{1e6 * cpu[peer.name]:.0f} µs for FastStream: processor / drain "
             f"{cpu[drain.name] / cpu[one.name]:.2f}, processor / FastStream "
             f"{cpu[peer.name] / cpu[one.name]:.2f}x.")
@@ -180,22 +191,22 @@ def summary(r: dict[str, Any]) -> str:
 
 def _rounds_table(rounds: list[Round]) -> list[str]:
     """Every round's rates and ratios (ratios.py says why the targets use them)."""
-    held = rounds[0].held is not None
+    stored = rounds[0].stored is not None
     lines = ["### Ratios within each round", "",
              "Each round ran every consumer one after the other within minutes; a ratio of "
              "one round compares the same minute of the machine, where the table above "
              "takes each consumer's fastest round, whichever minute it was. The targets "
              "are judged on the median of these ratios.", "",
              "| round | drain | 1 worker | / drain | / FastStream"
-             + (" | held turns | / drain | / FastStream |" if held else " |"),
-             "|---:|---:|---:|---:|---:" + ("|---:|---:|---:|" if held else "|")]
+             + (" | stored turns | / drain | / FastStream |" if stored else " |"),
+             "|---:|---:|---:|---:|---:" + ("|---:|---:|---:|" if stored else "|")]
     for i, one in enumerate(rounds, 1):
         found = one.ratios()
         row = (f"| {i} | {one.drain:,.0f} | {one.one:,.0f} | {found['drain']:.2f} | "
                f"{_times(found.get('peer'))} |")
-        if one.held is not None:
-            row += (f" {one.held:,.0f} | {found['held_drain']:.2f} | "
-                    f"{_times(found.get('held_peer'))} |")
+        if one.stored is not None:
+            row += (f" {one.stored:,.0f} | {found['stored_drain']:.2f} | "
+                    f"{_times(found.get('stored_peer'))} |")
         lines.append(row)
     return lines
 
@@ -218,7 +229,8 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
     return "\n".join([
         "## Latency at half the measured throughput",
         "",
-        f"One worker, a producer pacing {lat.rate:,.0f} updates/s ({pace}; it kept up "
+        f"One worker (the default: holding turns), a producer pacing {lat.rate:,.0f} "
+        f"updates/s ({pace}; it kept up "
         f"{lat.achieved:,.0f}/s) over {r['latency_turns']:,} "
         f"turns; time from sending a turn's `end` entry (XADD) to reading its `merged` "
         f"entry (XREAD BLOCK), both clocks in the harness process; {len(lat.samples):,} "
@@ -236,28 +248,20 @@ def latency_section(lat: Latency, r: dict[str, Any]) -> str:
         "",
         f"Target p99 under {LATENCY_TARGET_MS:g} ms: {verdict(p99 < LATENCY_TARGET_MS)} "
         f"(p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99.9 {p999:.1f} ms in the median round).",
-        *_held_latency(r),
+        *_stored_latency(r),
         "",
         "![latency](bench-latency.png)",
     ])
 
 
-def _held_latency(r: dict[str, Any]) -> list[str]:
-    """The worker holding turns (``--hold-turns``), if run: at the same pace,
-    and at half its own throughput (the target's load for it)."""
-    lat = r.get("latency_held")
+def _stored_latency(r: dict[str, Any]) -> list[str]:
+    """The worker storing every entry (``--no-hold-turns``), if run: the same pace."""
+    lat = r.get("latency_stored")
     if lat is None:
         return []
-    lines = ["", "With `--hold-turns` (experimental), the same pace and rounds: "
-                 f"{_median_round(lat, r['latency_held_rounds'])}."]
-    own = r.get("latency_held_own")
-    if own is not None:
-        p99 = percentile(own.samples, 99)
-        lines += ["", f"At half the held worker's own throughput ({own.rate:,.0f} updates/s, "
-                      f"kept up {own.achieved:,.0f}/s; the target's load for it), the same "
-                      f"rounds: {_median_round(own, r['latency_held_own_rounds'])}: target "
-                      f"{verdict(p99 < LATENCY_TARGET_MS)} with `--hold-turns`."]
-    return lines
+    return ["", "With `--no-hold-turns` (every entry stored in Redis as read), the same pace "
+                f"(it kept up {lat.achieved:,.0f}/s) and rounds: "
+                f"{_median_round(lat, r['latency_stored_rounds'])}."]
 
 
 def _median_round(lat: Latency, rounds: list[Latency]) -> str:
@@ -268,32 +272,10 @@ def _median_round(lat: Latency, rounds: list[Latency]) -> str:
             f"(p99 of each round: {each})")
 
 
-def memory_section(mem: Memory | None, rss: RssRun | None) -> str:
+def memory_section(mems: list[Memory] | None, rss: RssRun | None) -> str:
     lines = ["## Memory", ""]
-    if mem is not None:
-        held = mem.active - mem.before
-        lines += [
-            f"Redis `used_memory` with {mem.turns:,} turns active (every update applied, "
-            "no `end` yet; one worker):",
-            "",
-            "| | total | per active turn |",
-            "|---|---:|---:|",
-            f"| raw bytes of the turns' update entries (field names + values) | "
-            f"{mem.raw_bytes / MIB:.1f} MiB | {mem.raw_bytes / mem.turns:,.0f} B |",
-            f"| `used_memory` growth | {held / MIB:.1f} MiB | {held / mem.turns:,.0f} B |",
-            f"| of which turn state (`turn:` + `recs:` hashes, `MEMORY USAGE`) | "
-            f"{mem.state_bytes / MIB:.1f} MiB | {mem.state_bytes / mem.turns:,.0f} B |",
-            f"| of which the events stream (`synthesis.started`) | "
-            f"{mem.started_events / MIB:.1f} MiB | {mem.started_events / mem.turns:,.0f} B |",
-            "",
-            f"Redis holds {held / mem.raw_bytes:.2f}x the raw bytes of the active turns' "
-            f"updates. After "
-            f"the turns ended: `used_memory` {(mem.drained - mem.before) / MIB:+.1f} MiB "
-            f"over the start with the outputs still in their streams, "
-            f"{(mem.cleaned - mem.before) / MIB:+.2f} MiB once the outputs are read and "
-            "deleted and the done markers' TTL has passed.",
-            "",
-        ]
+    if mems:
+        lines += _memory_table(mems)
     if rss is not None:
         first = [p for p in rss.points if p[0] >= rss.updates * 0.1] or rss.points
         start, end = first[0][1], rss.points[-1][1]
@@ -309,9 +291,9 @@ def memory_section(mem: Memory | None, rss: RssRun | None) -> str:
     return "\n".join(lines)
 
 
-def profile_section(raw: Path, run: Throughput, top: int = 25, held: bool = False) -> str:
-    """py-spy's samples of one worker (``held``: one holding turns): the
-    functions where time goes."""
+def profile_section(raw: Path, run: Throughput, top: int = 25, stored: bool = False) -> str:
+    """py-spy's samples of one worker (``stored``: one storing every entry,
+    ``--no-hold-turns``): the functions where time goes."""
     own: Counter[str] = Counter()
     total_in: Counter[str] = Counter()
     samples = 0
@@ -328,14 +310,15 @@ def profile_section(raw: Path, run: Throughput, top: int = 25, held: bool = Fals
     worker = run.cpu.get("consumers", 0)
     redis = run.cpu.get("redis", 0)
     lines = [
-        "## Profile of one worker" + (" holding turns" if held else ""),
+        "## Profile of one worker" + (" storing turns (`--no-hold-turns`)" if stored else ""),
         "",
         "`py-spy record --format raw --rate 250 --nonblocking` on one worker"
-        + (" with `--hold-turns`" if held else "") + ", in an extra "
+        + (" with `--no-hold-turns`" if stored else " (the default: holding turns)")
+        + ", in an extra "
         f"run over the first {run.turns:,} turns of the same stream ({run.rate:,.0f} "
         f"updates/s while sampled; {samples:,} samples). CPU seconds per 100,000 updates: "
         "worker "
-        f"{100_000 * worker / run.updates:.2f} s, redis-server (mostly the Lua scripts) "
+        f"{100_000 * worker / run.updates:.2f} s, redis-server (the scripts and the reads) "
         f"{100_000 * redis / run.updates:.2f} s, wall {100_000 / run.rate:.2f} s.",
         "",
         "| own time | function |",
@@ -359,14 +342,17 @@ def pyinstrument_section(tree: Path, run: Throughput) -> str:
     return "\n".join([
         "## Call tree of one worker (pyinstrument)",
         "",
-        f"`python -m pyinstrument` around `processor run` (text renderer, a sample every "
+        "`python -m pyinstrument` around `processor run` (the default: holding turns; "
+        "text renderer, a sample every "
         f"1 ms, frames under 1% left out), in an extra run over the first {run.turns:,} "
         f"turns of the same stream ({run.rate:,.0f} updates/s under the profiler, which "
-        "costs about half). Wall-clock seconds over the worker's whole life, start-up "
+        "slows the worker down). Wall-clock seconds over the worker's whole life, start-up "
         "and the idle wait for the stream included; under `Handle._run` are the event "
-        "loop's steps: the shard loop's applier (`_apply_loop`: the scripts, the worker's "
-        "own copy of each turn, finalising) and its reader (`_read_ahead`: reading and "
-        "decoding the next batch into its script call).",
+        "loop's steps: the shard loop's applier (`_apply_loop`: feeding each held turn "
+        "what the batch read of it, publishing the turns that ended with `finalise_held`, "
+        "spilling to the stored path what is due) and its reader (`_read_ahead`: reading "
+        "the next batch, grouping it per turn and opening its new turns with "
+        "`open_turns`).",
         "",
         "```text",
         body,
@@ -383,3 +369,42 @@ def _short(frame: str) -> str:
     if where.startswith("wt/") and "/" in where[3:]:
         where = where.split("/", 2)[2]
     return f"{name} ({where}" if where else name
+
+
+def _memory_table(mems: list[Memory]) -> list[str]:
+    """Redis memory per active turn, held (the default) and stored."""
+    first = mems[0]
+    lines = [
+        f"Redis `used_memory` with {first.turns:,} turns active (every update read, no "
+        "`end` yet), one worker. Holding them (the default), Redis keeps each turn's "
+        "entries pending in the updates stream and a small turn hash; storing them "
+        "(`--no-hold-turns`, or a turn held longer than `--hold-ms`), a record per entry "
+        "in the turn's `recs:` hash, the stream trimmed as entries are acked.",
+        "",
+        "| per active turn | " + " | ".join(_mem_name(m) for m in mems) + " |",
+        "|---|" + "---:|" * len(mems),
+        "| raw bytes of the turn's update entries (field names + values) | "
+        + " | ".join(f"{m.raw_bytes / m.turns:,.0f} B" for m in mems) + " |",
+        "| `used_memory` growth | "
+        + " | ".join(f"{(m.active - m.before) / m.turns:,.0f} B" for m in mems) + " |",
+        "| of which the updates stream (entries and pending list, `MEMORY USAGE`) | "
+        + " | ".join(f"{m.stream_bytes / m.turns:,.0f} B" for m in mems) + " |",
+        "| of which turn state (`turn:` + `recs:` hashes, `MEMORY USAGE`) | "
+        + " | ".join(f"{m.state_bytes / m.turns:,.0f} B" for m in mems) + " |",
+        "| of which the events stream (`synthesis.started`) | "
+        + " | ".join(f"{m.started_events / m.turns:,.0f} B" for m in mems) + " |",
+        "| growth / raw bytes | "
+        + " | ".join(f"{(m.active - m.before) / m.raw_bytes:.2f}x" for m in mems) + " |",
+        "",
+    ]
+    for m in mems:
+        lines.append(
+            f"{_mem_name(m)}: after the turns ended, `used_memory` "
+            f"{(m.drained - m.before) / MIB:+.1f} MiB over the start with the outputs still "
+            f"in their streams, {(m.cleaned - m.before) / MIB:+.2f} MiB once the outputs are "
+            "read and deleted and the done markers' TTL has passed.")
+    return [*lines, ""]
+
+
+def _mem_name(mem: Memory) -> str:
+    return "held (default)" if mem.held else "stored (`--no-hold-turns`)"

@@ -206,6 +206,8 @@ async def faststream(ctx: Ctx, work: Workload) -> Throughput:
 
 
 def spawn_workers(harness: Harness, n: int, **options: Any) -> list[Any]:
+    """``n`` workers; ``options`` become flags as ``Harness.spawn`` makes them
+    (``done_ttl=1`` -> ``--done-ttl 1``, ``hold_turns=False`` -> ``--no-hold-turns``)."""
     return [harness.spawn(None, "--log-level", "info", **options) for _ in range(n)]
 
 
@@ -265,8 +267,8 @@ async def processor(
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
     if workers > 1 or shards > 1:
         label += f", {shards} shard" + ("s" if shards > 1 else "")
-    if "--hold-turns" in flags:
-        label += ", held turns"
+    if "--no-hold-turns" in flags:  # the stored path: a record of every entry in Redis
+        label += ", stored turns"
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
                       len(work.turns), settled)
 

@@ -6,8 +6,8 @@ Python per entry, without Redis or the event loop, so that a change to it
 can be measured under ``valgrind --tool=callgrind`` (stable under load,
 unlike timings on a shared machine). Each side runs the steps of a shard
 loop on the end-to-end workload's entries as redis-py returns them (bytes),
-in batches of 500, with the replies ``apply_entries`` would give made up
-(every entry stored, so every turn keeps its copy)::
+in batches of 500, with the replies the scripts would give made up (every
+entry stored, so every turn keeps its copy; every turn opened held)::
 
     python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
     export PYTHONHASHSEED=0  # else str hashing moves a side by up to ~1,200 per entry
@@ -24,8 +24,9 @@ entries built, nothing else), ``decode`` (``decode_stream_entry`` per
 entry), ``build`` (``build_apply`` per batch, which decodes too, instead),
 ``follow`` (``Mirrors.update`` per batch: the worker's copy of each turn,
 merge included), ``finish`` (``render`` of each turn whose end was fed, as
-a finalise from the worker's copy does); and ``held``, on its own beside
-``none``: what a worker holding turns (``--hold-turns``) does instead of
+a finalise from the worker's copy does): the steps of a worker storing
+every entry (``--no-hold-turns``); and ``held``, on its own beside
+``none``: what a worker holding turns (the default) does instead of
 ``build`` to ``finish`` (decode, feed the held copy, render). ``python bench/shell_count.py
 SIDE`` alone prints the entries and turns and the seconds it took.
 """
