@@ -13,7 +13,13 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from processor.affinity import BEATS_PER_TTL, owned_shards, shard_readers, stalled
+from processor.affinity import (
+    BEATS_PER_TTL,
+    owned_shards,
+    readers_per_shard,
+    shard_readers,
+    stalled,
+)
 from processor.connections import as_text, is_redis_failure
 from processor.keys import Namespace, Shard
 from processor.metrics import Metrics, find_group
@@ -50,6 +56,16 @@ class Membership:
     def reads(self, shard: int) -> bool:
         """Whether to read new entries from ``shard`` now."""
         return shard in self.owned or shard in self.rescued
+
+    def sole_reader(self, shard: int) -> bool:
+        """Whether no other live worker reads ``shard`` as far as this one
+        knows: the shard is its own, and every shard has one reader (no more
+        live workers than shards). With affinity off every worker reads
+        every shard and none knows how many others there are: True."""
+        if not self.enabled:
+            return True
+        return (shard in self.owned
+                and readers_per_shard(len(self.live), self.namespace.shards) == 1)
 
     async def beat(self) -> None:
         """Say this worker is alive; update the live set, the owned shards and

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
-from processor.connections import as_text, is_transient, read_raw
+from processor.connections import as_text, is_transient, read_raw, stream_entry
 from processor.hold import Floor
 from processor.keys import Shard
 from processor.membership import Membership
@@ -108,6 +108,7 @@ class ShardLoop:
         async def reclaim(self, shard: Shard) -> None: ...
         async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
         async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
+        def _holds_on(self, shard: Shard) -> bool: ...
 
         @property
         def stopping(self) -> bool:  # stop() was called
@@ -154,8 +155,10 @@ class ShardLoop:
         if not entries:
             return None
         try:
-            if self.config.holding:  # grouped for holding (processor.held_batch)
+            if self._holds_on(shard):  # grouped for holding (processor.held_batch)
                 return decode_batch(shard, entries, self.options, now_ms())
+            if entries[0][1].__class__ is not dict:  # read for holding, which just stopped
+                entries = list(map(stream_entry, entries))
             call = build_apply(shard, entries, {}, self.options, now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": shard.index})
@@ -174,7 +177,8 @@ class ShardLoop:
                 reads = self.membership.reads(shard.index)
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
-                await self._guarded(shard, self._retrying, self._spill_due, shard, not reads)
+                await self._guarded(shard, self._retrying, self._spill_due, shard,
+                                    not self._holds_on(shard))
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
@@ -255,7 +259,7 @@ class ShardLoop:
             return []
         cfg = self.config
         try:
-            if cfg.holding:  # as the reply holds them: grouped for holding (held_batch)
+            if self._holds_on(shard):  # as the reply holds them: grouped for holding (held_batch)
                 entries = await read_raw(self.client, cfg.group, cfg.consumer, shard.updates,
                                          cfg.batch, cfg.block_ms)
             else:

@@ -88,6 +88,36 @@ async def test_progress_events_turn_holding_off(redis_url: str, namespace: str) 
     assert held == 0
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_workers_hold_only_the_shards_they_read_alone(
+    redis_url: str, namespace: str, shards: int
+) -> None:
+    """Two workers on one shard both read it: a turn's entries reach both,
+    and holding would spill nearly every turn, so each stores what it reads
+    (Membership.sole_reader). On two shards each reads one alone and holds."""
+    turns = _turns(40, seed=13)
+    entries = interleave(turns, random.Random(9))
+    async with Harness(redis_url, namespace, shards=shards, batch=20, worker_ttl=1.0,
+                       **HOLD) as harness:
+        a, b = await harness.start_workers(2)
+        await harness.wait_for(lambda: a.worker.membership.live == b.worker.membership.live
+                               == sorted([a.consumer, b.consumer]), 5, "both to see each other")
+        await asyncio.sleep(0.3)  # reads begun before the first beat have ended
+        assert [w.worker.membership.sole_reader(0) for w in (a, b)].count(True) == shards - 1
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        held = sum(_metric(w.worker, "processor_turns_settled_total", source="held")
+                   for w in (a, b))
+        spilled = sum(_metric(w.worker, "processor_held_turns_spilled_total") for w in (a, b))
+    compare_with_offline(outputs, offline_results(entries))
+    if shards == 1:
+        assert held == spilled == 0
+    else:
+        assert held == len(turns) and spilled == 0
+
+
 def _grouped(entries: list[Any]) -> HeldBatch:
     return group_batch(entries, 0, 1, Limits().max_entry_bytes)
 
