@@ -35,7 +35,6 @@ class Memory:
     drained: int  # used_memory after the ends, outputs still in their streams
     cleaned: int  # used_memory after the outputs are read and the done TTL passed
     held: bool = False  # the worker held the turns (the default), else stored them
-    stream_bytes: int = 0  # MEMORY USAGE of the updates stream (its entries and PEL)
 
 
 async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1, hold: bool = True) -> Memory:
@@ -68,7 +67,6 @@ async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1, hold: bool = True)
                     key = key_fn(TurnKey(rid, "").encode())
                     state += await client.memory_usage(key, samples=0) or 0
             events = await client.memory_usage(shard.events, samples=0) or 0
-            stream = await client.memory_usage(shard.updates, samples=0) or 0
             await harness.add(ends)
             await harness.wait_merged(len(work.turns), timeout=600)
             await harness.wait_drained(timeout=600)
@@ -79,8 +77,7 @@ async def memory(ctx: Ctx, work: Workload, done_ttl: int = 1, hold: bool = True)
             for sub in list(harness.procs):
                 harness.terminate(sub)
         await forget(client, "{mem:*")
-    return Memory(len(work.turns), raw, before, active, state, events, drained, cleaned,
-                  hold, stream)
+    return Memory(len(work.turns), raw, before, active, state, events, drained, cleaned, hold)
 
 
 async def _wait_held(client: Any, shard: Any, group: str, entries: int, turns: int,
