@@ -9,6 +9,7 @@ merge's, the cancellation's, hand-written text) stay as they are.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -383,20 +384,12 @@ def _memory_table(mems: list[Memory]) -> list[str]:
         "",
         "| per active turn | " + " | ".join(_mem_name(m) for m in mems) + " |",
         "|---|" + "---:|" * len(mems),
-        "| raw bytes of the turn's update entries (field names + values) | "
-        + " | ".join(f"{m.raw_bytes / m.turns:,.0f} B" for m in mems) + " |",
-        "| `used_memory` growth | "
-        + " | ".join(f"{(m.active - m.before) / m.turns:,.0f} B" for m in mems) + " |",
-        "| of which turn state (`turn:` + `recs:` hashes, `MEMORY USAGE`) | "
-        + " | ".join(f"{m.state_bytes / m.turns:,.0f} B" for m in mems) + " |",
-        "| of which the events stream (`synthesis.started`) | "
-        + " | ".join(f"{m.started_events / m.turns:,.0f} B" for m in mems) + " |",
+        *(_mem_row(name, [f"{value(m) / m.turns:,.0f} B" for m in mems])
+          for name, value in _MEM_ROWS),
         # (Not MEMORY USAGE of the stream: Redis's estimate for a stream
         # came out at twice the whole growth.)
-        "| the rest: the updates stream's entries and pending list (growth less the above) | "
-        + " | ".join(f"{_rest(m) / m.turns:,.0f} B" for m in mems) + " |",
-        "| growth / raw bytes | "
-        + " | ".join(f"{(m.active - m.before) / m.raw_bytes:.2f}x" for m in mems) + " |",
+        _mem_row("growth / raw bytes",
+                 [f"{(m.active - m.before) / m.raw_bytes:.2f}x" for m in mems]),
         "",
     ]
     for m in mems:
@@ -410,6 +403,21 @@ def _memory_table(mems: list[Memory]) -> list[str]:
 
 def _rest(mem: Memory) -> int:
     return mem.active - mem.before - mem.state_bytes - mem.started_events
+
+
+#: The memory table's rows in bytes: what each is, and how it is had.
+_MEM_ROWS: list[tuple[str, Callable[[Memory], int]]] = [
+    ("raw bytes of the turn's update entries (field names + values)", lambda m: m.raw_bytes),
+    ("`used_memory` growth", lambda m: m.active - m.before),
+    ("of which turn state (`turn:` + `recs:` hashes, `MEMORY USAGE`)",
+     lambda m: m.state_bytes),
+    ("of which the events stream (`synthesis.started`)", lambda m: m.started_events),
+    ("the rest: the updates stream's entries and pending list (growth less the above)", _rest),
+]
+
+
+def _mem_row(name: str, cells: list[str]) -> str:
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def _mem_name(mem: Memory) -> str:
