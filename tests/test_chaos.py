@@ -24,15 +24,17 @@ from worker_harness import Harness
 from processor.lifecycle import Limits
 
 
-@pytest.mark.parametrize(("shards", "hold"), [(1, True), (3, True), (3, False)])
+@pytest.mark.parametrize(("shards", "hold"), [(1, True), (6, True), (3, False)])
 async def test_chaos_soak(
     make_redis_server, namespace: str, tmp_path, shards: int, hold: bool
 ) -> None:
     """With one shard every worker reads it (and, sharing it, stores its
-    turns); with three, the workers split them (shard affinity) and hold
-    the turns of their own, while they are killed and restarted under it (a
+    turns); with six, the workers split them (shard affinity) and hold the
+    turns of their own, while they are killed and restarted under it (a
     killed worker's held entries are pending, reclaimed and stored by
-    another). On three shards, storing every entry too (--no-hold-turns)."""
+    another). Six: the three workers and the killed ones still in the live
+    set for --worker-ttl, so that most of the time each shard has one
+    reader. On three shards, storing every entry (--no-hold-turns)."""
     server = make_redis_server(appendonly=True)  # appendfsync always
     assert server.appendonly
     turns = int(os.environ.get("PROCESSOR_CHAOS_TURNS", "150"))
