@@ -94,7 +94,7 @@ OPTIONS: tuple[Option, ...] = (
            "worker's memory until the turn ends, then publish and ack them in one step; "
            "--no-hold-turns stores a record of every entry in Redis as it is read instead "
            "(docs/design.md, Held turns; no effect with --progress)"),
-    Option("hold_ms", int, 5000, "a held turn held this long is handed to the "
+    Option("hold_ms", int, 5000, "a turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),

@@ -62,9 +62,9 @@ class Metrics:
         self.stored = Counter(
             "processor_entries_stored", "Entries applied to their turn's state (merged at "
             "finalisation), as counted by apply_entries, and held turns' entries once "
-            "published (--hold-turns)", registry=r)
+            "published", registry=r)
         self.spilled = Counter(
-            "processor_held_turns_spilled", "Held turns (--hold-turns) handed to apply_entries "
+            "processor_held_turns_spilled", "Held turns handed to apply_entries "
             "instead of being published from the worker's memory", registry=r)
         self.merged = Counter(
             "processor_merged_published", "Merged entries published, by status", ["status"],
@@ -100,7 +100,7 @@ class Metrics:
         self.settled = Counter(
             "processor_turns_settled", "Turns merged for publishing, by where the merge "
             "came from (source=mirror: this worker's own copy; source=replay: the stored "
-            "records read back from Redis; source=held: a held turn, --hold-turns)",
+            "records read back from Redis; source=held: a held turn)",
             ["source"], registry=r)
         self.end_to_merged = Histogram(
             "processor_end_to_merged_seconds", "From the XADD of the entry that ended a turn "
