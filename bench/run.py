@@ -37,6 +37,7 @@ from typing import Any
 import charts
 import latency
 import memory_scenarios
+import profile_sections
 import ratios
 import redis.asyncio
 import report
@@ -215,7 +216,7 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             if args.no_docs:  # else it goes to the page
                 for key in ("profiled", "profiled_stored"):
                     if key in r:
-                        say(report.profile_section(Path(r[key].profile), r[key],
+                        say(profile_sections.profile_section(Path(r[key].profile), r[key],
                                                    stored=key == "profiled_stored"))
         if args.pyinstrument:
             tree = log_dir / "worker.pyinstrument.txt"
@@ -314,16 +315,17 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
     if "profiled" in r:
         prof = r["profiled"]
         report.write_section(PAGE, "e2e-profile",
-                             report.profile_section(Path(prof.profile), prof),
+                             profile_sections.profile_section(Path(prof.profile), prof),
                              after="e2e-memory")
     if "profiled_stored" in r:
         prof = r["profiled_stored"]
         report.write_section(PAGE, "e2e-profile-stored",
-                             report.profile_section(Path(prof.profile), prof, stored=True),
+                             profile_sections.profile_section(Path(prof.profile), prof,
+                                                              stored=True),
                              after="e2e-profile")
     if "tree" in r:
         report.write_section(PAGE, "e2e-pyinstrument",
-                             report.pyinstrument_section(r["tree_file"], r["tree"]),
+                             profile_sections.pyinstrument_section(r["tree_file"], r["tree"]),
                              after="e2e-profile-stored" if "profiled_stored" in r
                              else "e2e-profile")
     say(f"{'docs':>24}: updated {PAGE.relative_to(ROOT)} and its charts")
