@@ -88,9 +88,9 @@ class Holding:
         return {i for held in self._holds[shard.index].turns.values() for i in held.ids}
 
     def _holding(self, call: ApplyCall | None) -> bool:
-        """Whether a batch goes the held path: read by XREADGROUP > (in id
-        order, delivered once) with --hold-turns, and no progress events
-        (the shard loop then groups it for holding: ``decode_batch``)."""
+        """Whether a batch goes the held path: the shard loop grouped it for
+        holding (``decode_batch``), having read it with XREADGROUP > (in id
+        order, delivered once) from a shard it holds turns on (:meth:`_holds_on`)."""
         return call is not None and call.held is not None
 
     async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall,

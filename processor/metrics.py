@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -180,8 +180,7 @@ class Metrics:
                 self.end_to_merged.observe(max(0.0, now - sent))
             status = outcome.status
             statuses[status] = statuses.get(status, 0) + 1
-            for reason in dead_letter_reasons(outcome.dead_letters):
-                self.dlq.labels(label(reason)).inc()
+            self.dead_lettered(dead_letter_reasons(outcome.dead_letters))
             level = logging.DEBUG if status == "completed" else logging.INFO
             if turn_log.isEnabledFor(level):
                 turn_log.log(level, "turn published", extra=logs.turn_fields(outcome.outputs))
@@ -204,7 +203,11 @@ class Metrics:
             self._settled_held = self.settled.labels("held")
         self._settled_held.inc(turns)
         self.stored.inc(entries)
-        for reason in late:
+        self.dead_lettered(late)
+
+    def dead_lettered(self, reasons: Iterable[str]) -> None:
+        """Entries a finalise dead-lettered, one reason each."""
+        for reason in reasons:
             self.dlq.labels(label(reason)).inc()
 
     def redis_error(self, exc: BaseException | None, retried: bool = True) -> None:

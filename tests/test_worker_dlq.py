@@ -123,13 +123,16 @@ async def test_entries_of_a_finished_turn_are_turn_closed(redis_url: str, namesp
     late = [{"response_id": "done-1", "update": _update("late")},
             {"response_id": "done-1", "kind": "end"}]
     async with Harness(redis_url, namespace) as harness:
-        await harness.start_workers(1)  # one worker: applies done-2's entries in order
+        # One worker: applies done-2's entries in order.
+        (running,) = await harness.start_workers(1)
         await harness.add(first)
         await harness.wait_merged(1)
         ids = await harness.add(second + late)
         await harness.wait_merged(2)
         await harness.wait_drained()
         outputs = await harness.outputs()
+        counted = running.worker.metrics.registry.get_sample_value(
+            "processor_dlq_entries_total", {"reason": "turn_closed"})
     offline = offline_results(first + second + late)
     compare_with_offline(outputs, offline, "turn_closed")
     closed = {d["source_id"]: d for d in outputs.dlq}
@@ -143,6 +146,7 @@ async def test_entries_of_a_finished_turn_are_turn_closed(redis_url: str, namesp
     assert closed[ids[2]]["update"] == second[2]["update"]
     assert closed[ids[4]]["kind"] == "end"
     assert closed[ids[2]]["step_id"] == "s9"
+    assert counted == 3  # in the metrics too, whichever path dead-lettered each
 
 
 async def test_poison_entry_reaches_max_deliveries(
