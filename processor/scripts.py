@@ -26,7 +26,7 @@ def source(name: str) -> str:
 
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
-    "compact_turn", "beat_worker", "open_turns", "finalise_held",
+    "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
 )
 
 
@@ -42,3 +42,4 @@ class Scripts:
         self.beat_worker = client.register_script(source("beat_worker"))
         self.open_turns = client.register_script(source("open_turns"))
         self.finalise_held = client.register_script(source("finalise_held"))
+        self.cancelled_turns = client.register_script(source("cancelled_turns"))

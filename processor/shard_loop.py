@@ -164,6 +164,7 @@ class ShardLoop:
             log.exception("could not prepare a batch", extra={"shard": shard.index})
             return None
         call.newest = True  # read with XREADGROUP >
+        call.read_from = as_text(entries[0][0])
         return call
 
     async def _apply_loop(
@@ -205,7 +206,8 @@ class ShardLoop:
                 await self._guarded(shard, self._retrying, self._apply_isolated, shard,
                                     batch.entries, {}, batch.call)
             finally:
-                self._floors[shard.index].routed(as_text(batch.entries[0][0]))
+                self._floors[shard.index].routed(as_text(batch.entries[0][0]),
+                                                as_text(batch.entries[-1][0]))
 
     async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
         """One step of the shard loop; a failure is logged and counted, never fatal."""
@@ -246,7 +248,7 @@ class ShardLoop:
             try:
                 await self._retrying(self._apply_isolated, shard, entries, {})
             finally:
-                self._floors[shard.index].routed(as_text(entries[0][0]))
+                self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
 
     async def _read(self, shard: Shard) -> list[Any]:
         """The shard's next batch, ``(id, {name: value})`` each, or with

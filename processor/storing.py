@@ -49,11 +49,14 @@ class Storing:
 
     async def _store(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | None = None,
+        call: ApplyCall | None = None, read_from: str = "",
     ) -> None:
-        """Store a batch with ``apply_entries``, then finalise whatever it made ready."""
+        """Store a batch with ``apply_entries``, then finalise whatever it made
+        ready. ``read_from``: the first id of the XREADGROUP > read the entries
+        come from, if they do (``ApplyCall.read_from``)."""
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
+            call.read_from = read_from
         applying = self.scripts.apply_entries(
             keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
         if call.newest:

@@ -248,10 +248,13 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
             turns = [TurnKey.decode(as_text(tk)) for tk in active]
-            flags = await self.client.mget([shard.cancel(t.response_id) for t in turns])
-            for key, flag in zip(turns, flags, strict=True):
-                if flag is not None:
-                    todo.setdefault(key, "cancel")
+            keys = [shard.updates]
+            for key in turns:
+                keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
+            found = await self.scripts.cancelled_turns(
+                keys=keys, args=[cfg.group, cfg.consumer, self._floor(shard)])
+            for index in found:
+                todo.setdefault(turns[int(index) - 1], "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         await self._publish_held_ends(shard, todo)
