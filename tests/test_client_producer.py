@@ -201,7 +201,7 @@ async def test_cancel_by_turn_id_uses_the_assigned_response_id(async_redis_clien
 
 
 class _CountingClient:
-    """Proxy that counts GETs."""
+    """Proxy that counts the reads of a key (pipelines of them count once)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -210,6 +210,10 @@ class _CountingClient:
     async def get(self, key: str) -> Any:
         self.gets += 1
         return await self.client.get(key)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        self.gets += 1
+        return self.client.pipeline(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
@@ -326,3 +330,22 @@ async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, n
 
 async def _collect(iterator: Any) -> list[Any]:
     return [item async for item in iterator]
+
+
+async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, namespace):
+    """A cancel key's value is anyone's to set (contract section 6): a
+    watching producer reads at most REASON_BYTES of it, however large."""
+    from processor.client.watch import REASON_BYTES
+
+    producer = Producer(async_redis_client, namespace)
+    await async_redis_client.set(producer.cancel_key("resp_huge"), "x" * (8 << 20))
+
+    async def one() -> AsyncIterator[int]:
+        yield 1
+
+    watch = producer.watch("resp_huge", one(), poll_interval=0.05)
+    assert [n async for n in watch] == []
+    assert watch.cancelled and watch.reason == "x" * REASON_BYTES
+    await async_redis_client.set(producer.cancel_key("resp_empty"), "")
+    watch = producer.watch("resp_empty", one(), poll_interval=0.05)
+    assert [n async for n in watch] == [] and watch.cancelled and watch.reason == ""
