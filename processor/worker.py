@@ -136,6 +136,9 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
         self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}
+        # Per shard: cancelled turns whose finalise answered "not yet" (storing.py).
+        self._waiting_cancels: dict[int, set[TurnKey]] = {
+            s.index: set() for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
@@ -248,16 +251,41 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
             turns = [TurnKey.decode(as_text(tk)) for tk in active]
-            keys = [shard.updates]
-            for key in turns:
-                keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
-            found = await self.scripts.cancelled_turns(
-                keys=keys, args=[cfg.group, cfg.consumer, self._floor(shard)])
-            for index in found:
-                todo.setdefault(turns[int(index) - 1], "cancel")
+            ready, _waiting = await self._cancelled(shard, turns)
+            for key in ready:
+                todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         await self._publish_held_ends(shard, todo)
         if todo:
             await self.finalise(shard, todo)
+
+    async def _cancelled(
+        self, shard: Shard, turns: list[TurnKey]
+    ) -> tuple[list[TurnKey], list[TurnKey]]:
+        """Of ``turns``, the cancelled ones to finalise now, and those that must
+        wait (``cancelled_turns``: another worker holds them, or an entry up to
+        their cut is still pending)."""
+        keys = [shard.updates]
+        for key in turns:
+            keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
+        ready, waiting = await self.scripts.cancelled_turns(
+            keys=keys, args=[self.config.group, self.config.consumer, self._floor(shard)])
+        return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
+
+    async def retry_cancels(self, shard: Shard) -> None:
+        """Finalise the cancelled turns a finalise left waiting for an entry up
+        to their cut (docs/design.md, *Cancellation*), as soon as they can be:
+        the next step after the entry is applied, not the next sweep."""
+        waiting = self._waiting_cancels[shard.index]
+        if not waiting:
+            return
+        turns = list(waiting)
+        ready, still = await self._cancelled(shard, turns)
+        waiting.intersection_update(still)
+        if ready:
+            todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
+            await self._publish_held_ends(shard, todo)
+            if todo:
+                await self.finalise(shard, todo)
 

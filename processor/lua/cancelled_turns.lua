@@ -15,7 +15,9 @@ KEYS[1 + 2*(t-1) + 1..2]   per turn t: cancellation key, turn hash
 
 ARGV[1] consumer group   ARGV[2] this consumer   ARGV[3] its floor (includes/watermark)
 
-Returns the (1-based) indexes of the turns to finalise as cancelled
+Returns { the (1-based) indexes of the turns to finalise as cancelled now,
+those of the cancelled turns that must wait } (a turn in neither is not
+cancelled, or not active any more)
 ]==]
 
 local updates = KEYS[1]
@@ -35,20 +37,22 @@ local function watermark_once()
   return mark
 end
 
-local ready = {}
+local ready, waiting = {}, {}
 for t = 1, (#KEYS - 1) / 2 do
   local ckey, tkey = KEYS[2 * t], KEYS[2 * t + 1]
   if redis.call('EXISTS', ckey) == 1 then
-    local state = redis.call('HMGET', tkey, 'holder', 'cut')
-    local holder, cut = state[1], state[2]
-    local wait = false
-    if holder and holder ~= consumer and pending_to(updates, group, holder) then
-      wait = true
-    elseif cut then
-      local low = watermark_once()
-      wait = low ~= nil and low < cut
+    local state = redis.call('HMGET', tkey, 'started', 'holder', 'cut')
+    local started, holder, cut = state[1], state[2], state[3]
+    if started then
+      local wait = false
+      if holder and holder ~= consumer and pending_to(updates, group, holder) then
+        wait = true
+      elseif cut then
+        local low = watermark_once()
+        wait = low ~= nil and low < cut
+      end
+      if wait then waiting[#waiting + 1] = t else ready[#ready + 1] = t end
     end
-    if not wait then ready[#ready + 1] = t end
   end
 end
-return ready
+return { ready, waiting }
