@@ -22,8 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
+from processor import library
 from processor.batches import (
     ApplyCall,
     BatchOptions,
@@ -154,6 +155,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
 
     async def run(self) -> None:
         await self._retrying(self.ensure_groups)
+        await self._retrying(self.load_library)
         await self._retrying(self.membership.beat)
         self.ready.set()
         log.info("worker started", extra={"consumer": self.config.consumer,
@@ -175,6 +177,17 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+
+    async def load_library(self) -> None:
+        """Load the producers' function library (:mod:`processor.library`).
+        Refused (a user without FUNCTION LOAD): logged, not fatal, since
+        merging does not need it; producers on Redis 7 do."""
+        try:
+            await library.load(self.client)
+        except NoPermissionError as exc:
+            log.error("cannot load the producers' function library: producers fail until "
+                      "it is loaded (processor init as a user allowed FUNCTION LOAD)",
+                      extra={"library": library.library_name(), "error": str(exc)})
 
     async def _retrying(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on

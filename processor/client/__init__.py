@@ -30,12 +30,14 @@ from processor.client.retry import RetryPolicy
 from processor.client.subscriber import STREAMS as STREAMS
 from processor.client.subscriber import Subscriber
 from processor.client.watch import CancelWatch
+from processor.library import LibraryNotLoaded
 
 __all__ = [
     "CancelWatch",
     "EntryItem",
     "EventItem",
     "Item",
+    "LibraryNotLoaded",
     "MergedItem",
     "Producer",
     "RetryPolicy",

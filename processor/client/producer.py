@@ -24,7 +24,7 @@ from processor.client.watch import CancelWatch
 from processor.connections import as_text
 from processor.ids import response_id_for_turn
 from processor.keys import DEFAULT_NAMESPACE, Namespace
-from processor.scripts import source
+from processor.library import Function
 
 T = TypeVar("T")
 
@@ -36,8 +36,9 @@ class Producer:
     """Writes input entries to ``{<ns>:<s>}:updates`` (contract section 3).
 
     Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
-    added with ``send_update.lua``: an idempotency key makes a retried send add
-    the entry once. Without an ``idempotency_key`` one is made per call (and
+    added by the Redis Function of ``send_update.lua`` (:mod:`processor.library`;
+    EVALSHA of the same file on Redis 6.2): an idempotency key makes a retried
+    send add the entry once. Without an ``idempotency_key`` one is made per call (and
     reused by the built-in retry); pass your own, unique per entry (say
     ``f"{response_id}:{n}"``), to make your own retries safe as well. Keys are
     kept ``idempotency_ttl`` seconds, per namespace and shard.
@@ -57,7 +58,7 @@ class Producer:
         self.keys = Namespace(namespace, shards)
         self.idempotency_ttl = idempotency_ttl
         self.retry = retry or RetryPolicy()
-        self._send_update = client.register_script(source("send_update"))
+        self._send_update = Function(client, "send_update")
 
     async def send(
         self,

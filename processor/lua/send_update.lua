@@ -1,6 +1,10 @@
 --[==[
 send_update: a producer's XADD with an idempotency key, so that a retried
-send (a timeout after Redis applied it) does not add the entry twice.
+send (a timeout after Redis applied it) does not add the entry twice. Always
+XADD '*': the id is Redis's. Runs as the Redis Function send_update_<version>
+of library processor_<version> (processor/library.py says how it is versioned;
+producers FCALL it and may load no Lua of their own), or with EVALSHA on a
+Redis without functions (before 7.0).
 
 KEYS[1] updates stream   KEYS[2] idempotency key
 
