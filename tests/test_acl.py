@@ -24,7 +24,7 @@ from scrape import scrape, wait_status
 from turn_reference import compare_with_offline
 from worker_harness import ROOT, Harness
 
-from processor.client import LibraryNotLoaded, MergedItem, Producer, Subscriber
+from processor.client import LibraryNotLoaded, MergedItem, Producer, Subscriber, TurnEnded
 from processor.connections import RedisOptions, connect
 from processor.embedded import (
     EmbeddedRedis,
@@ -310,6 +310,8 @@ def test_producer_user_cannot_overwrite_or_retype_other_keys(acl_server: Embedde
         _refused(producer, "XADD", shard.cancel("r1"), "*", "f", "v")
         _refused(producer, "XADD", shard.idem("k"), "*", "f", "v")
         _refused(producer, "GET", shard.updates)
+        _refused(producer, "HSET", shard.done("1:r1:"), "status", "completed")  # read only
+        _refused(producer, "SET", shard.done("1:r1:"), "x")
         assert producer.set(shard.cancel("r1"), "stop") and producer.set(shard.idem("k"), "1-1")
     with redis.Redis(**acl_server.client_kwargs()) as admin:
         assert admin.type(shard.updates) == b"stream"
@@ -356,6 +358,9 @@ async def test_producer_user_sends_cancels_and_reads_through_the_client(
                 statuses[rid] = (await subscriber.wait_for(rid, timeout=30)).status
             seen = [item for item in await newest.read(2000) if isinstance(item, MergedItem)]
         assert statuses == {"r1": "completed", "r2": "error", "r3": "cancelled"}
+        with pytest.raises(TurnEnded):  # the function reads the done marker as this user
+            await producer.send("r1", update)
+        await producer.send("r3", update)  # a cancelled turn takes (and drops) entries
         assert {item.response_id for item in seen} >= {"r1", "r2"}
     finally:
         await client.aclose()

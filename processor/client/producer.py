@@ -11,6 +11,8 @@ import uuid
 from collections.abc import AsyncIterable, Mapping
 from typing import Any, TypeVar
 
+from redis.exceptions import ResponseError
+
 from processor.client.entries import (
     Encoding,
     Sent,
@@ -19,6 +21,7 @@ from processor.client.entries import (
     turn_ids,
     update_body,
 )
+from processor.client.errors import TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
 from processor.connections import as_text
@@ -190,9 +193,18 @@ class Producer:
         raise ValueError("a response_id or a turn_id is needed")
 
     async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
-        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries."""
+        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries;
+        :class:`TurnEnded` when the turn has ended (the same call checks it)."""
         shard = self.keys.shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
-        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex)]
+        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex),
+                shard.done(turn.turn_key().encode())]
         args = [ttl, *turn.fields(), *body]
-        return as_text(await self.retry.run(lambda: self._send_update(keys=keys, args=args)))
+        try:
+            reply = await self.retry.run(lambda: self._send_update(keys=keys, args=args))
+        except ResponseError as exc:
+            code, _, status = str(exc).partition(" ")
+            if code == "TURNENDED":
+                raise TurnEnded(turn.label(), status.split()[0] if status else "?") from None
+            raise
+        return as_text(reply)
