@@ -133,9 +133,10 @@ async def run_worker(values: dict[str, Any]) -> int:
         stop.on_stop(worker.stop)
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group)
-            sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
-                              values["metrics_interval"])
-            background.append(asyncio.create_task(sampler.run()))
+        # Also without a metrics port: the sampler is what logs a shard whose ids went bad.
+        sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
+                          values["metrics_interval"])
+        background.append(asyncio.create_task(sampler.run()))
         await worker.run()
         await client.aclose()
         log.info("stopped cleanly", extra={"turns_settled": metrics.settled_by_source()})

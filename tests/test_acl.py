@@ -32,6 +32,7 @@ from processor.embedded import (
     free_port,
     redis_server_version,
 )
+from processor.ids import shard_of
 from processor.keys import Namespace
 from processor.library import function_name, library_name, library_text
 from processor.lifecycle import Limits
@@ -367,6 +368,66 @@ async def test_producer_user_sends_cancels_and_reads_through_the_client(
     # Refused once: the producer's attempt to load the missing library.
     assert [(e["username"], e["object"]) for e in acl_log(acl_server)] == [
         ("producer", "function|load")]
+
+
+def test_what_the_producer_user_can_still_do_with_xadd(acl_server: EmbeddedRedis) -> None:
+    """docs/security.md's limits of the ACL: XADD, which the send function
+    needs, takes an id of the caller's choosing and trimming options, which
+    no ACL rule can refuse. Here a producer trims away an entry a worker had
+    not read yet."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.xgroup_create(shard.updates, "processor", id="0", mkstream=True)
+        admin.xadd(shard.updates, {"response_id": "victim", "kind": "end"})
+    with redis.Redis.from_url(url_for(acl_server, "producer")) as producer:
+        assert producer.xadd(shard.updates, {"response_id": "r", "kind": "end"},
+                             id="99999999999999-0") == b"99999999999999-0"
+        producer.xadd(shard.updates, {"response_id": "r", "kind": "end"}, maxlen=1,
+                      approximate=False)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert [f[b"response_id"] for _, f in admin.xrange(shard.updates)] == [b"r"]
+
+
+async def test_a_producer_poisons_a_shard_and_the_operator_repairs_it(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """What the producer user can still do (docs/security.md): XADD with an id
+    of its choosing. At the last possible id every later send of the shard
+    fails; the worker (as processor) reports it on /readyz, and, the worker
+    stopped, `processor repair-stream` as an administrator brings the shard
+    back: the same producer's sends work and are merged."""
+    shards, update = 2, {"contents": [{"type": "text", "text": "hi"}]}
+    stream = Namespace(NAMESPACE, shards).shard(1).updates
+    rid = next(r for r in (f"t{i}" for i in range(100)) if shard_of(r, shards) == 1)
+    client = redis.asyncio.Redis.from_url(url_for(acl_server, "producer"))
+    try:
+        producer = Producer(client, namespace=NAMESPACE, shards=shards)
+        async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
+            harness.url = url_for(acl_server, "processor")
+            port = free_port()
+            worker = harness.spawn(None, "--log-level", "info", metrics_port=port,
+                                   metrics_interval=0.2)
+            await harness.wait_started([worker])
+            await client.xadd(stream, {"response_id": "evil", "kind": "end"},
+                              id="18446744073709551615-18446744073709551615")
+            with pytest.raises(ResponseError, match="exhausted the last possible ID"):
+                await producer.send(rid, update)
+            body = await wait_status(port, "/readyz", 503)
+            assert "ids exhausted" in body
+            assert harness.terminate(worker) == 0  # the repair waits for the workers to stop
+            repair = _cli("repair-stream", "--redis-url", acl_server.url, "--namespace",
+                          NAMESPACE, "--shards", str(shards))
+            assert repair.returncode == 0, repair.stderr
+            worker = harness.spawn(None, metrics_port=port, metrics_interval=0.2)
+            await wait_status(port, "/readyz", 200)
+            await producer.send(rid, update)
+            await producer.end(rid)
+            assert (await Subscriber(client, NAMESPACE, shards).wait_for(rid, 30)).status == (
+                "completed")
+            assert harness.terminate(worker) == 0
+    finally:
+        await client.aclose()
+    assert acl_log(acl_server) == []
 
 
 async def _cancel_after(
