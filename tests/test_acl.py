@@ -560,6 +560,33 @@ def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRe
         assert all(pw not in proc.stderr for pw in PASSWORDS.values())
 
 
+async def test_a_worker_user_without_function_load(acl_server: EmbeddedRedis,
+                                                   tmp_path: Path) -> None:
+    """A processor user from before the function library (no FUNCTION LOAD):
+    `processor init` stops with one line naming the library; a worker logs
+    it once and keeps merging (producers would fail until it is loaded)."""
+    line = shipped_lines()["processor"].replace(" +function|load", "")
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.execute_command("ACL", "SETUSER", "old-worker", *line.split()[2:], ">pw")
+    url = f"redis://old-worker:pw@{acl_server.host}:{acl_server.port}"
+    init = _cli("init", "--redis-url", url)
+    assert init.returncode == 1
+    (message,) = init.stderr.strip().splitlines()
+    assert message.startswith(f"processor init: redis refused to load the producers' "
+                              f"function library {library_name()}: ")
+    assert "no permissions" in message
+    async with Harness(acl_server.url, NAMESPACE, 1, log_dir=tmp_path) as harness:
+        harness.url = url
+        worker = harness.spawn(None, "--log-level", "info")
+        await harness.wait_started([worker])
+        await harness.add([{"response_id": "r", "kind": "end"}])
+        await harness.wait_merged(1)
+        assert harness.terminate(worker) == 0
+        refusals = [json.loads(x) for x in worker.log().splitlines()
+                    if "cannot load the producers' function library" in x]
+    assert len(refusals) == 1 and refusals[0]["library"] == library_name()
+
+
 class AdminRedis(EmbeddedRedis):
     """A server whose own pings and clients log in as the ``admin`` user."""
 
