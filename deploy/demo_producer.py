@@ -4,8 +4,10 @@ into the shard streams the workers read, then prints how each turn merged.
 Each turn is ``processor demo``'s two-agent handoff with a tool call, sent
 the way an Agent Framework producer would (``processor.client.Producer``).
 Configured like the worker: ``REDIS_URL``, ``PROCESSOR_NAMESPACE`` and
-``PROCESSOR_SHARDS`` (flags win). Exit status 0 once every turn merged as
-``completed``, 1 otherwise.
+``PROCESSOR_SHARDS`` (flags win). ``--inbox`` (or ``PRODUCER_INBOX=1``) sends
+through the shards' inboxes, as the least-privilege ``producer`` ACL user
+must (docs/security.md); without it, entries are XADDed (``producer-trusted``).
+Exit status 0 once every turn merged as ``completed``, 1 otherwise.
 
     python deploy/demo_producer.py --turns 5 --interval 0.5
 """
@@ -31,6 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=10, help="turns to send (0 = forever)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between turns")
     parser.add_argument("--timeout", type=float, default=60.0, help="wait per merged turn")
+    parser.add_argument("--inbox", action="store_true",
+                        default=os.environ.get("PRODUCER_INBOX", "") not in ("", "0"),
+                        help="send through the shards' inboxes (Producer(inbox=True)): what "
+                        "the least-privilege producer ACL user needs (env PRODUCER_INBOX=1)")
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("give --redis-url or set REDIS_URL")
@@ -55,7 +61,7 @@ def response_text(response: dict) -> str:
 
 async def main(args: argparse.Namespace) -> int:
     client = await connect(RedisOptions(args.redis_url))
-    producer = Producer(client, namespace=args.namespace, shards=args.shards)
+    producer = Producer(client, namespace=args.namespace, shards=args.shards, inbox=args.inbox)
     subscriber = Subscriber(client, namespace=args.namespace, shards=args.shards)
     print(f"producing to {redact(args.redis_url)} namespace {args.namespace!r}", flush=True)
     failed = sent = 0

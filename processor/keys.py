@@ -21,6 +21,11 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
 - ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
+- ``{ns:s}:inbox``      list: entries of least-privilege producers (``send_inbox``),
+  one msgpack array of field names and values each, until a worker admits them
+  into ``updates`` (``admit_inbox``, :mod:`processor.inbox`)
+- ``{ns:s}:inbox:bell`` list: a token when the inbox has entries, which the
+  admitting worker waits on (BLPOP)
 - ``{ns:s}:updates:repair`` scratch stream of ``processor repair-stream``
   (exists only within its Lua step, or after one that failed half-way)
 - ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
@@ -54,6 +59,14 @@ class Shard:
     @property
     def updates(self) -> str:
         return f"{self.tag}:updates"
+
+    @property
+    def inbox(self) -> str:
+        return f"{self.tag}:inbox"
+
+    @property
+    def inbox_bell(self) -> str:
+        return f"{self.tag}:inbox:bell"
 
     @property
     def repair(self) -> str:

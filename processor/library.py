@@ -36,8 +36,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from processor.scripts import source
 
-#: The functions of the library, each ``processor/lua/<name>.lua``.
-FUNCTIONS = ("send_update",)
+#: The functions of the library, each ``processor/lua/<name>.lua``: a send to
+#: the updates stream (``XADD``) and a send to the shard's inbox, which
+#: workers admit into the stream (:mod:`processor.inbox`).
+FUNCTIONS = ("send_update", "send_inbox")
 
 _UNKNOWN_COMMAND = re.compile(r"unknown command", re.IGNORECASE)
 _NOT_FOUND = re.compile(r"function not found", re.IGNORECASE)

@@ -127,6 +127,12 @@ class Metrics:
             "processor_stream_ids_bad", "1 when the shard's updates stream has ids that are "
             "exhausted or far ahead of Redis's clock (producers' sends fail or will; "
             "processor repair-stream), else 0 (sampled)", ["shard"], registry=r)
+        self.inbox_admitted = Counter(
+            "processor_inbox_admitted", "Entries this worker moved from a shard's inbox "
+            "(Producer(inbox=True)) into its updates stream", ["shard"], registry=r)
+        self.inbox_length = Gauge(
+            "processor_inbox_length", "Entries waiting in the shard's inbox (sampled)",
+            ["shard"], registry=r)
         self.shards_read = Gauge(
             "processor_shards_read", "Shards this worker reads new entries from: those "
             "shard affinity gives it, plus any whose owners stalled", registry=r)
@@ -246,8 +252,8 @@ def dead_letter_reasons(packed: bytes) -> list[str]:
 
 
 class Sampler:
-    """Samples each shard's group lag, pending count, consumers, active turns
-    and DLQ length every ``interval`` seconds (one pipeline per shard).
+    """Samples each shard's group lag, pending count, consumers, active turns,
+    DLQ length and inbox length every ``interval`` seconds (one pipeline per shard).
 
     It also checks the group's ``last-delivered-id`` against Redis's clock
     (:mod:`processor.stream_ids`): an input stream whose ids are exhausted or
@@ -296,12 +302,15 @@ class Sampler:
             pipe.xlen(shard.updates)
             pipe.zcard(shard.active)
             pipe.xlen(shard.dlq)
-            groups, length, active, dlq = await pipe.execute(raise_on_error=False)
+            pipe.llen(shard.inbox)
+            groups, length, active, dlq, inbox = await pipe.execute(raise_on_error=False)
         m, s = self.metrics, str(shard.index)
         if not isinstance(active, Exception):
             m.active.labels(s).set(active)
         if not isinstance(dlq, Exception):
             m.dlq_length.labels(s).set(dlq)
+        if not isinstance(inbox, Exception):
+            m.inbox_length.labels(s).set(inbox)
         info = find_group(groups, self.group) if isinstance(groups, list) else None
         if info is None:
             return  # no stream or no group yet: nothing meaningful to report

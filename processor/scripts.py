@@ -29,6 +29,7 @@ def source(name: str) -> str:
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
+    "send_inbox", "admit_inbox",
 )
 
 
@@ -44,3 +45,4 @@ class Scripts:
         self.open_turns = client.register_script(source("open_turns"))
         self.finalise_held = client.register_script(source("finalise_held"))
         self.cancelled_turns = client.register_script(source("cancelled_turns"))
+        self.admit_inbox = client.register_script(source("admit_inbox"))

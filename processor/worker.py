@@ -34,6 +34,7 @@ from processor.connections import as_text, is_transient, stream_entry, until_don
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
+from processor.inbox import Admitter
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.membership import Membership
@@ -143,6 +144,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
+        self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
+                                 self.membership, self.metrics, config.dlq_maxlen)
         self.ready = asyncio.Event()  # set once every group exists
 
     def stop(self) -> None:
@@ -163,6 +166,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
                                           "reads": sorted(self.membership.owned)})
         try:
             await asyncio.gather(self.membership.run(self._stopping),
+                                 self.admitter.run(self._stopping),
                                  *(self._shard_loop(s) for s in self.namespace.all()))
         finally:
             await self.membership.leave()

@@ -101,7 +101,8 @@ def error_body(message: str, code: str | None) -> list[Any]:
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """What :meth:`Producer.stream` wrote: first entry id, the final entry's id, update count."""
+    """What :meth:`Producer.stream` wrote: first entry id, the final entry's id, update
+    count (with ``Producer(inbox=True)``, the first and final sends' receipts)."""
 
     first_id: str
     last_id: str

@@ -45,6 +45,16 @@ class Producer:
     reused by the built-in retry); pass your own, unique per entry (say
     ``f"{response_id}:{n}"``), to make your own retries safe as well. Keys are
     kept ``idempotency_ttl`` seconds, per namespace and shard.
+
+    ``inbox=True`` sends through the shard's inbox instead (``send_inbox.lua``):
+    the entry is pushed to ``{<ns>:<s>}:inbox`` and a worker moves it into the
+    stream at once, in order, where it gets its id. That path needs no
+    ``XADD`` right, so it is the one for the least-privilege ``producer`` ACL
+    user, which cannot choose entry ids or trim the stream (docs/security.md);
+    the default path needs ``producer-trusted``. In inbox mode the sends return
+    a receipt instead of the entry id: ``"<ms>-0"``, 1 ms before Redis's clock
+    at the push, an id below any the entry's turn can be published with, so
+    it works as :meth:`Subscriber.wait_for`'s ``since`` as an entry id does.
     """
 
     def __init__(
@@ -55,13 +65,16 @@ class Producer:
         *,
         idempotency_ttl: int = 86_400,
         retry: RetryPolicy | None = None,
+        inbox: bool = False,
     ) -> None:
-        """Use ``client`` (asyncio Redis or RedisCluster) for ``shards`` shards of ``namespace``."""
+        """Use ``client`` (asyncio Redis or RedisCluster) for ``shards`` shards of
+        ``namespace``; ``inbox=True``: send through the shards' inboxes."""
         self.client = client
         self.keys = Namespace(namespace, shards)
         self.idempotency_ttl = idempotency_ttl
         self.retry = retry or RetryPolicy()
-        self._send_update = Function(client, "send_update")
+        self.inbox = inbox
+        self._send_update = Function(client, "send_inbox" if inbox else "send_update")
 
     async def send(
         self,
@@ -74,7 +87,8 @@ class Producer:
         idempotency_key: str | None = None,
         enc: Encoding = "json",
     ) -> str:
-        """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its entry id.
+        """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its
+        entry id (with ``inbox=True``, a receipt: see :class:`Producer`).
 
         ``response_id`` may be ``None`` when ``turn_id`` is given (the processor
         then assigns the ResponseId). ``ids`` holds the other correlation ids
@@ -193,11 +207,13 @@ class Producer:
         raise ValueError("a response_id or a turn_id is needed")
 
     async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
-        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries;
-        :class:`TurnEnded` when the turn has ended (the same call checks it)."""
+        """XADD ``turn`` + ``body`` idempotently to the turn's shard (or push it to
+        the shard's inbox), with retries; :class:`TurnEnded` when the turn has
+        ended (the same call checks it)."""
         shard = self.keys.shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
-        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex),
+        to = [shard.inbox, shard.inbox_bell] if self.inbox else [shard.updates]
+        keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex),
                 shard.done(turn.turn_key().encode())]
         args = [ttl, *turn.fields(), *body]
         try:

@@ -19,12 +19,10 @@ was added. A cancelled turn takes entries still: the worker drops and
 counts them (contract section 6).
 ]==]
 
-local existing = redis.call('GET', KEYS[2])
-if existing then return existing end
-local status = redis.call('HGET', KEYS[3], 'status')
-if status and status ~= 'cancelled' then
-  return redis.error_reply('TURNENDED ' .. status)
-end
+--- includes/send_guard
+
+local refused = send_guard(KEYS[2], KEYS[3])
+if refused then return refused end
 local fields = {}
 for i = 2, #ARGV do fields[i - 1] = ARGV[i] end
 local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
