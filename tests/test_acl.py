@@ -518,7 +518,11 @@ async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, 
     async with Harness(cluster.url, NAMESPACE, shards=6, cluster=True,
                        log_dir=tmp_path) as harness:
         harness.url = worker_url
-        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(2)]
+        # Held turns spill within 1 s (as in the other scenario runs), well
+        # inside the 3 s turn timeout: waiting for the entries before a cancel
+        # to be applied must not outlast the cancelled turn's own timeout.
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, hold_ms=1000, log_level="info")
+                 for _ in range(2)]
         await harness.wait_started(procs, timeout=60)
         await run_every_scenario(harness)
         for sub in list(harness.procs):
