@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from typing import Any
 
-from processor.keys import DEFAULT_GROUP, Namespace
+from processor.config import add_option
+from processor.keys import Namespace
 from processor.tool_shell import (
     AddFlags,
     Refused,
@@ -22,7 +22,6 @@ from processor.tool_shell import (
     run_tool,
     stderr_console,
     stdout_console,
-    with_tls,
 )
 
 # --------------------------------------------------------------------------- stats
@@ -53,10 +52,7 @@ def _add_stats(sub: Any, redis_flags: AddFlags) -> None:
         "time, active and closing turns, and the lengths of the dlq, merged and events streams.",
     )
     redis_flags(parser)
-    parser.add_argument(
-        "--group", default=os.environ.get("PROCESSOR_GROUP", DEFAULT_GROUP),
-        help="consumer group (env PROCESSOR_GROUP, default processor)",
-    )
+    add_option(parser, "group")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     parser.set_defaults(func=_cmd_stats)
 
@@ -129,7 +125,6 @@ def register(sub: Any, redis_flags: AddFlags) -> None:
     """Add ``stats``, ``tail`` and ``dlq`` to the ``processor`` subcommands."""
     from processor.dlq_cli import add_dlq
 
-    redis_flags = with_tls(redis_flags)
     _add_stats(sub, redis_flags)
     _add_tail(sub, redis_flags)
     add_dlq(sub, redis_flags)

@@ -108,7 +108,7 @@ def test_stats_of_a_namespace_nobody_used(
 def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
     code, _, err = call(capsys, redis_url, namespace, 0, "stats")
     assert code == 2
-    assert err.strip() == "processor stats: --shards must be at least 1, not 0"
+    assert err.strip() == "processor stats: --shards: must be at least 1, got '0'"
     code, _, err = call(capsys, "redis://:pw@127.0.0.1:1", namespace, 1, "stats")
     assert code == 1
     lines = err.strip().splitlines()
