@@ -82,13 +82,14 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
             def emit(item: Any) -> None:
                 out.print(line(item, args.width), soft_wrap=True)
-        if not args.quiet:
+        if not args.quiet and tail.follow:
             note.print(f"following merged and events of {keys.shards} shard(s) of "
                        f"{keys.name}; Ctrl-C stops", style="dim")
         seen = await tail.run(emit)
         if not args.quiet:
             resume = " ".join(tail.resume_args())
-            note.print(f"{seen} entries; resume with: {resume}", style="dim", soft_wrap=True)
+            note.print(f"{seen} entries" + (f"; resume with: {resume}" if resume else ""),
+                       style="dim", soft_wrap=True)
         return 0
 
     return run_tool("tail", args, body)
