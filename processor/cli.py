@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel",
         help="cancel a turn (sets its cancellation key)",
         description="SET {ns:s}:cancel:<RESPONSE_ID> with a TTL: cancels every attempt of "
-        "the ResponseId, including turns not started yet.",
+        "the ResponseId, including turns not started yet. A turn (without attempt id) that "
+        "has already ended, within the workers' --done-ttl, is left alone: it says so and "
+        "exits 0.",
     )
     cancel.add_argument("response_id", metavar="RESPONSE_ID")
     cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")

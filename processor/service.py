@@ -17,6 +17,7 @@ from processor import config, logs, stopping
 from processor.connections import (
     TRANSIENT,
     RedisOptions,
+    as_text,
     connect,
     redact,
     tls_refusal,
@@ -177,7 +178,7 @@ def cancel(args: argparse.Namespace) -> int:
     """``processor cancel``: SET the cancellation key with a TTL (via the client,
     so the CLI and producers route the key the same way)."""
     from processor.client import Producer
-    from processor.ids import response_id_for_turn
+    from processor.ids import TurnKey, response_id_for_turn
     from processor.keys import Namespace
     from processor.tool_shell import fail, run_tool
 
@@ -186,6 +187,13 @@ def cancel(args: argparse.Namespace) -> int:
                     f"{response_id_for_turn(args.turn_id)!r}, not {args.response_id!r}", 2)
 
     async def body(client: Any, keys: Namespace) -> int:
+        # A turn that has ended (its done marker, kept --done-ttl) is left alone.
+        done = keys.shard_for(args.turn_id or args.response_id).done(
+            TurnKey(args.response_id).encode())
+        status = await client.hget(done, "status")
+        if status is not None:
+            print(f"{args.response_id} had already ended ({as_text(status)}): nothing to cancel")
+            return 0
         producer = Producer(client, namespace=keys.name, shards=keys.shards)
         rid = None if args.turn_id else args.response_id
         await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
