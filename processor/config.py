@@ -103,6 +103,9 @@ OPTIONS: tuple[Option, ...] = (
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),
+    Option("log_interval", _number, 60.0, "seconds between progress lines in the log at "
+           "info: turns published, entries applied, their rates, dead letters, lag "
+           "(0 = none)", 0),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
     Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),

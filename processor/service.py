@@ -25,6 +25,7 @@ from processor.connections import (
 )
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
+from processor.progress_log import log_progress
 from processor.worker import Worker
 
 log = logging.getLogger("processor.service")
@@ -146,11 +147,14 @@ async def run_worker(values: dict[str, Any]) -> int:
             return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
+        sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
+                          values["metrics_interval"])
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group)
-            sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
-                              values["metrics_interval"])
             background.append(asyncio.create_task(sampler.run()))
+        if values["log_interval"]:
+            background.append(asyncio.create_task(
+                log_progress(metrics, sampler, values["log_interval"])))
         await worker.run()
         await client.aclose()
         log.info("stopped cleanly", extra={"turns_settled": metrics.settled_by_source()})
