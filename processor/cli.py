@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from processor.tools_cli import register as register_tools
 
-    register_tools(sub, _redis_flags)  # stats, tail, dlq
+    register_tools(sub, _redis_flags)  # stats, tail, capture, dlq
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The operator tools' command line: ``processor stats`` and ``tail`` here,
+"""The operator tools' command line: ``processor stats``, ``tail`` and ``capture`` here,
 ``processor dlq`` in :mod:`processor.dlq_cli`; the shared shell (connecting,
 exit statuses, consoles, progress) is :mod:`processor.tool_shell`.
 """
@@ -122,10 +122,73 @@ def _add_tail(sub: Any, redis_flags: AddFlags) -> None:
     parser.set_defaults(func=_cmd_tail)
 
 
+# --------------------------------------------------------------------------- capture
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from processor.capture import Capture, CaptureError, start_position
+
+    async def body(client: Any, keys: Namespace) -> int:
+        try:
+            start = start_position(args.start)
+        except CaptureError as exc:
+            raise Refused(str(exc)) from None
+        capture = Capture(client, keys, start, turn=args.turn, follow=not args.no_follow,
+                          limit=args.limit)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, capture.stop)
+        out = sys.stdout.buffer
+
+        def write(line: bytes) -> None:
+            out.write(line + b"\n")
+            out.flush()
+
+        def warn(message: str) -> None:
+            print(f"processor capture: {message}", file=sys.stderr, flush=True)
+
+        note = stderr_console()
+        await capture.begin()
+        if capture.follow:
+            what = f"turn {args.turn} of " if args.turn else ""
+            note.print(f"capturing the input of {what}{len(capture.shards)} shard(s) of "
+                       f"{keys.name}; Ctrl-C stops", style="dim", soft_wrap=True)
+        written = await capture.run(write, warn)
+        note.print(f"{written} entries captured", style="dim")
+        return 1 if capture.missed else 0
+
+    return run_tool("capture", args, body)
+
+
+def _add_capture(sub: Any, redis_flags: AddFlags) -> None:
+    parser = sub.add_parser(
+        "capture",
+        help="write the input entries as they arrive, for processor merge",
+        description="Follow the updates stream of every shard (or of one turn) and write each "
+        "input entry as one JSON line, the format processor merge reads. It reads without a "
+        "consumer group: the workers lose nothing. Workers delete the entries they applied, "
+        "so run it while the entries arrive; an entry deleted before it could be read is "
+        "reported (exit status 1). SIGINT or SIGTERM stops it (exit 0).",
+    )
+    redis_flags(parser)
+    parser.add_argument("--turn", default=None, metavar="RESPONSE_ID",
+                        help="only this turn's entries; stop after its end or error entry, or "
+                        'when it is cancelled (then a {"kind": "cancel"} line is written)')
+    parser.add_argument("--from", dest="start", default=None, metavar="WHERE",
+                        help="now (default: entries added from now on), beginning (every "
+                        "entry still in the streams) or an entry id")
+    parser.add_argument("--no-follow", action="store_true",
+                        help="stop once the entries present are written")
+    parser.add_argument("--limit", type=positive, default=None,
+                        help="stop after this many entries")
+    parser.set_defaults(func=_cmd_capture)
+
+
 def register(sub: Any, redis_flags: AddFlags) -> None:
-    """Add ``stats``, ``tail`` and ``dlq`` to the ``processor`` subcommands."""
+    """Add ``stats``, ``tail``, ``capture`` and ``dlq`` to the ``processor`` subcommands."""
     from processor.dlq_cli import add_dlq
 
     _add_stats(sub, redis_flags)
     _add_tail(sub, redis_flags)
+    _add_capture(sub, redis_flags)
     add_dlq(sub, redis_flags)

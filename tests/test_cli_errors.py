@@ -26,6 +26,7 @@ COMMANDS = [
     ["dlq", "show", "1-0"],
     ["dlq", "replay", "1-0"],
     ["cancel", "turn-1"],
+    ["capture", "--no-follow"],
 ]
 UNREACHABLE = "redis://reader:s3cret@127.0.0.1:1"
 
@@ -109,7 +110,7 @@ def _flags(help_text: str) -> set[str]:
 
 def test_help_names_the_variable_of_every_option() -> None:
     by_flag = {opt.flag: opt for opt in OPTIONS}
-    for argv in [["stats"], ["tail"], ["dlq", "list"], ["cancel"], ["init"]]:
+    for argv in [["stats"], ["tail"], ["dlq", "list"], ["cancel"], ["capture"], ["init"]]:
         proc = _run(*argv, "--help")
         assert proc.returncode == 0, proc.stderr
         text = " ".join(proc.stdout.split())
