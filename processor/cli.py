@@ -131,9 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser(
         "init",
-        help="create every shard's consumer group (idempotent), then exit",
+        help="create every shard's consumer group and load the producers' functions "
+        "(idempotent), then exit",
         description="Create the updates stream and consumer group of every shard if missing, "
-        "as a worker does at start, and exit 0. Run it before autoscalers read the groups "
+        "and load the producers' Redis Function library (Redis 7+), as a worker does at "
+        "start, and exit 0. Run it before autoscalers read the groups "
         "(e.g. a Kubernetes Job before KEDA polls). An unreachable Redis is retried for "
         "--connect-timeout seconds, then it exits 1.",
     )

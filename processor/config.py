@@ -88,7 +88,7 @@ OPTIONS: tuple[Option, ...] = (
            "(0 = off)", 0, 65535),
     Option("metrics_host", str, "0.0.0.0", "address the metrics port listens on"),
     Option("metrics_interval", _number, 5.0, "seconds between samples of lag, pending, active "
-           "turns and DLQ length per shard", 0.1),
+           "turns, DLQ length and bad stream ids per shard", 0.1),
     Option("health_stall", _number, 30.0, "/healthz answers 503 once the event loop has not "
            "run for this many seconds", 1),
     Option("compact_threshold", int, 256,

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError
 
-from processor import config, logs, stopping
+from processor import config, library, logs, stopping
 from processor.connections import (
     TRANSIENT,
     RedisOptions,
@@ -147,11 +147,12 @@ async def run_worker(values: dict[str, Any]) -> int:
             return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
-        sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
-                          values["metrics_interval"])
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group)
-            background.append(asyncio.create_task(sampler.run()))
+        # Also without a metrics port: the sampler is what logs a shard whose ids went bad.
+        sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
+                          values["metrics_interval"])
+        background.append(asyncio.create_task(sampler.run()))
         if values["log_interval"]:
             background.append(asyncio.create_task(
                 log_progress(metrics, sampler, values["log_interval"])))
@@ -214,7 +215,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 async def init_groups(values: dict[str, Any]) -> int:
     """``processor init``: create every shard's stream and consumer group (idempotent),
-    so that autoscalers reading the group (KEDA) find it before any worker ran."""
+    so that autoscalers reading the group (KEDA) find it before any worker ran, and
+    load the producers' function library (:mod:`processor.library`)."""
     options = RedisOptions(
         values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )
@@ -227,9 +229,17 @@ async def init_groups(values: dict[str, Any]) -> int:
         except NoPermissionError as exc:
             print(f"processor init: redis refused to create the groups: {exc}", file=sys.stderr)
             return 1
+        try:
+            functions = await library.load(client)
+        except NoPermissionError as exc:
+            print(f"processor init: redis refused to load the producers' function library "
+                  f"{library.library_name()}: {exc}", file=sys.stderr)
+            return 1
         streams = [shard.updates for shard in worker.namespace.all()]
         print(f"consumer group {values['group']!r} ready on {len(streams)} stream(s): "
               + ", ".join(streams))
+        print(f"producers' function library {library.library_name()} loaded" if functions
+              else "redis has no functions (before 7.0): producers run their script with EVALSHA")
         return 0
     finally:
         await client.aclose()

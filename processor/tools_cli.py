@@ -1,6 +1,7 @@
-"""The operator tools' command line: ``processor stats``, ``tail`` and ``capture`` here,
-``processor dlq`` in :mod:`processor.dlq_cli`; the shared shell (connecting,
-exit statuses, consoles, progress) is :mod:`processor.tool_shell`.
+"""The operator tools' command line: ``processor stats``, ``tail``, ``capture``
+and ``repair-stream`` here, ``processor dlq`` in :mod:`processor.dlq_cli`; the
+shared shell (connecting, exit statuses, consoles, progress) is
+:mod:`processor.tool_shell`.
 """
 
 from __future__ import annotations
@@ -184,11 +185,83 @@ def _add_capture(sub: Any, redis_flags: AddFlags) -> None:
     parser.set_defaults(func=_cmd_capture)
 
 
+# --------------------------------------------------------------------------- repair-stream
+
+
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from redis.exceptions import ResponseError
+
+    from processor.repair import repair, running_workers
+
+    async def body(client: Any, keys: Namespace) -> int:
+        if args.shard is not None and not 0 <= args.shard < keys.shards:
+            raise Refused(f"--shard {args.shard} is not one of the {keys.shards} shard(s)")
+        shards = keys.all() if args.shard is None else [keys.shard(args.shard)]
+        running = [] if args.dry_run else await running_workers(client, keys, args.group)
+        if running:
+            print(f"processor repair-stream: {len(running)} worker(s) of group {args.group!r} "
+                  f"are running ({', '.join(running)}): stop every worker of the namespace "
+                  "first, repair, then start them (one that died drops out of "
+                  f"{keys.workers(args.group)} within twice its --worker-ttl)", file=sys.stderr)
+            return 1
+        changed = 0
+        for shard in shards:
+            try:
+                result = await repair(client, shard, max_ahead_ms=args.max_ahead_ms,
+                                      dry_run=args.dry_run)
+            except ResponseError as exc:
+                print(f"processor repair-stream: shard {shard.index}: {exc}", file=sys.stderr)
+                return 1
+            changed += result.status in ("plan", "repaired")
+            print("\n".join(result.lines()), flush=True)
+        if args.dry_run:
+            print(f"{changed} shard(s) to repair; nothing changed (--dry-run)")
+        else:
+            print(f"{changed} shard(s) repaired" + (
+                "; dlq list --reason bad_id shows the entries moved" if changed else ""))
+        return 0
+
+    return run_tool("repair-stream", args, body)
+
+
+def _add_repair(sub: Any, redis_flags: AddFlags) -> None:
+    from processor.stream_ids import MAX_AHEAD_MS
+
+    parser = sub.add_parser(
+        "repair-stream",
+        help="bring an updates stream back from exhausted or far-future ids",
+        description="For each shard whose updates stream (or its consumer group) has an id "
+        "past Redis's clock plus --max-ahead-ms (an XADD with an explicit id: at the last "
+        "possible id every later XADD fails), in one atomic step per shard: move the entries "
+        "past it to the DLQ whole (reason bad_id; dlq replay adds them back with new ids), "
+        "keep every other entry, pending entry (same consumer, delivery count) and group, and "
+        "set the stream's and groups' last ids back below it, so that producers can send "
+        "again, no acked entry is delivered again and no undelivered one is skipped. Shards "
+        "that need nothing are left alone. Stop the workers first (it refuses while any "
+        "beats): a worker that reads across the repair may hold entries back until they are "
+        "reclaimed. Run it as a Redis user "
+        "with XINFO, XRANGE, XREVRANGE, XPENDING, XADD, XDEL, XGROUP CREATE, XCLAIM, XSETID, "
+        "DEL, RENAME, EXISTS, TIME, ZRANGE and EVALSHA/SCRIPT LOAD (an administrator).",
+    )
+    redis_flags(parser)
+    parser.add_argument("--shard", type=int, default=None, help="only this shard")
+    add_option(parser, "group")  # the workers' group, to see whether any runs
+    parser.add_argument(
+        "--max-ahead-ms", type=positive, default=MAX_AHEAD_MS,
+        help=f"ids further ahead of Redis's clock are bad (default {MAX_AHEAD_MS}, an hour; "
+        "as the workers' check)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only say what would be done")
+    parser.set_defaults(func=_cmd_repair)
+
+
 def register(sub: Any, redis_flags: AddFlags) -> None:
-    """Add ``stats``, ``tail``, ``capture`` and ``dlq`` to the ``processor`` subcommands."""
+    """Add ``stats``, ``tail``, ``capture``, ``repair-stream`` and ``dlq`` to the
+    ``processor`` subcommands."""
     from processor.dlq_cli import add_dlq
 
     _add_stats(sub, redis_flags)
     _add_tail(sub, redis_flags)
     _add_capture(sub, redis_flags)
+    _add_repair(sub, redis_flags)
     add_dlq(sub, redis_flags)
