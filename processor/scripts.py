@@ -29,6 +29,7 @@ def source(name: str) -> str:
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
+    "read_inputs",
 )
 
 

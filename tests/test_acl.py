@@ -32,7 +32,7 @@ from processor.embedded import (
     free_port,
     redis_server_version,
 )
-from processor.ids import shard_of
+from processor.ids import TurnKey, shard_of
 from processor.keys import Namespace
 from processor.library import function_name, library_name, library_text
 from processor.lifecycle import Limits
@@ -205,6 +205,21 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
         _refused(producer, "XACK", shard.updates, "processor", "0-1")
         _refused(producer, "XDEL", shard.updates, "0-1")
         _refused(producer, "FLUSHALL")
+
+
+def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis) -> None:
+    """It cancels, and says when a turn had already ended, with no refused command."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.hset(shard.done(TurnKey("over").encode()), "status", "completed")
+    url = url_for(acl_server, "producer")
+    over = _cli("cancel", "over", "--redis-url", url)
+    assert (over.returncode, over.stdout.strip()) == (
+        0, "over had already ended (completed): nothing to cancel"), over.stderr
+    running = _cli("cancel", "running", "--redis-url", url)
+    assert running.returncode == 0 and running.stdout.startswith("cancelled running"), \
+        running.stderr
+    assert acl_log(acl_server) == []
 
 
 # Busy for a few seconds (bounded, so that the test ends even where it is allowed;
