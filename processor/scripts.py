@@ -29,7 +29,7 @@ def source(name: str) -> str:
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
-    "send_inbox", "admit_inbox",
+    "read_inputs", "send_inbox", "admit_inbox",
 )
 
 

@@ -1,5 +1,5 @@
-"""The operator tools' command line: ``processor stats``, ``tail`` and
-``repair-stream`` here, ``processor dlq`` in :mod:`processor.dlq_cli`; the
+"""The operator tools' command line: ``processor stats``, ``tail``, ``capture``
+and ``repair-stream`` here, ``processor dlq`` in :mod:`processor.dlq_cli`; the
 shared shell (connecting, exit statuses, consoles, progress) is
 :mod:`processor.tool_shell`.
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from typing import Any
 
-from processor.keys import DEFAULT_GROUP, Namespace
+from processor.config import add_option
+from processor.keys import Namespace
 from processor.tool_shell import (
     AddFlags,
     Refused,
@@ -23,7 +23,6 @@ from processor.tool_shell import (
     run_tool,
     stderr_console,
     stdout_console,
-    with_tls,
 )
 
 # --------------------------------------------------------------------------- stats
@@ -54,10 +53,7 @@ def _add_stats(sub: Any, redis_flags: AddFlags) -> None:
         "time, active and closing turns, and the lengths of the dlq, merged and events streams.",
     )
     redis_flags(parser)
-    parser.add_argument(
-        "--group", default=os.environ.get("PROCESSOR_GROUP", DEFAULT_GROUP),
-        help="consumer group (env PROCESSOR_GROUP, default processor)",
-    )
+    add_option(parser, "group")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     parser.set_defaults(func=_cmd_stats)
 
@@ -87,13 +83,14 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
             def emit(item: Any) -> None:
                 out.print(line(item, args.width), soft_wrap=True)
-        if not args.quiet:
+        if not args.quiet and tail.follow:
             note.print(f"following merged and events of {keys.shards} shard(s) of "
                        f"{keys.name}; Ctrl-C stops", style="dim")
         seen = await tail.run(emit)
         if not args.quiet:
             resume = " ".join(tail.resume_args())
-            note.print(f"{seen} entries; resume with: {resume}", style="dim", soft_wrap=True)
+            note.print(f"{seen} entries" + (f"; resume with: {resume}" if resume else ""),
+                       style="dim", soft_wrap=True)
         return 0
 
     return run_tool("tail", args, body)
@@ -124,6 +121,68 @@ def _add_tail(sub: Any, redis_flags: AddFlags) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no notes on stderr")
     parser.set_defaults(func=_cmd_tail)
+
+
+# --------------------------------------------------------------------------- capture
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from processor.capture import Capture, CaptureError, start_position
+
+    async def body(client: Any, keys: Namespace) -> int:
+        try:
+            start = start_position(args.start)
+        except CaptureError as exc:
+            raise Refused(str(exc)) from None
+        capture = Capture(client, keys, start, turn=args.turn, follow=not args.no_follow,
+                          limit=args.limit)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, capture.stop)
+        out = sys.stdout.buffer
+
+        def write(line: bytes) -> None:
+            out.write(line + b"\n")
+            out.flush()
+
+        def warn(message: str) -> None:
+            print(f"processor capture: {message}", file=sys.stderr, flush=True)
+
+        note = stderr_console()
+        await capture.begin()
+        if capture.follow:
+            what = f"turn {args.turn} of " if args.turn else ""
+            note.print(f"capturing the input of {what}{len(capture.shards)} shard(s) of "
+                       f"{keys.name}; Ctrl-C stops", style="dim", soft_wrap=True)
+        written = await capture.run(write, warn)
+        note.print(f"{written} entries captured", style="dim")
+        return 1 if capture.missed else 0
+
+    return run_tool("capture", args, body)
+
+
+def _add_capture(sub: Any, redis_flags: AddFlags) -> None:
+    parser = sub.add_parser(
+        "capture",
+        help="write the input entries as they arrive, for processor merge",
+        description="Follow the updates stream of every shard (or of one turn) and write each "
+        "input entry as one JSON line, the format processor merge reads. It reads without a "
+        "consumer group: the workers lose nothing. Workers delete the entries they applied, "
+        "so run it while the entries arrive; an entry deleted before it could be read is "
+        "reported (exit status 1). SIGINT or SIGTERM stops it (exit 0).",
+    )
+    redis_flags(parser)
+    parser.add_argument("--turn", default=None, metavar="RESPONSE_ID",
+                        help="only this turn's entries; stop after its end or error entry, or "
+                        'when it is cancelled (then a {"kind": "cancel"} line is written)')
+    parser.add_argument("--from", dest="start", default=None, metavar="WHERE",
+                        help="now (default: entries added from now on), beginning (every "
+                        "entry still in the streams) or an entry id")
+    parser.add_argument("--no-follow", action="store_true",
+                        help="stop once the entries present are written")
+    parser.add_argument("--limit", type=positive, default=None,
+                        help="stop after this many entries")
+    parser.set_defaults(func=_cmd_capture)
 
 
 # --------------------------------------------------------------------------- repair-stream
@@ -186,10 +245,7 @@ def _add_repair(sub: Any, redis_flags: AddFlags) -> None:
     )
     redis_flags(parser)
     parser.add_argument("--shard", type=int, default=None, help="only this shard")
-    parser.add_argument(
-        "--group", default=os.environ.get("PROCESSOR_GROUP", DEFAULT_GROUP),
-        help="the workers' consumer group, to see whether any runs (env PROCESSOR_GROUP, "
-        "default processor)")
+    add_option(parser, "group")  # the workers' group, to see whether any runs
     parser.add_argument(
         "--max-ahead-ms", type=positive, default=MAX_AHEAD_MS,
         help=f"ids further ahead of Redis's clock are bad (default {MAX_AHEAD_MS}, an hour; "
@@ -200,11 +256,12 @@ def _add_repair(sub: Any, redis_flags: AddFlags) -> None:
 
 
 def register(sub: Any, redis_flags: AddFlags) -> None:
-    """Add ``stats``, ``tail``, ``repair-stream`` and ``dlq`` to the ``processor`` subcommands."""
+    """Add ``stats``, ``tail``, ``capture``, ``repair-stream`` and ``dlq`` to the
+    ``processor`` subcommands."""
     from processor.dlq_cli import add_dlq
 
-    redis_flags = with_tls(redis_flags)
     _add_stats(sub, redis_flags)
     _add_tail(sub, redis_flags)
+    _add_capture(sub, redis_flags)
     _add_repair(sub, redis_flags)
     add_dlq(sub, redis_flags)

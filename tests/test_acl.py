@@ -215,6 +215,21 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
         _refused(producer, "FLUSHALL")
 
 
+def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis) -> None:
+    """It cancels, and says when a turn had already ended, with no refused command."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.hset(shard.done(TurnKey("over").encode()), "status", "completed")
+    url = url_for(acl_server, "producer")
+    over = _cli("cancel", "over", "--redis-url", url)
+    assert (over.returncode, over.stdout.strip()) == (
+        0, "over had already ended (completed): nothing to cancel"), over.stderr
+    running = _cli("cancel", "running", "--redis-url", url)
+    assert running.returncode == 0 and running.stdout.startswith("cancelled running"), \
+        running.stderr
+    assert acl_log(acl_server) == []
+
+
 # Busy for a few seconds (bounded, so that the test ends even where it is allowed;
 # no command, so that it needs no right but running Lua).
 BUSY = "local n = 0 for i = 1, 100000000 do n = n + 1 end return n"
@@ -591,7 +606,11 @@ async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, 
     async with Harness(cluster.url, NAMESPACE, shards=6, cluster=True,
                        log_dir=tmp_path) as harness:
         harness.url = worker_url
-        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(2)]
+        # Held turns spill within 1 s (as in the other scenario runs), well
+        # inside the 3 s turn timeout: waiting for the entries before a cancel
+        # to be applied must not outlast the cancelled turn's own timeout.
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, hold_ms=1000, log_level="info")
+                 for _ in range(2)]
         await harness.wait_started(procs, timeout=60)
         await run_every_scenario(harness)
         # Each producer user's client works on the cluster too (Producer and its
