@@ -2,10 +2,11 @@
 
 Per shard: the ``updates`` stream's length, the consumer group's lag and
 pending count, its consumers with their idle time, the active and closing
-turns (the worker's ``active`` and ``closing`` zsets) and the lengths of the
-output streams. Then the live workers (``{ns:0}:workers:<group>``), each with
+turns (the worker's ``active`` and ``closing`` zsets), the lengths of the
+output streams and of the inbox (entries of ``Producer(inbox=True)`` not yet
+admitted into the stream). Then the live workers (``{ns:0}:workers:<group>``), each with
 its last beat and the shards shard affinity gives it. Read-only: XINFO
-STREAM / GROUPS / CONSUMERS, XLEN, ZCARD, ZRANGE and TIME, one key at a
+STREAM / GROUPS / CONSUMERS, XLEN, LLEN, ZCARD, ZRANGE and TIME, one key at a
 time, so it works the same on one node and on a Redis Cluster.
 """
 
@@ -38,6 +39,7 @@ class ShardStats(msgspec.Struct):
     shard: int
     stream: str
     length: int  # entries in the updates stream (the worker deletes what it applied)
+    inbox: int  # entries in the inbox, not admitted into the stream yet
     group: bool  # the consumer group exists
     lag: int  # entries not delivered to the group yet
     lag_exact: bool  # False: Redis gave no lag (6.2, or deleted entries); see _lag
@@ -126,6 +128,7 @@ async def shard_stats(client: Any, shard: Shard, group: str) -> ShardStats:
         shard=shard.index,
         stream=shard.updates,
         length=length,
+        inbox=int(await client.llen(shard.inbox)),
         group=info is not None,
         lag=lag,
         lag_exact=exact,
@@ -184,14 +187,14 @@ def idle_text(ms: int) -> str:
 def shard_table(stats: Stats) -> Table:
     """One row per shard."""
     names = ("shard", "length", "lag", "pending", "consumers", "active", "closing", "dlq",
-             "merged", "events")
+             "merged", "events", "inbox")
     rows = []
     for s in stats.shards:
         lag = str(s.lag) if s.lag_exact else f"~{s.lag}"
         consumers = str(len(s.consumers)) if s.group else "no group"
         rows.append([
             str(s.shard), str(s.length), lag, str(s.pending), consumers, str(s.active_turns),
-            str(s.closing_turns), str(s.dlq), str(s.merged), str(s.events),
+            str(s.closing_turns), str(s.dlq), str(s.merged), str(s.events), str(s.inbox),
         ])
     return Table(f"namespace {stats.namespace}, group {stats.group}",
                  [Column(name, right=name != "shard") for name in names], rows)

@@ -58,6 +58,8 @@ async def test_stats_shows_what_the_test_pushed(
         await harness.add([{"response_id": later1, "update": _update("y")}])
         shard0 = harness.ns.shard(0).updates
         await harness.client.xreadgroup(harness.group, "stuck", {shard0: ">"}, count=2)
+        # Two entries of Producer(inbox=True) wait in shard 1's inbox for a worker.
+        await harness.client.rpush(harness.ns.shard(1).inbox, "a", "b")
 
         code, out, err = await arun(url, namespace, shards, "stats", "--json")
         assert code == 0, err
@@ -66,9 +68,9 @@ async def test_stats_shows_what_the_test_pushed(
         assert code == 0, err
 
     want = {0: {"length": 3, "lag": 1, "pending": 2, "active_turns": 2, "closing_turns": 0,
-                "dlq": 1, "merged": 0, "events": 2},
+                "dlq": 1, "merged": 0, "events": 2, "inbox": 0},
             1: {"length": 1, "lag": 1, "pending": 0, "active_turns": 1, "closing_turns": 0,
-                "dlq": 2, "merged": 1, "events": 3}}
+                "dlq": 2, "merged": 1, "events": 3, "inbox": 2}}
     assert got["namespace"] == namespace and got["group"] == "processor"
     for shard in got["shards"]:
         figures = {name: shard[name] for name in want[shard["shard"]]}
@@ -79,14 +81,15 @@ async def test_stats_shows_what_the_test_pushed(
 
     # The table says the same: one row per shard, then one row per consumer.
     rows = plain_rows(table)
-    by_shard = {row[0]: row for row in rows if len(row) == 10}
+    by_shard = {row[0]: row for row in rows if len(row) == 11}
     for index, figures in want.items():
         row = by_shard[str(index)]
         assert row[1] == str(figures["length"])
         assert row[2].lstrip("~") == str(figures["lag"])
         assert row[3] == str(figures["pending"])
-        assert [row[5], row[6], row[7], row[8], row[9]] == [
-            str(figures[k]) for k in ("active_turns", "closing_turns", "dlq", "merged", "events")]
+        assert [row[5], row[6], row[7], row[8], row[9], row[10]] == [
+            str(figures[k]) for k in ("active_turns", "closing_turns", "dlq", "merged", "events",
+                                      "inbox")]
     consumers = [row for row in rows if len(row) == 4]
     assert ["0", "stuck", "2"] in [row[:3] for row in consumers]
 
