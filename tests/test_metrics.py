@@ -27,6 +27,7 @@ NAMES = (
     "processor_active_turns",
     "processor_group_lag", "processor_group_pending", "processor_group_consumers",
     "processor_dlq_length", "processor_loop_heartbeat_seconds", "processor_sample_errors",
+    "processor_inbox_admitted", "processor_inbox_length",
 )
 
 

@@ -1,7 +1,9 @@
 """The client side of the wire contract: producers send updates, subscribers read outputs.
 
 :class:`Producer` writes input entries (contract section 3) to the right shard,
-idempotently and with retries; it also sets and reads cancellation keys
+idempotently and with retries (``inbox=True``: through the shard's inbox, which
+workers admit into the stream: the path of the least-privilege ``producer`` ACL
+user); it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
 :class:`Subscriber` follows the ``merged`` and ``events`` streams of every
 shard (section 5), resumable from the positions it reports, and waits for the
