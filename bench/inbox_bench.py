@@ -240,9 +240,13 @@ the admission from the inbox, the worker's read, merge and publish).
 |---|---:|---:|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-Each inbox entry costs Redis one more script call (`admit_inbox` moves up to 500 entries per \
-call: `LINDEX`, `XADD`, `LPOP` each) and the send function an `RPUSH` instead of an `XADD`; \
-the producers' round trips are the same (one `FCALL` per entry).
+The producers' round trips are the same on both paths (one `FCALL` per entry: an `RPUSH` \
+instead of an `XADD`). What the inbox adds is the admission: each ring of the bell wakes the \
+worker's `BLPOP`, and one `admit_inbox` call moves every entry waiting (up to 500 per call: \
+`LINDEX`, `XADD`, `LPOP` each), then the shard loop's `XREADGROUP` wakes as for an `XADD`. \
+With entries arriving one at a time, as here, that is one more wake-up and round trip of the \
+worker and one more script call per entry, which is where the extra worker and Redis CPU and \
+latency come from; entries that arrive while an admission runs share the next call.
 
 What admitting the inboxes costs while no producer uses them: Redis calls per second of the \
 idle worker(s) (`INFO commandstats` deltas over {args.idle:g} s, commands inside scripts \

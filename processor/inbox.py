@@ -32,11 +32,12 @@ anything) is dead-lettered by the script, whole, with :data:`BAD_INBOX_ITEM`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 
-from processor.connections import as_text, is_redis_failure
+from processor.connections import as_text, is_redis_failure, is_transient
 from processor.keys import Namespace, Shard
 from processor.membership import Membership
 from processor.metrics import Metrics
@@ -72,24 +73,26 @@ class Admitter:
         self._logged: dict[int, tuple[str, float]] = {}  # shard -> last failure logged, when
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """One task per shard until ``stopping`` is set; then they stop at once
-        (a BLPOP in flight is cancelled: its connection is closed)."""
-        tasks = [asyncio.create_task(self._shard(shard), name=f"inbox-{shard.index}")
+        """One task per shard until ``stopping`` is set. Each then finishes what
+        it is doing (a BLPOP returns within :data:`WAIT_S`) rather than being
+        cancelled in the middle of a blocking read; only a cancelled ``run``
+        cancels them."""
+        tasks = [asyncio.create_task(self._shard(shard, stopping), name=f"inbox-{shard.index}")
                  for shard in self.namespace.all()]
         try:
-            await stopping.wait()
+            await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _shard(self, shard: Shard) -> None:
+    async def _shard(self, shard: Shard, stopping: asyncio.Event) -> None:
         due, waits = True, 0  # admit at start: entries may have waited for a worker
-        while True:
+        while not stopping.is_set():
             try:
                 if not self.membership.reads(shard.index):
                     due = True  # admit first when the shard is read again
-                    await asyncio.sleep(WAIT_S)
+                    await _wait(stopping, WAIT_S)
                     continue
                 if due or waits >= CHECK_EVERY:
                     due, waits = True, 0
@@ -103,7 +106,7 @@ class Admitter:
             except Exception as exc:  # Redis down, a refusal, a bug: never the worker's end
                 self._failed(shard, exc)
                 due = True
-                await asyncio.sleep(WAIT_S)
+                await _wait(stopping, WAIT_S)
 
     async def admit(self, shard: Shard) -> int:
         """Move the shard's inbox into its stream, a call at a time, until it is
@@ -142,9 +145,18 @@ class Admitter:
         text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
         last = self._logged.get(shard.index)
         if last is None or last[0] != text or now - last[1] >= LOG_EVERY_S:
-            log.error("cannot admit the inbox into the stream; retrying, its entries wait "
-                      "in the inbox", extra={"shard": shard.index, "error": text})
+            # An outage is a warning (every Redis step retries through it);
+            # a refusal (out of memory, the stream's ids exhausted) an error.
+            level = logging.WARNING if is_transient(exc) else logging.ERROR
+            log.log(level, "cannot admit the inbox into the stream; retrying, its entries "
+                    "wait in the inbox", extra={"shard": shard.index, "error": text})
             self._logged[shard.index] = (text, now)
+
+
+async def _wait(stopping: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less once ``stopping`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), timeout=seconds)
 
 
 class AdmitFailed(Exception):

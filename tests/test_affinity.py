@@ -97,7 +97,13 @@ def _arrival(prefix: str, turns: int, seed: int) -> list[dict]:
 async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_url: str) -> None:
     arrival = _arrival("aff", 400, 7)
     offline = offline_results(arrival)
-    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=1.0) as h:
+    # Both workers share this process's event loop, which the 9,000 entries
+    # keep busy (loop lag p99 around 0.3 s on a loaded 2-CPU machine), and a
+    # beat waits for three Redis replies through it: beats up to 1.2 s apart
+    # were seen, so with a 1 s TTL a worker took the other for dead and read
+    # its shards for a beat (a turn replayed, or a shard read by the wrong
+    # worker). 3 s leaves room; the shards still split within one beat.
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=3.0) as h:
         a, b = await h.start_workers(2)
         await h.wait_for(lambda: a.worker.membership.live == b.worker.membership.live ==
                      sorted([a.consumer, b.consumer]), 5, "both workers to see each other")
