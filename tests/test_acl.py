@@ -341,13 +341,14 @@ def test_producer_user_cannot_overwrite_or_retype_other_keys(
         _refused(producer, "GET", shard.updates)
         _refused(producer, "HSET", shard.done("1:r1:"), "status", "completed")  # read only
         _refused(producer, "SET", shard.done("1:r1:"), "x")
-        # A turn's keys end with its ids, which a producer chooses: with an
-        # attempt id ending ":inbox" or holding ":cancel:" or ":idem:", the
-        # patterns {agent:*}:inbox, {agent:*}:cancel:*, ... named that turn's
-        # state and done marker, which a SET or RPUSH would have retyped (the
-        # worker's scripts then fail on the turn). The shard part of each
-        # pattern is digits only.
-        for attempt in ("x:inbox", "x:inbox:bell", "x:cancel:y", "x:idem:y", "x:updates"):
+        # A turn's keys end with its ids, which a producer chooses (ids may
+        # hold '}'): with an attempt id ending "}:inbox" or holding
+        # "}:cancel:" or "}:idem:", the patterns {agent:*}:inbox,
+        # {agent:*}:cancel:*, ... named that turn's state and done marker,
+        # which a SET or RPUSH would retype (the worker's scripts then fail
+        # on the turn). The shard part of each pattern is digits only.
+        for attempt in ("x}:inbox", "x}:inbox:bell", "x}:cancel:y", "x}:idem:y", "x}:updates",
+                        "x:cancel:y"):
             tk = TurnKey("r", attempt).encode()
             for key in (shard.turn(tk), shard.recs(tk), shard.done(tk)):
                 _refused(producer, "SET", key, "x")

