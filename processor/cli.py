@@ -61,7 +61,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     logs.setup(values["log_level"])
     from processor.service import run_worker
 
-    return asyncio.run(run_worker(values))
+    return asyncio.run(run_worker(values, config.given(args)))
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -75,7 +75,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
-    return asyncio.run(init_groups(values))
+    return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -93,7 +93,10 @@ def _redis_flags(parser: argparse.ArgumentParser) -> None:
         "--redis-url", default=None, metavar="URL", help="Redis URL (env REDIS_URL)"
     )
     parser.add_argument("--namespace", default=os.environ.get("PROCESSOR_NAMESPACE", "agent"))
-    parser.add_argument("--shards", type=int, default=int(os.environ.get("PROCESSOR_SHARDS", "1")))
+    parser.add_argument(
+        "--shards", type=int, default=None,
+        help="not needed: the namespace's record says how many shards it has; if given "
+        "(or PROCESSOR_SHARDS), a different count is refused")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,12 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     init = sub.add_parser(
         "init",
         help="create every shard's consumer group (idempotent), then exit",
-        description="Create the updates stream and consumer group of every shard if missing, "
-        "as a worker does at start, and exit 0. Run it before autoscalers read the groups "
-        "(e.g. a Kubernetes Job before KEDA polls). Takes the same options and environment "
-        "variables as run; only the Redis, namespace, shards and group ones matter.",
+        description="Write the namespace's record (its shard count, group and epoch, "
+        "{ns:0}:meta) if there is none, and create the updates stream and consumer group of "
+        "every shard if missing, as a worker does at start, and exit 0. Run it before "
+        "autoscalers read the groups (e.g. a Kubernetes Job before KEDA polls). Takes the "
+        "same options and environment variables as run; only the Redis, namespace, shards "
+        "and group ones matter.",
     )
     add_options(init)
+    init.add_argument(
+        "--reshard", action="store_true",
+        help="change the namespace's shard count to --shards; refused unless every shard "
+        "is drained (no entries, nothing pending, no active or closing turn) and no worker "
+        "is live (docs/cluster.md)")
     init.set_defaults(func=_cmd_init)
 
     cancel = sub.add_parser(

@@ -55,8 +55,11 @@ _KIND_NAMES = {_flag: "true or false", _number: "a number", int: "an integer", s
 
 OPTIONS: tuple[Option, ...] = (
     Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
-    Option("shards", int, 1, "number of shards S (must match the producers')", 1),
-    Option("group", str, "processor", "consumer group on each updates stream"),
+    Option("shards", int, 1, "number of shards S of a new namespace; a namespace keeps "
+           "the count its record ({ns:0}:meta) got when it was created, and a different "
+           "value is refused (docs/cluster.md: changing it)", 1),
+    Option("group", str, "processor", "consumer group on each updates stream of a new "
+           "namespace (kept in its record, like --shards)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
            0.01),
@@ -148,10 +151,7 @@ def resolve(
     values: dict[str, Any] = {"redis_url": args.redis_url or env.get("REDIS_URL") or None}
     problems: list[str] = []
     for opt in OPTIONS:
-        raw = getattr(args, opt.name, None)
-        source = opt.flag
-        if raw is None and opt.env in env:
-            raw, source = env[opt.env], opt.env
+        raw, source = _given(opt, args, env)
         if raw is None:
             values[opt.name] = opt.default
             continue
@@ -162,6 +162,30 @@ def resolve(
         values[opt.name] = opt.kind(raw)
     problems += _cross_checks(values)
     return values, problems
+
+
+def _given(opt: Option, args: argparse.Namespace,
+           env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The raw value of ``opt`` and where it came from (its flag, or its
+    environment variable); None when neither gives one (the default)."""
+    raw = getattr(args, opt.name, None)
+    if raw is None and opt.env in env:
+        return env[opt.env], opt.env
+    return raw, opt.flag
+
+
+def given(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The options given explicitly, by a flag or an environment variable,
+    each with where it came from (``--shards``, ``PROCESSOR_SHARDS``): a
+    default is not explicit, and a value the namespace's record holds
+    (shards, group: processor.meta) is taken from the record instead."""
+    env = os.environ if env is None else env
+    found = {}
+    for opt in OPTIONS:
+        raw, source = _given(opt, args, env)
+        if raw is not None:
+            found[opt.name] = source
+    return found
 
 
 def _check(opt: Option, raw: str) -> str | None:

@@ -126,6 +126,12 @@ class Metrics:
         self.shards_read = Gauge(
             "processor_shards_read", "Shards this worker reads new entries from: those "
             "shard affinity gives it, plus any whose owners stalled", registry=r)
+        self.shards = Gauge(
+            "processor_shards", "Shards of the namespace (its record, {ns:0}:meta)",
+            registry=r)
+        self.live_workers = Gauge(
+            "processor_live_workers", "Live workers of the group as this worker's last "
+            "beat saw them (more than processor_shards: every shard is shared)", registry=r)
         # The merged and terminal counters' children by turn status.
         self._published: dict[str, tuple[Counter, Counter]] = {}
         self._settled_held: Counter | None = None

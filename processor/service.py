@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError
@@ -21,8 +22,10 @@ from processor.connections import (
     redact,
     tls_refusal,
     tls_refusal_probe,
+    until_done,
 )
 from processor.health import Health, Server, groups_check
+from processor.meta import Meta, Mismatch, check, create, drain_problems, reshard
 from processor.metrics import Metrics, Sampler
 from processor.worker import Worker
 
@@ -97,10 +100,38 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-async def run_worker(values: dict[str, Any]) -> int:
+async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str, str],
+                         stop: stopping.Stop | None = None) -> Meta | None:
+    """The namespace's record (processor.meta), written with these values if
+    there is none yet; ``values`` then take its shards and group. A shard
+    count or group given explicitly (``given``: flag or environment) that
+    disagrees raises :class:`~processor.meta.Mismatch`. None when stopped
+    first."""
+    def give_up() -> bool:
+        return stop is not None and stop.requested.is_set()
+
+    def retry(exc: BaseException | None) -> None:
+        log.warning("redis unavailable, retrying", extra={"error": repr(exc)})
+
+    try:
+        meta: Meta = await until_done(create, client, values["namespace"], values["shards"],
+                                      values["group"], give_up=give_up, on_retry=retry)
+    except TRANSIENT:
+        if give_up():
+            return None
+        raise
+    check(meta, values["shards"] if "shards" in given else None, given.get("shards", ""),
+          values["group"] if "group" in given else None, given.get("group", ""))
+    values.update(shards=meta.shards, group=meta.group)
+    return meta
+
+
+async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = None) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
     that came before the worker existed (even before the event loop did, see
-    processor/stopping.py) stops it as soon as it does."""
+    processor/stopping.py) stops it as soon as it does. ``given``: the
+    options given explicitly (:func:`processor.config.given`); the others
+    the namespace's record may override (shards, group)."""
     stop = stopping.attach(asyncio.get_running_loop())
     tune_gc()
     logs.set_payloads(values["log_payloads"])
@@ -129,6 +160,14 @@ async def run_worker(values: dict[str, Any]) -> int:
         if client is None:  # stopped while connecting: nothing was read
             log.info("stopped cleanly")
             return 0
+        try:
+            meta = await open_namespace(client, values, given or {}, stop)
+        except (Mismatch, NoPermissionError) as exc:
+            print(f"processor run: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, Mismatch) else 1
+        if meta is None:
+            log.info("stopped cleanly")
+            return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
         if server:
@@ -138,6 +177,9 @@ async def run_worker(values: dict[str, Any]) -> int:
             background.append(asyncio.create_task(sampler.run()))
         await worker.run()
         await client.aclose()
+        if worker.fatal:
+            print(f"processor run: {worker.fatal}", file=sys.stderr)
+            return 1
         log.info("stopped cleanly", extra={"turns_settled": metrics.settled_by_source()})
         return 0
     finally:
@@ -164,7 +206,8 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
     so the CLI and producers route the key the same way)."""
     from processor.client import Producer
     from processor.ids import response_id_for_turn
-    from processor.tool_shell import redis_options
+    from processor.meta import NamespaceError
+    from processor.tool_shell import Refused, explicit_shards, redis_options
 
     if args.turn_id and args.response_id != response_id_for_turn(args.turn_id):
         print(
@@ -173,11 +216,21 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        shards, source = explicit_shards(args)
+    except Refused as exc:
+        print(f"processor cancel: {exc}", file=sys.stderr)
+        return 2
     client = await connect(redis_options(url, args))
     try:
-        producer = Producer(client, namespace=args.namespace, shards=args.shards)
+        producer = Producer(client, namespace=args.namespace, shards=shards,
+                            shards_from=source)
         rid = None if args.turn_id else args.response_id
-        await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
+        try:
+            await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
+        except NamespaceError as exc:  # no record yet, or --shards disagrees with it
+            print(f"processor cancel: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, Mismatch) else 1
         key = producer.cancel_key(rid, turn_id=args.turn_id)
         print(f"cancelled {args.response_id} ({key}, ttl {args.ttl}s)")
         return 0
@@ -185,14 +238,42 @@ async def cancel(url: str, args: argparse.Namespace) -> int:
         await client.aclose()
 
 
-async def init_groups(values: dict[str, Any]) -> int:
-    """``processor init``: create every shard's stream and consumer group (idempotent),
-    so that autoscalers reading the group (KEDA) find it before any worker ran."""
+async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = None,
+                      resharding: bool = False) -> int:
+    """``processor init``: write the namespace's record if there is none
+    (processor.meta), then create every shard's stream and consumer group
+    (idempotent), so that autoscalers reading the group (KEDA) find it
+    before any worker ran. With ``resharding`` (``--reshard``) an explicit
+    ``--shards`` that differs from the record changes it, once every shard
+    is drained and no worker is live (docs/cluster.md)."""
+    given = given or {}
+    if resharding and "shards" not in given:
+        print("processor init: --reshard needs --shards (or PROCESSOR_SHARDS)", file=sys.stderr)
+        return 2
     options = RedisOptions(
         values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )
     client = await connect_retrying(options)
     try:
+        try:
+            meta = await create(client, values["namespace"], values["shards"], values["group"])
+            if resharding and meta.shards != values["shards"]:
+                status = await _reshard(client, meta, values)
+                if status:
+                    return status
+            else:
+                check(meta, values["shards"] if "shards" in given else None,
+                      given.get("shards", ""), values["group"] if "group" in given else None,
+                      given.get("group", ""))
+        except Mismatch as exc:
+            print(f"processor init: {exc}", file=sys.stderr)
+            return 2
+        except NoPermissionError as exc:
+            print(f"processor init: redis refused the namespace's record: {exc}",
+                  file=sys.stderr)
+            return 1
+        values = {**values, "shards": values["shards"] if resharding else meta.shards,
+                  "group": meta.group}
         worker = Worker(client, config.worker_config(values))  # the worker's own ensure_groups
         try:
             await worker.ensure_groups()
@@ -200,8 +281,32 @@ async def init_groups(values: dict[str, Any]) -> int:
             print(f"processor init: redis refused to create the groups: {exc}", file=sys.stderr)
             return 1
         streams = [shard.updates for shard in worker.namespace.all()]
-        print(f"consumer group {values['group']!r} ready on {len(streams)} stream(s): "
-              + ", ".join(streams))
+        print(f"namespace {values['namespace']!r}: {values['shards']} shard(s) (record "
+              f"{worker.namespace.meta}); consumer group {values['group']!r} ready on "
+              f"{len(streams)} stream(s): " + ", ".join(streams))
         return 0
     finally:
         await client.aclose()
+
+
+async def _reshard(client: Any, meta: Meta, values: dict[str, Any]) -> int:
+    """Change the record's shard count; 0 when done, else the exit status
+    after saying why not (a shard not drained, a worker live, a race)."""
+    problems = await drain_problems(client, meta, int(values["worker_ttl"] * 1000))
+    for problem in problems:
+        print(f"processor init: cannot reshard {meta.namespace!r} from {meta.shards} to "
+              f"{values['shards']} shard(s): {problem}", file=sys.stderr)
+    if problems:
+        print("processor init: stop the producers, wait until `processor stats` shows every "
+              "shard drained, stop the workers, then run this again (docs/cluster.md)",
+              file=sys.stderr)
+        return 1
+    if not await reshard(client, meta, values["shards"]):
+        print(f"processor init: the record of {meta.namespace!r} changed meanwhile: "
+              "run this again", file=sys.stderr)
+        return 1
+    log.info("namespace resharded", extra={"namespace": meta.namespace, "from": meta.shards,
+                                           "to": values["shards"]})
+    print(f"namespace {meta.namespace!r} resharded from {meta.shards} to {values['shards']} "
+          "shard(s)")
+    return 0

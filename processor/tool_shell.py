@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
 from processor.keys import Namespace
+from processor.meta import Mismatch, NamespaceError, NotInitialised, require
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
 
@@ -44,15 +45,38 @@ def fail(prog: str, message: str, status: int) -> int:
     return status
 
 
+def explicit_shards(args: argparse.Namespace) -> tuple[int | None, str]:
+    """The shard count given by ``--shards`` or ``PROCESSOR_SHARDS`` (None:
+    neither; the namespace's record says) and where it came from."""
+    if args.shards is not None:
+        shards, source = args.shards, "--shards"
+    elif "PROCESSOR_SHARDS" in os.environ:
+        source = "PROCESSOR_SHARDS"
+        try:
+            shards = int(os.environ[source])
+        except ValueError:
+            raise Refused(f"{source}: expected an integer, got "
+                          f"{os.environ[source]!r}") from None
+    else:
+        return None, ""
+    if shards < 1:
+        raise Refused(f"{source} must be at least 1, not {shards}")
+    return shards, source
+
+
 def run_tool(
     prog: str, args: argparse.Namespace, body: Callable[[Any, Namespace], Awaitable[int]]
 ) -> int:
-    """Connect, run ``body(client, keys)``, close; one line and a status on any failure."""
+    """Connect, read the namespace's record (processor.meta), run
+    ``body(client, keys)``, close; one line and a status on any failure.
+    A ``--group`` not given is the record's."""
     url = args.redis_url or os.environ.get("REDIS_URL")
     if not url:
         return fail(prog, "give --redis-url or set REDIS_URL", 2)
-    if args.shards < 1:
-        return fail(prog, f"--shards must be at least 1, not {args.shards}", 2)
+    try:
+        shards, source = explicit_shards(args)
+    except Refused as exc:
+        return fail(prog, str(exc), 2)
 
     options = redis_options(url, args)
 
@@ -62,7 +86,10 @@ def run_tool(
         except TRANSIENT as exc:
             return fail(prog, f"cannot reach Redis at {redact(url)}: {exc}", 1)
         try:
-            return await body(client, Namespace(args.namespace, args.shards))
+            meta = await require(client, args.namespace, shards, source)
+            if getattr(args, "group", "") is None:
+                args.group = meta.group
+            return await body(client, meta.keys)
         finally:
             await client.aclose()
 
@@ -70,6 +97,10 @@ def run_tool(
         return asyncio.run(main())
     except Refused as exc:
         return fail(prog, str(exc), 2)
+    except NotInitialised as exc:
+        return fail(prog, str(exc), 1)
+    except NamespaceError as exc:  # --shards disagrees with the record, or a bad record
+        return fail(prog, str(exc), 2 if isinstance(exc, Mismatch) else 1)
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, and keep the interpreter's
         # final flush of stdout from failing again.

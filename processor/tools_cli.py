@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from processor.keys import DEFAULT_GROUP, Namespace
+from processor.keys import Namespace
 from processor.tool_shell import (
     AddFlags,
     Refused,
@@ -54,8 +54,8 @@ def _add_stats(sub: Any, redis_flags: AddFlags) -> None:
     )
     redis_flags(parser)
     parser.add_argument(
-        "--group", default=os.environ.get("PROCESSOR_GROUP", DEFAULT_GROUP),
-        help="consumer group (env PROCESSOR_GROUP, default processor)",
+        "--group", default=os.environ.get("PROCESSOR_GROUP"),
+        help="consumer group (env PROCESSOR_GROUP; default: the namespace's, from its record)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     parser.set_defaults(func=_cmd_stats)

@@ -29,13 +29,20 @@ from processor.batches import (
     BatchOptions,
     parse_member,
 )
-from processor.connections import as_text, is_transient, stream_entry, until_done
+from processor.connections import (
+    as_text,
+    is_redis_failure,
+    is_transient,
+    stream_entry,
+    until_done,
+)
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.membership import Membership
+from processor.meta import Meta, check, create, read
 from processor.metrics import Metrics
 from processor.mirror import MIRROR_BYTES, Mirrors
 from processor.recovery import Recovery
@@ -140,6 +147,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
         self.ready = asyncio.Event()  # set once every group exists
+        self.meta: Meta | None = None  # the namespace's record (processor.meta), read by run()
+        self.fatal: str | None = None  # why the worker stopped by itself (run() returned)
 
     def stop(self) -> None:
         """Stop reading; batches already read are applied and acked first."""
@@ -150,6 +159,11 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         return self._stopping.is_set()
 
     async def run(self) -> None:
+        """Serve every shard until :meth:`stop`. Raises
+        :class:`~processor.meta.Mismatch` at once when the namespace's record
+        (written by the first worker or ``processor init``) disagrees with
+        this worker's shards or group."""
+        self.meta = await self._retrying(self._open_namespace)
         await self._retrying(self.ensure_groups)
         await self._retrying(self.membership.beat)
         self.ready.set()
@@ -157,11 +171,50 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
                                           "shards": self.config.shards,
                                           "reads": sorted(self.membership.owned)})
         try:
-            await asyncio.gather(self.membership.run(self._stopping),
+            await asyncio.gather(self.membership.run(self._stopping), self._watch_namespace(),
                                  *(self._shard_loop(s) for s in self.namespace.all()))
         finally:
             await self.membership.leave()
             await self._leave()
+
+    async def _open_namespace(self) -> Meta:
+        """The namespace's record, written now with this worker's shards and
+        group if there is none; refused if it disagrees with them."""
+        cfg = self.config
+        meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
+        check(meta, cfg.shards, "this worker's shards", cfg.group, "this worker's group")
+        return meta
+
+    async def _watch_namespace(self) -> None:
+        """Read the namespace's record once a beat period until stopping
+        (:meth:`_check_namespace`). A failed read is retried at the next."""
+        while True:
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.membership.beat_period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._check_namespace()
+            except Exception as exc:
+                if not is_redis_failure(exc):  # a bug or an odd reply: never the worker's end
+                    self.metrics.step_failed(exc)
+                    log.exception("reading the namespace's record failed unexpectedly")
+
+    async def _check_namespace(self) -> None:
+        """Stop the worker (:attr:`fatal`) if the namespace's record now
+        says another shard count or group than the one it serves: the
+        namespace was resharded (``processor init --reshard``) while it ran."""
+        meta = await read(self.client, self.config.namespace)
+        if meta is None or self.meta is None or meta.epoch != self.meta.epoch:
+            return
+        if (meta.shards, meta.group) != (self.config.shards, self.config.group):
+            self.fatal = (f"the record of namespace {meta.namespace!r} now says {meta.shards} "
+                          f"shard(s) and group {meta.group!r}, this worker serves "
+                          f"{self.config.shards} and {self.config.group!r}: restart it")
+            log.error("namespace changed under this worker: stopping",
+                      extra={"error": self.fatal})
+            self.stop()
 
     async def ensure_groups(self) -> None:
         """Create each shard's consumer group (and stream) if missing."""

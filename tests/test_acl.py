@@ -196,6 +196,8 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
         producer.xadd(shard.updates, {"response_id": "r1", "kind": "end"})
         producer.set(shard.cancel("r1"), "stop", ex=60)
         assert producer.xrange(shard.merged) == []
+        producer.hgetall(Namespace(NAMESPACE).meta)  # the namespace's record: read-only
+        _refused(producer, "HSET", Namespace(NAMESPACE).meta, "shards", "9")
         _refused(producer, "XADD", shard.merged, "*", "f", "v")  # outputs are read-only
         _refused(producer, "HGETALL", shard.turn("r1"))
         _refused(producer, "XREADGROUP", "GROUP", "processor", "p", "STREAMS", shard.updates, ">")
@@ -306,7 +308,7 @@ def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRe
         ("run", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
         ("init", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
         ("run", url_for(acl_server, "keda"), "permission"),  # no INFO for keda
-        ("init", url_for(acl_server, "producer"), "refused to create the groups"),
+        ("init", url_for(acl_server, "producer"), "refused the namespace's record"),
     ]
     procs = [subprocess.Popen([sys.executable, "-m", "processor.cli", command, "--redis-url", url],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

@@ -10,6 +10,7 @@ import signal
 from typing import Any
 
 from cli_tools import ENV, arun, call, command, json_lines
+from records import init_namespace_sync
 from worker_harness import Harness
 
 from processor import events as ev
@@ -185,7 +186,9 @@ async def test_tail_limit_and_now(redis_url: str, namespace: str) -> None:
         assert (code, out) == (0, "")
 
 
-def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
+def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: Any,
+                                     redis_client: Any) -> None:
+    init_namespace_sync(redis_client, namespace, SHARDS)
     for bad, message in [("yesterday", "expected beginning, now, an entry id or STREAM=ID"),
                          ("{x:0}:merged=1-0", "is not a followed stream"),
                          (f"{{{namespace}:0}}:merged=abc", "is not an entry id")]:

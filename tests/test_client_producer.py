@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 from agent_framework import AgentResponseUpdate, Content
+from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from processor.client import (
@@ -35,6 +36,7 @@ async def _entries(client: Any, key: str) -> list[dict[str, str]]:
 
 
 async def test_send_agent_framework_update_lands_in_its_shard(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 3)
     producer = Producer(async_redis_client, namespace, shards=3)
     ns = Namespace(namespace, 3)
     update = AgentResponseUpdate(
@@ -61,6 +63,7 @@ async def test_send_agent_framework_update_lands_in_its_shard(async_redis_client
 
 
 async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 3)
     producer = Producer(async_redis_client, namespace, shards=3)
     shard = Namespace(namespace, 3).shard_for("resp_d")
     update = {"type": "agent_response_update", "contents": [{"type": "text", "text": "hi"}]}
@@ -78,6 +81,7 @@ async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
 
 
 async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 5)
     producer = Producer(async_redis_client, namespace, shards=5)
     await producer.send(None, {"contents": []}, turn_id="turn-7")
     shard = Namespace(namespace, 5).shard_for("turn-7")
@@ -87,6 +91,7 @@ async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):
 
 
 async def test_bad_ids_are_refused(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     with pytest.raises(ValueError, match="response_id or a turn_id"):
         await producer.send(None, {})
@@ -99,6 +104,7 @@ async def test_bad_ids_are_refused(async_redis_client, namespace):
 
 
 async def test_same_idempotency_key_adds_one_entry(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     producer = Producer(async_redis_client, namespace, shards=2)
     first = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
     again = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
@@ -126,6 +132,7 @@ class _LoseFirstReply:
 
 @pytest.mark.parametrize("key", [None, "caller-key"])
 async def test_retry_after_applied_send_adds_one_entry(async_redis_client, namespace, key):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
     faulty = _LoseFirstReply(producer._send_update)
     producer._send_update = faulty
@@ -137,6 +144,7 @@ async def test_retry_after_applied_send_adds_one_entry(async_redis_client, names
 
 
 async def test_retries_give_up_with_the_error(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
 
     async def always_down(**kwargs: Any) -> Any:
@@ -148,6 +156,7 @@ async def test_retries_give_up_with_the_error(async_redis_client, namespace):
 
 
 async def test_stream_sends_updates_then_end(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     producer = Producer(async_redis_client, namespace, shards=2)
 
     async def updates() -> AsyncIterator[AgentResponseUpdate]:
@@ -163,6 +172,7 @@ async def test_stream_sends_updates_then_end(async_redis_client, namespace):
 
 
 async def test_stream_reports_a_failing_generator_and_reraises(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
 
     async def updates() -> AsyncIterator[dict[str, Any]]:
@@ -181,6 +191,7 @@ async def test_stream_reports_a_failing_generator_and_reraises(async_redis_clien
 
 
 async def test_cancel_sets_the_key_with_a_ttl(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 4)
     producer = Producer(async_redis_client, namespace, shards=4)
     assert not await producer.cancelled("resp_c")
     await producer.cancel("resp_c", reason="user", ttl=120)
@@ -192,6 +203,7 @@ async def test_cancel_sets_the_key_with_a_ttl(async_redis_client, namespace):
 
 
 async def test_cancel_by_turn_id_uses_the_assigned_response_id(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 4)
     producer = Producer(async_redis_client, namespace, shards=4)
     await producer.cancel(None, turn_id="turn-9")
     rid = response_id_for_turn("turn-9")
@@ -216,6 +228,7 @@ class _CountingClient:
 
 
 async def test_watch_stops_a_generator_after_cancel(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -244,6 +257,7 @@ async def test_watch_stops_a_generator_after_cancel(async_redis_client, namespac
 
 
 async def test_watch_interrupts_a_stalled_generator(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -268,6 +282,7 @@ async def test_watch_interrupts_a_stalled_generator(async_redis_client, namespac
 
 
 async def test_watch_cancel_before_start_yields_nothing(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     await producer.cancel("resp_early")
 
@@ -281,6 +296,7 @@ async def test_watch_cancel_before_start_yields_nothing(async_redis_client, name
 
 async def test_watch_polls_per_interval_not_per_update(async_redis_client, namespace):
     counting = _CountingClient(async_redis_client)
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(counting, namespace)
 
     async def fast() -> AsyncIterator[int]:
@@ -294,6 +310,7 @@ async def test_watch_polls_per_interval_not_per_update(async_redis_client, names
 
 
 async def test_watch_as_context_manager_closes_the_generator(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -311,6 +328,7 @@ async def test_watch_as_context_manager_closes_the_generator(async_redis_client,
 
 
 async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
 
     async def updates() -> AsyncIterator[dict[str, Any]]:

@@ -8,11 +8,14 @@ shard (section 5), resumable from the positions it reports, and waits for the
 merged response of one turn.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
-``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`)::
+``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`),
+and read the namespace's shard count from its record in Redis
+(:mod:`processor.meta`; :class:`NotInitialised` before any worker or
+``processor init`` wrote it)::
 
-    producer = Producer(client, shards=4)
+    producer = Producer(client)
     await producer.stream("resp_1", agent.run_stream("hi"))
-    item = await Subscriber(client, shards=4).wait_for("resp_1", timeout=60)
+    item = await Subscriber(client).wait_for("resp_1", timeout=60)
     response = item.agent_response()
 """
 
@@ -30,6 +33,7 @@ from processor.client.retry import RetryPolicy
 from processor.client.subscriber import STREAMS as STREAMS
 from processor.client.subscriber import Subscriber
 from processor.client.watch import CancelWatch
+from processor.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
     "CancelWatch",
@@ -37,6 +41,9 @@ __all__ = [
     "EventItem",
     "Item",
     "MergedItem",
+    "Mismatch",
+    "NamespaceError",
+    "NotInitialised",
     "Producer",
     "RetryPolicy",
     "Sent",
