@@ -10,7 +10,8 @@ which a handler running on that loop could not do.
   every second) is younger than ``stall_seconds``; 503 otherwise.
 - ``/readyz``: 200 when Redis answers and every shard's consumer group
   exists, checked live on the worker's own client (run on its loop, with a
-  deadline); 503 with the first problem otherwise.
+  deadline), and the worker did not find the namespace's state lost in
+  Redis within the last minute; 503 with the first problem otherwise.
 """
 
 from __future__ import annotations
@@ -85,10 +86,16 @@ class Health:
             return f"readiness check failed: {type(exc).__name__}"
 
 
-def groups_check(client: Any, namespace: Namespace, group: str) -> Callable[[], Any]:
-    """An async readiness check: Redis answers and every shard's group exists."""
+def groups_check(client: Any, namespace: Namespace, group: str,
+                 worker: Callable[[], str | None] | None = None) -> Callable[[], Any]:
+    """An async readiness check: Redis answers and every shard's group exists,
+    and ``worker()`` (what the worker itself reports: the namespace's state
+    lost a moment ago, processor.continuity) says nothing."""
 
     async def check() -> str | None:
+        problem = worker() if worker is not None else None
+        if problem:
+            return problem
         for shard in namespace.all():
             try:
                 groups = await client.xinfo_groups(shard.updates)

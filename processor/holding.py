@@ -57,6 +57,10 @@ class Holding:
             self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
             call: ApplyCall | None = None,
         ) -> None: ...
+        def _log_late(self, shard: Shard, key: TurnKey,
+                      late: list[tuple[str, str, str]]) -> None: ...
+        async def _namespace_lost(self, why: str) -> bool: ...  # Continuity's
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
 
     def _holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
@@ -178,6 +182,8 @@ class Holding:
                 published.append(key)
                 acked += len(ids)
                 reasons += [reason for _, reason, _ in late]
+                if late:
+                    self._log_late(shard, key, [(reason, i, "") for i, reason, _ in late])
             else:
                 refused.append(key)
         if published:
@@ -191,6 +197,13 @@ class Holding:
         acked there (the XACK fence skips any that were applied already), and
         the turns go on as any stored turn."""
         holds = self._holds[shard.index]
+        if not any(key in holds.turns for key in keys):
+            return
+        # A turn refused at its publish, or held too long, may be one whose
+        # state Redis lost: then it is published from memory (continuity.py).
+        if await self._namespace_lost("spilling held turns"):
+            await self._lose_shard_now(shard)
+            return
         entries: list[Entry] = []
         for key in keys:
             held = holds.take(key)

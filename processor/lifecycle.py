@@ -145,6 +145,29 @@ class TurnLife:
         self.outcome = Outcome.failed("turn_timeout", f"no entry for {seconds:g} seconds")
         return True
 
+    def state_lost(self) -> None:
+        """End the turn as ``state_lost`` whatever it came to so far: the
+        namespace's state in Redis is gone (a Redis restarted without
+        persistence), and the worker publishes what it had of the turn, which
+        may be missing entries another worker or the lost state held."""
+        self.outcome = Outcome.failed(
+            "state_lost", "Redis lost the namespace's state while this turn was in flight "
+            "(a restart without persistence?): this is what one worker had of it")
+
+    def entries_lost(self, first_id: str) -> None:
+        """End the turn as ``entries_lost`` if it completed or timed out: an
+        entry of its shard that it may have had was deleted from the stream
+        while pending (a trim), so it may be missing an update or its end.
+        A cancel, the producer's own error or a limit says more, and stays."""
+        outcome = self.outcome
+        if outcome is None or outcome.status == "cancelled":
+            return
+        if outcome.error is not None and outcome.error.code != "turn_timeout":
+            return
+        self.outcome = Outcome.failed(
+            "entries_lost", f"entries of this turn's shard were deleted from the stream while "
+            f"pending (from {first_id}): this turn may be missing some of its own")
+
     def response(self) -> Response:
         return self.turn.finish()
 

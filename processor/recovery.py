@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
+from processor.batches import (
+    ENTRY_LOST,
+    BatchOptions,
+    build_dead_letter_lost,
+    lost_turns_of,
+)
 from processor.connections import TRANSIENT, as_text, is_transient
+from processor.ids import TurnKey
 from processor.keys import Namespace, Shard
 from processor.metrics import Metrics
+from processor.settle import id_order
 
 log = logging.getLogger("processor.worker")
+
+#: Lost entry ids listed in one log line (the DLQ has every one).
+LOST_IDS_LOGGED = 20
+#: Turns marked per dead_letter_lost call (two keys each).
+LOST_MARK_CHUNK = 1000
 
 
 class Recovery:
@@ -26,12 +39,19 @@ class Recovery:
     config: Any  # WorkerConfig
     metrics: Metrics
     namespace: Namespace
+    options: BatchOptions
+    scripts: Any
     _orphans: set[int]
     _claimed: set[int]  # shards with entries reclaimed and being applied
     _reclaim_cursor: dict[int, str]
     # Worker's: apply entries (a batch, or one by one if the batch fails).
     _apply_isolated: Callable[..., Awaitable[None]]
     _held_ids: Callable[[Shard], set[str]]  # Holding's
+    _retrying: Callable[..., Awaitable[Any]]  # Worker's
+
+    if TYPE_CHECKING:  # Continuity's: batches being applied, restored if the group vanishes
+        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
+        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
 
     async def _take_back(self, shard: Shard) -> None:
         """Apply what this consumer was delivered but never received, now,
@@ -53,13 +73,18 @@ class Recovery:
             # Held entries (--hold-turns) are pending on purpose, not orphans.
             held = self._held_ids(shard)
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
-            gone = [i for i, f in found if not f]
-            if gone:  # deleted while pending: nothing to apply
-                await self.client.xack(shard.updates, cfg.group, *gone)
+            gone = [as_text(i) for i, f in found if not f]
+            if gone:  # deleted while pending: their data is gone
+                await self._entries_lost(shard, gone, [], "take back")
             if entries:
                 log.info("took back undelivered entries",
                          extra={"shard": shard.index, "count": len(entries)})
-                await self._apply_isolated(shard, entries, await self._deliveries(shard, entries))
+                self._read_batch(shard, entries)
+                try:
+                    await self._apply_isolated(shard, entries,
+                                               await self._deliveries(shard, entries))
+                finally:
+                    self._batch_done(shard, entries)
         self._orphans.discard(shard.index)
 
     async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
@@ -87,9 +112,13 @@ class Recovery:
             raise
         self._reclaim_cursor[shard.index] = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
-        gone = [i for i, f in reply[1] if f is None]
-        if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
-            await self.client.xack(shard.updates, cfg.group, *gone)
+        # Entries deleted from the stream while pending (a trim): Redis 6.2
+        # reports them as nil entries, still pending; Redis 7 takes them out
+        # of the pending list and lists their ids apart, to this caller only.
+        gone = [as_text(i) for i, f in reply[1] if f is None]
+        removed = [as_text(i) for i in reply[2]] if len(reply) > 2 else []
+        if gone or removed:
+            await self._retrying(self._entries_lost, shard, gone, removed, "reclaim")
         if not entries:
             return
         # Pending to this consumer now, neither held nor applied until applied
@@ -100,12 +129,63 @@ class Recovery:
             deliveries = await self._deliveries(shard, entries)
             self.metrics.read(shard.index, len(entries), "reclaim")
             log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
-            await self._apply_isolated(shard, entries, deliveries)
+            self._read_batch(shard, entries)
+            try:
+                await self._apply_isolated(shard, entries, deliveries)
+            finally:
+                self._batch_done(shard, entries)
         except BaseException:
             self._orphans.add(shard.index)
             raise
         finally:
             self._claimed.discard(shard.index)
+
+    async def _entries_lost(self, shard: Shard, pending: list[str], removed: list[str],
+                            where: str) -> None:
+        """Entries deleted from the stream while pending (``pending``: still
+        pending to this consumer; ``removed``: XAUTOCLAIM took them out of the
+        pending list): their data is gone. Each gets an ``entry_lost`` dead
+        letter (no fields), the metric and one warning with the ids; and the
+        turns that may have had one of them are marked, so that they end as
+        ``entries_lost`` rather than complete without it
+        (:func:`~processor.batches.lost_turns_of` says which)."""
+        lost = [*pending, *removed]
+        turns = lost_turns_of(lost, await self._active_turns(shard))
+        first = min(lost, key=id_order)
+        script = self.scripts.dead_letter_lost
+        chunk = turns[:LOST_MARK_CHUNK]
+        call = build_dead_letter_lost(shard, pending, removed, chunk, first, self.options)
+        letters, marked = await script(keys=call.keys, args=call.args)
+        ids = [as_text(i) for i in letters]
+        marked = int(marked)
+        for i in range(LOST_MARK_CHUNK, len(turns) if ids else 0, LOST_MARK_CHUNK):
+            chunk = turns[i:i + LOST_MARK_CHUNK]
+            call = build_dead_letter_lost(shard, [], [], chunk, first, self.options)
+            marked += int((await script(keys=call.keys, args=call.args))[1])
+        if not ids:
+            return  # (another consumer acked them first)
+        self.metrics.lost_entries.labels(str(shard.index)).inc(len(ids))
+        self.metrics.dead_lettered([ENTRY_LOST] * len(ids))
+        log.warning("entries deleted from the stream while pending: their data is gone",
+                    extra={"shard": shard.index, "where": where, "count": len(ids),
+                           "entry_ids": ids[:LOST_IDS_LOGGED], "turns_marked": marked})
+
+    async def _active_turns(self, shard: Shard) -> dict[TurnKey, tuple[int, str]]:
+        """Each active turn of ``shard`` with its start (ms) and the padded id
+        of the entry that ended it ("" if none): what lost_turns_of needs."""
+        members = [TurnKey.decode(as_text(tk))
+                   for tk in await self.client.zrange(shard.active, 0, -1)]
+        found: dict[TurnKey, tuple[int, str]] = {}
+        for i in range(0, len(members), LOST_MARK_CHUNK):
+            chunk = members[i:i + LOST_MARK_CHUNK]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hmget(shard.turn(key.encode()), "started", "ended")
+                replies = await pipe.execute()
+            for key, (started, ended) in zip(chunk, replies, strict=True):
+                if started is not None:
+                    found[key] = (int(as_text(started)), as_text(ended) if ended else "")
+        return found
 
     async def _leave(self) -> None:
         """Remove this consumer from each group once it holds no pending entry."""

@@ -26,7 +26,8 @@ def source(name: str) -> str:
 
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
-    "compact_turn", "beat_worker", "open_turns", "finalise_held",
+    "compact_turn", "beat_worker", "open_turns", "finalise_held", "create_namespace",
+    "reshard_namespace", "dead_letter_lost", "publish_lost_turns", "recreate_group",
 )
 
 
@@ -42,3 +43,6 @@ class Scripts:
         self.beat_worker = client.register_script(source("beat_worker"))
         self.open_turns = client.register_script(source("open_turns"))
         self.finalise_held = client.register_script(source("finalise_held"))
+        self.dead_letter_lost = client.register_script(source("dead_letter_lost"))
+        self.publish_lost_turns = client.register_script(source("publish_lost_turns"))
+        self.recreate_group = client.register_script(source("recreate_group"))

@@ -171,7 +171,8 @@ async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = N
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
         if server:
-            health.ready_check = groups_check(client, worker.namespace, worker.config.group)
+            health.ready_check = groups_check(client, worker.namespace, worker.config.group,
+                                              worker.readiness)
             sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
                               values["metrics_interval"])
             background.append(asyncio.create_task(sampler.run()))

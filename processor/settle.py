@@ -23,7 +23,9 @@ from processor.lifecycle import LATE, Limits, TurnLife, Verdict
 from processor.merge import Turn
 from processor.models import Counts, Event, Record, Status, Update
 
-Reason = Literal["closing", "cancel", "timeout"]
+#: Why a turn is finalised: its closing entry, a cancel key, its timeout, or
+#: the namespace's state lost in Redis (a worker publishing what it had).
+Reason = Literal["closing", "cancel", "timeout", "lost"]
 
 
 class Stored(msgspec.Struct, array_like=True):
@@ -165,8 +167,13 @@ def render(
         life.cancel()
     elif reason == "timeout":
         life.expire()
+    elif reason == "lost":
+        life.state_lost()
     if life.outcome is None:
         return None
+    lost = turn_hash.get(b"lost", turn_hash.get("lost"))
+    if lost is not None:  # (dead_letter_lost.lua: an entry it may have had is gone)
+        life.entries_lost(as_text(lost))
     counters = {as_text(k): int(v) for k, v in turn_hash.items() if as_text(v).isdigit()}
     life.counts.dropped += counters.get("dropped", 0)
     life.counts.dlq += counters.get("dlq", 0)

@@ -29,21 +29,16 @@ from processor.batches import (
     BatchOptions,
     parse_member,
 )
-from processor.connections import (
-    as_text,
-    is_redis_failure,
-    is_transient,
-    stream_entry,
-    until_done,
-)
+from processor.connections import as_text, is_transient, stream_entry, until_done
+from processor.continuity import Continuity, is_nogroup
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.membership import Membership
-from processor.meta import Meta, check, create, read
-from processor.metrics import Metrics
+from processor.meta import Meta, check, create
+from processor.metrics import DeadLetterLog, Metrics
 from processor.mirror import MIRROR_BYTES, Mirrors
 from processor.recovery import Recovery
 from processor.scripts import Scripts
@@ -116,7 +111,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery, Holding, Storing):
+class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
@@ -149,6 +144,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         self.ready = asyncio.Event()  # set once every group exists
         self.meta: Meta | None = None  # the namespace's record (processor.meta), read by run()
         self.fatal: str | None = None  # why the worker stopped by itself (run() returned)
+        self.dead_letters = DeadLetterLog()  # dead letters in the log, rate-limited
+        self._init_continuity()
 
     def stop(self) -> None:
         """Stop reading; batches already read are applied and acked first."""
@@ -185,37 +182,6 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         check(meta, cfg.shards, "this worker's shards", cfg.group, "this worker's group")
         return meta
 
-    async def _watch_namespace(self) -> None:
-        """Read the namespace's record once a beat period until stopping
-        (:meth:`_check_namespace`). A failed read is retried at the next."""
-        while True:
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self.membership.beat_period)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self._check_namespace()
-            except Exception as exc:
-                if not is_redis_failure(exc):  # a bug or an odd reply: never the worker's end
-                    self.metrics.step_failed(exc)
-                    log.exception("reading the namespace's record failed unexpectedly")
-
-    async def _check_namespace(self) -> None:
-        """Stop the worker (:attr:`fatal`) if the namespace's record now
-        says another shard count or group than the one it serves: the
-        namespace was resharded (``processor init --reshard``) while it ran."""
-        meta = await read(self.client, self.config.namespace)
-        if meta is None or self.meta is None or meta.epoch != self.meta.epoch:
-            return
-        if (meta.shards, meta.group) != (self.config.shards, self.config.group):
-            self.fatal = (f"the record of namespace {meta.namespace!r} now says {meta.shards} "
-                          f"shard(s) and group {meta.group!r}, this worker serves "
-                          f"{self.config.shards} and {self.config.group!r}: restart it")
-            log.error("namespace changed under this worker: stopping",
-                      extra={"error": self.fatal})
-            self.stop()
-
     async def ensure_groups(self) -> None:
         """Create each shard's consumer group (and stream) if missing."""
         for shard in self.namespace.all():
@@ -251,7 +217,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         try:
             await self.apply(shard, entries, deliveries, call)
         except Exception as exc:
-            if is_transient(exc):
+            if is_transient(exc) or is_nogroup(exc):  # (the group: continuity.py)
                 raise
             if self.config.hold_turns:
                 # Some may stay pending, neither held nor applied: no floor

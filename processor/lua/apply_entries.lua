@@ -71,6 +71,9 @@ local now_str = tostring(now_ms)
 --- includes/publish_event
 --- includes/dead_letter
 --- includes/trim_acked
+--- includes/require_group
+
+require_group(updates, group)
 
 local cancelled, seen_cancel = {}, {}
 local counts = {}
