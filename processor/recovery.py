@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from processor.connections import TRANSIENT, as_text, is_transient
 from processor.keys import Namespace, Shard
+from processor.membership import Membership
 from processor.metrics import Metrics
 
 log = logging.getLogger("processor.worker")
@@ -31,6 +32,7 @@ class Recovery:
     _reclaim_cursor: dict[int, str]
     # Worker's: apply entries (a batch, or one by one if the batch fails).
     _apply_isolated: Callable[..., Awaitable[None]]
+    membership: Membership
     _held_ids: Callable[[Shard], set[str]]  # Holding's
 
     async def _take_back(self, shard: Shard) -> None:
@@ -73,6 +75,7 @@ class Recovery:
     async def reclaim(self, shard: Shard) -> None:
         """Take over entries idle in any consumer's pending list (a dead worker's)."""
         cfg = self.config
+        await self._claim_departed(shard)
         # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
@@ -90,6 +93,42 @@ class Recovery:
         gone = [i for i, f in reply[1] if f is None]
         if gone:  # Redis 6.2 reports deleted entries as nil: nothing to apply
             await self.client.xack(shard.updates, cfg.group, *gone)
+        await self._apply_claimed(shard, entries)
+
+    async def _claim_departed(self, shard: Shard) -> None:
+        """Take over at once what consumers that left the live set still have
+        pending on ``shard`` (their beats stopped for --worker-ttl and they have
+        not read since: dead), instead of after --reclaim-idle-ms. A turn a dead
+        worker held, cancelled meanwhile, waits for exactly those entries
+        (docs/design.md, *Cancellation*). Only with shard affinity: without
+        beats no worker knows who is alive."""
+        membership, cfg = self.membership, self.config
+        if not membership.enabled:
+            return
+        live = {*membership.live, cfg.consumer}
+        for info in await self.client.xinfo_consumers(shard.updates, cfg.group):
+            name = as_text(info["name"])
+            if name in live or not info["pending"] or info["idle"] < membership.ttl_ms:
+                continue
+            pending = await self.client.xpending_range(
+                shard.updates, cfg.group, min="-", max="+", count=cfg.batch, consumername=name)
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                continue
+            try:
+                claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
+                                                   min_idle_time=0, message_ids=ids)
+            except Exception as exc:
+                if is_transient(exc):
+                    self._orphans.add(shard.index)
+                raise
+            entries = [(i, f) for i, f in claimed if f]
+            log.info("took over a departed worker's entries",
+                     extra={"shard": shard.index, "consumer": name, "count": len(entries)})
+            await self._apply_claimed(shard, entries)
+
+    async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
+        """Apply entries this consumer just claimed from another."""
         if not entries:
             return
         # Pending to this consumer now, neither held nor applied until applied

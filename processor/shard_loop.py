@@ -172,11 +172,15 @@ class ShardLoop:
         self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
     ) -> None:
         next_sweep = next_reclaim = 0.0
+        read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(shard, batch)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
+                if reads and not read_before:
+                    next_reclaim = 0.0  # a shard just taken over: its dead owner's entries now
+                read_before = reads
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
                 await self._guarded(shard, self._retrying, self._spill_due, shard,
