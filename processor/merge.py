@@ -221,7 +221,7 @@ class Turn:
             if st.open_run != -1:
                 st.open_run = -1
             if st.calls:  # (no call yet: no result can answer one)
-                seg = self._result_after_call(seg, contents, ordinal)
+                seg = self._result_after_call(seg, contents, ordinal, message_id)
         else:
             if st.calls:
                 block = self._result_block(block, contents)
@@ -310,13 +310,17 @@ class Turn:
             return block
         return max([block, *(self.state.segments[seg].block for seg in owners)])
 
-    def _result_after_call(self, seg: int, contents: list[Content], ordinal: int) -> int:
+    def _result_after_call(
+        self, seg: int, contents: list[Content], ordinal: int, message_id: str
+    ) -> int:
         """Never move a function result before its call (rule 5), keyed case.
 
         A keyed update can rejoin a message that sits before the message
         holding the call its result answers; then the update starts a new
-        id-less message at the end of the call's block instead (it cannot keep
-        the producer's id: that id names the earlier message).
+        id-less message at the end of the call's block instead (the
+        producer's id names the earlier message). The new message remembers
+        that id: it takes it if the earlier message ends up empty
+        (``combine.keep_moved_ids``).
         """
         owners = call_owners(self.state, contents)
         if not owners:
@@ -325,7 +329,9 @@ class Turn:
         last = max(owners, key=lambda owner: position(st, owner))
         if position(st, last) <= position(st, seg):
             return seg
-        return self._new_segment(st.segments[last].block, ordinal, None)
+        moved = self._new_segment(st.segments[last].block, ordinal, None)
+        st.segments[moved].moved_from = message_id
+        return moved
 
     def _append(self, index: int, content: Content) -> None:
         contents = self.state.segments[index].contents
