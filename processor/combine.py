@@ -7,6 +7,7 @@ Pure helpers of :mod:`processor.merge` (folding and rendering alike).
 from __future__ import annotations
 
 import zlib
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -76,6 +77,8 @@ def keep_moved_ids(st: TurnState, order: list[Segment]) -> list[Segment]:
     rendered, assigned ids never equal a producer's, and only one moved
     message takes it.
     """
+    if not any(map(_moved_from, order)):
+        return order  # (the usual turn: checked in C)
     out = order
     taken: set[str] = set()
     for i, seg in enumerate(order):
@@ -87,6 +90,9 @@ def keep_moved_ids(st: TurnState, order: list[Segment]) -> list[Segment]:
             out = list(order)
         out[i] = msgspec.structs.replace(seg, message_id=origin)
     return out
+
+
+_moved_from = attrgetter("moved_from")
 
 
 def _usage(st: TurnState) -> dict[str, int] | None:

@@ -288,33 +288,37 @@ class Turn:
         inner response reported before; other inner responses (other agents
         of the turn) keep theirs.
 
-        Raises :class:`UsageOverflow` if the turn's sum of a counter these
-        contents name (over every inner response, as rendered) would pass
+        Raises :class:`UsageOverflow` if the turn's sum (over every inner
+        response, as rendered) of one of its counters would pass
         ``MAX_USAGE_COUNT``.
         """
         st = self.state
         mine: dict[str, int] | None = None
-        named: list[str] = []
         for content in contents:
             if content.type != "usage":
                 continue
             details = {k: v for k, v in (content.usage_details or {}).items() if v is not None}
-            named += details
             if content.merge_mode == "replace":
                 mine = details
             elif details:
                 if mine is None:
-                    mine = dict(st.block_usage.get(inner, {}))
+                    current = st.block_usage.get(inner)
+                    mine = current.copy() if current else {}
                 for name, value in details.items():
                     mine[name] = mine.get(name, 0) + value
-        if mine is not None and named:
-            others = [u for key, u in st.block_usage.items() if key != inner]
-            if st.usage:
-                others.append(st.usage)  # (a state written before block_usage)
-            for name in named:
-                total = mine.get(name, 0) + sum(usage.get(name, 0) for usage in others)
-                if total > MAX_USAGE_COUNT:
-                    raise UsageOverflow(name, total)
+        if mine:
+            blocks = st.block_usage
+            if st.usage or len(blocks) > (inner in blocks):  # several agents' usage
+                for name, value in mine.items():
+                    total = value + (st.usage or {}).get(name, 0)
+                    for key, usage in blocks.items():
+                        if key != inner:
+                            total += usage.get(name, 0)
+                    if total > MAX_USAGE_COUNT:
+                        raise UsageOverflow(name, total)
+            elif max(mine.values()) > MAX_USAGE_COUNT:  # (the usual turn: its own alone)
+                name = max(mine, key=mine.__getitem__)
+                raise UsageOverflow(name, mine[name])
         return mine
 
     def _clear(self, seg: int) -> None:

@@ -174,12 +174,15 @@ def test_a_compaction_stops_before_the_update_that_crosses() -> None:
 
 def test_a_state_summed_before_the_bound_existed_still_loads_and_is_checked() -> None:
     # A stored state whose usage went past the bound (written before it):
-    # it renders as it was, and any further usage of that counter is refused.
+    # it renders as it was; more usage of that agent, or of that counter, is
+    # refused; another agent's other counters are not.
     turn = Turn(TurnKey(RID))
     turn.state.block_usage[""] = {"input_token_count": MAX_USAGE_COUNT + 7}
     resumed = Turn.from_bytes(turn.to_bytes())
     assert resumed.finish().usage_details == {"input_token_count": MAX_USAGE_COUNT + 7}
-    _key, records = decoded([usage(0), usage(0, name="other")])
-    with pytest.raises(UsageOverflow):
-        resumed.apply(records[0])
-    resumed.apply(records[1])
+    _key, records = decoded([usage(0, name="other"), usage(0, inner="B"),
+                             usage(0, name="other", inner="B")])
+    for refused in records[:2]:
+        with pytest.raises(UsageOverflow):
+            resumed.apply(refused)
+    resumed.apply(records[2])
