@@ -316,16 +316,19 @@ class Floor:
 
     unrouted: deque[str] = field(default_factory=deque)  # first ids, oldest first
     last: str = ""  # the last id read
+    routed_to: str = ""  # the last id of the newest batch routed ("" none yet)
 
     def read(self, first: str, last: str) -> None:
         self.unrouted.append(first)
         self.last = last
 
-    def routed(self, first: str) -> None:
-        """The batch starting at ``first`` is held or applied (or failed: its
-        entries are then pending to this consumer, which takes them back)."""
+    def routed(self, first: str, last: str) -> None:
+        """The batch from ``first`` to ``last`` is held or applied (or failed:
+        its entries are then pending to this consumer, which takes them back)."""
         if self.unrouted and self.unrouted[0] == first:
             self.unrouted.popleft()
+        if not self.routed_to or id_order(last) > id_order(self.routed_to):
+            self.routed_to = last
 
     def value(self) -> str:
         if self.unrouted:

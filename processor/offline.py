@@ -60,6 +60,8 @@ class OfflineMerge:
         self.turns: dict[TurnKey, _Open] = {}
         self.cancelled: set[str] = set()
         self.dead: list[DeadLetter] = []
+        # Dead letters of turns not started yet: counted once they start.
+        self._early_dlq: dict[TurnKey, int] = {}
 
     def feed_line(self, line_no: int, text: str | bytes) -> None:
         """One JSONL line: an entry object, or a ``cancel`` line."""
@@ -101,6 +103,8 @@ class OfflineMerge:
             self._dead(line_no, source_id, exc.reason, exc.detail, rid)
             if exc.turn in self.turns:
                 self.turns[exc.turn].life.counts.dlq += 1
+            elif exc.turn is not None:
+                self._early_dlq[exc.turn] = self._early_dlq.get(exc.turn, 0) + 1
             return
         ts = self._ts(source_id)
         turn = self._turn(key, ts)
@@ -119,6 +123,7 @@ class OfflineMerge:
         turn = self.turns.get(key)
         if turn is None:
             life = TurnLife(key, self.limits)
+            life.counts.dlq += self._early_dlq.pop(key, 0)
             turn = self.turns[key] = _Open(life, [], ts)
             if key.response_id in self.cancelled:
                 life.cancel()  # a cancel that arrives first still wins

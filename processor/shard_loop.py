@@ -108,6 +108,7 @@ class ShardLoop:
         async def reclaim(self, shard: Shard) -> None: ...
         async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
         async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
+        async def retry_cancels(self, shard: Shard) -> None: ...
         def _holds_on(self, shard: Shard) -> bool: ...
 
         @property
@@ -164,6 +165,7 @@ class ShardLoop:
             log.exception("could not prepare a batch", extra={"shard": shard.index})
             return None
         call.newest = True  # read with XREADGROUP >
+        call.read_from = as_text(entries[0][0])
         return call
 
     async def _apply_loop(
@@ -179,6 +181,7 @@ class ShardLoop:
                 # another worker reads the shard (it cannot finish them).
                 await self._guarded(shard, self._retrying, self._spill_due, shard,
                                     not self._holds_on(shard))
+                await self._guarded(shard, self._retrying, self.retry_cancels, shard)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
@@ -205,7 +208,8 @@ class ShardLoop:
                 await self._guarded(shard, self._retrying, self._apply_isolated, shard,
                                     batch.entries, {}, batch.call)
             finally:
-                self._floors[shard.index].routed(as_text(batch.entries[0][0]))
+                self._floors[shard.index].routed(as_text(batch.entries[0][0]),
+                                                as_text(batch.entries[-1][0]))
 
     async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
         """One step of the shard loop; a failure is logged and counted, never fatal."""
@@ -246,7 +250,7 @@ class ShardLoop:
             try:
                 await self._retrying(self._apply_isolated, shard, entries, {})
             finally:
-                self._floors[shard.index].routed(as_text(entries[0][0]))
+                self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
 
     async def _read(self, shard: Shard) -> list[Any]:
         """The shard's next batch, ``(id, {name: value})`` each, or with

@@ -47,13 +47,20 @@ def fail(prog: str, message: str, status: int) -> int:
 def run_tool(
     prog: str, args: argparse.Namespace, body: Callable[[Any, Namespace], Awaitable[int]]
 ) -> int:
-    """Connect, run ``body(client, keys)``, close; one line and a status on any failure."""
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        return fail(prog, "give --redis-url or set REDIS_URL", 2)
-    if args.shards < 1:
-        return fail(prog, f"--shards must be at least 1, not {args.shards}", 2)
+    """Resolve the options (flags, then environment variables: one line each
+    for a bad one, exit 2), connect, run ``body(client, keys)``, close; one
+    line and a status on any failure. ``args`` then holds the resolved values."""
+    from processor import config
 
+    values, problems = config.resolve(args)
+    if not values["redis_url"]:
+        problems.append("give --redis-url or set REDIS_URL")
+    for problem in problems:
+        fail(prog, problem, 2)
+    if problems:
+        return 2
+    vars(args).update(values)
+    url = values["redis_url"]
     options = redis_options(url, args)
 
     async def main() -> int:
@@ -61,6 +68,8 @@ def run_tool(
             client = await connect(options)
         except TRANSIENT as exc:
             return fail(prog, f"cannot reach Redis at {redact(url)}: {exc}", 1)
+        except ValueError as exc:  # a URL redis-py cannot read
+            return fail(prog, f"bad Redis URL {redact(url)}: {exc}", 2)
         try:
             return await body(client, Namespace(args.namespace, args.shards))
         finally:
@@ -86,20 +95,6 @@ def run_tool(
 def redis_options(url: str, args: argparse.Namespace) -> RedisOptions:
     """The URL plus the TLS files given by the flags :func:`with_tls` adds."""
     return RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
-
-
-def with_tls(redis_flags: AddFlags) -> AddFlags:
-    """The shared Redis flags plus the TLS files of ``processor run`` (same env names)."""
-
-    def add(parser: argparse.ArgumentParser) -> None:
-        redis_flags(parser)
-        for name, what in (("ca_certs", "CA bundle"), ("certfile", "client certificate"),
-                           ("keyfile", "client key")):
-            env = f"PROCESSOR_SSL_{name.upper()}"
-            parser.add_argument(f"--ssl-{name.replace('_', '-')}", default=os.environ.get(env),
-                                metavar="FILE", help=f"{what} for rediss:// URLs (env {env})")
-
-    return add
 
 
 def stdout_console() -> Any:

@@ -21,6 +21,11 @@ async def _next(iterator: AsyncIterator[T]) -> T:
     return await anext(iterator)
 
 
+#: The most of a cancellation key's value (the reason) a watch reads: anyone
+#: may set the key, to a value of any size.
+REASON_BYTES = 1024
+
+
 class CancelWatch(AsyncClosing, Generic[T]):
     """An async iterator over ``updates`` that ends when a cancellation key appears.
 
@@ -78,13 +83,16 @@ class CancelWatch(AsyncClosing, Generic[T]):
         """Read the key once (a transient error counts as "not cancelled")."""
         self._next_poll = asyncio.get_running_loop().time() + self._interval
         try:
-            value = await self._client.get(self._key)
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.exists(self._key)
+                pipe.getrange(self._key, 0, REASON_BYTES - 1)
+                found, value = await pipe.execute()
         except Exception as exc:
             if not is_transient(exc):
                 raise
             log.warning("could not read the cancellation key %s: %s", self._key, exc)
             return False
-        if value is None:
+        if not found:
             return False
         self.reason = as_text(value)
         return True
