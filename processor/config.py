@@ -61,7 +61,10 @@ _KIND_NAMES = {_flag: "true or false", _number: "a number", int: "an integer", s
 OPTIONS: tuple[Option, ...] = (
     Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
     Option("shards", int, 1, "number of shards S (must match the producers')", 1),
-    Option("group", str, "processor", "consumer group on each updates stream"),
+    Option("group", str, "processor", "consumer group on each updates stream (one per "
+           "namespace: a worker refuses to start while another group reads its streams)"),
+    Option("allow_other_groups", _flag, False, "start even when another consumer group reads "
+           "the namespace's streams (each group then applies every entry; README, --group)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
            0.01),

@@ -23,6 +23,7 @@ from processor.connections import (
     tls_refusal,
     tls_refusal_probe,
 )
+from processor.groups import check_groups
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
 from processor.progress_log import log_progress
@@ -147,6 +148,12 @@ async def run_worker(values: dict[str, Any]) -> int:
             return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
+        refused = await check_groups(client, worker.namespace, worker.config.group,
+                                     values["allow_other_groups"], stop.requested.is_set)
+        if refused is not None:  # (before the worker creates its own group)
+            print(f"processor run: {refused}", file=sys.stderr)
+            await client.aclose()
+            return 2
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group)
         # Also without a metrics port: the sampler is what logs a shard whose ids went bad.
