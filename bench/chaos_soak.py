@@ -1,13 +1,15 @@
 """The long chaos soak, recorded in docs/reliability.md.
 
     python bench/chaos_soak.py [--turns 1000] [--seconds 120] [--seed 2] [--shards 1]
-        [--reclaim-idle-ms 1000] [--no-hold-turns] [--no-write]
+        [--reclaim-idle-ms 1000] [--no-hold-turns] [--cpu-load N] [--no-write]
 
 Starts a private redis-server with the AOF on (appendfsync always) and runs
 tests/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
 per turn over the given number of turns, a worker SIGKILLed every ~2 s and
 restarted, Redis SIGKILLed and restarted once, every worker connection
-CLIENT KILLed once. Prints the figures and, unless ``--no-write``, writes them
+CLIENT KILLed once; with ``--cpu-load N``, N busy loops compete for the CPUs
+all along. Every cancelled turn's partial merge is counted and must be a
+prefix of what its producer sent. Prints the figures and, unless ``--no-write``, writes them
 into docs/reliability.md between marker comments named after what the
 workers did: they hold turns (the default), and the figures go between the
 ``chaos-soak-held`` markers; with ``--no-hold-turns`` they store every entry
@@ -91,11 +93,13 @@ def main() -> int:
                              "this long)")
     parser.add_argument("--no-hold-turns", action="store_true",
                         help="the workers store every entry (the stored path)")
+    parser.add_argument("--cpu-load", type=int, default=0,
+                        help="busy-loop processes competing for the CPUs meanwhile")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     cfg = ChaosConfig(turns=args.turns, produce_seconds=args.seconds, seed=args.seed,
                       shards=args.shards, hold_turns=not args.no_hold_turns,
-                      reclaim_idle_ms=args.reclaim_idle_ms)
+                      reclaim_idle_ms=args.reclaim_idle_ms, cpu_load=args.cpu_load)
     lines, problems = asyncio.run(soak(cfg))
     print("\n".join(lines))
     for problem in problems[:20]:
@@ -106,7 +110,8 @@ def main() -> int:
                    + (f" --shards {args.shards}" if args.shards != 1 else "")
                    + (f" --reclaim-idle-ms {args.reclaim_idle_ms}"
                       if args.reclaim_idle_ms != ChaosConfig.reclaim_idle_ms else "")
-                   + (" --no-hold-turns" if args.no_hold_turns else ""))
+                   + (" --no-hold-turns" if args.no_hold_turns else "")
+                   + (f" --cpu-load {args.cpu_load}" if args.cpu_load else ""))
         record(lines, cfg, command)
         print(f"written to {DOC.relative_to(ROOT)}")
     return 1 if problems else 0

@@ -66,6 +66,9 @@ class ApplyCall:
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
     held: HeldBatch | None = None  # decode_batch's: the batch grouped for holding
     opened: bool = False  # its new turns were opened (held path: open_turns answered)
+    # The first entry id of the XREADGROUP > read these entries came from ("":
+    # not such a read): a cancel this call finds first cuts the turn there.
+    read_from: str = ""
 
     def dead_letters(self) -> list[tuple[str, str, str]]:
         """``(entry id, reason, tk or "")`` of each entry this call asks
@@ -84,10 +87,11 @@ class ApplyCall:
         """The ARGV, with the calling consumer and its floor (``floor`` of
         includes/watermark.lua, given only with --hold-turns) in their place."""
         head = self.head
-        return [*head[:_HEAD], consumer, floor, *head[_HEAD:], _pack.encode(self.entries)]
+        return [*head[:_HEAD], consumer, floor, self.read_from, *head[_HEAD:],
+                _pack.encode(self.entries)]
 
 
-_HEAD = 9  # ARGV values before the consumer and its floor (apply_entries.lua)
+_HEAD = 10  # ARGV values before the consumer and its floor (apply_entries.lua)
 
 
 #: The msgpack str headers of lengths below 256 (fixstr, then str 8), made once.
@@ -147,7 +151,7 @@ def build_apply(
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
     head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
             lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit,
-            options.compact_threshold]
+            options.compact_threshold, options.done_ttl]
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
@@ -263,17 +267,18 @@ def build_compact(
 
 
 def build_open(
-    shard: Shard, turns: dict[TurnKey, dict[str, str]], options: BatchOptions, now_ms: int
+    shard: Shard, turns: dict[TurnKey, dict[str, str]], options: BatchOptions, now_ms: int,
+    consumer: str,
 ) -> ScriptCall:
     """KEYS/ARGV of ``open_turns`` for the turns a held batch starts (with
-    their first entry's correlation ids)."""
+    their first entry's correlation ids), held by ``consumer``."""
     keys = [shard.events, shard.active]
     rows = []
     for key, ids in turns.items():
         tk = key.encode()
         keys += [shard.turn(tk), shard.done(tk), shard.cancel(key.response_id)]
         rows.append((tk, event_fields(key, ev.started(key, ids, now_ms))))
-    return ScriptCall(keys, [options.events_maxlen, len(turns), _pack.encode(rows)])
+    return ScriptCall(keys, [options.events_maxlen, len(turns), _pack.encode(rows), consumer])
 
 
 def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
@@ -284,8 +289,9 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
 
 
 #: A held turn to publish: its key, its held entry ids, the entries found
-#: after its end as (id, reason, detail) (``settle.take_late``), its outputs.
-HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled]
+#: after its end as (id, reason, detail) (``settle.take_late``), its outputs,
+#: and for a cancel the newest entry id the worker has routed ("" unknown).
+HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled, str]
 
 
 def build_finalise_held(
@@ -294,11 +300,11 @@ def build_finalise_held(
     """KEYS/ARGV of ``finalise_held``, one :data:`HeldOutcome` per turn."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
-    for key, ids, late, outcome in settled:
+    for key, ids, late, outcome, routed in settled:
         tk = key.encode()
         keys += [shard.turn(tk), shard.done(tk)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
-                     msgpack_str(outcome.dead_letters), ids, outcome.ending, late))
+                     msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed))
     if options.agui:
         keys.append(shard.agui)
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,

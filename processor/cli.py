@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Sequence
 
 import msgspec
 
 from processor import __version__, stopping
-from processor.tool_shell import with_tls
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
@@ -65,7 +63,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from processor import config
+    from processor import config, logs
     from processor.service import init_groups
 
     values, problems = config.resolve(args)
@@ -75,28 +73,21 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
+    logs.setup(values["log_level"])
     return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from processor.service import cancel
 
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        print("processor cancel: give --redis-url or set REDIS_URL", file=sys.stderr)
-        return 2
-    return asyncio.run(cancel(url, args))
+    return cancel(args)
 
 
 def _redis_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--redis-url", default=None, metavar="URL", help="Redis URL (env REDIS_URL)"
-    )
-    parser.add_argument("--namespace", default=os.environ.get("PROCESSOR_NAMESPACE", "agent"))
-    parser.add_argument(
-        "--shards", type=int, default=None,
-        help="not needed: the namespace's record says how many shards it has; if given "
-        "(or PROCESSOR_SHARDS), a different count is refused")
+    """The options every tool takes: --redis-url, --namespace, --shards and the TLS files."""
+    from processor.config import TOOL_OPTIONS, add_options
+
+    add_options(parser, TOOL_OPTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,15 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser(
         "init",
-        help="create every shard's consumer group (idempotent), then exit",
+        help="write the namespace's record, create every shard's consumer group and load "
+        "the producers' functions (idempotent), then exit",
         description="Write the namespace's record (its shard count, group and epoch, "
-        "{ns:0}:meta) if there is none, and create the updates stream and consumer group of "
-        "every shard if missing, as a worker does at start, and exit 0. Run it before "
-        "autoscalers read the groups (e.g. a Kubernetes Job before KEDA polls). Takes the "
-        "same options and environment variables as run; only the Redis, namespace, shards "
-        "and group ones matter.",
+        "{ns:0}:meta) if there is none, create the updates stream and consumer group of every "
+        "shard if missing, and load the producers' Redis Function library (Redis 7+), as a "
+        "worker does at start, and exit 0. Run it before autoscalers read the groups "
+        "(e.g. a Kubernetes Job before KEDA polls). An unreachable Redis is retried for "
+        "--connect-timeout seconds, then it exits 1.",
     )
-    add_options(init)
+    from processor.config import INIT_OPTIONS
+
+    add_options(init, INIT_OPTIONS)
     init.add_argument(
         "--reshard", action="store_true",
         help="change the namespace's shard count to --shards; refused unless every shard "
@@ -160,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel",
         help="cancel a turn (sets its cancellation key)",
         description="SET {ns:s}:cancel:<RESPONSE_ID> with a TTL: cancels every attempt of "
-        "the ResponseId, including turns not started yet.",
+        "the ResponseId, including turns not started yet. A turn (without attempt id) that "
+        "has already ended, within the workers' --done-ttl, is left alone: it says so and "
+        "exits 0.",
     )
     cancel.add_argument("response_id", metavar="RESPONSE_ID")
     cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")
@@ -172,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="route by this turn_id (for turns whose ResponseId the processor assigned)",
     )
-    with_tls(_redis_flags)(cancel)
+    _redis_flags(cancel)
     cancel.set_defaults(func=_cmd_cancel)
 
     demo = sub.add_parser(
@@ -184,13 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=lambda _args: __import__("processor.demo").demo.main())
 
-    schema = sub.add_parser("schema", help="print the JSON Schemas of inputs and outputs")
-    schema.add_argument("name", nargs="?", help="print only this schema (default: all)")
+    from processor.schema import SCHEMAS
+
+    schema = sub.add_parser("schema", help="print the JSON Schemas of inputs and outputs",
+                            description="Print the JSON Schema (2020-12) of every input and "
+                            "output of the wire contract, or of one: " + ", ".join(SCHEMAS))
+    schema.add_argument("name", nargs="?", metavar="NAME",
+                        help="print only this schema: " + ", ".join(SCHEMAS) + " (default: all)")
     schema.set_defaults(func=_cmd_schema)
 
     from processor.tools_cli import register as register_tools
 
-    register_tools(sub, _redis_flags)  # stats, tail, dlq
+    register_tools(sub, _redis_flags)  # stats, tail, capture, dlq
     return parser
 
 

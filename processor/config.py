@@ -1,6 +1,9 @@
-"""``processor run`` options: one table feeds the flags, the environment
+"""``processor`` options: one table feeds the flags, the environment
 variables (``PROCESSOR_<NAME>``, plus ``REDIS_URL``), ``--help`` and the
 validation that reports every problem on its own line before start.
+``processor run`` takes every option; ``init`` and the operator tools take
+the few they use (:data:`INIT_OPTIONS`, :data:`TOOL_OPTIONS`), from the
+same table, read when the command runs (never while the parser is built).
 """
 
 from __future__ import annotations
@@ -8,10 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+from processor.connections import redact
 from processor.lifecycle import Limits
 from processor.worker import WorkerConfig, default_consumer
 
@@ -59,7 +64,11 @@ OPTIONS: tuple[Option, ...] = (
            "the count its record ({ns:0}:meta) got when it was created, and a different "
            "value is refused (docs/cluster.md: changing it)", 1),
     Option("group", str, "processor", "consumer group on each updates stream of a new "
-           "namespace (kept in its record, like --shards)"),
+           "namespace, kept in its record like --shards (one per namespace: a worker "
+           "refuses to start with another, or while another group reads its streams)"),
+    Option("allow_other_groups", _flag, False, "start even when another consumer group reads "
+           "the namespace's streams, or its record names another group (each group then "
+           "applies every entry; README, --group)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
            0.01),
@@ -86,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
            "(0 = off)", 0, 65535),
     Option("metrics_host", str, "0.0.0.0", "address the metrics port listens on"),
     Option("metrics_interval", _number, 5.0, "seconds between samples of lag, pending, active "
-           "turns and DLQ length per shard", 0.1),
+           "turns, DLQ length and bad stream ids per shard", 0.1),
     Option("health_stall", _number, 30.0, "/healthz answers 503 once the event loop has not "
            "run for this many seconds", 1),
     Option("compact_threshold", int, 256,
@@ -101,52 +110,78 @@ OPTIONS: tuple[Option, ...] = (
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     Option("log_level", str, "info", "debug, info, warning or error"),
+    Option("log_interval", _number, 60.0, "seconds between progress lines in the log at "
+           "info: turns published, entries applied, their rates, dead letters, lag "
+           "(0 = none)", 0),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
     Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),
     Option("ssl_certfile", str, None, "client certificate for rediss:// URLs"),
     Option("ssl_keyfile", str, None, "client key for rediss:// URLs"),
+    Option("connect_timeout", _number, 60.0, "processor init only: seconds to keep retrying "
+           "an unreachable Redis before giving up with exit status 1", 0),
 )
 
+#: The options of the operator tools (stats, tail, dlq, cancel, capture).
+TOOL_OPTIONS = ("namespace", "shards", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+#: The options ``processor init`` uses.
+INIT_OPTIONS = ("namespace", "shards", "group", "connect_timeout", "log_level",
+                "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+#: The options ``processor run`` takes: all but init's own.
+RUN_OPTIONS = tuple(opt.name for opt in OPTIONS if opt.name != "connect_timeout")
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """Add every option as a flag (values stay strings until :func:`resolve`)."""
+
+def add_options(
+    parser: argparse.ArgumentParser, names: Collection[str] | None = None
+) -> None:
+    """Add ``--redis-url`` and the options ``names`` (default: every option of
+    ``processor run``) as flags; values stay strings until :func:`resolve`."""
+    embedded = " Without one, an embedded redis-server is started." if names is None else ""
     parser.add_argument(
         "--redis-url",
         default=None,
         metavar="URL",
-        help="Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works. "
-        "Without one, an embedded redis-server is started.",
+        help="Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works."
+        + embedded,
     )
     for opt in OPTIONS:
-        if opt.kind is _flag:
+        if opt.name in (RUN_OPTIONS if names is None else names):
+            add_option(parser, opt.name)
+
+
+def add_option(parser: argparse.ArgumentParser, name: str) -> None:
+    """Add the option ``name`` of the table as a flag."""
+    opt = next(opt for opt in OPTIONS if opt.name == name)
+    if opt.kind is _flag:
+        parser.add_argument(
+            opt.flag,
+            action="store_const",
+            const="true",
+            default=None,
+            help=f"{opt.help} (env {opt.env}{', on by default' if opt.default else ''})",
+        )
+        if opt.default:  # an option on by default can be turned off by a flag too
             parser.add_argument(
-                opt.flag,
-                action="store_const",
-                const="true",
-                default=None,
-                help=f"{opt.help} (env {opt.env}{', on by default' if opt.default else ''})",
+                "--no-" + opt.flag[2:], dest=opt.name, action="store_const",
+                const="false", help=f"turn {opt.flag} off (env {opt.env}=0)",
             )
-            if opt.default:  # an option on by default can be turned off by a flag too
-                parser.add_argument(
-                    "--no-" + opt.flag[2:], dest=opt.name, action="store_const",
-                    const="false", help=f"turn {opt.flag} off (env {opt.env}=0)",
-                )
-        else:
-            default = "" if opt.default is None else f", default {opt.default}"
-            parser.add_argument(
-                opt.flag,
-                default=None,
-                metavar=opt.name.upper(),
-                help=f"{opt.help} (env {opt.env}{default})",
-            )
+    else:
+        default = "" if opt.default is None else f", default {opt.default}"
+        parser.add_argument(
+            opt.flag,
+            default=None,
+            metavar=opt.name.upper(),
+            help=f"{opt.help} (env {opt.env}{default})",
+        )
 
 
 def resolve(
     args: argparse.Namespace, env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """Flags win over environment variables, which win over defaults.
-    Returns the values and one message per invalid option."""
+    Returns the values and one message per invalid option. An option the
+    command does not take (no attribute of ``args``) has its default: its
+    variable is not read."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {"redis_url": args.redis_url or env.get("REDIS_URL") or None}
     problems: list[str] = []
@@ -167,9 +202,11 @@ def resolve(
 def _given(opt: Option, args: argparse.Namespace,
            env: Mapping[str, str]) -> tuple[str | None, str]:
     """The raw value of ``opt`` and where it came from (its flag, or its
-    environment variable); None when neither gives one (the default)."""
+    environment variable); None when neither gives one (the default). An
+    option the command does not take (no attribute of ``args``) has none:
+    its variable is not read."""
     raw = getattr(args, opt.name, None)
-    if raw is None and opt.env in env:
+    if raw is None and opt.env in env and hasattr(args, opt.name):
         return env[opt.env], opt.env
     return raw, opt.flag
 
@@ -209,9 +246,8 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
             f"log level must be debug, info, warning or error, got {values['log_level']!r}"
         )
     url = values["redis_url"]
-    # Never echo the URL: it may hold a password.
-    if url and not url.startswith(("redis://", "rediss://", "unix://")):
-        problems.append("redis URL must start with redis://, rediss:// or unix://")
+    if url:
+        problems += _url_problems(url)
     for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
         path = values[name]
         if path and not os.path.isfile(path):
@@ -219,6 +255,17 @@ def _cross_checks(values: Mapping[str, Any]) -> list[str]:
     if values["ssl_keyfile"] and not values["ssl_certfile"]:
         problems.append("--ssl-keyfile needs --ssl-certfile")
     return problems
+
+
+def _url_problems(url: str) -> list[str]:
+    """What is wrong with a Redis URL (named with its password masked)."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return [f"redis URL {redact(url)} must start with redis://, rediss:// or unix://"]
+    try:
+        _ = urlsplit(url).port  # raises when the port is not one
+    except ValueError as exc:  # not a number, or out of range
+        return [f"redis URL {redact(url)}: {exc}"]
+    return []
 
 
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:

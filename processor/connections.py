@@ -301,9 +301,7 @@ def redact(url: str) -> str:
     if parts.password is None:
         return urlunsplit(parts)
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # as written, even with a port that is no number
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 

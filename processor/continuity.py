@@ -164,8 +164,8 @@ class Continuity:
 
     async def _check_namespace(self) -> None:
         """The namespace's state lost (:meth:`_state_lost`), or the record
-        now saying another shard count or group than this worker serves
-        (resharded while it ran: it stops, :attr:`fatal`)."""
+        now saying another shard count than this worker serves (resharded
+        while it ran: it stops, :attr:`fatal`)."""
         if not await self._namespace_lost("the namespace's record changed"):
             meta = self.meta
             if meta is not None:
@@ -173,11 +173,10 @@ class Continuity:
 
     def _refuse_changed(self, meta: Meta) -> None:
         cfg = self.config
-        if (meta.shards, meta.group) == (cfg.shards, cfg.group) or self.fatal:
+        if meta.shards == cfg.shards or self.fatal:
             return
         self.fatal = (f"the record of namespace {meta.namespace!r} now says {meta.shards} "
-                      f"shard(s) and group {meta.group!r}, this worker serves {cfg.shards} "
-                      f"and {cfg.group!r}: restart it")
+                      f"shard(s), this worker serves {cfg.shards}: restart it")
         log.error("namespace changed under this worker: stopping", extra={"error": self.fatal})
         self.stop()
 
@@ -189,7 +188,7 @@ class Continuity:
             return False
         meta = await read(self.client, self.config.namespace)
         if meta is not None and meta.epoch == self.meta.epoch:
-            if (meta.shards, meta.group) != (self.meta.shards, self.meta.group):
+            if meta.shards != self.meta.shards:
                 self.meta = meta
                 self._refuse_changed(meta)
             return False

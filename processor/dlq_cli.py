@@ -30,9 +30,8 @@ def _shard_list(args: argparse.Namespace, keys: Namespace) -> list[int]:
 
 
 def _cmd_dlq_list(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from processor.dlq import clip, listing
+    from processor.tables import Column, print_table
 
     async def body(client: Any, keys: Namespace) -> int:
         shards = _shard_list(args, keys)
@@ -42,15 +41,14 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
             for letter in letters:
                 print_json(letter.to_json(args.width))
             return 0
-        table = Table(title=f"{len(letters)} dead letter(s) of {keys.name}", title_justify="left")
-        for name in ("shard", "id", "reason", "source id", "turn", "deliveries", "detail",
-                     "payload"):
-            table.add_column(name, overflow="fold")
-        for d in letters:
-            table.add_row(str(d.shard), d.id, d.reason, d.added["source_id"], d.turn(),
-                          d.added["deliveries"], clip(d.added["detail"], args.width),
-                          clip(d.payload(), args.width))
-        stdout_console().print(table)
+        columns = [Column("shard"), Column("id"), Column("reason"), Column("source id"),
+                   Column("turn"), Column("deliveries", right=True),
+                   Column("detail", wrap=True), Column("payload", wrap=True)]
+        rows = [[str(d.shard), d.id, d.reason, d.added["source_id"], d.turn(),
+                 d.added["deliveries"], clip(d.added["detail"], args.width),
+                 clip(d.payload(), args.width)] for d in letters]
+        print_table(stdout_console(), f"{len(letters)} dead letter(s) of {keys.name}", columns,
+                    rows)
         return 0
 
     return run_tool("dlq list", args, body)

@@ -8,8 +8,9 @@ which a handler running on that loop could not do.
 
 - ``/healthz``: 200 while the loop's heartbeat (a task that stamps the time
   every second) is younger than ``stall_seconds``; 503 otherwise.
-- ``/readyz``: 200 when Redis answers and every shard's consumer group
-  exists, checked live on the worker's own client (run on its loop, with a
+- ``/readyz``: 200 when Redis answers, every shard's consumer group
+  exists and no shard's ids are exhausted or far ahead of Redis's clock,
+  checked live on the worker's own client (run on its loop, with a
   deadline), and the worker did not find the namespace's state lost in
   Redis within the last minute; 503 with the first problem otherwise.
 """
@@ -29,7 +30,8 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from redis.exceptions import ResponseError
 
-from processor.connections import is_transient
+from processor import stream_ids
+from processor.connections import as_text, is_transient
 from processor.keys import Namespace
 from processor.metrics import Metrics, find_group
 
@@ -88,14 +90,22 @@ class Health:
 
 def groups_check(client: Any, namespace: Namespace, group: str,
                  worker: Callable[[], str | None] | None = None) -> Callable[[], Any]:
-    """An async readiness check: Redis answers and every shard's group exists,
-    and ``worker()`` (what the worker itself reports: the namespace's state
-    lost a moment ago, processor.continuity) says nothing."""
+    """An async readiness check: Redis answers, every shard's group exists, no
+    shard's ids are exhausted or far ahead of Redis's clock (the group's
+    ``last-delivered-id``, :mod:`processor.stream_ids`), and ``worker()``
+    (what the worker itself reports: the namespace's state lost a moment
+    ago, processor.continuity) says nothing."""
 
     async def check() -> str | None:
         problem = worker() if worker is not None else None
         if problem:
             return problem
+        try:
+            now_ms = stream_ids.redis_ms(await client.time())
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            return f"redis unreachable: {type(exc).__name__}"
         for shard in namespace.all():
             try:
                 groups = await client.xinfo_groups(shard.updates)
@@ -105,8 +115,13 @@ def groups_check(client: Any, namespace: Namespace, group: str,
                 if not is_transient(exc):
                     raise
                 return f"redis unreachable: {type(exc).__name__}"
-            if find_group(groups, group) is None:
+            info = find_group(groups, group)
+            if info is None:
                 return f"shard {shard.index}: consumer group {group!r} missing"
+            problem = stream_ids.problem(as_text(info.get("last-delivered-id") or "0-0"), now_ms)
+            if problem:
+                return (f"shard {shard.index}: {shard.updates} {problem}; "
+                        "run processor repair-stream")
         return None
 
     return check

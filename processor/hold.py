@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.connections import as_text, stream_entry
-from processor.decode import EntryError, decode_plain, decode_stream_entry
+from processor.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
@@ -114,9 +114,16 @@ class Held:
             # (The room left for pending entries is what they will not take.)
             life = self.replay.life
             size = life.limits.max_turn_bytes - life.bytes - self.room_bytes
-            ids = self.ids
-            if updates is None or not self.replay.feed_updates(updates, ids[-n], ids[-1], size):
-                for entry_id, entry in zip(ids[-n:], self.entries[-n:], strict=True):
+            ids, entries = self.ids, self.entries
+
+            def prefix(k: int) -> tuple[int, str]:  # (only when a usage does not fit)
+                fed = entries[len(entries) - n:len(entries) - n + k]
+                return sum(entry_size(stream_entry(e)[1]) for e in fed), ids[k - n - 1]
+
+            fed = 0 if updates is None else self.replay.feed_updates(
+                updates, ids[-n], ids[-1], size, prefix)
+            if fed < n:  # the rest one by one, as apply_entries decodes each
+                for entry_id, entry in zip(ids[fed - n:], entries[fed - n:], strict=True):
                     if not self._feed_now(entry_id, stream_entry(entry)[1]):
                         break
             self._reroom()
@@ -309,16 +316,19 @@ class Floor:
 
     unrouted: deque[str] = field(default_factory=deque)  # first ids, oldest first
     last: str = ""  # the last id read
+    routed_to: str = ""  # the last id of the newest batch routed ("" none yet)
 
     def read(self, first: str, last: str) -> None:
         self.unrouted.append(first)
         self.last = last
 
-    def routed(self, first: str) -> None:
-        """The batch starting at ``first`` is held or applied (or failed: its
-        entries are then pending to this consumer, which takes them back)."""
+    def routed(self, first: str, last: str) -> None:
+        """The batch from ``first`` to ``last`` is held or applied (or failed:
+        its entries are then pending to this consumer, which takes them back)."""
         if self.unrouted and self.unrouted[0] == first:
             self.unrouted.popleft()
+        if not self.routed_to or id_order(last) > id_order(self.routed_to):
+            self.routed_to = last
 
     def value(self) -> str:
         if self.unrouted:

@@ -55,7 +55,7 @@ class Holding:
     if TYPE_CHECKING:  # Storing's: apply entries through apply_entries, and finalise
         async def _store(
             self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-            call: ApplyCall | None = None,
+            call: ApplyCall | None = None, read_from: str = "",
         ) -> None: ...
         def _log_late(self, shard: Shard, key: TurnKey,
                       late: list[tuple[str, str, str]]) -> None: ...
@@ -104,9 +104,9 @@ class Holding:
         holds = self._holds[shard.index]
         await self._open(shard, call)  # what the reader did not open already (_open_ahead)
         routed = holds.route(entries, batch)
-        self._floors[shard.index].routed(as_text(entries[0][0]))
+        self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
         if routed.stored:
-            await self._store(shard, routed.stored, {}, None)
+            await self._store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
             await self._spill(shard, routed.broken, "dead letter")
         ended: dict[TurnKey, Reason] = {
@@ -124,7 +124,8 @@ class Holding:
             holds = self._holds[shard.index]
             fresh = holds.to_open(call.held) if call.held is not None else {}
             if fresh:
-                opened = build_open(shard, fresh, self.options, call.now_ms)
+                opened = build_open(shard, fresh, self.options, call.now_ms,
+                                    self.config.consumer)
                 statuses, started = await self.scripts.open_turns(keys=opened.keys,
                                                                   args=opened.args)
                 holds.opened(parse_opened(list(fresh), statuses), as_text(started),
@@ -153,10 +154,12 @@ class Holding:
         holds, now = self._holds[shard.index], int(time.time() * 1000)
         if self._unknown_pending(shard):
             # One of them may be a held turn's: finalise_held's argument needs
-            # every entry pending here held. The stored path waits for them.
-            ended = [key for key, reason in todo.items() if reason == "closing"]
-            await self._spill(shard, ended, "unknown pending")
-            todo = {key: reason for key, reason in todo.items() if reason != "closing"}
+            # every entry pending here held (and a cancel, the newest entry
+            # routed). The stored path waits for them.
+            waits = [key for key, reason in todo.items() if reason != "timeout"]
+            await self._spill(shard, waits, "unknown pending")
+            todo = {key: reason for key, reason in todo.items() if reason == "timeout"}
+        routed = self._floors[shard.index].routed_to
         settled: list[HeldOutcome] = []
         broken: list[TurnKey] = []
         for key, reason in todo.items():
@@ -167,16 +170,16 @@ class Holding:
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
             outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
             if outcome is not None:
-                settled.append((key, held.ids, late, outcome))
+                settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
         if broken:
             await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)
         results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
-        self.metrics.finalised([(k, "0", s) for k, _, _, s in settled], results)
+        self.metrics.finalised([(k, "0", s) for k, _, _, s, _ in settled], results)
         published, refused, acked, reasons = [], [], 0, []
-        for (key, ids, late, _), result in zip(settled, results, strict=True):
+        for (key, ids, late, _, _), result in zip(settled, results, strict=True):
             if int(result) == 1:
                 holds.take(key)
                 published.append(key)

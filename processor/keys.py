@@ -21,6 +21,8 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
 - ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
+- ``{ns:s}:updates:repair`` scratch stream of ``processor repair-stream``
+  (exists only within its Lua step, or after one that failed half-way)
 - ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
   workers of a group that split the shards (shard affinity); one per
   namespace, under shard 0's hash tag
@@ -55,6 +57,10 @@ class Shard:
     @property
     def updates(self) -> str:
         return f"{self.tag}:updates"
+
+    @property
+    def repair(self) -> str:
+        return f"{self.tag}:updates:repair"
 
     @property
     def merged(self) -> str:

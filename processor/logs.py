@@ -33,12 +33,18 @@ def redact_text(text: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
+def iso_utc(seconds: float) -> str:
+    """A Unix time as ISO 8601 UTC to the millisecond: ``2026-11-26T08:05:40.123Z``."""
+    whole, ms = divmod(int(seconds * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, then the extras."""
+    """One JSON object per line: ts (ISO 8601 UTC), level, logger, msg, then the extras."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
-            "ts": round(record.created, 3),
+            "ts": iso_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

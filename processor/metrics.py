@@ -27,7 +27,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
-from processor import logs
+from processor import logs, stream_ids
 from processor.connections import as_text, is_redis_failure
 from processor.keys import Namespace, Shard
 from processor.settle import id_order
@@ -124,6 +124,10 @@ class Metrics:
             registry=r)
         self.dlq_length = Gauge(
             "processor_dlq_length", "Length of the dlq stream (sampled)", ["shard"], registry=r)
+        self.bad_ids = Gauge(
+            "processor_stream_ids_bad", "1 when the shard's updates stream has ids that are "
+            "exhausted or far ahead of Redis's clock (producers' sends fail or will; "
+            "processor repair-stream), else 0 (sampled)", ["shard"], registry=r)
         self.shards_read = Gauge(
             "processor_shards_read", "Shards this worker reads new entries from: those "
             "shard affinity gives it, plus any whose owners stalled", registry=r)
@@ -300,7 +304,15 @@ class DeadLetterLog:
 
 class Sampler:
     """Samples each shard's group lag, pending count, consumers, active turns
-    and DLQ length every ``interval`` seconds (one pipeline per shard)."""
+    and DLQ length every ``interval`` seconds (one pipeline per shard).
+
+    It also checks the group's ``last-delivered-id`` against Redis's clock
+    (:mod:`processor.stream_ids`): an input stream whose ids are exhausted or
+    far ahead sets ``processor_stream_ids_bad`` and is logged once, when it
+    turns bad (and once when it is fine again). Here because this already
+    reads ``XINFO GROUPS`` of every shard periodically: the check costs one
+    ``TIME`` a round and reads no payload, and it sees the bad id once any
+    worker has read the entry."""
 
     def __init__(
         self, client: Any, namespace: Namespace, group: str, metrics: Metrics,
@@ -311,6 +323,7 @@ class Sampler:
         self.group = group
         self.metrics = metrics
         self.interval = interval
+        self._bad: set[int] = set()  # shards last found with bad ids
 
     async def run(self) -> None:
         while True:
@@ -318,9 +331,15 @@ class Sampler:
             await asyncio.sleep(self.interval)
 
     async def sample(self) -> None:
+        try:
+            now_ms: int | None = stream_ids.redis_ms(await self.client.time())
+        except Exception as exc:
+            now_ms = None  # no id checks this round
+            self.metrics.sample_errors.inc()
+            log.debug("sampling failed", extra={"error": repr(exc)})
         for shard in self.namespace.all():
             try:
-                await self._sample_shard(shard)
+                await self._sample_shard(shard, now_ms)
             except Exception as exc:  # an odd reply must not end the sampling for good
                 self.metrics.sample_errors.inc()
                 if is_redis_failure(exc):
@@ -328,7 +347,7 @@ class Sampler:
                 else:
                     log.exception("sampling failed", extra={"shard": shard.index})
 
-    async def _sample_shard(self, shard: Shard) -> None:
+    async def _sample_shard(self, shard: Shard, now_ms: int | None = None) -> None:
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xinfo_groups(shard.updates)
             pipe.xlen(shard.updates)
@@ -347,6 +366,21 @@ class Sampler:
         m.pending.labels(s).set(pending)
         m.consumers.labels(s).set(int(info.get("consumers") or 0))
         m.lag.labels(s).set(group_lag(info, int(length), pending))
+        if now_ms is not None:
+            self._check_ids(shard, as_text(info.get("last-delivered-id") or "0-0"), now_ms)
+
+    def _check_ids(self, shard: Shard, last: str, now_ms: int) -> None:
+        problem = stream_ids.problem(last, now_ms)
+        self.metrics.bad_ids.labels(str(shard.index)).set(1 if problem else 0)
+        if problem and shard.index not in self._bad:
+            self._bad.add(shard.index)
+            log.error("input stream ids are bad: producers' sends fail (or will) until "
+                      "`processor repair-stream` repairs the stream",
+                      extra={"shard": shard.index, "stream": shard.updates, "problem": problem})
+        elif not problem and shard.index in self._bad:
+            self._bad.discard(shard.index)
+            log.info("input stream ids are fine again",
+                     extra={"shard": shard.index, "last_delivered_id": last})
 
 
 def find_group(groups: list[dict[Any, Any]], group: str) -> dict[str, Any] | None:

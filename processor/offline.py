@@ -21,7 +21,7 @@ import msgspec
 from processor import events as ev
 from processor.decode import EntryError, decode_entry, entry_size, turn_key
 from processor.ids import TurnKey
-from processor.lifecycle import LATE, MERGED, Limits, TurnLife, Verdict
+from processor.lifecycle import LATE, MERGED, Limits, TurnLife, late_detail
 from processor.models import Event, TurnResult
 
 # Fields stay raw JSON: ``update`` then travels to the decoder as JSON text,
@@ -60,6 +60,8 @@ class OfflineMerge:
         self.turns: dict[TurnKey, _Open] = {}
         self.cancelled: set[str] = set()
         self.dead: list[DeadLetter] = []
+        # Dead letters of turns not started yet: counted once they start.
+        self._early_dlq: dict[TurnKey, int] = {}
 
     def feed_line(self, line_no: int, text: str | bytes) -> None:
         """One JSONL line: an entry object, or a ``cancel`` line."""
@@ -101,6 +103,8 @@ class OfflineMerge:
             self._dead(line_no, source_id, exc.reason, exc.detail, rid)
             if exc.turn in self.turns:
                 self.turns[exc.turn].life.counts.dlq += 1
+            elif exc.turn is not None:
+                self._early_dlq[exc.turn] = self._early_dlq.get(exc.turn, 0) + 1
             return
         ts = self._ts(source_id)
         turn = self._turn(key, ts)
@@ -108,7 +112,8 @@ class OfflineMerge:
         was_open = life.outcome is None
         verdict = life.feed(source_id, record, entry_size(fields))
         if verdict in LATE:
-            self._dead(line_no, source_id, verdict.value, _closed_detail(verdict), key.response_id)
+            detail = late_detail(verdict, life.outcome)
+            self._dead(line_no, source_id, verdict.value, detail, key.response_id)
         if verdict is MERGED and self.progress:
             turn.events.extend(ev.progress(key, life.turn.state.ids, record, ts))
         if was_open and life.outcome is not None:
@@ -118,6 +123,7 @@ class OfflineMerge:
         turn = self.turns.get(key)
         if turn is None:
             life = TurnLife(key, self.limits)
+            life.counts.dlq += self._early_dlq.pop(key, 0)
             turn = self.turns[key] = _Open(life, [], ts)
             if key.response_id in self.cancelled:
                 life.cancel()  # a cancel that arrives first still wins
@@ -169,12 +175,6 @@ def _line_field(name: str, raw: msgspec.Raw) -> Any:
     if text.startswith(b'"'):
         return _value_decoder.decode(text)
     return text
-
-
-def _closed_detail(verdict: Verdict) -> str:
-    if verdict is Verdict.TURN_LIMIT:
-        return "the turn reached its update or byte limit and ended"
-    return "the turn had already ended"
 
 
 def _result(turn: _Open) -> TurnResult:

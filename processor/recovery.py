@@ -21,6 +21,7 @@ from processor.batches import (
 from processor.connections import TRANSIENT, as_text, is_transient
 from processor.ids import TurnKey
 from processor.keys import Namespace, Shard
+from processor.membership import Membership
 from processor.metrics import Metrics
 from processor.settle import id_order
 
@@ -46,6 +47,7 @@ class Recovery:
     _reclaim_cursor: dict[int, str]
     # Worker's: apply entries (a batch, or one by one if the batch fails).
     _apply_isolated: Callable[..., Awaitable[None]]
+    membership: Membership
     _held_ids: Callable[[Shard], set[str]]  # Holding's
     _retrying: Callable[..., Awaitable[Any]]  # Worker's
 
@@ -98,6 +100,7 @@ class Recovery:
     async def reclaim(self, shard: Shard) -> None:
         """Take over entries idle in any consumer's pending list (a dead worker's)."""
         cfg = self.config
+        await self._claim_departed(shard)
         # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
@@ -119,6 +122,64 @@ class Recovery:
         removed = [as_text(i) for i in reply[2]] if len(reply) > 2 else []
         if gone or removed:
             await self._retrying(self._entries_lost, shard, gone, removed, "reclaim")
+        await self._apply_claimed(shard, entries)
+
+    async def _claim_departed(self, shard: Shard) -> None:
+        """Take over at once what consumers that left the live set still have
+        pending on ``shard`` (their beats stopped for --worker-ttl and they have
+        not read since: dead), instead of after --reclaim-idle-ms. A turn a dead
+        worker held, cancelled meanwhile, waits for exactly those entries
+        (docs/design.md, *Cancellation*). Only with shard affinity: without
+        beats no worker knows who is alive."""
+        membership, cfg = self.membership, self.config
+        if not membership.enabled:
+            return
+        live = {*membership.live, cfg.consumer}
+        for info in await self.client.xinfo_consumers(shard.updates, cfg.group):
+            name = as_text(info["name"])
+            if name in live or not info["pending"] or info["idle"] < membership.ttl_ms:
+                continue
+            pending = await self.client.xpending_range(
+                shard.updates, cfg.group, min="-", max="+", count=cfg.batch, consumername=name)
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                continue
+            try:
+                claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
+                                                   min_idle_time=0, message_ids=ids)
+            except Exception as exc:
+                if is_transient(exc):
+                    self._orphans.add(shard.index)
+                raise
+            entries = [(i, f) for i, f in claimed if f]
+            await self._lost_in_claim(shard, [as_text(i) for i in ids], claimed)
+            log.info("took over a departed worker's entries",
+                     extra={"shard": shard.index, "consumer": name, "count": len(entries)})
+            await self._apply_claimed(shard, entries)
+
+    async def _lost_in_claim(self, shard: Shard, ids: list[str],
+                             claimed: list[tuple[Any, Any]]) -> None:
+        """Of ``ids`` claimed with XCLAIM, those deleted from the stream while
+        pending: Redis 6.2 returns them empty (pending to this consumer now),
+        Redis 7 drops them from the pending list without a word (not
+        returned, and no longer in the stream: an entry acked by another
+        consumer meanwhile is still there, or trimmed, which only an entry
+        older than every pending one can be)."""
+        got = {as_text(i) for i, _ in claimed}
+        empty = [as_text(i) for i, f in claimed if not f]
+        missing = [i for i in ids if i not in got]
+        removed = []
+        if missing:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for entry_id in missing:
+                    pipe.xrange(shard.updates, entry_id, entry_id)
+                found = await pipe.execute()
+            removed = [i for i, there in zip(missing, found, strict=True) if not there]
+        if empty or removed:
+            await self._retrying(self._entries_lost, shard, empty, removed, "departed worker")
+
+    async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
+        """Apply entries this consumer just claimed from another."""
         if not entries:
             return
         # Pending to this consumer now, neither held nor applied until applied

@@ -3,7 +3,9 @@
 Each ``<name>.lua`` is one atomic transition; ``--- includes/<part>`` lines
 pull in shared fragments from ``lua/includes`` (as BullMQ does). The text is
 loaded once; redis-py's ``Script`` objects run it with EVALSHA and reload it
-after a ``NOSCRIPT`` (a restarted or failed-over Redis).
+after a ``NOSCRIPT`` (a restarted or failed-over Redis). The producers'
+scripts are also assembled into a Redis Function library, which producers
+call without any right to load Lua (:mod:`processor.library`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ def source(name: str) -> str:
 
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
-    "compact_turn", "beat_worker", "open_turns", "finalise_held", "create_namespace",
-    "reshard_namespace", "dead_letter_lost", "publish_lost_turns", "recreate_group",
+    "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
+    "read_inputs", "create_namespace", "reshard_namespace", "dead_letter_lost",
+    "publish_lost_turns", "recreate_group",
 )
 
 
@@ -38,11 +41,11 @@ class Scripts:
         self.apply_entries = client.register_script(source("apply_entries"))
         self.finalise_turns = client.register_script(source("finalise_turns"))
         self.sweep_shard = client.register_script(source("sweep_shard"))
-        self.send_update = client.register_script(source("send_update"))
         self.compact_turn = client.register_script(source("compact_turn"))
         self.beat_worker = client.register_script(source("beat_worker"))
         self.open_turns = client.register_script(source("open_turns"))
         self.finalise_held = client.register_script(source("finalise_held"))
+        self.cancelled_turns = client.register_script(source("cancelled_turns"))
         self.dead_letter_lost = client.register_script(source("dead_letter_lost"))
         self.publish_lost_turns = client.register_script(source("publish_lost_turns"))
         self.recreate_group = client.register_script(source("recreate_group"))

@@ -14,19 +14,22 @@ from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError
 
-from processor import config, logs, stopping
+from processor import config, library, logs, stopping
 from processor.connections import (
     TRANSIENT,
     RedisOptions,
+    as_text,
     connect,
     redact,
     tls_refusal,
     tls_refusal_probe,
     until_done,
 )
+from processor.groups import check_groups
 from processor.health import Health, Server, groups_check
 from processor.meta import Meta, Mismatch, check, create, drain_problems, reshard
 from processor.metrics import Metrics, Sampler
+from processor.progress_log import log_progress
 from processor.worker import Worker
 
 log = logging.getLogger("processor.service")
@@ -46,17 +49,26 @@ def start_embedded() -> Any:
     return server
 
 
-async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = None) -> Any:
-    """Connect, retrying while Redis is unreachable (it may still be starting).
+async def connect_retrying(
+    options: RedisOptions, stop: stopping.Stop | None = None,
+    give_up_after: float | None = None, prog: str = "processor",
+) -> Any:
+    """Connect, retrying while Redis is unreachable (it may still be starting),
+    for ever or until ``give_up_after`` seconds have passed (then the process
+    ends with one line naming the URL and the last error, exit status 1).
     Refused credentials, rights or TLS certificates are configuration, not an
     outage: they end the process with one line instead of retrying forever.
     None when ``stop`` is requested first: a SIGTERM must not wait for Redis."""
     delay = 0.1
+    loop = asyncio.get_running_loop()
+    deadline = None if give_up_after is None else loop.time() + give_up_after
     while True:
         if stop is not None and stop.requested.is_set():
             return None
         try:
             return await connect(options)
+        except ValueError as exc:  # a URL redis-py cannot read
+            raise SystemExit(f"{prog}: bad Redis URL {redact(options.url)}: {exc}") from None
         except (AuthenticationError, NoPermissionError) as exc:
             raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
                              f"connection's credentials or rights: {exc}") from None
@@ -66,9 +78,14 @@ async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = N
                 raise SystemExit(f"processor: TLS with redis at {redact(options.url)} failed: "
                                  f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "
                                  "--ssl-keyfile)") from None
+            if deadline is not None and loop.time() >= deadline:
+                raise SystemExit(f"{prog}: cannot reach Redis at {redact(options.url)} "
+                                 f"(gave up after {give_up_after:g} s): {exc}") from None
             log.warning(
                 "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
             )
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - loop.time()))
             if stop is None:
                 await asyncio.sleep(delay)
             else:  # the delay, cut short by a stop request
@@ -103,10 +120,10 @@ def tune_gc() -> None:
 async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str, str],
                          stop: stopping.Stop | None = None) -> Meta | None:
     """The namespace's record (processor.meta), written with these values if
-    there is none yet; ``values`` then take its shards and group. A shard
-    count or group given explicitly (``given``: flag or environment) that
-    disagrees raises :class:`~processor.meta.Mismatch`. None when stopped
-    first."""
+    there is none yet; ``values`` then take its shards (and its group, unless
+    one is given: :func:`other_group`). A shard count given explicitly
+    (``given``: flag or environment) that disagrees raises
+    :class:`~processor.meta.Mismatch`. None when stopped first."""
     def give_up() -> bool:
         return stop is not None and stop.requested.is_set()
 
@@ -120,10 +137,23 @@ async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str
         if give_up():
             return None
         raise
-    check(meta, values["shards"] if "shards" in given else None, given.get("shards", ""),
-          values["group"] if "group" in given else None, given.get("group", ""))
-    values.update(shards=meta.shards, group=meta.group)
+    check(meta, values["shards"] if "shards" in given else None, given.get("shards", ""))
+    values["shards"] = meta.shards
+    if "group" not in given:
+        values["group"] = meta.group
     return meta
+
+
+def other_group(meta: Meta, values: dict[str, Any], given: Mapping[str, str]) -> str | None:
+    """Why a worker given another consumer group than the namespace's record
+    names must not start (one line), or None; ``--allow-other-groups`` lets it."""
+    if "group" not in given or values["allow_other_groups"]:
+        return None
+    try:
+        check(meta, group=values["group"], group_from=given["group"])
+    except Mismatch as exc:
+        return f"{exc} (--allow-other-groups starts it anyway)"
+    return None
 
 
 async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = None) -> int:
@@ -170,12 +200,23 @@ async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = N
             return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
+        refused = await check_groups(client, worker.namespace, worker.config.group,
+                                     values["allow_other_groups"], stop.requested.is_set)
+        refused = refused or other_group(meta, values, given or {})
+        if refused is not None:  # (before the worker creates its own group)
+            print(f"processor run: {refused}", file=sys.stderr)
+            await client.aclose()
+            return 2
         if server:
             health.ready_check = groups_check(client, worker.namespace, worker.config.group,
                                               worker.readiness)
-            sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
-                              values["metrics_interval"])
-            background.append(asyncio.create_task(sampler.run()))
+        # Also without a metrics port: the sampler is what logs a shard whose ids went bad.
+        sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
+                          values["metrics_interval"])
+        background.append(asyncio.create_task(sampler.run()))
+        if values["log_interval"]:
+            background.append(asyncio.create_task(
+                log_progress(metrics, sampler, values["log_interval"])))
         await worker.run()
         await client.aclose()
         if worker.fatal:
@@ -202,41 +243,38 @@ def serve_metrics(values: dict[str, Any], health: Health) -> Server | None:
     return server
 
 
-async def cancel(url: str, args: argparse.Namespace) -> int:
+def cancel(args: argparse.Namespace) -> int:
     """``processor cancel``: SET the cancellation key with a TTL (via the client,
     so the CLI and producers route the key the same way)."""
     from processor.client import Producer
-    from processor.ids import response_id_for_turn
-    from processor.meta import NamespaceError
-    from processor.tool_shell import Refused, explicit_shards, redis_options
+    from processor.ids import TurnKey, response_id_for_turn
+    from processor.keys import Namespace
+    from processor.tool_shell import fail, run_tool
 
     if args.turn_id and args.response_id != response_id_for_turn(args.turn_id):
-        print(
-            f"processor cancel: turn_id {args.turn_id!r} has the ResponseId "
-            f"{response_id_for_turn(args.turn_id)!r}, not {args.response_id!r}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        shards, source = explicit_shards(args)
-    except Refused as exc:
-        print(f"processor cancel: {exc}", file=sys.stderr)
-        return 2
-    client = await connect(redis_options(url, args))
-    try:
-        producer = Producer(client, namespace=args.namespace, shards=shards,
-                            shards_from=source)
-        rid = None if args.turn_id else args.response_id
+        return fail("cancel", f"turn_id {args.turn_id!r} has the ResponseId "
+                    f"{response_id_for_turn(args.turn_id)!r}, not {args.response_id!r}", 2)
+
+    async def body(client: Any, keys: Namespace) -> int:
+        # A turn that has ended (its done marker, kept --done-ttl) is left alone.
+        # A user who may not read the marker cancels without this check.
+        done = keys.shard_for(args.turn_id or args.response_id).done(
+            TurnKey(args.response_id).encode())
         try:
-            await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
-        except NamespaceError as exc:  # no record yet, or --shards disagrees with it
-            print(f"processor cancel: {exc}", file=sys.stderr)
-            return 2 if isinstance(exc, Mismatch) else 1
+            status = await client.hget(done, "status")
+        except NoPermissionError:
+            status = None
+        if status is not None:
+            print(f"{args.response_id} had already ended ({as_text(status)}): nothing to cancel")
+            return 0
+        producer = Producer(client, namespace=keys.name, shards=keys.shards)
+        rid = None if args.turn_id else args.response_id
+        await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
         key = producer.cancel_key(rid, turn_id=args.turn_id)
         print(f"cancelled {args.response_id} ({key}, ttl {args.ttl}s)")
         return 0
-    finally:
-        await client.aclose()
+
+    return run_tool("cancel", args, body)
 
 
 async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = None,
@@ -244,9 +282,10 @@ async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = 
     """``processor init``: write the namespace's record if there is none
     (processor.meta), then create every shard's stream and consumer group
     (idempotent), so that autoscalers reading the group (KEDA) find it
-    before any worker ran. With ``resharding`` (``--reshard``) an explicit
-    ``--shards`` that differs from the record changes it, once every shard
-    is drained and no worker is live (docs/cluster.md)."""
+    before any worker ran, and load the producers' function library
+    (:mod:`processor.library`). With ``resharding`` (``--reshard``) an
+    explicit ``--shards`` that differs from the record changes it, once
+    every shard is drained and no worker is live (docs/cluster.md)."""
     given = given or {}
     if resharding and "shards" not in given:
         print("processor init: --reshard needs --shards (or PROCESSOR_SHARDS)", file=sys.stderr)
@@ -254,7 +293,8 @@ async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = 
     options = RedisOptions(
         values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )
-    client = await connect_retrying(options)
+    client = await connect_retrying(options, give_up_after=values["connect_timeout"],
+                                    prog="processor init")
     try:
         try:
             meta = await create(client, values["namespace"], values["shards"], values["group"])
@@ -281,10 +321,18 @@ async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = 
         except NoPermissionError as exc:
             print(f"processor init: redis refused to create the groups: {exc}", file=sys.stderr)
             return 1
+        try:
+            functions = await library.load(client)
+        except NoPermissionError as exc:
+            print(f"processor init: redis refused to load the producers' function library "
+                  f"{library.library_name()}: {exc}", file=sys.stderr)
+            return 1
         streams = [shard.updates for shard in worker.namespace.all()]
         print(f"namespace {values['namespace']!r}: {values['shards']} shard(s) (record "
               f"{worker.namespace.meta}); consumer group {values['group']!r} ready on "
               f"{len(streams)} stream(s): " + ", ".join(streams))
+        print(f"producers' function library {library.library_name()} loaded" if functions
+              else "redis has no functions (before 7.0): producers run their script with EVALSHA")
         return 0
     finally:
         await client.aclose()

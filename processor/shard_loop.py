@@ -122,6 +122,7 @@ class ShardLoop:
         async def reclaim(self, shard: Shard) -> None: ...
         async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
         async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
+        async def retry_cancels(self, shard: Shard) -> None: ...
         def _holds_on(self, shard: Shard) -> bool: ...
         async def _group_vanished(self, shard: Shard) -> bool: ...
         async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
@@ -185,21 +186,27 @@ class ShardLoop:
             log.exception("could not prepare a batch", extra={"shard": shard.index})
             return None
         call.newest = True  # read with XREADGROUP >
+        call.read_from = as_text(entries[0][0])
         return call
 
     async def _apply_loop(
         self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
     ) -> None:
         next_sweep = next_reclaim = 0.0
+        read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(shard, batch)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
+                if reads and not read_before:
+                    next_reclaim = 0.0  # a shard just taken over: its dead owner's entries now
+                read_before = reads
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
                 await self._guarded(shard, self._retrying, self._spill_due, shard,
                                     not self._holds_on(shard))
+                await self._guarded(shard, self._retrying, self.retry_cancels, shard)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
@@ -238,7 +245,8 @@ class ShardLoop:
                     if done is not VANISHED:
                         break
             finally:
-                self._floors[shard.index].routed(as_text(batch.entries[0][0]))
+                self._floors[shard.index].routed(as_text(batch.entries[0][0]),
+                                                as_text(batch.entries[-1][0]))
                 self._batch_done(shard, batch.entries)
 
     async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> Step:
@@ -297,7 +305,7 @@ class ShardLoop:
             try:
                 await self._retrying(self._apply_isolated, shard, entries, {})
             finally:
-                self._floors[shard.index].routed(as_text(entries[0][0]))
+                self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
                 self._batch_done(shard, entries)
 
     async def _read(self, shard: Shard) -> list[Any]:

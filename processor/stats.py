@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 from redis.exceptions import ResponseError
-from rich.console import Console, Group
-from rich.table import Table
+from rich.console import Console
 
 from processor.affinity import owned_shards
 from processor.connections import as_text
 from processor.keys import Namespace, Shard
+from processor.tables import Column, Table, print_table
 
 
 class ConsumerStats(msgspec.Struct):
@@ -183,55 +183,51 @@ def idle_text(ms: int) -> str:
 
 def shard_table(stats: Stats) -> Table:
     """One row per shard."""
-    table = Table(title=f"namespace {stats.namespace}, group {stats.group}", title_justify="left")
-    for name in ("shard", "length", "lag", "pending", "consumers", "active", "closing", "dlq",
-                 "merged", "events"):
-        table.add_column(name, justify="left" if name == "shard" else "right")
+    names = ("shard", "length", "lag", "pending", "consumers", "active", "closing", "dlq",
+             "merged", "events")
+    rows = []
     for s in stats.shards:
         lag = str(s.lag) if s.lag_exact else f"~{s.lag}"
         consumers = str(len(s.consumers)) if s.group else "no group"
-        table.add_row(
+        rows.append([
             str(s.shard), str(s.length), lag, str(s.pending), consumers, str(s.active_turns),
             str(s.closing_turns), str(s.dlq), str(s.merged), str(s.events),
-        )
-    return table
+        ])
+    return Table(f"namespace {stats.namespace}, group {stats.group}",
+                 [Column(name, right=name != "shard") for name in names], rows)
 
 
 def consumer_table(stats: Stats) -> Table | None:
     """One row per consumer of each shard; None when no shard has any."""
-    rows = [(s.shard, c) for s in stats.shards for c in s.consumers]
+    rows = [[str(s.shard), c.name, str(c.pending), idle_text(c.idle_ms)]
+            for s in stats.shards for c in s.consumers]
     if not rows:
         return None
-    table = Table(title="consumers", title_justify="left")
-    for name in ("shard", "consumer", "pending", "idle"):
-        table.add_column(name, justify="right" if name in ("pending", "idle") else "left")
-    for shard, c in rows:
-        table.add_row(str(shard), c.name, str(c.pending), idle_text(c.idle_ms))
-    return table
+    columns = [Column("shard"), Column("consumer"), Column("pending", right=True),
+               Column("idle", right=True)]
+    return Table("consumers", columns, rows)
 
 
 def worker_table(stats: Stats) -> Table | None:
     """One row per live worker; None when none beats (or affinity is off)."""
     if not stats.workers:
         return None
-    table = Table(title="workers (shard affinity)", title_justify="left")
-    for name in ("worker", "last beat", "shards read"):
-        table.add_column(name, justify="right" if name == "last beat" else "left")
-    for w in stats.workers:
-        table.add_row(w.name, idle_text(w.last_beat_ms) + " ago",
-                      ",".join(map(str, w.shards)) or "-")
-    return table
+    rows = [[w.name, idle_text(w.last_beat_ms) + " ago", ",".join(map(str, w.shards)) or "-"]
+            for w in stats.workers]
+    columns = [Column("worker"), Column("last beat", right=True), Column("shards read")]
+    return Table("workers (shard affinity)", columns, rows)
 
 
 def render(stats: Stats, console: Console) -> None:
     """Print the tables (and what ``~`` in the lag column means, when it is used)."""
-    parts: list[Any] = [shard_table(stats)]
-    for extra in (consumer_table(stats), worker_table(stats)):
-        if extra is not None:
-            parts.append(extra)
+    tables = [shard_table(stats), consumer_table(stats), worker_table(stats)]
+    for n, table in enumerate(t for t in tables if t is not None):
+        if n:
+            console.print()
+        print_table(console, table.title, table.columns, table.rows)
     if any(not s.lag_exact for s in stats.shards):
-        parts.append("~ lag = length - pending (Redis reported no lag)")
-    console.print(Group(*parts))
+        console.print("# ~ lag = length - pending (Redis reported no lag)", markup=False,
+                      highlight=False)
 
 
 def to_json(stats: Stats) -> bytes:

@@ -42,6 +42,7 @@ class Storing:
     options: BatchOptions
     scripts: Any
     _mirrors: dict[int, Mirrors]
+    _waiting_cancels: dict[int, set[TurnKey]]
 
     dead_letters: DeadLetterLog
 
@@ -56,11 +57,14 @@ class Storing:
 
     async def _store(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | None = None,
+        call: ApplyCall | None = None, read_from: str = "",
     ) -> None:
-        """Store a batch with ``apply_entries``, then finalise whatever it made ready."""
+        """Store a batch with ``apply_entries``, then finalise whatever it made
+        ready. ``read_from``: the first id of the XREADGROUP > read the entries
+        come from, if they do (``ApplyCall.read_from``)."""
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
+            call.read_from = read_from
         applying = self.scripts.apply_entries(
             keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
         if call.newest:
@@ -160,6 +164,8 @@ class Storing:
         """Merge and publish finished turns; re-read any that changed meanwhile.
         ``fresh``: turns whose copy the apply call that made them ready confirmed."""
         await self._spill_ready(shard, todo)
+        self._waiting_cancels[shard.index].difference_update(
+            key for key, reason in todo.items() if reason == "cancel")
         for _ in range(5):
             with self.metrics.timed(self.metrics.finalise_seconds):
                 todo = await self._finalise_once(shard, todo, fresh or set())
@@ -231,6 +237,11 @@ class Storing:
                 self._log_late(shard, key, dead_letter_summary(outcome.dead_letters))
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
                       if r == -1})
+        # A cancel that must wait for an entry up to its cut: retried after
+        # each step of the shard loop (Worker.retry_cancels), not a sweep later.
+        self._waiting_cancels[shard.index].update(
+            key for (key, _, _), r in zip(settled, results, strict=True)
+            if r == 2 and todo[key] == "cancel")
         return again
 
     def _log_dead_letters(self, shard: Shard, call: ApplyCall, counts: list[Any]) -> None:

@@ -45,39 +45,28 @@ def fail(prog: str, message: str, status: int) -> int:
     return status
 
 
-def explicit_shards(args: argparse.Namespace) -> tuple[int | None, str]:
-    """The shard count given by ``--shards`` or ``PROCESSOR_SHARDS`` (None:
-    neither; the namespace's record says) and where it came from."""
-    if args.shards is not None:
-        shards, source = args.shards, "--shards"
-    elif "PROCESSOR_SHARDS" in os.environ:
-        source = "PROCESSOR_SHARDS"
-        try:
-            shards = int(os.environ[source])
-        except ValueError:
-            raise Refused(f"{source}: expected an integer, got "
-                          f"{os.environ[source]!r}") from None
-    else:
-        return None, ""
-    if shards < 1:
-        raise Refused(f"{source} must be at least 1, not {shards}")
-    return shards, source
-
-
 def run_tool(
     prog: str, args: argparse.Namespace, body: Callable[[Any, Namespace], Awaitable[int]]
 ) -> int:
-    """Connect, read the namespace's record (processor.meta), run
-    ``body(client, keys)``, close; one line and a status on any failure.
-    A ``--group`` not given is the record's."""
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        return fail(prog, "give --redis-url or set REDIS_URL", 2)
-    try:
-        shards, source = explicit_shards(args)
-    except Refused as exc:
-        return fail(prog, str(exc), 2)
+    """Resolve the options (flags, then environment variables: one line each
+    for a bad one, exit 2), connect, read the namespace's record
+    (processor.meta: its shard count, which ``--shards``, if given, must
+    match; its group, unless ``--group`` is given), run ``body(client,
+    keys)``, close; one line and a status on any failure. ``args`` then
+    holds the resolved values."""
+    from processor import config
 
+    given = config.given(args)
+
+    values, problems = config.resolve(args)
+    if not values["redis_url"]:
+        problems.append("give --redis-url or set REDIS_URL")
+    for problem in problems:
+        fail(prog, problem, 2)
+    if problems:
+        return 2
+    vars(args).update(values)
+    url = values["redis_url"]
     options = redis_options(url, args)
 
     async def main() -> int:
@@ -85,9 +74,13 @@ def run_tool(
             client = await connect(options)
         except TRANSIENT as exc:
             return fail(prog, f"cannot reach Redis at {redact(url)}: {exc}", 1)
+        except ValueError as exc:  # a URL redis-py cannot read
+            return fail(prog, f"bad Redis URL {redact(url)}: {exc}", 2)
         try:
-            meta = await require(client, args.namespace, shards, source)
-            if getattr(args, "group", "") is None:
+            meta = await require(client, args.namespace,
+                                 args.shards if "shards" in given else None,
+                                 given.get("shards", ""))
+            if "group" not in given:
                 args.group = meta.group
             return await body(client, meta.keys)
         finally:
@@ -117,20 +110,6 @@ def run_tool(
 def redis_options(url: str, args: argparse.Namespace) -> RedisOptions:
     """The URL plus the TLS files given by the flags :func:`with_tls` adds."""
     return RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
-
-
-def with_tls(redis_flags: AddFlags) -> AddFlags:
-    """The shared Redis flags plus the TLS files of ``processor run`` (same env names)."""
-
-    def add(parser: argparse.ArgumentParser) -> None:
-        redis_flags(parser)
-        for name, what in (("ca_certs", "CA bundle"), ("certfile", "client certificate"),
-                           ("keyfile", "client key")):
-            env = f"PROCESSOR_SSL_{name.upper()}"
-            parser.add_argument(f"--ssl-{name.replace('_', '-')}", default=os.environ.get(env),
-                                metavar="FILE", help=f"{what} for rediss:// URLs (env {env})")
-
-    return add
 
 
 def stdout_console() -> Any:

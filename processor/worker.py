@@ -22,8 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
+from processor import library
 from processor.batches import (
     ApplyCall,
     BatchOptions,
@@ -138,6 +139,9 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
         self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}
+        # Per shard: cancelled turns whose finalise answered "not yet" (storing.py).
+        self._waiting_cancels: dict[int, set[TurnKey]] = {
+            s.index: set() for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
@@ -158,10 +162,11 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
     async def run(self) -> None:
         """Serve every shard until :meth:`stop`. Raises
         :class:`~processor.meta.Mismatch` at once when the namespace's record
-        (written by the first worker or ``processor init``) disagrees with
-        this worker's shards or group."""
+        (written by the first worker or ``processor init``) has another
+        shard count than this worker's."""
         self.meta = await self._retrying(self._open_namespace)
         await self._retrying(self.ensure_groups)
+        await self._retrying(self.load_library)
         await self._retrying(self.membership.beat)
         self.ready.set()
         log.info("worker started", extra={"consumer": self.config.consumer,
@@ -176,10 +181,11 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
 
     async def _open_namespace(self) -> Meta:
         """The namespace's record, written now with this worker's shards and
-        group if there is none; refused if it disagrees with them."""
+        group if there is none; refused if its shard count is another
+        (``processor run`` checks the group, service.open_namespace)."""
         cfg = self.config
         meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
-        check(meta, cfg.shards, "this worker's shards", cfg.group, "this worker's group")
+        check(meta, cfg.shards, "this worker's shards")
         return meta
 
     async def ensure_groups(self) -> None:
@@ -191,6 +197,17 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+
+    async def load_library(self) -> None:
+        """Load the producers' function library (:mod:`processor.library`).
+        Refused (a user without FUNCTION LOAD): logged, not fatal, since
+        merging does not need it; producers on Redis 7 do."""
+        try:
+            await library.load(self.client)
+        except NoPermissionError as exc:
+            log.error("cannot load the producers' function library: producers fail until "
+                      "it is loaded (processor init as a user allowed FUNCTION LOAD)",
+                      extra={"library": library.library_name(), "error": str(exc)})
 
     async def _retrying(self, fn: Any, *args: Any) -> Any:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on
@@ -267,13 +284,41 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
             turns = [TurnKey.decode(as_text(tk)) for tk in active]
-            flags = await self.client.mget([shard.cancel(t.response_id) for t in turns])
-            for key, flag in zip(turns, flags, strict=True):
-                if flag is not None:
-                    todo.setdefault(key, "cancel")
+            ready, _waiting = await self._cancelled(shard, turns)
+            for key in ready:
+                todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         await self._publish_held_ends(shard, todo)
         if todo:
             await self.finalise(shard, todo)
+
+    async def _cancelled(
+        self, shard: Shard, turns: list[TurnKey]
+    ) -> tuple[list[TurnKey], list[TurnKey]]:
+        """Of ``turns``, the cancelled ones to finalise now, and those that must
+        wait (``cancelled_turns``: another worker holds them, or an entry up to
+        their cut is still pending)."""
+        keys = [shard.updates]
+        for key in turns:
+            keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
+        ready, waiting = await self.scripts.cancelled_turns(
+            keys=keys, args=[self.config.group, self.config.consumer, self._floor(shard)])
+        return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
+
+    async def retry_cancels(self, shard: Shard) -> None:
+        """Finalise the cancelled turns a finalise left waiting for an entry up
+        to their cut (docs/design.md, *Cancellation*), as soon as they can be:
+        the next step after the entry is applied, not the next sweep."""
+        waiting = self._waiting_cancels[shard.index]
+        if not waiting:
+            return
+        turns = list(waiting)
+        ready, still = await self._cancelled(shard, turns)
+        waiting.intersection_update(still)
+        if ready:
+            todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
+            await self._publish_held_ends(shard, todo)
+            if todo:
+                await self.finalise(shard, todo)
 

@@ -35,6 +35,8 @@ import contextlib
 import json
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -100,6 +102,8 @@ class ChaosRun(ChaosChecks):
             ids: dict[tuple[int, int], tuple[int, str]] = {}
             producing = asyncio.create_task(self._produce(harness, turns, actions, ids))
             chaos = asyncio.create_task(self._chaos(harness, producing))
+            burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                       for _ in range(cfg.cpu_load)]
             try:
                 await producing
                 fig.seconds_producing = time.monotonic() - started
@@ -109,6 +113,9 @@ class ChaosRun(ChaosChecks):
                 await asyncio.sleep(0.5)  # entries dropped after a terminal event settle
                 harness.assert_workers_alive()
             finally:
+                for burner in burners:
+                    burner.kill()
+                    burner.wait()
                 for task in (producing, chaos):
                     task.cancel()
                     with contextlib.suppress(BaseException):

@@ -47,6 +47,14 @@ class Figures:
     spills: Counter[str] = field(default_factory=Counter)  # those lines, by why
     error_logs: int = 0  # worker log lines at level error
     leftover_keys: int = 0
+    # Cancelled turns: how much of what was sent their partial merges kept.
+    cancelled: int = 0
+    cancelled_partial: int = 0  # some but not all of the sent updates merged
+    cancelled_empty: int = 0  # nothing merged (e.g. cancelled before its first entry)
+    cancelled_whole: int = 0  # everything sent merged (the producer stopped at the cancel)
+    cancelled_merged: int = 0  # entries merged into cancelled turns
+    cancelled_sent: int = 0  # entries sent for them
+    holes: int = 0  # partial merges that are not a prefix of the turn (must be 0)
 
     def lines(self) -> list[str]:
         return [
@@ -65,6 +73,10 @@ class Figures:
             f"worker logs: {self.reclaim_logs} reclaims, {self.error_logs} error lines, "
             f"{self.spill_logs} spills of held turns {dict(self.spills)}, "
             f"{self.held_published} turns published held by the workers that exited",
+            f"cancelled turns {self.cancelled}: {self.cancelled_partial} partial merges, "
+            f"{self.cancelled_whole} whole, {self.cancelled_empty} empty; "
+            f"{self.cancelled_merged} of {self.cancelled_sent} sent entries merged; "
+            f"partial merges with a hole (not a prefix of the turn) {self.holes}",
         ]
 
 
@@ -128,6 +140,8 @@ class ChaosChecks:
             # Nothing applied before the cancel: offline, the cancel line comes
             # first and every entry after it is dropped.
             lines = [lines[-1], *(turn.entries[i] for i in sent)]
+        if status == "cancelled":
+            self._count_cut(turn, merged, sent)
         want = offline_results(lines, self._limits())
         key = TurnKey(turn.rid)
         if key not in want or want[key].status != status or want[key].response != entry["response"]:
@@ -161,6 +175,25 @@ class ChaosChecks:
             if any(f'"{marker(i)}"' in update for i in merged):
                 fig.duplicated += 1
                 self.problems.append(f"{turn.rid}: entry both merged and dead-lettered")
+
+    def _count_cut(self, turn: PlannedTurn, merged: set[int], sent: list[int]) -> None:
+        """A cancelled turn's partial merge: counted, and checked to be a prefix
+        of what was sent (docs/design.md, *Cancellation*: no entry older than a
+        merged one is missing)."""
+        fig = self.figures
+        fig.cancelled += 1
+        fig.cancelled_merged += len(merged)
+        fig.cancelled_sent += len(sent)
+        if not merged:
+            fig.cancelled_empty += 1
+        elif len(merged) == len(sent):
+            fig.cancelled_whole += 1
+        else:
+            fig.cancelled_partial += 1
+        if merged != set(sorted(sent)[:len(merged)]):
+            fig.holes += 1
+            self.problems.append(f"{turn.rid}: cancelled with a hole: merged {sorted(merged)} "
+                                 f"of {sorted(sent)}")
 
     def _check_events(self, turn: PlannedTurn, got: Any) -> None:
         types = [e["type"] for e in got.events]

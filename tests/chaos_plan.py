@@ -33,6 +33,7 @@ class ChaosConfig:
     client_kill: bool = True
     seed: int = 1
     hold_turns: bool = True  # the workers hold turns (the default), else --no-hold-turns
+    cpu_load: int = 0  # busy-loop processes competing for the CPUs while it runs
 
 
 @dataclass

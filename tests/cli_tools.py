@@ -1,12 +1,13 @@
 """Running the operator tools (``processor stats|tail|dlq``) as a user would:
-``python -m processor.cli`` in a subprocess, with a wide fixed terminal
-width so rich never wraps a table row."""
+``python -m processor.cli`` in a subprocess, its stdout a pipe (so tables
+are plain lines: :func:`plain_rows`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,10 +42,12 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def table_rows(text: str) -> list[list[str]]:
-    """The body rows of every rich table in ``text``, as lists of cell texts."""
-    return [[cell.strip() for cell in line.strip().strip("│").split("│")]
-            for line in text.splitlines() if line.startswith("│")]
+def plain_rows(text: str) -> list[list[str]]:
+    """The header and body rows of the plain tables a tool prints when its
+    stdout is not a terminal: columns apart by two spaces or more; ``#``
+    lines are titles and notes."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 def call(capsys: Any, url: str, namespace: str, shards: int, *args: str) -> tuple[int, str, str]:

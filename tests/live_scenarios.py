@@ -41,9 +41,26 @@ def offline_results_of_lines(lines: list[str]) -> dict:
 
 async def feed_scenario(harness: Harness, lines: list[str]) -> None:
     """Add the scenario's entries in file order; a cancel line sets its key once
-    the entries before it were applied."""
+    the entries before it were applied, and the entries after it are added
+    once the workers saw it (its turn published, if it had started). Live,
+    the cancel cuts a turn where a worker first sees it (docs/design.md,
+    *Cancellation*): an entry a worker read before that is merged, so the
+    file's order is kept only if nothing is read in between."""
+    started: set[str] = set()
     for entries, cancel in scenario_segments(lines):
         await harness.add(entries)
+        started.update(str(e.get("response_id")) for e in entries)
         if cancel is not None:
             await harness.wait_applied()
             await harness.cancel(cancel)
+            if cancel in started:
+                await harness.wait_for(_published(harness, cancel), 30, f"{cancel} cancelled")
+
+
+def _published(harness: Harness, response_id: str) -> Any:
+    async def published() -> bool:
+        shard = harness.ns.shard_for(response_id)
+        found = await harness.client.xrange(shard.merged, "-", "+")
+        return any(fields.get(b"response_id", fields.get("response_id")) in
+                   (response_id, response_id.encode()) for _id, fields in found)
+    return published

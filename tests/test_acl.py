@@ -10,20 +10,29 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
 from expectations import scenario_lines, scenario_names
 from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
+from records import init_namespace_sync
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
 from turn_reference import compare_with_offline
 from worker_harness import ROOT, Harness
 
-from processor.client import Producer
+from processor.client import (
+    LibraryNotLoaded,
+    MergedItem,
+    NotInitialised,
+    Producer,
+    Subscriber,
+    TurnEnded,
+)
 from processor.connections import RedisOptions, connect
 from processor.embedded import (
     EmbeddedRedis,
@@ -31,7 +40,9 @@ from processor.embedded import (
     free_port,
     redis_server_version,
 )
+from processor.ids import TurnKey, shard_of
 from processor.keys import Namespace
+from processor.library import function_name, library_name, library_text
 from processor.lifecycle import Limits
 
 ACL_FILE = ROOT / "deploy" / "redis" / "users.acl"
@@ -206,6 +217,261 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
         _refused(producer, "FLUSHALL")
 
 
+def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis) -> None:
+    """It cancels, and says when a turn had already ended, with no refused command."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        init_namespace_sync(admin, NAMESPACE)  # as a worker or processor init would
+        admin.hset(shard.done(TurnKey("over").encode()), "status", "completed")
+    url = url_for(acl_server, "producer")
+    over = _cli("cancel", "over", "--redis-url", url)
+    assert (over.returncode, over.stdout.strip()) == (
+        0, "over had already ended (completed): nothing to cancel"), over.stderr
+    running = _cli("cancel", "running", "--redis-url", url)
+    assert running.returncode == 0 and running.stdout.startswith("cancelled running"), \
+        running.stderr
+    assert acl_log(acl_server) == []
+
+
+# Busy for a few seconds (bounded, so that the test ends even where it is allowed;
+# no command, so that it needs no right but running Lua).
+BUSY = "local n = 0 for i = 1, 100000000 do n = n + 1 end return n"
+BUSY_LIBRARY = f"#!lua name=busy\nredis.register_function('busy', function() {BUSY} end)"
+
+
+def _busy_routes() -> dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]]:
+    """Ways to run Lua of one's own: (load command, run command or None when the
+    load already runs it). The EVALSHA route runs the SHA its SCRIPT LOAD returns."""
+    return {
+        "SCRIPT LOAD + EVALSHA": (("SCRIPT", "LOAD", BUSY), ("EVALSHA", "<sha>", "0")),
+        "EVAL": (("EVAL", BUSY, "0"), None),
+        "FUNCTION LOAD + FCALL": (("FUNCTION", "LOAD", BUSY_LIBRARY), ("FCALL", "busy", "0")),
+    }
+
+
+def _busy_replies(server: EmbeddedRedis, user: str) -> dict[str, str]:
+    """Each route tried as ``user``, while the administrator pings every 50 ms:
+    'refused' when the load was refused, else what the pings met ('BUSY' when
+    the user's Lua froze the server for everyone)."""
+    import threading
+    import time
+
+    out = {}
+    with redis.Redis(**server.client_kwargs()) as admin:
+        admin.config_set("busy-reply-threshold", 100)  # BUSY after 100 ms (7.0's name)
+        for name, (load, run) in _busy_routes().items():
+            with redis.Redis.from_url(url_for(server, user)) as client:
+                try:
+                    reply = client.execute_command(*load)
+                except NoPermissionError:
+                    out[name] = "refused"
+                    continue
+                busy: list[str] = []
+
+                def ping_meanwhile(done: threading.Event, found: list[str] = busy) -> None:
+                    while not done.is_set():
+                        try:
+                            admin.ping()
+                        except ResponseError as exc:
+                            found.append(str(exc).split()[0])
+                        time.sleep(0.05)
+
+                done = threading.Event()
+                pinger = threading.Thread(target=ping_meanwhile, args=(done,))
+                pinger.start()
+                try:
+                    if run is not None:
+                        client.execute_command(*[reply if a == "<sha>" else a for a in run])
+                finally:
+                    done.set()
+                    pinger.join()
+                out[name] = "BUSY" if "BUSY" in busy else "ran"
+        admin.function_flush()
+        admin.script_flush()
+    return out
+
+
+def test_producer_user_runs_no_lua_of_its_own(acl_server: EmbeddedRedis) -> None:
+    """Issue 25 item 2: a producer that may load and run Lua froze Redis for
+    every client (BUSY while it ran; SCRIPT KILL cannot stop a script that
+    wrote). The shipped producer may only FCALL the functions the workers
+    load: SCRIPT LOAD, EVAL, EVALSHA and FUNCTION LOAD are refused."""
+    assert _busy_replies(acl_server, "producer") == dict.fromkeys(_busy_routes(), "refused")
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        sha = admin.script_load("return 1")
+    with redis.Redis.from_url(url_for(acl_server, "producer")) as producer:
+        for command in (("EVALSHA", sha, "0"), ("EVAL_RO", "return 1", "0"),
+                        ("EVALSHA_RO", sha, "0"), ("SCRIPT", "FLUSH"), ("SCRIPT", "KILL"),
+                        ("FUNCTION", "FLUSH"), ("FUNCTION", "DELETE", "busy"),
+                        ("FUNCTION", "RESTORE", "x"), ("FUNCTION", "KILL")):
+            _refused(producer, *command)
+    # The keda user runs no Lua either.
+    assert _busy_replies(acl_server, "keda") == dict.fromkeys(_busy_routes(), "refused")
+
+
+def test_a_function_runs_with_its_callers_rights(acl_server: EmbeddedRedis) -> None:
+    """Why the producer user still has XADD (docs/security.md): Redis runs a
+    function's commands as the user who calls it, so a producer without XADD
+    cannot add an entry through the send function either."""
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.function_load(library_text(), replace=True)
+        admin.acl_setuser("fcall-only", enabled=True, passwords=["+pw"], keys=["{agent:*}:*"],
+                          commands=["-@all", "+fcall"])
+    shard = Namespace(NAMESPACE).shard(0)
+    args = [shard.updates, shard.idem("k"), 60, "response_id", "r", "kind", "end"]
+    url = f"redis://fcall-only:pw@{acl_server.host}:{acl_server.port}"
+    with redis.Redis.from_url(url) as client, pytest.raises(ResponseError, match=SCRIPT_REFUSED):
+        client.fcall(function_name("send_update"), 2, *args)
+
+
+def test_producer_user_cannot_overwrite_or_retype_other_keys(acl_server: EmbeddedRedis) -> None:
+    """Each of the producer's write commands is granted on its own keys only (ACL
+    selectors): SET, which a key pattern alone allowed on the updates stream,
+    would have replaced the stream (every undelivered entry and the group) with
+    a string; XADD on a cancel key would have made it a stream."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.xgroup_create(shard.updates, "processor", id="0", mkstream=True)
+    with redis.Redis.from_url(url_for(acl_server, "producer")) as producer:
+        _refused(producer, "SET", shard.updates, "gone")
+        _refused(producer, "XADD", shard.cancel("r1"), "*", "f", "v")
+        _refused(producer, "XADD", shard.idem("k"), "*", "f", "v")
+        _refused(producer, "GET", shard.updates)
+        _refused(producer, "HSET", shard.done("1:r1:"), "status", "completed")  # read only
+        _refused(producer, "SET", shard.done("1:r1:"), "x")
+        assert producer.set(shard.cancel("r1"), "stop") and producer.set(shard.idem("k"), "1-1")
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert admin.type(shard.updates) == b"stream"
+
+
+async def test_producer_user_sends_cancels_and_reads_through_the_client(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Producer.send/end/error/cancel/cancelled/watch and Subscriber (from the
+    start and from "$") work as the shipped producer user, whose only Lua is
+    FCALL of the library a worker or `processor init` loaded. Before that,
+    a send fails with one clear error (the producer may not load it)."""
+    shards, update = 2, {"contents": [{"type": "text", "text": "hi"}]}
+    client = redis.asyncio.Redis.from_url(url_for(acl_server, "producer"))
+    try:
+        producer = Producer(client, namespace=NAMESPACE, shards=shards)
+        with pytest.raises(NotInitialised, match=r"run `processor init` or start a worker"):
+            await producer.send("r1", update)  # no namespace's record yet
+        with redis.Redis(**acl_server.client_kwargs()) as admin:
+            init_namespace_sync(admin, NAMESPACE, shards)  # the record, no library yet
+        with pytest.raises(LibraryNotLoaded, match=r"run `processor init` or start a worker"):
+            await producer.send("r1", update)
+        init = _cli("init", "--redis-url", url_for(acl_server, "processor"),
+                    "--shards", str(shards))
+        assert init.returncode == 0, init.stderr
+        assert library_name() in init.stdout
+        newest = Subscriber(client, NAMESPACE, shards, ("merged",), start="$")
+        assert await newest.read(1) == []  # XREVRANGE: where "$" is
+        first = await producer.send("r1", update, idempotency_key="r1:0")
+        assert await producer.send("r1", update, idempotency_key="r1:0") == first
+        await producer.end("r1")
+        await producer.error("r2", "boom", "E1")
+
+        async def endless() -> AsyncIterator[dict[str, Any]]:
+            while True:
+                yield update
+                await asyncio.sleep(0.02)
+
+        watch = producer.watch("r3", endless(), poll_interval=0.05)
+        await producer.stream("r3", _cancel_after(producer, "r3", watch, 3))
+        assert watch.cancelled and await producer.cancelled("r3")
+        async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
+            harness.url = url_for(acl_server, "processor")
+            await harness.start_workers(1)
+            subscriber = Subscriber(client, NAMESPACE, shards)
+            statuses = {}
+            for rid in ("r1", "r2", "r3"):
+                statuses[rid] = (await subscriber.wait_for(rid, timeout=30)).status
+            seen = [item for item in await newest.read(2000) if isinstance(item, MergedItem)]
+        assert statuses == {"r1": "completed", "r2": "error", "r3": "cancelled"}
+        with pytest.raises(TurnEnded):  # the function reads the done marker as this user
+            await producer.send("r1", update)
+        await producer.send("r3", update)  # a cancelled turn takes (and drops) entries
+        assert {item.response_id for item in seen} >= {"r1", "r2"}
+    finally:
+        await client.aclose()
+    # Refused once: the producer's attempt to load the missing library.
+    assert [(e["username"], e["object"]) for e in acl_log(acl_server)] == [
+        ("producer", "function|load")]
+
+
+def test_what_the_producer_user_can_still_do_with_xadd(acl_server: EmbeddedRedis) -> None:
+    """docs/security.md's limits of the ACL: XADD, which the send function
+    needs, takes an id of the caller's choosing and trimming options, which
+    no ACL rule can refuse. Here a producer trims away an entry a worker had
+    not read yet."""
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.xgroup_create(shard.updates, "processor", id="0", mkstream=True)
+        admin.xadd(shard.updates, {"response_id": "victim", "kind": "end"})
+    with redis.Redis.from_url(url_for(acl_server, "producer")) as producer:
+        assert producer.xadd(shard.updates, {"response_id": "r", "kind": "end"},
+                             id="99999999999999-0") == b"99999999999999-0"
+        producer.xadd(shard.updates, {"response_id": "r", "kind": "end"}, maxlen=1,
+                      approximate=False)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert [f[b"response_id"] for _, f in admin.xrange(shard.updates)] == [b"r"]
+
+
+async def test_a_producer_poisons_a_shard_and_the_operator_repairs_it(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """What the producer user can still do (docs/security.md): XADD with an id
+    of its choosing. At the last possible id every later send of the shard
+    fails; the worker (as processor) reports it on /readyz, and, the worker
+    stopped, `processor repair-stream` as an administrator brings the shard
+    back: the same producer's sends work and are merged."""
+    shards, update = 2, {"contents": [{"type": "text", "text": "hi"}]}
+    stream = Namespace(NAMESPACE, shards).shard(1).updates
+    rid = next(r for r in (f"t{i}" for i in range(100)) if shard_of(r, shards) == 1)
+    client = redis.asyncio.Redis.from_url(url_for(acl_server, "producer"))
+    try:
+        producer = Producer(client, namespace=NAMESPACE, shards=shards)
+        async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
+            harness.url = url_for(acl_server, "processor")
+            port = free_port()
+            worker = harness.spawn(None, "--log-level", "info", metrics_port=port,
+                                   metrics_interval=0.2)
+            await harness.wait_started([worker])
+            await client.xadd(stream, {"response_id": "evil", "kind": "end"},
+                              id="18446744073709551615-18446744073709551615")
+            with pytest.raises(ResponseError, match="exhausted the last possible ID"):
+                await producer.send(rid, update)
+            body = await wait_status(port, "/readyz", 503)
+            assert "ids exhausted" in body
+            assert harness.terminate(worker) == 0  # the repair waits for the workers to stop
+            repair = _cli("repair-stream", "--redis-url", acl_server.url, "--namespace",
+                          NAMESPACE, "--shards", str(shards))
+            assert repair.returncode == 0, repair.stderr
+            worker = harness.spawn(None, metrics_port=port, metrics_interval=0.2)
+            await wait_status(port, "/readyz", 200)
+            await producer.send(rid, update)
+            await producer.end(rid)
+            assert (await Subscriber(client, NAMESPACE, shards).wait_for(rid, 30)).status == (
+                "completed")
+            assert harness.terminate(worker) == 0
+    finally:
+        await client.aclose()
+    assert acl_log(acl_server) == []
+
+
+async def _cancel_after(
+    producer: Producer, rid: str, updates: AsyncIterator[dict[str, Any]], n: int
+) -> AsyncIterator[dict[str, Any]]:
+    """``updates``, with the turn cancelled after ``n`` of them."""
+    sent = 0
+    async for update in updates:
+        yield update
+        sent += 1
+        if sent == n:
+            await producer.cancel(rid, reason="user")
+
+
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "processor.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT, check=False)
@@ -282,7 +548,11 @@ async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, 
     async with Harness(cluster.url, NAMESPACE, shards=6, cluster=True,
                        log_dir=tmp_path) as harness:
         harness.url = worker_url
-        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info") for _ in range(2)]
+        # Held turns spill within 1 s (as in the other scenario runs), well
+        # inside the 3 s turn timeout: waiting for the entries before a cancel
+        # to be applied must not outlast the cancelled turn's own timeout.
+        procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, hold_ms=1000, log_level="info")
+                 for _ in range(2)]
         await harness.wait_started(procs, timeout=60)
         await run_every_scenario(harness)
         for sub in list(harness.procs):
@@ -322,6 +592,33 @@ def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRe
         assert len(lines) == 1 and why.lower() in lines[0].lower(), proc.stderr
         assert "wrong-pw" not in proc.stderr
         assert all(pw not in proc.stderr for pw in PASSWORDS.values())
+
+
+async def test_a_worker_user_without_function_load(acl_server: EmbeddedRedis,
+                                                   tmp_path: Path) -> None:
+    """A processor user from before the function library (no FUNCTION LOAD):
+    `processor init` stops with one line naming the library; a worker logs
+    it once and keeps merging (producers would fail until it is loaded)."""
+    line = shipped_lines()["processor"].replace(" +function|load", "")
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.execute_command("ACL", "SETUSER", "old-worker", *line.split()[2:], ">pw")
+    url = f"redis://old-worker:pw@{acl_server.host}:{acl_server.port}"
+    init = _cli("init", "--redis-url", url)
+    assert init.returncode == 1
+    (message,) = init.stderr.strip().splitlines()
+    assert message.startswith(f"processor init: redis refused to load the producers' "
+                              f"function library {library_name()}: ")
+    assert "no permissions" in message
+    async with Harness(acl_server.url, NAMESPACE, 1, log_dir=tmp_path) as harness:
+        harness.url = url
+        worker = harness.spawn(None, "--log-level", "info")
+        await harness.wait_started([worker])
+        await harness.add([{"response_id": "r", "kind": "end"}])
+        await harness.wait_merged(1)
+        assert harness.terminate(worker) == 0
+        refusals = [json.loads(x) for x in worker.log().splitlines()
+                    if "cannot load the producers' function library" in x]
+    assert len(refusals) == 1 and refusals[0]["library"] == library_name()
 
 
 class AdminRedis(EmbeddedRedis):

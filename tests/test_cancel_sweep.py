@@ -1,8 +1,8 @@
 """The cancel sweep reads every active turn's cancel key within
-``CANCEL_CYCLE_S`` whatever their number: its MGET slice grows with the
-shard's active turns, so a cancel SET by a plain client is seen in a bounded
-number of sweeps (contract: terminal event within 1 s), still one MGET per
-shard per sweep."""
+``CANCEL_CYCLE_S`` whatever their number: its slice grows with the shard's
+active turns, so a cancel SET by a plain client is seen in a bounded number
+of sweeps (contract: terminal event within 1 s), still one call per shard
+per sweep; and it reads whether each key exists, never its value."""
 
 from __future__ import annotations
 
@@ -59,3 +59,30 @@ async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
         outputs = await harness.outputs()
         merged = {t.key: t.merged[0]["status"] for t in outputs.turns.values() if t.merged}
         assert merged == {last: "cancelled"}  # the others stay open
+
+
+async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> None:
+    """Anyone may set a cancel key to a value of any size: ten 4 MiB reasons
+    on open turns made every sweep read 40 MiB (an MGET of the values), and a
+    worker under a memory cap failed every sweep. The sweep reads only whether
+    each key exists: redis-server sends the worker next to nothing."""
+    server = make_redis_server()
+    async with Harness(server.url, "huge") as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
+        await worker.ensure_groups()
+        await harness.add(e for i in range(12) for e in simple_turn(f"open-{i}", 1)[:-1])
+        await worker.apply(shard, await _read_all(harness, "w"), {})
+        for i in range(10):
+            await harness.client.set(shard.cancel(f"open-{i}"), "x" * (4 << 20))
+
+        async def sent() -> int:
+            return int((await harness.client.info("stats"))["total_net_output_bytes"])
+
+        before = await sent()
+        await worker.sweep(shard)
+        assert await sent() - before < 256 << 10
+        outputs = await harness.outputs()
+    cancelled = {t.key.response_id for t in outputs.turns.values()
+                 if t.merged and t.merged[0]["status"] == "cancelled"}
+    assert cancelled == {f"open-{i}" for i in range(10)}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+from cli_tools import arun
 from records import init_namespace_sync
+from worker_harness import Harness
 
 from processor.ids import response_id_for_turn
 from processor.keys import Namespace
@@ -53,3 +56,25 @@ def test_cancel_rejects_a_response_id_that_does_not_match_the_turn_id(redis_url,
     proc = _cancel(redis_url, "not-it", "--turn-id", "tid-1", "--namespace", namespace)
     assert proc.returncode == 2
     assert "has the ResponseId" in proc.stderr
+
+
+async def test_cancel_of_a_finished_turn_says_it_had_already_ended(
+    redis_url, namespace, redis_client
+):
+    update = {"contents": [{"type": "text", "text": "done"}], "role": "assistant"}
+    async with Harness(redis_url, namespace, 2) as harness:
+        await harness.start_worker()
+        await harness.add([{"response_id": "over", "update": json.dumps(update)},
+                           {"response_id": "over", "kind": "end"}])
+        await harness.wait_merged(1)
+        code, out, err = await arun(redis_url, namespace, 2, "cancel", "over")
+        assert code == 0, err
+        assert out.strip() == "over had already ended (completed): nothing to cancel"
+        assert redis_client.exists(Namespace(namespace, 2).shard_for("over").cancel("over")) == 0
+        # A turn still open is cancelled as before.
+        await harness.add([{"response_id": "open", "update": json.dumps(update)}])
+        code, out, err = await arun(redis_url, namespace, 2, "cancel", "open")
+        assert code == 0 and out.startswith("cancelled open ("), err
+        await harness.wait_merged(2)
+        code, out, err = await arun(redis_url, namespace, 2, "cancel", "open")
+        assert out.strip() == "open had already ended (cancelled): nothing to cancel"

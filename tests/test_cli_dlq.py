@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_tools import arun, call, json_lines, table_rows
+from cli_tools import arun, call, json_lines, plain_rows
 from records import init_namespace_sync
 from redis.exceptions import ResponseError
 from turn_reference import offline_results
@@ -63,7 +63,7 @@ async def test_fix_and_replay_a_poison_entry(
 
         code, table, err = await arun(*cli, "dlq", "list")
         assert code == 0, err
-        rows = {row[1]: row for row in table_rows(table)}
+        rows = {row[1]: row for row in plain_rows(table)}
         assert rows[poison["id"]][2:6] == ["invalid_update", ids[1], "fixme", "1"]
         code, out, err = await arun(*cli, "dlq", "list", "--reason", "bad_encoding", "--json")
         assert [d["source_id"] for d in json_lines(out)] == [ids[2]]

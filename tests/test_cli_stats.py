@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis
-from cli_tools import arun, call, run, table_rows
+from cli_tools import arun, call, plain_rows, run
 from records import init_namespace_sync
 from worker_harness import Harness
 
@@ -79,7 +79,7 @@ async def test_stats_shows_what_the_test_pushed(
     assert len(stuck) == 1 and stuck[0]["pending"] == 2 and stuck[0]["idle_ms"] >= 0
 
     # The table says the same: one row per shard, then one row per consumer.
-    rows = table_rows(table)
+    rows = plain_rows(table)
     by_shard = {row[0]: row for row in rows if len(row) == 10}
     for index, figures in want.items():
         row = by_shard[str(index)]
@@ -109,13 +109,13 @@ def test_stats_of_a_namespace_nobody_used(
     for shard in shards:
         assert (shard["length"], shard["group"], shard["lag"], shard["pending"]) == (0, False, 0, 0)
     code, out, err = call(capsys, redis_url, namespace, 3, "stats")
-    assert code == 0 and [row[4] for row in table_rows(out)] == ["no group"] * 3
+    assert code == 0 and [row[4] for row in plain_rows(out)[1:]] == ["no group"] * 3
 
 
 def test_stats_bad_arguments_give_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
     code, _, err = call(capsys, redis_url, namespace, 0, "stats")
     assert code == 2
-    assert err.strip() == "processor stats: --shards must be at least 1, not 0"
+    assert err.strip() == "processor stats: --shards: must be at least 1, got '0'"
     code, _, err = call(capsys, "redis://:pw@127.0.0.1:1", namespace, 1, "stats")
     assert code == 1
     lines = err.strip().splitlines()
@@ -194,6 +194,6 @@ async def test_stats_lists_the_live_workers_and_their_shards(
         assert w["shards"] == owned[w["name"]]
         assert 0 <= w["last_beat_ms"] < 5000
     assert sorted(s for w in listed for s in w["shards"]) == [0, 1, 2]
-    rows = [row for row in table_rows(table) if len(row) == 3 and row[0] in names]
+    rows = [row for row in plain_rows(table) if len(row) == 3 and row[0] in names]
     assert {row[0]: row[2] for row in rows} == {
         name: ",".join(map(str, shards_read)) for name, shards_read in owned.items()}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from typing import Any
 
 from cli_tools import ENV, arun, call, command, json_lines
-from records import init_namespace_sync
+from records import init_namespace, init_namespace_sync
 from worker_harness import Harness
 
 from processor import events as ev
@@ -217,3 +218,24 @@ async def test_tail_on_a_redis_cluster(redis_cluster: Any, namespace: str) -> No
     assert sorted(line["response_id"] for line in lines if line["type"] == "merged") == turns
     assert len(lines) == 3 * len(turns)  # merged, synthesis.started, synthesis
     assert {line["shard"] for line in lines} == set(range(shards))
+
+
+async def test_tail_no_follow_notes_say_neither_ctrl_c_nor_an_empty_resume(
+    redis_url: str, namespace: str, async_redis_client: Any
+) -> None:
+    await init_namespace(async_redis_client, namespace, SHARDS)  # initialised, nothing sent
+    code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--no-follow")
+    assert (code, out) == (0, ""), err
+    assert "Ctrl-C" not in err and "resume" not in err, err
+    async with Harness(redis_url, namespace, SHARDS) as harness:
+        await harness.start_worker()
+        await _run_turns(harness, "t")
+        code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--from",
+                                    "beginning", "--no-follow")
+    assert code == 0 and len(out.splitlines()) == 9, err
+    assert "Ctrl-C" not in err
+    resume = err.partition("resume with: ")[2].split()
+    assert resume and resume[::2] == ["--from"] * (len(resume) // 2)
+    for position in resume[1::2]:  # every stream that has entries, at its last one
+        stream, _, entry_id = position.partition("=")
+        assert stream.startswith(f"{{{namespace}:") and re.fullmatch(r"\d+-\d+", entry_id), err

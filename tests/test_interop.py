@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from merging import merge_entries
 from strategies import UNKNOWN_TYPE, random_turn, turns
 
+from processor.client import MergedItem
 from processor.decode import decode_entry
 from processor.events import encode_response
 from processor.offline import merge_lines
@@ -352,3 +353,12 @@ def test_dotnet_continuation_token_and_role_object_decode() -> None:
     assert record.update is not None
     assert (record.update.role, record.update.message_id) == ("assistant", "m")
     assert record.update.continuation_token == {"token": "AQIDBAU="}
+
+
+@PROPERTY
+@given(turns())
+def test_merged_text_is_agent_frameworks_text(entries: list[dict[str, Any]]) -> None:
+    """``MergedItem.text`` (no agent-framework needed) is ``AgentResponse.text``."""
+    merged = merge_one(entries)
+    item = MergedItem("s", "1-0", merged["response_id"], merged["status"], merged["response"], {})
+    assert item.text == item.agent_response().text

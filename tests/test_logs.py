@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from urllib.parse import quote
 
 from worker_harness import Harness
@@ -14,6 +15,7 @@ from worker_harness import Harness
 from processor import logs
 
 PASSWORD = "pw-S3cr3t@x/y"
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 TEXT = "user-data-7f3a9c"
 
 
@@ -66,6 +68,8 @@ async def test_logs_carry_ids_but_no_text_and_no_password(make_redis_server, nam
         assert failed["error_code"] == "producer_error"
         connecting = next(line for line in lines if line["msg"] == "connecting")
         assert connecting["url"] == f"redis://:***@127.0.0.1:{server.port}"
+        for line in lines:  # ISO 8601 UTC, to the millisecond, on every line
+            assert ISO_UTC.fullmatch(str(line["ts"])), line
 
         # The debug flag lets the merged text in (so the check above can fail).
         loud = await _run(harness, "loud", "--log-payloads")
@@ -92,3 +96,12 @@ def test_redact_masks_every_password_form() -> None:
     assert redact("rediss://user:p@ss@h:2") == "rediss://user:***@h:2"
     assert redact("redis://h:3?password=zz&db=1") == "redis://h:3?password=***&db=1"
     assert redact("redis://h:4/0") == "redis://h:4/0"
+
+
+def test_ts_is_iso_8601_utc_with_milliseconds() -> None:
+    out = io.StringIO()
+    logs.setup("info", stream=out)
+    record = logging.LogRecord("processor.test", logging.INFO, "", 0, "hi", (), None)
+    record.created = 1795680340.1239  # 2026-11-26 08:05:40.1239 UTC
+    line = json.loads(logs.JsonFormatter().format(record))
+    assert line["ts"] == "2026-11-26T08:05:40.123Z"

@@ -37,6 +37,9 @@ GARBAGE: list[tuple[dict[str, Any], str, str]] = [
     ({"response_id": "g-types2", "update": json.dumps({"contents": [{"type": "text", "text": 5}]})},
      "invalid_update", "$.update.contents[0].text"),
     ({"response_id": "g-array", "update": "[1, 2]"}, "invalid_update", "$.update"),
+    ({"response_id": "g-usage", "update": json.dumps({"contents": [
+        {"type": "usage", "usage_details": {"input_token_count": 1 << 53}}]})},
+     "invalid_update", "$.update.contents[0].usage_details.input_token_count"),
     ({"response_id": "g-enc", "enc": "xml", "update": _update("x")}, "bad_encoding", "'enc'"),
     ({"response_id": "g-msgpack", "enc": "msgpack", "update": "\x93garbage"},
      "bad_encoding", "msgpack"),
@@ -249,3 +252,26 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
     assert dead["source_id"] == ids[0] and dead["reason"] == "internal_error"
     assert "applying the entry failed" in dead["detail"]
     assert dead["response_id"] == "bug" and dead["deliveries"] == "1"
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_a_dead_lettered_first_entry_counts_in_its_turns_meta(
+    redis_url: str, namespace: str, hold: bool
+) -> None:
+    """A turn whose first update is bad JSON: the turn starts at its next
+    entry, and its meta counts the dead letter (``counts.dlq``), live on both
+    paths and in ``processor merge``: it was 0 everywhere."""
+    stream = [{"response_id": "first-bad", "update": "{not json"},
+              {"response_id": "first-bad", "update": _update("fine")},
+              {"response_id": "first-bad", "kind": "end"}]
+    [offline] = merge_lines([json.dumps(e) for e in stream]).results()
+    assert offline.meta.counts.dlq == 1
+    config = {} if hold else {"hold_turns": False}
+    async with Harness(redis_url, namespace, **config) as harness:
+        await harness.start_workers(1)
+        await harness.add(stream)
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    [turn] = outputs.turns.values()
+    assert json.loads(turn.merged[0]["meta"])["counts"]["dlq"] == 1
+    assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]

@@ -11,43 +11,11 @@ from typing import Any
 import pytest
 import redis.exceptions
 from turn_reference import end_entry, response_text, text_delta
-from worker_harness import Harness, settled_count
+from worker_harness import Harness, Stepped, settled_count
 
 from processor.batches import build_apply, decode_batch
-from processor.connections import fast_stream_reads, read_raw, stream_entry
+from processor.connections import stream_entry
 from processor.ids import TurnKey
-from processor.worker import Worker
-
-
-class Stepped:
-    """A held-turns worker driven step by step by the test (no loop of its
-    own): the test reads for it and hands it each batch, so that other
-    consumers get exactly the entries the test gives them."""
-
-    def __init__(self, harness: Harness, **config: Any) -> None:
-        self.harness = harness
-        self.shard = harness.shards[0]
-        self.worker = Worker(harness.client, harness.worker_config(hold_turns=True, **config))
-        self.worker._orphans.clear()  # it knows every entry pending to it
-
-    async def start(self) -> Stepped:
-        await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
-                                                id="0", mkstream=True)
-        return self
-
-    async def read(self, consumer: str | None = None) -> list[Any]:
-        """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
-        name = consumer or self.worker.config.consumer
-        fast_stream_reads(self.harness.client)  # (read_raw's parser, as the worker's client has)
-        return await read_raw(self.harness.client, self.harness.group, name,
-                              self.shard.updates)
-
-    async def step(self) -> None:
-        """Read a batch and apply it as the shard loop would."""
-        entries = await self.read()
-        worker, shard = self.worker, self.shard
-        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
 
 
 async def _cut(*args: Any) -> None:

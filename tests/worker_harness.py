@@ -32,6 +32,8 @@ from redis.asyncio.cluster import RedisCluster
 from subprocess_workers import ROOT, Subprocesses, SubprocessWorker  # noqa: F401 (ROOT: re-exported)
 from turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 
+from processor.batches import decode_batch
+from processor.connections import fast_stream_reads, read_raw
 from processor.ids import TurnKey, shard_of
 from processor.keys import Namespace, Shard
 from processor.worker import Worker, WorkerConfig
@@ -348,3 +350,35 @@ def settled_count(worker: Any, source: str) -> float:
     value = worker.metrics.registry.get_sample_value("processor_turns_settled_total",
                                                      {"source": source})
     return value or 0.0
+
+
+class Stepped:
+    """A held-turns worker driven step by step by the test (no loop of its
+    own): the test reads for it and hands it each batch, so that other
+    consumers get exactly the entries the test gives them."""
+
+    def __init__(self, harness: Harness, **config: Any) -> None:
+        self.harness = harness
+        self.shard = harness.shards[0]
+        config = {"hold_turns": True, **config}
+        self.worker = Worker(harness.client, harness.worker_config(**config))
+        self.worker._orphans.clear()  # it knows every entry pending to it
+
+    async def start(self) -> Stepped:
+        await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
+                                                id="0", mkstream=True)
+        return self
+
+    async def read(self, consumer: str | None = None) -> list[Any]:
+        """What ``consumer`` (default: this worker) gets from XREADGROUP >."""
+        name = consumer or self.worker.config.consumer
+        fast_stream_reads(self.harness.client)  # (read_raw's parser, as the worker's client has)
+        return await read_raw(self.harness.client, self.harness.group, name,
+                              self.shard.updates)
+
+    async def step(self) -> None:
+        """Read a batch and apply it as the shard loop would."""
+        entries = await self.read()
+        worker, shard = self.worker, self.shard
+        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))

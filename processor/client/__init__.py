@@ -5,7 +5,9 @@ idempotently and with retries; it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
 :class:`Subscriber` follows the ``merged`` and ``events`` streams of every
 shard (section 5), resumable from the positions it reports, and waits for the
-merged response of one turn.
+merged response of one turn. A send to a turn that has ended raises
+:class:`TurnEnded`; one on a Redis 7 where no worker or ``processor init``
+has loaded the producers' functions yet, :class:`LibraryNotLoaded`.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
 ``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`),
@@ -19,13 +21,14 @@ and read the namespace's shard count from its record in Redis
     response = item.agent_response()
 """
 
-# A package of one module per concern (entries, producer, watch, items, subscriber,
-# retry); this module keeps every name `processor.client` had. Names outside __all__
+# A package of one module per concern (entries, producer, errors, watch, items,
+# subscriber, retry); this module keeps every name `processor.client` had. Names outside __all__
 # are re-exported with `as` so that `import *` offers exactly what it did before.
 from processor.client.entries import CORRELATION_IDS as CORRELATION_IDS
 from processor.client.entries import Encoding as Encoding
 from processor.client.entries import Sent
 from processor.client.entries import encode_update as encode_update
+from processor.client.errors import TurnEnded
 from processor.client.items import EntryItem, EventItem, Item, MergedItem
 from processor.client.producer import AUTO_IDEMPOTENCY_TTL as AUTO_IDEMPOTENCY_TTL
 from processor.client.producer import Producer
@@ -33,6 +36,7 @@ from processor.client.retry import RetryPolicy
 from processor.client.subscriber import STREAMS as STREAMS
 from processor.client.subscriber import Subscriber
 from processor.client.watch import CancelWatch
+from processor.library import LibraryNotLoaded
 from processor.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "EntryItem",
     "EventItem",
     "Item",
+    "LibraryNotLoaded",
     "MergedItem",
     "Mismatch",
     "NamespaceError",
@@ -48,4 +53,5 @@ __all__ = [
     "RetryPolicy",
     "Sent",
     "Subscriber",
+    "TurnEnded",
 ]

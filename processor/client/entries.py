@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from processor.ids import TurnKey, response_id_for_turn
 from processor.models import ENTRY_IDS, TURN_IDS
 
 Encoding = Literal["json", "msgpack"]
@@ -30,6 +31,18 @@ class TurnIds:
     def routing_id(self) -> str:
         """What the shard is computed from: the response_id, else the turn_id."""
         return self.response_id or self.ids["turn_id"]
+
+    def turn_key(self) -> TurnKey:
+        """The turn the worker merges the entry into (contract section 1)."""
+        rid = self.response_id or response_id_for_turn(self.ids["turn_id"])
+        return TurnKey(rid, self.ids.get("attempt_id", ""))
+
+    def label(self) -> str:
+        """The turn as its producer named it, for messages."""
+        name = (f"{self.response_id!r}" if self.response_id
+                else f"turn_id {self.ids['turn_id']!r}")
+        attempt = self.ids.get("attempt_id")
+        return f"{name} (attempt {attempt!r})" if attempt else name
 
     def fields(self) -> list[str]:
         """The entry's identity fields, for XADD."""

@@ -23,11 +23,27 @@ class MergedItem:
     synthesis_id: str = ""
     attempt_id: str = ""
 
+    @property
+    def text(self) -> str:
+        """The response's text, joined as Agent Framework's ``AgentResponse.text``
+        joins it (no agent-framework needed): :func:`response_text`."""
+        return response_text(self.response)
+
     def agent_response(self) -> Any:
         """The response as an ``agent_framework.AgentResponse`` (needs agent-framework)."""
         from agent_framework import AgentResponse
 
         return AgentResponse.from_dict(self.response)
+
+
+def response_text(response: Mapping[str, Any]) -> str:
+    """A merged response's text: each message's ``text`` contents joined with a
+    space, the messages joined with nothing (as ``AgentResponse.text``)."""
+    return "".join(
+        " ".join(str(content.get("text", "")) for content in message.get("contents") or []
+                 if content.get("type") == "text")
+        for message in response.get("messages") or []
+    )
 
 
 @dataclass(frozen=True, slots=True)

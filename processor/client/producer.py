@@ -11,6 +11,8 @@ import uuid
 from collections.abc import AsyncIterable, Mapping
 from typing import Any, TypeVar
 
+from redis.exceptions import ResponseError
+
 from processor.client.entries import (
     Encoding,
     Sent,
@@ -19,13 +21,14 @@ from processor.client.entries import (
     turn_ids,
     update_body,
 )
+from processor.client.errors import TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
 from processor.connections import as_text
 from processor.ids import response_id_for_turn
 from processor.keys import DEFAULT_NAMESPACE, Namespace
+from processor.library import Function
 from processor.meta import require
-from processor.scripts import source
 
 T = TypeVar("T")
 
@@ -37,8 +40,9 @@ class Producer:
     """Writes input entries to ``{<ns>:<s>}:updates`` (contract section 3).
 
     Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
-    added with ``send_update.lua``: an idempotency key makes a retried send add
-    the entry once. Without an ``idempotency_key`` one is made per call (and
+    added by the Redis Function of ``send_update.lua`` (:mod:`processor.library`;
+    EVALSHA of the same file on Redis 6.2): an idempotency key makes a retried
+    send add the entry once. Without an ``idempotency_key`` one is made per call (and
     reused by the built-in retry); pass your own, unique per entry (say
     ``f"{response_id}:{n}"``), to make your own retries safe as well. Keys are
     kept ``idempotency_ttl`` seconds, per namespace and shard.
@@ -70,7 +74,7 @@ class Producer:
         self.retry = retry or RetryPolicy()
         self._shards, self._shards_from = shards, shards_from
         self._keys: Namespace | None = None
-        self._send_update = client.register_script(source("send_update"))
+        self._send_update = Function(client, "send_update")
 
     @property
     def keys(self) -> Namespace:
@@ -228,9 +232,18 @@ class Producer:
         raise ValueError("a response_id or a turn_id is needed")
 
     async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
-        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries."""
+        """XADD ``turn`` + ``body`` idempotently to the turn's shard, with retries;
+        :class:`TurnEnded` when the turn has ended (the same call checks it)."""
         shard = (self._keys or await self.ready()).shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
-        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex)]
+        keys = [shard.updates, shard.idem(idempotency_key or uuid.uuid4().hex),
+                shard.done(turn.turn_key().encode())]
         args = [ttl, *turn.fields(), *body]
-        return as_text(await self.retry.run(lambda: self._send_update(keys=keys, args=args)))
+        try:
+            reply = await self.retry.run(lambda: self._send_update(keys=keys, args=args))
+        except ResponseError as exc:
+            code, _, status = str(exc).partition(" ")
+            if code == "TURNENDED":
+                raise TurnEnded(turn.label(), status.split()[0] if status else "?") from None
+            raise
+        return as_text(reply)

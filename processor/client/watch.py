@@ -21,6 +21,11 @@ async def _next(iterator: AsyncIterator[T]) -> T:
     return await anext(iterator)
 
 
+#: The most of a cancellation key's value (the reason) a watch reads: anyone
+#: may set the key, to a value of any size.
+REASON_BYTES = 1024
+
+
 class CancelWatch(AsyncClosing, Generic[T]):
     """An async iterator over ``updates`` that ends when a cancellation key appears.
 
@@ -84,13 +89,16 @@ class CancelWatch(AsyncClosing, Generic[T]):
         if self._key is None and not isinstance(self._key_of, str):
             self._key = await self._key_of()
         try:
-            value = await self._client.get(self._key)
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.exists(self._key)
+                pipe.getrange(self._key, 0, REASON_BYTES - 1)
+                found, value = await pipe.execute()
         except Exception as exc:
             if not is_transient(exc):
                 raise
             log.warning("could not read the cancellation key %s: %s", self._key, exc)
             return False
-        if value is None:
+        if not found:
             return False
         self.reason = as_text(value)
         return True

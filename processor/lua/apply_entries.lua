@@ -32,9 +32,12 @@ ARGV[5] max updates per turn  ARGV[6] max bytes per turn
 ARGV[7] max bytes of an entry's names and values copied into the DLQ
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9] compaction threshold (stored records of a turn; 0 = never)
-ARGV[10] this consumer        ARGV[11] its floor (includes/watermark; '' = none)
-ARGV[12 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
-ARGV[12 + 2*T]                the entries: one msgpack array, 8 values per entry:
+ARGV[10] seconds a turn's dead letters are remembered before its first entry
+ARGV[11] this consumer        ARGV[11] its floor (includes/watermark; '' = none)
+ARGV[12] the first entry id of the XREADGROUP > read the entries come from ('' =
+         not such a read: a spill, a reclaim, a take-back), for the cut
+ARGV[14 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
+ARGV[14 + 2*T]                the entries: one msgpack array, 8 values per entry:
                               id, turn index (0 = none), op, a, b, c, deliveries, ids
   op "u" update / "e" end|error: a = stored record, b = size, c = progress events
                                   (msgpack array of field arrays), ids = the entry's
@@ -58,8 +61,9 @@ local dlq_value_max = tonumber(ARGV[7])
 local ready_limit = tonumber(ARGV[8])
 local compact_at = tonumber(ARGV[9])
 local compact_step = math.max(1, math.floor(compact_at / 2))
-local consumer, floor = ARGV[10], ARGV[11]
-local TURNS = 12  -- ARGV index of the first turn's tk
+local unstarted_ttl = ARGV[10]
+local consumer, floor, read_from = ARGV[11], ARGV[12], ARGV[13]
+local TURNS = 14  -- ARGV index of the first turn's tk
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -70,7 +74,9 @@ local now_str = tostring(now_ms)
 --- includes/pad_id
 --- includes/publish_event
 --- includes/dead_letter
+--- includes/last_delivered
 --- includes/trim_acked
+--- includes/cancel_cut
 --- includes/require_group
 
 require_group(updates, group)
@@ -88,7 +94,7 @@ end
 -- What this call learnt about each turn (by index), so a turn's many entries
 -- in one batch read its done marker, cancel key and flags once: nothing else
 -- changes them while the script runs. false = looked up, absent.
-local status_of, cancel_of, closing_of, has_hash, touched = {}, {}, {}, {}, {}
+local status_of, cancel_of, closing_of, has_hash, touched, cut_of = {}, {}, {}, {}, {}, {}
 local function cached(cache, ti, fn, key)
   local v = cache[ti]
   if v == nil then v = fn(key) or false; cache[ti] = v end
@@ -97,6 +103,9 @@ end
 -- The lookups cached above, as named functions: a closure made per entry
 -- cost more than the lookup it saved.
 local function exists(key) return redis.call('EXISTS', key) == 1 end
+-- A turn has started once its hash has `started` (a hash may hold only the
+-- count of dead letters that came before its first entry).
+local function started(tkey) return redis.call('HEXISTS', tkey, 'started') == 1 end
 local function done_status(dkey) return redis.call('HGET', dkey, 'status') end
 local function has_closing(tkey) return redis.call('HEXISTS', tkey, 'closing') == 1 end
 
@@ -125,12 +134,18 @@ end
 -- Create the turn's hash if missing; publish synthesis.started once the
 -- first entry's ids are remembered. Returns nothing.
 local function start_turn(ti, tkey, ids)
-  if cached(has_hash, ti, exists, tkey) then
+  if cached(has_hash, ti, started, tkey) then
     remember_ids(tkey, ids)
     return
   end
   has_hash[ti] = true
   redis.call('HSET', tkey, 'seq', '1', 'ver', '0', 'started', now_str)
+  if redis.call('PERSIST', tkey) == 1 then
+    -- Dead letters came before its first entry (their count waited here,
+    -- with a TTL): version 1, so that no worker's copy, which never saw
+    -- them, stands for the turn; its finalise reads the count back.
+    redis.call('HSET', tkey, 'ver', '1')
+  end
   remember_ids(tkey, ids)
   local fields = fill_ids(tkey, cmsgpack.unpack(ARGV[TURNS + 2 * (ti - 1) + 1]))
   redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(fields))
@@ -162,10 +177,10 @@ local counters = {}
 local function counters_of(ti, tkey, rkey)
   local c = counters[ti]
   if c then return c end
-  local v = redis.call('HMGET', tkey, 'ver', 'n', 'bytes', 'started')
+  local v = redis.call('HMGET', tkey, 'ver', 'n', 'bytes', 'started', 'holder')
   local ver = tonumber(v[1]) or 0
   c = { ver0 = ver, ver = ver, n = tonumber(v[2]) or 0, bytes = tonumber(v[3]) or 0,
-        started = v[4] or '', stored = 0, len = 0 }
+        started = v[4] or '', holder = v[5], stored = 0, len = 0 }
   if compact_at > 0 then c.len = redis.call('HLEN', rkey) end
   counters[ti] = c
   return c
@@ -209,12 +224,8 @@ local function store(ti, id, op, record, size, progress, ids)
   end
 end
 
-local function drop(ti)
-  local tkey = turn_keys(ti)
-  start_turn(ti, tkey, '')
-  redis.call('HINCRBY', tkey, 'dropped', 1)
-  local c = counters_of(ti, tkey, select(2, turn_keys(ti)))
-  c.ver = c.ver + 1
+-- A turn whose cancel key this call found: the caller finalises it.
+local function report_cancelled(ti)
   local tk = ARGV[TURNS + 2 * (ti - 1)]
   -- Active, so that a sweep finalises it if this worker dies before doing so.
   touched[ti] = tk
@@ -222,6 +233,14 @@ local function drop(ti)
     seen_cancel[tk] = true
     cancelled[#cancelled + 1] = tk
   end
+end
+
+local function drop(ti)
+  local tkey = turn_keys(ti)
+  start_turn(ti, tkey, '')
+  redis.call('HINCRBY', tkey, 'dropped', 1)
+  local c = counters_of(ti, tkey, select(2, turn_keys(ti)))
+  c.ver = c.ver + 1
 end
 
 local function apply_one(id, ti, op, a, b, c, deliveries, ids)
@@ -234,7 +253,14 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
     if ti > 0 then
       local tkey = turn_keys(ti)
-      if cached(has_hash, ti, exists, tkey) then count_dead(ti) end
+      if cached(has_hash, ti, started, tkey) then
+        count_dead(ti)
+      else
+        -- Not started: the count waits in the turn's hash (with a TTL, in
+        -- case it never starts) for start_turn, so meta counts it.
+        redis.call('HINCRBY', tkey, 'dlq', 1)
+        redis.call('EXPIRE', tkey, unstarted_ttl)
+      end
     end
     count('dlq:' .. a)
     return
@@ -262,8 +288,23 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
       count('stored')
     end
   elseif cached(cancel_of, ti, exists, ckey) then
-    drop(ti)
-    count('dropped')
+    -- Cancelled and not ended: an entry at or below the turn's cut (the
+    -- newest entry delivered when the cancel was first seen) is merged, a
+    -- later one dropped (includes/cancel_cut). Entries a worker held in its
+    -- memory (a spill) or read before it died are below the cut.
+    local cut = cut_of[ti]
+    if not cut then
+      cut = cancel_cut(tkey, updates, group, cached(has_hash, ti, started, tkey), read_from)
+      cut_of[ti] = cut
+    end
+    report_cancelled(ti)
+    if pad_id(id) < cut then
+      store(ti, id, op, a, tonumber(b), c, ids)
+      count('stored')
+    else
+      drop(ti)
+      count('dropped')
+    end
   else
     open_turn[ti] = true
     store(ti, id, op, a, tonumber(b), c, ids)
@@ -303,6 +344,9 @@ for ti, c in pairs(counters) do
   if c.ver ~= c.ver0 then
     redis.call('HSET', tkey, 'ver', c.ver, 'n', c.n, 'bytes', c.bytes)
   end
+  -- The worker that held the turn (open_turns) stores its entries: it spilled
+  -- the turn, which is a stored turn from now on.
+  if c.holder == consumer then redis.call('HDEL', tkey, 'holder') end
   versions[#versions + 1] = ARGV[TURNS + 2 * (ti - 1)]
   versions[#versions + 1] = c.ver0
   versions[#versions + 1] = c.ver

@@ -6,8 +6,9 @@ For each turn, atomically, unless it is done or gone (0), or its version
 moved since open_turns made it (-1: some consumer stored, dropped or
 dead-lettered one of its entries, so this worker's copy is not the whole
 turn), or another consumer has a pending entry older than the entry that
-ended it (2: that entry may be one of the turn's; not checked for a
-cancel or a timeout, after which such entries are dropped):
+ended it or, for a cancel, older than what this consumer has routed (2:
+that entry may be one of the turn's; not checked for a timeout, after which
+such entries are dead-lettered turn_closed):
 XACK every entry of the turn this consumer holds (one call), then publish
 its outcome as finalise_turns does (merged response, terminal event, dead
 letters, done marker) and trim what is acked from the stream. The entries
@@ -40,7 +41,10 @@ ARGV[9]                    the turns: one msgpack array (the client packs each
                            cancel or a timeout: published with what is held, as
                            finalise_turns publishes what is stored, without the
                            check on other consumers), the late entries (an
-                           array of { id, reason, detail }: dead-lettered) }
+                           array of { id, reason, detail }: dead-lettered),
+                           and for a cancel the newest entry id this consumer
+                           has routed (every entry pending to it up to there
+                           is held; '' = unknown) }
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
 changed, 2 another consumer holds an older entry
@@ -58,6 +62,7 @@ local agui = KEYS[5 + 2 * nturns + 1]
 --- includes/pad_id
 --- includes/publish_event
 --- includes/publish_outcome
+--- includes/last_delivered
 --- includes/trim_acked
 --- includes/watermark
 --- includes/require_group
@@ -77,12 +82,23 @@ local acked = false
 local function finalise(t)
   local k = 5 + 2 * (t - 1)
   local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
-  local tk, version, status, outputs, dead, ids, ending, late = unpack(turns[t], 1, 8)
+  local tk, version, status, outputs, dead, ids, ending, late, routed = unpack(turns[t], 1, 9)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
   if ending ~= '' then
     local oldest = others_first()
     if oldest and oldest < pad_id(ending) then return 2 end
+  elseif status == 'cancelled' then
+    -- The cut (includes/cancel_cut in the stored path) is what this consumer
+    -- has routed: it holds every entry of the turn up to there, unless
+    -- another consumer has one pending (a worker that read it and died) or
+    -- another script cut the turn elsewhere; then the stored path cuts it.
+    if routed == '' then return -1 end
+    local bound = pad_id(routed) .. '+'
+    local cut = redis.call('HGET', tkey, 'cut')
+    if cut and cut ~= bound then return -1 end
+    local oldest = others_first()
+    if oldest and oldest < bound then return 2 end
   end
   for j = 1, #ids, 1000 do
     redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))

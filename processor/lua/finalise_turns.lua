@@ -28,8 +28,14 @@ ARGV[9 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
                            dead letters (msgpack array of field arrays),
                            id of the entry that ended the turn ("" = cancel or timeout)
 
+A cancelled turn (status cancelled, no ending entry) is published only once
+every entry up to its cut (includes/cancel_cut) is applied, and never while
+another live consumer holds it (its hash's `holder`, set by open_turns, with
+entries still pending to that consumer): "not yet" (2), for a later sweep.
+
 Returns one integer per turn: 1 published, 0 already done or gone, -1 changed,
-2 not yet (an entry before the one that ended it is still pending)
+2 not yet (an entry before the one that ended it, or before a cancel's cut,
+is still pending, or another worker holds the turn)
 ]==]
 
 local merged, events, dlq, active, closing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -44,6 +50,9 @@ local agui = KEYS[6 + 3 * nturns + 1]
 --- includes/publish_event
 --- includes/publish_outcome
 --- includes/watermark
+--- includes/last_delivered
+--- includes/cancel_cut
+--- includes/pending_to
 
 -- The shard's watermark (includes/watermark); nil when nothing is pending
 -- or the stream or group is gone.
@@ -66,6 +75,17 @@ local function finalise(t)
       redis.call('HSET', tkey, 'closing', member)
     end
     return 2
+  end
+  if status == 'cancelled' and ending == '' then
+    -- A turn another live worker holds (open_turns) is left to it: it
+    -- publishes it with what it holds, or stores that first (a spill).
+    local holder = redis.call('HGET', tkey, 'holder')
+    if holder and holder ~= consumer and pending_to(updates, group, holder) then return 2 end
+    -- Published once every entry up to the cut is applied (stored or
+    -- dropped), so the partial merge is the turn up to its cut: no entry
+    -- older than one it holds is missing.
+    local cut = cancel_cut(tkey, updates, group, true, '')
+    if mark and mark < cut then return 2 end
   end
   local member = redis.call('HGET', tkey, 'closing')
   if member then redis.call('ZREM', closing, member) end

@@ -19,6 +19,10 @@ ARGV[3]                       the turns: one msgpack array, per turn t an array
                               { tk, synthesis.started fields (an array) }
                               (one bulk string: the client packs each ARGV in
                               Python, the array in C)
+ARGV[4]                       this consumer: the held turn's `holder`, so that
+                              another worker's cancel sweep leaves it to this
+                              one (finalise_turns); apply_entries removes it
+                              when this consumer spills the turn
 
 Returns { flat [tk, "held" | "old", ...], started (ms, as text) }
 ]==]
@@ -26,6 +30,7 @@ Returns { flat [tk, "held" | "old", ...], started (ms, as text) }
 local events, active = KEYS[1], KEYS[2]
 local events_max = ARGV[1]
 local nturns = tonumber(ARGV[2])
+local consumer = ARGV[4]
 
 local t = redis.call('TIME')
 local now_str = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -38,7 +43,7 @@ for i = 1, nturns do
   local tk, started = turns[i][1], turns[i][2]
   local status = 'old'
   if redis.call('EXISTS', tkey, dkey, ckey) == 0 then
-    redis.call('HSET', tkey, 'seq', '1', 'ver', '0', 'started', now_str)
+    redis.call('HSET', tkey, 'seq', '1', 'ver', '0', 'started', now_str, 'holder', consumer)
     redis.call('XADD', events, 'MAXLEN', '~', events_max, '*', unpack(started))
     members[#members + 1] = now_str
     members[#members + 1] = tk

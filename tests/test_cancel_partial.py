@@ -1,0 +1,168 @@
+"""A cancelled turn's partial merge keeps every entry a worker had taken in
+before the cancel was seen, and is a prefix of the turn (docs/design.md,
+*Cancellation*: the cut). Each race is driven step by step, so it happens
+every time: another worker sweeping the cancel of a turn this one holds, a
+held turn spilled after its cancel was set, a turn held in part here and
+stored in part elsewhere, and an older entry still in a dead worker's hands.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turn_reference import end_entry, response_text, text_delta
+from worker_harness import Harness, Stepped
+
+from processor.batches import build_apply
+from processor.connections import stream_entry
+from processor.ids import TurnKey
+from processor.worker import Worker
+
+
+def meta(outputs: Any, response_id: str) -> dict[str, Any]:
+    turn = outputs.turns[TurnKey(response_id)]
+    assert len(turn.merged) == 1
+    return dict(json.loads(turn.merged[0]["meta"]))
+
+
+def status(outputs: Any, response_id: str) -> str:
+    return str(outputs.turns[TurnKey(response_id)].merged[0]["status"])
+
+
+async def test_a_worker_that_does_not_read_the_shard_leaves_a_held_turn_to_its_holder(
+    redis_url: str, namespace: str
+) -> None:
+    """Another worker's cancel sweep (it sweeps shards it does not read, once
+    a beat) found the cancel of a turn this worker holds: it published the
+    turn with nothing (the held entries are only in the holder's memory) and
+    the holder's entries were then dropped. It must leave the turn to the
+    holder, which publishes it with what it holds."""
+    async with Harness(redis_url, namespace) as harness:
+        holder = await Stepped(harness).start()
+        shard = holder.shard
+        await harness.add([text_delta("c", "never "), text_delta("c", "finished")])
+        await holder.step()
+        assert TurnKey("c") in holder.worker._holds[0].turns
+        await harness.cancel("c")
+        other = Worker(harness.client, harness.worker_config(consumer="other"))
+        await other.sweep(shard, False)  # a shard it does not read: cancels only
+        assert await harness.merged_count() == 0
+        await holder.worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "c") == "cancelled"
+    assert response_text(outputs, "c") == "never finished"
+    assert meta(outputs, "c")["counts"]["updates"] == 2
+    assert outputs.terminal_counts()[TurnKey("c")] == 1
+
+
+async def test_a_held_turn_spilled_after_its_cancel_keeps_what_was_held(
+    redis_url: str, namespace: str
+) -> None:
+    """A held turn goes to the stored path (held too long, the shard moved,
+    stopping) after its cancel key was set but before the holder's sweep saw
+    it: apply_entries found the key and dropped every held entry, so the
+    turn was published cancelled with nothing."""
+    async with Harness(redis_url, namespace) as harness:
+        holder = await Stepped(harness).start()
+        worker, shard = holder.worker, holder.shard
+        await harness.add([text_delta("s", "kept "), text_delta("s", "whole")])
+        await holder.step()
+        await harness.cancel("s")
+        await worker._spill_due(shard, True)  # e.g. stopping
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "s") == "cancelled"
+    assert response_text(outputs, "s") == "kept whole"
+    assert meta(outputs, "s")["counts"]["dropped"] == 0
+
+
+async def test_a_turn_held_in_part_and_stored_in_part_is_cancelled_whole(
+    redis_url: str, namespace: str
+) -> None:
+    """The shard moved while a turn ran: its first delta is held by the old
+    reader, its second stored by the new one, then the turn is cancelled.
+    The new reader published "finished" (the first delta lost, the partial
+    merge no longer a prefix of the turn); it must wait for the held delta,
+    which the old reader stores when it sees the cancel."""
+    async with Harness(redis_url, namespace) as harness:
+        holder = await Stepped(harness).start()
+        shard = holder.shard
+        await harness.add([text_delta("h", "never ")])
+        await holder.step()
+        await harness.add([text_delta("h", "finished")])
+        other = Worker(harness.client, harness.worker_config(consumer="other"))
+        read = [stream_entry(e) for e in await holder.read("other")]
+        await other.apply(shard, read, {})  # the stored path: an open turn's hash exists
+        await harness.cancel("h")
+        await other.sweep(shard)
+        assert await harness.merged_count() == 0
+        await holder.worker.sweep(shard)  # sees the cancel: stores what it holds
+        await other.sweep(shard)
+        await holder.worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "h") == "cancelled"
+    assert response_text(outputs, "h") == "never finished"
+    assert outputs.terminal_counts()[TurnKey("h")] == 1
+
+
+async def test_a_cancel_waits_for_an_earlier_entry_in_a_dead_workers_hands(
+    redis_url: str, namespace: str
+) -> None:
+    """Storing every entry: a worker read the first delta and died; another
+    stored the second; the cancel published "finished" alone and the first
+    delta, reclaimed later, was dropped. The cancel must wait until every
+    entry read before it was seen is applied (here: reclaimed), so the
+    partial merge is "never finished"; an entry that arrives after the
+    cancel was seen and is applied before the publish is counted dropped."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=False, reclaim_idle_ms=50).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("d", "never ")])
+        await stepped.read("dead")
+        await harness.add([text_delta("d", "finished")])
+        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await harness.cancel("d")
+        await worker.sweep(shard)
+        assert await harness.merged_count() == 0
+        await harness.add([text_delta("d", " late")])  # after the cancel was seen
+        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        assert await harness.merged_count() == 0
+        await harness.wait_for(_idle_past(harness, shard, 50), 5, "dead entry idle")
+        await worker.reclaim(shard)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "d") == "cancelled"
+    assert response_text(outputs, "d") == "never finished"
+    assert meta(outputs, "d")["counts"]["dropped"] == 1
+    assert outputs.dlq == []
+
+
+async def test_an_end_read_before_the_cancel_was_seen_still_completes_the_turn(
+    redis_url: str, namespace: str
+) -> None:
+    """The cut is where the cancel was first seen: a turn whose end a worker
+    had already been given then completes, whoever applies it."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=False).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("e", "all")])
+        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await harness.add([end_entry("e")])
+        pending = [stream_entry(e) for e in await stepped.read("slow")]
+        await harness.cancel("e")
+        await worker.sweep(shard)  # sees the cancel; the end is pending elsewhere
+        assert await harness.merged_count() == 0
+        call = build_apply(shard, pending, {}, worker.options, 0)
+        await worker.scripts.apply_entries(keys=call.keys, args=call.argv("slow", ""))
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "e") == "completed"
+    assert response_text(outputs, "e") == "all"
+
+
+def _idle_past(harness: Harness, shard: Any, ms: int) -> Any:
+    async def idle() -> bool:
+        pending = await harness.client.xpending_range(shard.updates, harness.group, "-", "+", 10)
+        return all(p["time_since_delivered"] >= ms for p in pending)
+    return idle

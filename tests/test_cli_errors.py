@@ -1,0 +1,139 @@
+"""What a user sees when something is wrong, running ``processor`` as a
+subprocess: one line and an exit status, never a traceback. Bad arguments
+and bad environment values exit 2, an unreachable Redis 1; the URL is named
+with its password masked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from cli_tools import ROOT
+
+from processor.config import OPTIONS
+from processor.schema import SCHEMAS
+
+#: Every command that talks to Redis, with the arguments it needs (after the
+#: URL and the environment have been checked, none of them is used).
+COMMANDS = [
+    ["stats"],
+    ["tail", "--no-follow"],
+    ["dlq", "list"],
+    ["dlq", "show", "1-0"],
+    ["dlq", "replay", "1-0"],
+    ["cancel", "turn-1"],
+    ["capture", "--no-follow"],
+]
+UNREACHABLE = "redis://reader:s3cret@127.0.0.1:1"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PROCESSOR_") and k != "REDIS_URL"}
+    return {**env, "PYTHONPATH": str(ROOT), "COLUMNS": "250", **extra}
+
+
+def _run(*argv: str, env: dict[str, str] | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "processor.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout, check=False, env=env or _env(), cwd=ROOT)
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_a_bad_environment_value_is_one_line_for_every_command() -> None:
+    env = _env(PROCESSOR_SHARDS="abc")
+    version = _run("--version", env=env)
+    assert version.returncode == 0 and version.stdout.startswith("processor "), version.stderr
+    for argv in [*COMMANDS, ["run"], ["init"]]:
+        proc = _run(*argv, "--redis-url", UNREACHABLE, env=env)
+        name = " ".join(argv[:2] if argv[0] == "dlq" else argv[:1])
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert _one_line(proc) == (
+            f"processor {name}: PROCESSOR_SHARDS: expected an integer, got 'abc'"), argv
+    proc = _run("stats", "--redis-url", UNREACHABLE, env=_env(PROCESSOR_SHARDS="0"))
+    assert proc.returncode == 2
+    assert _one_line(proc) == "processor stats: PROCESSOR_SHARDS: must be at least 1, got '0'"
+    proc = _run("tail", "--redis-url", UNREACHABLE,
+                env=_env(PROCESSOR_SSL_CA_CERTS="/no/such/ca.pem"))
+    assert proc.returncode == 2
+    assert _one_line(proc) == "processor tail: --ssl-ca-certs: no such file '/no/such/ca.pem'"
+
+
+def test_an_unreachable_redis_is_one_line_naming_the_url_for_every_command() -> None:
+    for argv in COMMANDS:
+        proc = _run(*argv, "--redis-url", UNREACHABLE)
+        assert proc.returncode == 1, (argv, proc.stderr)
+        line = _one_line(proc)
+        assert "redis://reader:***@127.0.0.1:1" in line, line
+        assert "s3cret" not in proc.stderr + proc.stdout
+        assert re.search(r"127\.0\.0\.1:1: Error \d+ connecting", line), line  # the cause
+
+
+@pytest.mark.parametrize("url", ["http://user:s3cret@example.org", "redis://user:s3cret@h:port"])
+def test_a_malformed_url_is_one_line_for_every_command(url: str) -> None:
+    for argv in COMMANDS:
+        proc = _run(*argv, "--redis-url", url)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        line = _one_line(proc)
+        assert line.startswith(f"processor {argv[0]}"), line
+        assert "s3cret" not in proc.stderr
+
+
+def test_init_gives_up_on_an_unreachable_redis_and_says_why() -> None:
+    proc = _run("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1")
+    assert proc.returncode == 1, proc.stderr
+    assert "s3cret" not in proc.stderr
+    *retries, last = proc.stderr.strip().splitlines()
+    assert retries, "each failed attempt is logged"
+    for line in retries:
+        record = json.loads(line)
+        assert record["url"] == "redis://reader:***@127.0.0.1:1"
+        assert re.match(r"Error \d+ connecting to 127\.0\.0\.1:1", record["error"])
+    assert last.startswith("processor init: cannot reach Redis at redis://reader:***@127.0.0.1:1")
+    assert re.search(r"\): Error \d+ connecting to 127\.0\.0\.1:1", last), last
+
+
+def _flags(help_text: str) -> set[str]:
+    """The flags a --help lists (the lines that start with one)."""
+    return set(re.findall(r"^\s+(?:-h, )?(--[a-z][a-z-]+)", help_text, re.M))
+
+
+def test_help_names_the_variable_of_every_option() -> None:
+    by_flag = {opt.flag: opt for opt in OPTIONS}
+    for argv in [["stats"], ["tail"], ["dlq", "list"], ["cancel"], ["capture"], ["init"]]:
+        proc = _run(*argv, "--help")
+        assert proc.returncode == 0, proc.stderr
+        text = " ".join(proc.stdout.split())
+        for flag in ("--namespace", "--shards"):
+            opt = by_flag[flag]
+            assert f"{flag} {opt.name.upper()} {opt.help}" in text, (argv, flag)
+            assert f"(env {opt.env}, default {opt.default})" in text, (argv, flag)
+
+
+def test_init_lists_only_the_options_it_uses() -> None:
+    proc = _run("init", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert _flags(proc.stdout) == {
+        "--help", "--redis-url", "--namespace", "--shards", "--group", "--connect-timeout",
+        "--log-level", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile", "--reshard"}
+    # ... and a run option's variable does not stop it
+    proc = _run("init", "--redis-url", "http://x", env=_env(PROCESSOR_BATCH="lots"))
+    assert _one_line(proc) == (
+        "processor init: redis URL http://x must start with redis://, rediss:// or unix://")
+
+
+def test_schema_help_lists_the_schema_names() -> None:
+    proc = _run("schema", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for name in SCHEMAS:
+        assert re.search(rf"\b{name}\b", proc.stdout), name
