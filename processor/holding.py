@@ -168,7 +168,9 @@ class Holding:
                 broken.append(key)
                 continue
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
-            outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
+            with self.metrics.timed(self.metrics.merge_seconds):
+                outcome = render(key, held.replay, held.turn_hash(), reason, now,
+                                 self.config.agui)
             if outcome is not None:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
         if broken:
