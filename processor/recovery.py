@@ -115,13 +115,15 @@ class Recovery:
             raise
         self._reclaim_cursor[shard.index] = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
-        # Entries deleted from the stream while pending (a trim): Redis 6.2
-        # reports them as nil entries, still pending; Redis 7 takes them out
-        # of the pending list and lists their ids apart, to this caller only.
-        gone = [as_text(i) for i, f in reply[1] if f is None]
+        # Entries deleted from the stream while pending (a trim): Redis 7 takes
+        # them out of the pending list and lists their ids apart, to this
+        # caller only; Redis 6.2 returns a nil entry, without its id, and
+        # leaves it pending to this consumer, whose take-back names it.
         removed = [as_text(i) for i in reply[2]] if len(reply) > 2 else []
-        if gone or removed:
-            await self._retrying(self._entries_lost, shard, gone, removed, "reclaim")
+        if removed:
+            await self._retrying(self._entries_lost, shard, [], removed, "reclaim")
+        if any(f is None for _i, f in reply[1]):
+            self._orphans.add(shard.index)
         await self._apply_claimed(shard, entries)
 
     async def _claim_departed(self, shard: Shard) -> None:
@@ -160,23 +162,25 @@ class Recovery:
     async def _lost_in_claim(self, shard: Shard, ids: list[str],
                              claimed: list[tuple[Any, Any]]) -> None:
         """Of ``ids`` claimed with XCLAIM, those deleted from the stream while
-        pending: Redis 6.2 returns them empty (pending to this consumer now),
-        Redis 7 drops them from the pending list without a word (not
-        returned, and no longer in the stream: an entry acked by another
-        consumer meanwhile is still there, or trimmed, which only an entry
-        older than every pending one can be)."""
+        pending: Redis 6.2 returns them empty, pending to this consumer now
+        (its take-back names them), Redis 7 drops them from the pending list
+        without a word (not returned, and no longer in the stream: an entry
+        acked by another consumer meanwhile is still there, or trimmed, which
+        only an entry older than every pending one can be)."""
+        if any(not f for _i, f in claimed):  # (6.2: taken back, where it is named)
+            self._orphans.add(shard.index)
+            return
         got = {as_text(i) for i, _ in claimed}
-        empty = [as_text(i) for i, f in claimed if not f]
         missing = [i for i in ids if i not in got]
-        removed = []
-        if missing:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for entry_id in missing:
-                    pipe.xrange(shard.updates, entry_id, entry_id)
-                found = await pipe.execute()
-            removed = [i for i, there in zip(missing, found, strict=True) if not there]
-        if empty or removed:
-            await self._retrying(self._entries_lost, shard, empty, removed, "departed worker")
+        if not missing:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in missing:
+                pipe.xrange(shard.updates, entry_id, entry_id)
+            found = await pipe.execute()
+        removed = [i for i, there in zip(missing, found, strict=True) if not there]
+        if removed:
+            await self._retrying(self._entries_lost, shard, [], removed, "departed worker")
 
     async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
         """Apply entries this consumer just claimed from another."""
