@@ -1,61 +1,33 @@
 """``processor run`` options: one table feeds the flags, the environment
 variables (``PROCESSOR_<NAME>``, plus ``REDIS_URL``), ``--help`` and the
-validation that reports every problem on its own line before start.
+validation that reports every problem on its own line before start (the
+mechanism, shared with ``processor serve``, is processor/options.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+from processor import options
 from processor.lifecycle import Limits
+from processor.options import (
+    LOG_LEVEL,
+    NAMESPACE,
+    SHARDS,
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
+    Option,
+)
+from processor.options import flag as _flag
+from processor.options import number as _number
 from processor.worker import WorkerConfig, default_consumer
 
-
-@dataclass(frozen=True)
-class Option:
-    name: str  # flag without dashes, underscores for dashes
-    kind: Callable[[str], Any]
-    default: Any
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "PROCESSOR_" + self.name.upper()
-
-
-def _flag(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def _number(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-#: What a kind is called in an error line.
-_KIND_NAMES = {_flag: "true or false", _number: "a number", int: "an integer", str: "text"}
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
-    Option("shards", int, 1, "number of shards S (must match the producers')", 1),
+    NAMESPACE,
+    SHARDS,
     Option("group", str, "processor", "consumer group on each updates stream"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
@@ -97,46 +69,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("hold_ms", int, 5000, "a turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
-    Option("log_level", str, "info", "debug, info, warning or error"),
+    LOG_LEVEL,
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
-    Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),
-    Option("ssl_certfile", str, None, "client certificate for rediss:// URLs"),
-    Option("ssl_keyfile", str, None, "client key for rediss:// URLs"),
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
 )
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """Add every option as a flag (values stay strings until :func:`resolve`)."""
-    parser.add_argument(
-        "--redis-url",
-        default=None,
-        metavar="URL",
-        help="Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works. "
+    options.add_options(
+        parser, OPTIONS,
+        "Redis URL (env REDIS_URL); rediss:// for TLS; any Cluster node works. "
         "Without one, an embedded redis-server is started.",
     )
-    for opt in OPTIONS:
-        if opt.kind is _flag:
-            parser.add_argument(
-                opt.flag,
-                action="store_const",
-                const="true",
-                default=None,
-                help=f"{opt.help} (env {opt.env}{', on by default' if opt.default else ''})",
-            )
-            if opt.default:  # an option on by default can be turned off by a flag too
-                parser.add_argument(
-                    "--no-" + opt.flag[2:], dest=opt.name, action="store_const",
-                    const="false", help=f"turn {opt.flag} off (env {opt.env}=0)",
-                )
-        else:
-            default = "" if opt.default is None else f", default {opt.default}"
-            parser.add_argument(
-                opt.flag,
-                default=None,
-                metavar=opt.name.upper(),
-                help=f"{opt.help} (env {opt.env}{default})",
-            )
 
 
 def resolve(
@@ -144,64 +92,13 @@ def resolve(
 ) -> tuple[dict[str, Any], list[str]]:
     """Flags win over environment variables, which win over defaults.
     Returns the values and one message per invalid option."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {"redis_url": args.redis_url or env.get("REDIS_URL") or None}
-    problems: list[str] = []
-    for opt in OPTIONS:
-        raw = getattr(args, opt.name, None)
-        source = opt.flag
-        if raw is None and opt.env in env:
-            raw, source = env[opt.env], opt.env
-        if raw is None:
-            values[opt.name] = opt.default
-            continue
-        problem = _check(opt, raw)
-        if problem:
-            problems.append(f"{source}: {problem}")
-            continue
-        values[opt.name] = opt.kind(raw)
-    problems += _cross_checks(values)
-    return values, problems
-
-
-def _check(opt: Option, raw: str) -> str | None:
-    """Why ``raw`` is not a valid value of ``opt``, or None."""
-    try:
-        value = opt.kind(raw)
-    except ValueError:
-        return f"expected {_KIND_NAMES.get(opt.kind, opt.kind.__name__)}, got {raw!r}"
-    if opt.minimum is not None and value < opt.minimum:
-        return f"must be at least {opt.minimum:g}, got {raw!r}"
-    if opt.maximum is not None and value > opt.maximum:
-        return f"must be at most {opt.maximum:g}, got {raw!r}"
-    return None
-
-
-def _cross_checks(values: Mapping[str, Any]) -> list[str]:
-    """Problems that involve an option's meaning rather than its type."""
-    problems = []
-    if str(values["log_level"]).lower() not in ("debug", "info", "warning", "error"):
-        problems.append(
-            f"log level must be debug, info, warning or error, got {values['log_level']!r}"
-        )
-    url = values["redis_url"]
-    # Never echo the URL: it may hold a password.
-    if url and not url.startswith(("redis://", "rediss://", "unix://")):
-        problems.append("redis URL must start with redis://, rediss:// or unix://")
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-        path = values[name]
-        if path and not os.path.isfile(path):
-            problems.append(f"--{name.replace('_', '-')}: no such file {path!r}")
-    if values["ssl_keyfile"] and not values["ssl_certfile"]:
-        problems.append("--ssl-keyfile needs --ssl-certfile")
-    return problems
+    values, problems = options.resolve(args, OPTIONS, env)
+    return values, problems + options.connection_checks(values)
 
 
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     """``PROCESSOR_*`` variables that name no option (a typo is otherwise silent)."""
-    env = os.environ if env is None else env
-    known = {opt.env for opt in OPTIONS}
-    return sorted(name for name in env if name.startswith("PROCESSOR_") and name not in known)
+    return options.unknown_env(OPTIONS, env)
 
 
 def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
