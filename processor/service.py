@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import logging
 import sys
 from typing import Any
 
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import NoPermissionError
 
 from processor import config, logs, stopping
-from processor.connections import (
-    TRANSIENT,
-    RedisOptions,
-    connect,
-    redact,
-    tls_refusal,
-    tls_refusal_probe,
-)
+from processor.connections import RedisOptions, connect, connect_retrying, redact
 from processor.health import Health, Server, groups_check
 from processor.metrics import Metrics, Sampler
 from processor.worker import Worker
@@ -41,37 +33,6 @@ def start_embedded() -> Any:
         flush=True,
     )
     return server
-
-
-async def connect_retrying(options: RedisOptions, stop: stopping.Stop | None = None) -> Any:
-    """Connect, retrying while Redis is unreachable (it may still be starting).
-    Refused credentials, rights or TLS certificates are configuration, not an
-    outage: they end the process with one line instead of retrying forever.
-    None when ``stop`` is requested first: a SIGTERM must not wait for Redis."""
-    delay = 0.1
-    while True:
-        if stop is not None and stop.requested.is_set():
-            return None
-        try:
-            return await connect(options)
-        except (AuthenticationError, NoPermissionError) as exc:
-            raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
-                             f"connection's credentials or rights: {exc}") from None
-        except TRANSIENT as exc:
-            refusal = tls_refusal(exc) or await tls_refusal_probe(options)
-            if refusal:
-                raise SystemExit(f"processor: TLS with redis at {redact(options.url)} failed: "
-                                 f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "
-                                 "--ssl-keyfile)") from None
-            log.warning(
-                "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
-            )
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:  # the delay, cut short by a stop request
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.requested.wait(), delay)
-            delay = min(delay * 2, 5.0)
 
 
 #: Tracked allocations (less frees) between generation-0 passes (Python: 700).
