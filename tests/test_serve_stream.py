@@ -272,3 +272,33 @@ def _unchunk(body: bytes) -> bytes:
         out += body[:size]
         body = body[size + 2:]
     return out
+
+
+async def test_a_finished_turn_whose_outputs_were_trimmed_says_so(redis_url, namespace) -> None:
+    """Streams are capped (--events-maxlen, --merged-maxlen): once a finished
+    turn's terminal event is gone, a client is told so instead of waiting."""
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        shard = harness.ns.shard(0)
+        try:
+            await producer.send("old", text_update("long ago"))
+            await producer.end("old")
+            merged = await _merged(harness, "old")
+            await harness.client.xtrim(shard.events, maxlen=0)
+            async with aiohttp.ClientSession(serve.url) as session:
+                stream = await open_stream(session, "/v1/turns/old/events", bearer("old"))
+                data = payloads(await stream.rest())
+                assert [d["type"] for d in data] == ["merged", "gone"]
+                assert data[0]["response"] == merged and data[1]["status"] == "completed"
+                await harness.client.xtrim(shard.merged, maxlen=0)
+                stream = await open_stream(session, "/v1/turns/old/events", bearer("old"))
+                assert payloads(await stream.rest()) == [
+                    {"type": "gone", "response_id": "old", "status": "completed"}]
+                async with session.get("/v1/turns/old", headers=bearer("old")) as response:
+                    assert response.status == 200
+                    assert await response.json() == {"status": "completed", "response": None,
+                                                     "meta": None}
+        finally:
+            await serve.close()

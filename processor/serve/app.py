@@ -40,7 +40,14 @@ from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 from processor.serve.source import TurnSource
 from processor.serve.tokens import Verdict, verify
-from processor.serve.turns import Cursor, LiveEvent, MergedOutput, TurnRef, parse_after
+from processor.serve.turns import (
+    Cursor,
+    LiveEvent,
+    MergedOutput,
+    Snapshot,
+    TurnRef,
+    parse_after,
+)
 
 log = logging.getLogger("processor.serve")
 
@@ -254,6 +261,14 @@ class EventStream:
             else:
                 await self.write([sse.comment("ping")], 0)
 
+    async def gone(self, status: str | None) -> None:
+        """A finished turn whose terminal event is no longer in its stream:
+        its merged response if still there, then a ``gone`` event."""
+        chunks = [sse.frame(self.merged.data())] if self.merged else []
+        notice = json.dumps({"type": "gone", "response_id": self.turn.response_id,
+                             "status": status})
+        await self.write([*chunks, sse.frame(notice)], len(chunks) + 1)
+
     async def drop(self) -> None:
         """Tell a slow client where to resume, if it can still be told, and close."""
         self.server.metrics.dropped_clients.inc()
@@ -270,6 +285,42 @@ class EventStream:
             self.request.transport.abort()
 
 
+@dataclass
+class Join:
+    """What a stream sends before the live feed (docs/serve.md, "Joining and resuming")."""
+
+    snapshot: Snapshot | None = None
+    past: list[LiveEvent | MergedOutput] = field(default_factory=list)
+    gone: bool = False  # finished, and its terminal event is no longer retained
+    status: str | None = None  # of a finished turn
+    has_all: bool = False  # the client has the terminal event already: 204
+
+
+async def join(server: Server, turn: TurnRef, after: int | None) -> Join:
+    """A finished turn: its merged response and terminal event. A running
+    one: a snapshot (a fresh join, when the source has one), else the events
+    after ``after``. A turn not started yet: nothing (the feed brings it)."""
+    server.metrics.redis_calls.labels("state").inc()
+    state = await server.source.state(turn)
+    if state.phase == "finished":
+        server.metrics.redis_calls.labels("final").inc()
+        final = await server.source.final(turn)
+        if final.terminal is not None and after is not None and after >= final.terminal.seq:
+            return Join(has_all=True)
+        past = [item for item in (final.merged, final.terminal) if item is not None]
+        return Join(past=past, gone=final.terminal is None, status=state.status)
+    if state.phase == "unknown":
+        return Join()
+    snapshot = await server.source.snapshot(turn) if after is None else None
+    if snapshot is not None:
+        return Join(snapshot=snapshot)
+    server.metrics.redis_calls.labels("history").inc()
+    history = await server.source.history(turn, -1 if after is None else after)
+    if not history.complete:
+        server.metrics.incomplete_history.inc()
+    return Join(past=list(history.events))
+
+
 async def turn_events(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     turn = turn_of(request)
@@ -278,54 +329,35 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         after = parse_after(request.headers.get("Last-Event-ID") or request.query.get("after"))
     except ValueError as exc:
         raise refusal(400, "bad_request", str(exc)) from None
-    try:
+    if after is not None:
+        server.metrics.resumes.inc()
+    try:  # subscribed before the past is read: nothing falls between the two
         subscription = await asyncio.wait_for(
             server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
     except TimeoutError:
         raise refusal(503, "not_ready", "not reading Redis yet") from None
+    stream = EventStream(server, request, turn, Cursor(-1 if after is None else after))
     opened = False
-    snapshot = None
     try:
-        if after is not None:
-            server.metrics.resumes.inc()
-        stream = EventStream(server, request, turn, Cursor(-1 if after is None else after))
-        server.metrics.redis_calls.labels("state").inc()
-        state = await server.source.state(turn)
-        past: list[LiveEvent | MergedOutput] = []
-        if state.phase == "finished":
-            server.metrics.redis_calls.labels("final").inc()
-            final = await server.source.final(turn)
-            if final.terminal is not None and after is not None and after >= final.terminal.seq:
-                return web.Response(status=204)  # it has everything: EventSource stops here
-            past = [item for item in (final.merged, final.terminal) if item is not None]
-            gone = final.terminal is None
-        else:
-            gone = False
-            snapshot = await server.source.snapshot(turn) if after is None else None
-            if snapshot is None and state.phase == "running":
-                server.metrics.redis_calls.labels("history").inc()
-                history = await server.source.history(turn, stream.cursor.last)
-                if not history.complete:
-                    server.metrics.incomplete_history.inc()
-                past = list(history.events)
+        start = await join(server, turn, after)
+        if start.has_all:
+            return web.Response(status=204)  # EventSource stops reconnecting on 204
         server.metrics.open_streams.inc()
         server.metrics.streams.inc()
         opened = True
         await stream.open()
-        if snapshot is not None:
-            stream.cursor.jump(snapshot.seq)
-            await stream.write([sse.frame(snapshot.data(), id=str(snapshot.seq))], 1)
-        await stream.send(past)
-        if gone:  # finished, but its outputs are no longer in the streams
-            notice = json.dumps({"type": "gone", "response_id": turn.response_id,
-                                 "status": state.status})
-            await stream.write([sse.frame(notice)], 1)
+        if start.snapshot is not None:
+            stream.cursor.jump(start.snapshot.seq)
+            await stream.write([sse.frame(start.snapshot.data(), id=str(start.snapshot.seq))], 1)
+        await stream.send(start.past)
+        if start.gone:
+            await stream.gone(start.status)
             return stream.response
         await stream.follow(subscription)
     except SlowClient:
         await stream.drop()
-    except (ConnectionError, asyncio.CancelledError):
-        raise  # the client went away (the handler is cancelled with it)
+    except ConnectionError:
+        raise  # the client went away
     except Exception as exc:
         if not opened or not is_redis_failure(exc):
             raise
