@@ -302,3 +302,33 @@ async def test_a_finished_turn_whose_outputs_were_trimmed_says_so(redis_url, nam
                                                      "meta": None}
         finally:
             await serve.close()
+
+
+async def test_streams_and_turns_on_a_redis_cluster(redis_cluster) -> None:
+    """Three shards on three masters: each shard's reader reads its own
+    hash tag; the turn endpoint's reads stay in one slot."""
+    from test_cluster import spread_namespace
+
+    url = redis_cluster.url
+    namespace = spread_namespace(redis_cluster, 3)
+    async with Harness(url, namespace, shards=3, cluster=True, progress=True) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(url, namespace, shards=3))
+        producer = Producer(harness.client, namespace, shards=3)
+        rids = [next(f"cl-{s}-{i}" for i in range(100)
+                     if harness.ns.shard_for(f"cl-{s}-{i}").index == s) for s in range(3)]
+        try:
+            async with aiohttp.ClientSession(serve.url) as session:
+                streams = [await open_stream(session, f"/v1/turns/{rid}/events", bearer(rid))
+                           for rid in rids]
+                for rid in rids:
+                    await producer.send(rid, text_update(f"hello {rid}"))
+                    await producer.end(rid)
+                for rid, stream in zip(rids, streams, strict=True):
+                    data = check_stream(await stream.rest())
+                    assert data[-2]["response"]["messages"][0]["contents"][0]["text"] == (
+                        f"hello {rid}")
+                    async with session.get(f"/v1/turns/{rid}", headers=bearer(rid)) as response:
+                        assert response.status == 200
+        finally:
+            await serve.close()
