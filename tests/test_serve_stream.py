@@ -183,7 +183,8 @@ async def _metrics(url: str) -> str:
         return await response.text()
 
 
-async def test_idle_streams_get_heartbeats(redis_url, namespace) -> None:
+async def test_idle_streams_get_heartbeats(redis_url, namespace, caplog) -> None:
+    """... and a client that goes away ends its stream at the next one, quietly."""
     serve = await start_local(config(redis_url, namespace, heartbeat=0.05))
     try:
         async with aiohttp.ClientSession() as session:
@@ -196,6 +197,7 @@ async def test_idle_streams_get_heartbeats(redis_url, namespace) -> None:
             await _until(lambda: _sample(serve, 'processor_serve_open_streams') == 0)
     finally:
         await serve.close()
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
 
 
 def _sample(serve: Any, name: str, **labels: str) -> float:

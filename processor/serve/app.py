@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
 
 from processor.client import Producer
 from processor.connections import is_redis_failure
@@ -357,7 +358,7 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     except SlowClient:
         await stream.drop()
     except ConnectionError:
-        raise  # the client went away
+        pass  # the client went away: nothing to tell anyone
     except Exception as exc:
         if not opened or not is_redis_failure(exc):
             raise
@@ -493,11 +494,7 @@ async def redis_unavailable(request: web.Request, handler: Handler) -> web.Strea
     """A request that Redis failed gets 503 (a stream already open just ends)."""
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as exc:
-        if not is_redis_failure(exc):
-            raise
+    except RedisError as exc:  # not any OSError: a client that went away is not Redis
         request.app[SERVER].metrics.redis_errors.inc()
         log.warning("request failed: redis unavailable",
                     extra={"path": request.path, "error": type(exc).__name__})
