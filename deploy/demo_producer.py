@@ -3,11 +3,13 @@ into the shard streams the workers read, then prints how each turn merged.
 
 Each turn is ``processor demo``'s two-agent handoff with a tool call, sent
 the way an Agent Framework producer would (``processor.client.Producer``).
-Configured like the worker: ``REDIS_URL``, ``PROCESSOR_NAMESPACE`` and
-``PROCESSOR_SHARDS`` (flags win). ``--inbox`` (or ``PRODUCER_INBOX=1``) sends
-through the shards' inboxes, as the least-privilege ``producer`` ACL user
-must (docs/security.md); without it, entries are XADDed (``producer-trusted``).
-Exit status 0 once every turn merged as ``completed``, 1 otherwise.
+Configured like the worker: ``REDIS_URL`` and ``PROCESSOR_NAMESPACE`` (flags
+win); the shard count is the namespace's record's (``--shards`` or
+``PROCESSOR_SHARDS`` only check it). ``--inbox`` (or ``PRODUCER_INBOX=1``)
+sends through the shards' inboxes, as the least-privilege ``producer`` ACL
+user must (docs/security.md); without it, entries are XADDed
+(``producer-trusted``). Exit status 0 once every turn merged as
+``completed``, 1 otherwise.
 
     python deploy/demo_producer.py --turns 5 --interval 0.5
 """
@@ -29,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     parser.add_argument("--namespace", default=os.environ.get("PROCESSOR_NAMESPACE", "agent"))
-    parser.add_argument("--shards", type=int, default=int(os.environ.get("PROCESSOR_SHARDS", "1")))
+    shards = os.environ.get("PROCESSOR_SHARDS")
+    parser.add_argument("--shards", type=int, default=int(shards) if shards else None,
+                        help="check the namespace's shard count (default: its record's)")
     parser.add_argument("--turns", type=int, default=10, help="turns to send (0 = forever)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between turns")
     parser.add_argument("--timeout", type=float, default=60.0, help="wait per merged turn")

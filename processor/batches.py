@@ -21,7 +21,7 @@ from processor.keys import Shard
 from processor.lifecycle import Limits
 from processor.mirror import Applied, Version
 from processor.models import TURN_IDS
-from processor.settle import Compaction, Settled, encode_stored, event_fields
+from processor.settle import Compaction, Settled, encode_stored, event_fields, id_order
 
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
@@ -69,6 +69,19 @@ class ApplyCall:
     # The first entry id of the XREADGROUP > read these entries came from ("":
     # not such a read): a cancel this call finds first cuts the turn there.
     read_from: str = ""
+
+    def dead_letters(self) -> list[tuple[str, str, str]]:
+        """``(entry id, reason, tk or "")`` of each entry this call asks
+        ``apply_entries`` to dead-letter (decided here: decoding, routing,
+        deliveries); never a payload."""
+        found = []
+        flat = self.entries
+        for i in range(0, len(flat) - 7, 8):
+            if flat[i + 2] == "d":
+                ti = flat[i + 1]
+                tk = as_text(self.head[_HEAD + 2 * (ti - 1)]) if ti else ""
+                found.append((as_text(flat[i]), as_text(flat[i + 3]), tk))
+        return found
 
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
         """The ARGV, with the calling consumer and its floor (``floor`` of
@@ -297,3 +310,68 @@ def build_finalise_held(
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
                              options.done_ttl, len(settled), options.group, consumer,
                              options.dlq_value_max, _pack.encode(rows)])
+
+
+#: A turn published from memory after the namespace's state was lost: its
+#: key, the ids of its entries this worker held, its outputs (``reason="lost"``).
+LostOutcome = tuple[TurnKey, list[str], Settled]
+
+
+def build_publish_lost(
+    shard: Shard, turns: list[LostOutcome], options: BatchOptions,
+) -> ScriptCall:
+    """KEYS/ARGV of ``publish_lost_turns``, one :data:`LostOutcome` per turn."""
+    keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates]
+    rows = []
+    for key, ids, outcome in turns:
+        tk = key.encode()
+        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        rows.append((tk, outcome.status, msgpack_str(outcome.outputs),
+                     msgpack_str(outcome.dead_letters), ids))
+    if options.agui:
+        keys.append(shard.agui)
+    return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
+                             options.done_ttl, len(turns), options.group, _pack.encode(rows)])
+
+
+#: The DLQ reason, and its ``detail``, of an entry deleted while pending.
+ENTRY_LOST = "entry_lost"
+ENTRY_LOST_DETAIL = ("the entry was deleted from the stream while it was pending (a trim or "
+                     "an XDEL): its data is gone")
+
+
+def build_dead_letter_lost(
+    shard: Shard, pending: list[str], removed: list[str], turns: list[TurnKey], first: str,
+    options: BatchOptions,
+) -> ScriptCall:
+    """KEYS/ARGV of ``dead_letter_lost``: ids still pending to this consumer
+    (acked there), ids already out of the pending list, the turns to mark
+    with ``first``, the oldest lost id."""
+    keys = [shard.updates, shard.dlq]
+    for key in turns:
+        tk = key.encode()
+        keys += [shard.turn(tk), shard.done(tk)]
+    return ScriptCall(keys, [options.group, options.dlq_maxlen, ENTRY_LOST, ENTRY_LOST_DETAIL,
+                             len(pending), len(turns), first, *pending, *removed])
+
+
+def lost_turns_of(
+    lost: list[str], active: dict[TurnKey, tuple[int, str]],
+) -> list[TurnKey]:
+    """The turns that may have had one of the ``lost`` entries: those open
+    when it was written. ``active``: each active turn of the shard with the
+    time it started (ms; Redis's clock when its first entry was applied or
+    it was opened, so its first entry was written no later) and the padded
+    id of the entry that ended it ("" when none yet). A turn is marked when
+    it started at or before a lost entry's time and had not ended before
+    that entry. Turns started later are not, although the lost entry may
+    have been their first one (written before, applied late): nothing tells
+    them apart from turns that began after it; a turn all of whose entries
+    were lost never started and cannot be known (docs/reliability.md)."""
+    times = [id_order(entry_id) for entry_id in lost]
+    marked = []
+    for key, (started, ended) in active.items():
+        end = id_order(ended) if ended else None  # (padded: int() reads the zeros)
+        if any(started <= ms and (end is None or end > (ms, seq)) for ms, seq in times):
+            marked.append(key)
+    return marked

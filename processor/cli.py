@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,7 +60,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     logs.setup(values["log_level"])
     from processor.service import run_worker
 
-    return asyncio.run(run_worker(values))
+    return asyncio.run(run_worker(values, config.given(args)))
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from processor.serve import config
+
+    values, problems = config.resolve(args)
+    for problem in problems:
+        print(f"processor serve: {problem}", file=sys.stderr)
+    if values is None:
+        return 2
+    from processor.serve.run import main as serve
+
+    return serve(values)
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    import time
+
+    from processor.serve.tokens import MIN_SECRET_LENGTH, issue
+
+    secret = args.secret or os.environ.get("PROCESSOR_TOKEN_SECRET")
+    problems = []
+    if not secret:
+        problems.append("give --secret or set PROCESSOR_TOKEN_SECRET (the server's secret)")
+    elif len(secret) < MIN_SECRET_LENGTH:
+        problems.append(f"the secret must be at least {MIN_SECRET_LENGTH} characters")
+    if args.ttl < 1:
+        problems.append(f"--ttl must be at least 1, got {args.ttl}")
+    for problem in problems:
+        print(f"processor token: {problem}", file=sys.stderr)
+    if problems or not secret:
+        return 2
+    print(issue(secret, args.response_id, int(time.time()) + args.ttl))
+    return 0
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -74,7 +109,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if problems:
         return 2
     logs.setup(values["log_level"])
-    return asyncio.run(init_groups(values))
+    return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
@@ -131,17 +166,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser(
         "init",
-        help="create every shard's consumer group and load the producers' functions "
-        "(idempotent), then exit",
-        description="Create the updates stream and consumer group of every shard if missing, "
-        "and load the producers' Redis Function library (Redis 7+), as a worker does at "
-        "start, and exit 0. Run it before autoscalers read the groups "
+        help="write the namespace's record, create every shard's consumer group and load "
+        "the producers' functions (idempotent), then exit",
+        description="Write the namespace's record (its shard count, group and epoch, "
+        "{ns:0}:meta) if there is none, create the updates stream and consumer group of every "
+        "shard if missing, and load the producers' Redis Function library (Redis 7+), as a "
+        "worker does at start, and exit 0. Run it before autoscalers read the groups "
         "(e.g. a Kubernetes Job before KEDA polls). An unreachable Redis is retried for "
         "--connect-timeout seconds, then it exits 1.",
     )
     from processor.config import INIT_OPTIONS
 
     add_options(init, INIT_OPTIONS)
+    init.add_argument(
+        "--reshard", action="store_true",
+        help="change the namespace's shard count to --shards; refused unless every shard "
+        "is drained (no entries, nothing pending, no active or closing turn) and no worker "
+        "is live (docs/cluster.md)")
     init.set_defaults(func=_cmd_init)
 
     cancel = sub.add_parser(
@@ -164,6 +205,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _redis_flags(cancel)
     cancel.set_defaults(func=_cmd_cancel)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve turns to UIs over HTTP (server-sent events, a page to watch a turn)",
+        description="Serve each turn's events as server-sent events, its outcome, its "
+        "cancellation and a page that watches it, read from what the workers write to "
+        "Redis (docs/serve.md). Stateless: run as many replicas as you like. Every "
+        "request for a turn needs a token for it (processor token) unless --no-auth. "
+        "Every option can also be set with the environment variable named in its help.",
+    )
+    from processor.serve.config import add_options as add_serve_options
+
+    add_serve_options(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    token = sub.add_parser(
+        "token",
+        help="print a token that lets its bearer read one turn from processor serve",
+        description="Print (on its last line) a token for RESPONSE_ID, signed with the "
+        "server's --token-secret, valid for --ttl seconds: for backends and tests.",
+    )
+    token.add_argument("response_id", metavar="RESPONSE_ID")
+    token.add_argument("--secret", default=None,
+                       help="the server's token secret (env PROCESSOR_TOKEN_SECRET)")
+    token.add_argument("--ttl", type=int, default=3600,
+                       help="seconds the token is valid (default 3600)")
+    token.set_defaults(func=_cmd_token)
 
     demo = sub.add_parser(
         "demo",
@@ -199,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException:  # --help, a usage error
         stopping.release()
         raise
-    if getattr(args, "func", None) is not _cmd_run:
+    if getattr(args, "func", None) not in (_cmd_run, _cmd_serve):
         stopping.release()
     return int(args.func(args) or 0)
 

@@ -7,6 +7,7 @@ Pure helpers of :mod:`processor.merge` (folding and rendering alike).
 from __future__ import annotations
 
 import zlib
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -40,9 +41,8 @@ def merged_response(st: TurnState) -> Response:
     ``Turn.finish``): blocks and their messages in first-seen order, id-less
     runs folded into the keyed message after them, ids assigned where needed."""
     segments = st.segments
-    kept = fold_idless(
-        [seg for b in st.blocks for i in b.segments if (seg := segments[i]).contents]
-    )
+    order = [seg for b in st.blocks for i in b.segments if (seg := segments[i]).contents]
+    kept = fold_idless(keep_moved_ids(st, order))
     tag = ""  # made only for a message that needs an assigned id
     reserved: set[str] = set()
     messages = []
@@ -62,6 +62,37 @@ def merged_response(st: TurnState) -> Response:
         usage_details=_usage(st),
         additional_properties=dict(st.properties),
     )
+
+
+def keep_moved_ids(st: TurnState, order: list[Segment]) -> list[Segment]:
+    """A producer's message id never vanishes (result before call).
+
+    A keyed update whose function result moved after its call went to an
+    id-less message. If the keyed message it names is empty (the result was
+    all it held), the first such moved message in ``order`` (the merged
+    order of the non-empty messages) is rendered as that keyed message: it
+    carries the producer's id and, like any keyed message, an id-less run
+    may fold into it but it does not fold into the next one. Any other
+    message renders as before. The id is unique: its own message is not
+    rendered, assigned ids never equal a producer's, and only one moved
+    message takes it.
+    """
+    if not any(map(_moved_from, order)):
+        return order  # (the usual turn: checked in C)
+    out = order
+    taken: set[str] = set()
+    for i, seg in enumerate(order):
+        origin = seg.moved_from
+        if origin is None or origin in taken or st.segments[st.keyed[origin]].contents:
+            continue
+        taken.add(origin)
+        if out is order:
+            out = list(order)
+        out[i] = msgspec.structs.replace(seg, message_id=origin)
+    return out
+
+
+_moved_from = attrgetter("moved_from")
 
 
 def _usage(st: TurnState) -> dict[str, int] | None:

@@ -4,64 +4,39 @@ validation that reports every problem on its own line before start.
 ``processor run`` takes every option; ``init`` and the operator tools take
 the few they use (:data:`INIT_OPTIONS`, :data:`TOOL_OPTIONS`), from the
 same table, read when the command runs (never while the parser is built).
+The mechanism, shared with ``processor serve``, is processor/options.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
-from processor.connections import redact
+from processor import options
 from processor.lifecycle import Limits
+from processor.options import (
+    LOG_LEVEL,
+    NAMESPACE,
+    SHARDS,
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
+    Option,
+)
+from processor.options import flag as _flag
+from processor.options import number as _number
 from processor.worker import WorkerConfig, default_consumer
 
-
-@dataclass(frozen=True)
-class Option:
-    name: str  # flag without dashes, underscores for dashes
-    kind: Callable[[str], Any]
-    default: Any
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "PROCESSOR_" + self.name.upper()
-
-
-def _flag(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def _number(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-#: What a kind is called in an error line.
-_KIND_NAMES = {_flag: "true or false", _number: "a number", int: "an integer", str: "text"}
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option("namespace", str, "agent", "key namespace <ns>; two namespaces never share a key"),
-    Option("shards", int, 1, "number of shards S (must match the producers')", 1),
-    Option("group", str, "processor", "consumer group on each updates stream"),
+    NAMESPACE,
+    SHARDS,
+    Option("group", str, "processor", "consumer group on each updates stream of a new "
+           "namespace, kept in its record like --shards (one per namespace: a worker "
+           "refuses to start with another, or while another group reads its streams)"),
+    Option("allow_other_groups", _flag, False, "start even when another consumer group reads "
+           "the namespace's streams, or its record names another group (each group then "
+           "applies every entry; README, --group)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
            0.01),
@@ -102,15 +77,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("hold_ms", int, 5000, "a turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
-    Option("log_level", str, "info", "debug, info, warning or error"),
+    LOG_LEVEL,
     Option("log_interval", _number, 60.0, "seconds between progress lines in the log at "
            "info: turns published, entries applied, their rates, dead letters, lag "
            "(0 = none)", 0),
     Option("log_payloads", _flag, False, "debug aid: also log the merged text of each turn "
            "(user data; off by default, never in production)"),
-    Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs"),
-    Option("ssl_certfile", str, None, "client certificate for rediss:// URLs"),
-    Option("ssl_keyfile", str, None, "client key for rediss:// URLs"),
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
     Option("connect_timeout", _number, 60.0, "processor init only: seconds to keep retrying "
            "an unreachable Redis before giving up with exit status 1", 0),
 )
@@ -144,28 +119,7 @@ def add_options(
 
 def add_option(parser: argparse.ArgumentParser, name: str) -> None:
     """Add the option ``name`` of the table as a flag."""
-    opt = next(opt for opt in OPTIONS if opt.name == name)
-    if opt.kind is _flag:
-        parser.add_argument(
-            opt.flag,
-            action="store_const",
-            const="true",
-            default=None,
-            help=f"{opt.help} (env {opt.env}{', on by default' if opt.default else ''})",
-        )
-        if opt.default:  # an option on by default can be turned off by a flag too
-            parser.add_argument(
-                "--no-" + opt.flag[2:], dest=opt.name, action="store_const",
-                const="false", help=f"turn {opt.flag} off (env {opt.env}=0)",
-            )
-    else:
-        default = "" if opt.default is None else f", default {opt.default}"
-        parser.add_argument(
-            opt.flag,
-            default=None,
-            metavar=opt.name.upper(),
-            help=f"{opt.help} (env {opt.env}{default})",
-        )
+    options.add_option(parser, next(opt for opt in OPTIONS if opt.name == name))
 
 
 def resolve(
@@ -175,74 +129,21 @@ def resolve(
     Returns the values and one message per invalid option. An option the
     command does not take (no attribute of ``args``) has its default: its
     variable is not read."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {"redis_url": args.redis_url or env.get("REDIS_URL") or None}
-    problems: list[str] = []
-    for opt in OPTIONS:
-        raw = getattr(args, opt.name, None)
-        source = opt.flag
-        if raw is None and opt.env in env and hasattr(args, opt.name):
-            raw, source = env[opt.env], opt.env
-        if raw is None:
-            values[opt.name] = opt.default
-            continue
-        problem = _check(opt, raw)
-        if problem:
-            problems.append(f"{source}: {problem}")
-            continue
-        values[opt.name] = opt.kind(raw)
-    problems += _cross_checks(values)
-    return values, problems
+    values, problems = options.resolve(args, OPTIONS, env)
+    return values, problems + options.connection_checks(values)
 
 
-def _check(opt: Option, raw: str) -> str | None:
-    """Why ``raw`` is not a valid value of ``opt``, or None."""
-    try:
-        value = opt.kind(raw)
-    except ValueError:
-        return f"expected {_KIND_NAMES.get(opt.kind, opt.kind.__name__)}, got {raw!r}"
-    if opt.minimum is not None and value < opt.minimum:
-        return f"must be at least {opt.minimum:g}, got {raw!r}"
-    if opt.maximum is not None and value > opt.maximum:
-        return f"must be at most {opt.maximum:g}, got {raw!r}"
-    return None
-
-
-def _cross_checks(values: Mapping[str, Any]) -> list[str]:
-    """Problems that involve an option's meaning rather than its type."""
-    problems = []
-    if str(values["log_level"]).lower() not in ("debug", "info", "warning", "error"):
-        problems.append(
-            f"log level must be debug, info, warning or error, got {values['log_level']!r}"
-        )
-    url = values["redis_url"]
-    if url:
-        problems += _url_problems(url)
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-        path = values[name]
-        if path and not os.path.isfile(path):
-            problems.append(f"--{name.replace('_', '-')}: no such file {path!r}")
-    if values["ssl_keyfile"] and not values["ssl_certfile"]:
-        problems.append("--ssl-keyfile needs --ssl-certfile")
-    return problems
-
-
-def _url_problems(url: str) -> list[str]:
-    """What is wrong with a Redis URL (named with its password masked)."""
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        return [f"redis URL {redact(url)} must start with redis://, rediss:// or unix://"]
-    try:
-        _ = urlsplit(url).port  # raises when the port is not one
-    except ValueError as exc:  # not a number, or out of range
-        return [f"redis URL {redact(url)}: {exc}"]
-    return []
+def given(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The options given explicitly, by a flag or an environment variable,
+    each with where it came from (``--shards``, ``PROCESSOR_SHARDS``): a
+    default is not explicit, and a value the namespace's record holds
+    (shards, group: processor.meta) is taken from the record instead."""
+    return options.given(args, OPTIONS, env)
 
 
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     """``PROCESSOR_*`` variables that name no option (a typo is otherwise silent)."""
-    env = os.environ if env is None else env
-    known = {opt.env for opt in OPTIONS}
-    return sorted(name for name in env if name.startswith("PROCESSOR_") and name not in known)
+    return options.unknown_env(OPTIONS, env)
 
 
 def worker_config(values: Mapping[str, Any]) -> WorkerConfig:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -12,9 +14,11 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
+    AuthenticationError,
     ClusterDownError,
     ClusterError,
     MasterDownError,
+    NoPermissionError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -28,6 +32,10 @@ from tenacity import (
     wait_exponential,
     wait_random,
 )
+
+from processor.stopping import Stop
+
+log = logging.getLogger("processor.connections")
 
 #: Errors after which a worker waits and retries (Redis restarting, failover, network).
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
@@ -340,3 +348,48 @@ async def connect(options: RedisOptions) -> Any:
         client = aioredis.Redis.from_url(options.url, **_kwargs(options))
     fast_stream_reads(client)
     return client
+
+
+async def connect_retrying(
+    options: RedisOptions, stop: Stop | None = None,
+    give_up_after: float | None = None, prog: str = "processor",
+) -> Any:
+    """Connect, retrying while Redis is unreachable (it may still be starting),
+    for ever or until ``give_up_after`` seconds have passed (then the process
+    ends with one line naming the URL and the last error, exit status 1).
+    Refused credentials, rights or TLS certificates are configuration, not an
+    outage: they end the process with one line instead of retrying forever.
+    None when ``stop`` is requested first: a SIGTERM must not wait for Redis."""
+    delay = 0.1
+    loop = asyncio.get_running_loop()
+    deadline = None if give_up_after is None else loop.time() + give_up_after
+    while True:
+        if stop is not None and stop.requested.is_set():
+            return None
+        try:
+            return await connect(options)
+        except ValueError as exc:  # a URL redis-py cannot read
+            raise SystemExit(f"{prog}: bad Redis URL {redact(options.url)}: {exc}") from None
+        except (AuthenticationError, NoPermissionError) as exc:
+            raise SystemExit(f"{prog}: redis at {redact(options.url)} refused the "
+                             f"connection's credentials or rights: {exc}") from None
+        except TRANSIENT as exc:
+            refusal = tls_refusal(exc) or await tls_refusal_probe(options)
+            if refusal:
+                raise SystemExit(f"{prog}: TLS with redis at {redact(options.url)} failed: "
+                                 f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "
+                                 "--ssl-keyfile)") from None
+            if deadline is not None and loop.time() >= deadline:
+                raise SystemExit(f"{prog}: cannot reach Redis at {redact(options.url)} "
+                                 f"(gave up after {give_up_after:g} s): {exc}") from None
+            log.warning(
+                "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
+            )
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - loop.time()))
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:  # the delay, cut short by a stop request
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.requested.wait(), delay)
+            delay = min(delay * 2, 5.0)

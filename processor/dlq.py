@@ -209,7 +209,7 @@ async def check(
     if home != letter.shard:
         raise DlqError(
             f"the entry belongs to shard {home} of {keys.shards}, not to the DLQ's shard "
-            f"{letter.shard} (is --shards right?)"
+            f"{letter.shard} (a producer with another shard count wrote it)"
         )
     done = keys.shard(letter.shard).done(turn_key(as_map).encode())
     if await client.exists(done):

@@ -21,11 +21,11 @@ from processor.tool_shell import (
 )
 
 
-def _shard_list(args: argparse.Namespace) -> list[int]:
+def _shard_list(args: argparse.Namespace, keys: Namespace) -> list[int]:
     if args.shard is None:
-        return list(range(args.shards))
-    if not 0 <= args.shard < args.shards:
-        raise Refused(f"--shard {args.shard} is not one of the {args.shards} shard(s)")
+        return list(range(keys.shards))
+    if not 0 <= args.shard < keys.shards:
+        raise Refused(f"--shard {args.shard} is not one of the {keys.shards} shard(s)")
     return [args.shard]
 
 
@@ -34,7 +34,7 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
     from processor.tables import Column, print_table
 
     async def body(client: Any, keys: Namespace) -> int:
-        shards = _shard_list(args)
+        shards = _shard_list(args, keys)
         with progress("reading dead letters", len(shards)) as advance:
             letters = await listing(client, keys, shards, args.limit, args.reason, advance)
         if args.json:
@@ -60,7 +60,7 @@ def _cmd_dlq_show(args: argparse.Namespace) -> int:
     from processor.dlq import DlqError, find
 
     async def body(client: Any, keys: Namespace) -> int:
-        _shard_list(args)
+        _shard_list(args, keys)
         try:
             letter = await find(client, keys, args.id, args.shard)
         except DlqError as exc:
@@ -117,7 +117,7 @@ def _cmd_dlq_replay(args: argparse.Namespace) -> int:
         return fail("dlq replay", str(exc), 2)
 
     async def body(client: Any, keys: Namespace) -> int:
-        shards = _shard_list(args)
+        shards = _shard_list(args, keys)
         if args.all:
             letters = await listing(client, keys, shards, 10**9, args.reason)
         else:

@@ -11,7 +11,8 @@ which a handler running on that loop could not do.
 - ``/readyz``: 200 when Redis answers, every shard's consumer group
   exists and no shard's ids are exhausted or far ahead of Redis's clock,
   checked live on the worker's own client (run on its loop, with a
-  deadline); 503 with the first problem otherwise.
+  deadline), and the worker did not find the namespace's state lost in
+  Redis within the last minute; 503 with the first problem otherwise.
 """
 
 from __future__ import annotations
@@ -87,12 +88,18 @@ class Health:
             return f"readiness check failed: {type(exc).__name__}"
 
 
-def groups_check(client: Any, namespace: Namespace, group: str) -> Callable[[], Any]:
-    """An async readiness check: Redis answers, every shard's group exists, and
-    no shard's ids are exhausted or far ahead of Redis's clock (the group's
-    ``last-delivered-id``, :mod:`processor.stream_ids`)."""
+def groups_check(client: Any, namespace: Namespace, group: str,
+                 worker: Callable[[], str | None] | None = None) -> Callable[[], Any]:
+    """An async readiness check: Redis answers, every shard's group exists, no
+    shard's ids are exhausted or far ahead of Redis's clock (the group's
+    ``last-delivered-id``, :mod:`processor.stream_ids`), and ``worker()``
+    (what the worker itself reports: the namespace's state lost a moment
+    ago, processor.continuity) says nothing."""
 
     async def check() -> str | None:
+        problem = worker() if worker is not None else None
+        if problem:
+            return problem
         try:
             now_ms = stream_ids.redis_ms(await client.time())
         except Exception as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.connections import as_text, stream_entry
-from processor.decode import EntryError, decode_plain, decode_stream_entry
+from processor.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
@@ -114,9 +114,16 @@ class Held:
             # (The room left for pending entries is what they will not take.)
             life = self.replay.life
             size = life.limits.max_turn_bytes - life.bytes - self.room_bytes
-            ids = self.ids
-            if updates is None or not self.replay.feed_updates(updates, ids[-n], ids[-1], size):
-                for entry_id, entry in zip(ids[-n:], self.entries[-n:], strict=True):
+            ids, entries = self.ids, self.entries
+
+            def prefix(k: int) -> tuple[int, str]:  # (only when a usage does not fit)
+                fed = entries[len(entries) - n:len(entries) - n + k]
+                return sum(entry_size(stream_entry(e)[1]) for e in fed), ids[k - n - 1]
+
+            fed = 0 if updates is None else self.replay.feed_updates(
+                updates, ids[-n], ids[-1], size, prefix)
+            if fed < n:  # the rest one by one, as apply_entries decodes each
+                for entry_id, entry in zip(ids[fed - n:], entries[fed - n:], strict=True):
                     if not self._feed_now(entry_id, stream_entry(entry)[1]):
                         break
             self._reroom()

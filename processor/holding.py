@@ -57,6 +57,10 @@ class Holding:
             self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
             call: ApplyCall | None = None, read_from: str = "",
         ) -> None: ...
+        def _log_late(self, shard: Shard, key: TurnKey,
+                      late: list[tuple[str, str, str]]) -> None: ...
+        async def _namespace_lost(self, why: str) -> bool: ...  # Continuity's
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
 
     def _holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
@@ -164,7 +168,9 @@ class Holding:
                 broken.append(key)
                 continue
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
-            outcome = render(key, held.replay, held.turn_hash(), reason, now, self.config.agui)
+            with self.metrics.timed(self.metrics.merge_seconds):
+                outcome = render(key, held.replay, held.turn_hash(), reason, now,
+                                 self.config.agui)
             if outcome is not None:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
         if broken:
@@ -181,6 +187,8 @@ class Holding:
                 published.append(key)
                 acked += len(ids)
                 reasons += [reason for _, reason, _ in late]
+                if late:
+                    self._log_late(shard, key, [(reason, i, "") for i, reason, _ in late])
             else:
                 refused.append(key)
         if published:
@@ -194,6 +202,13 @@ class Holding:
         acked there (the XACK fence skips any that were applied already), and
         the turns go on as any stored turn."""
         holds = self._holds[shard.index]
+        if not any(key in holds.turns for key in keys):
+            return
+        # A turn refused at its publish, or held too long, may be one whose
+        # state Redis lost: then it is published from memory (continuity.py).
+        if await self._namespace_lost("spilling held turns"):
+            await self._lose_shard_now(shard)
+            return
         entries: list[Entry] = []
         for key in keys:
             held = holds.take(key)

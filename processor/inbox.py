@@ -40,7 +40,7 @@ from typing import Any
 from processor.connections import as_text, is_redis_failure, is_transient
 from processor.keys import Namespace, Shard
 from processor.membership import Membership
-from processor.metrics import Metrics
+from processor.metrics import DeadLetterLog, Metrics
 
 log = logging.getLogger("processor.inbox")
 
@@ -63,12 +63,13 @@ class Admitter:
     """Admits the inbox of every shard this worker reads, until stopped."""
 
     def __init__(self, client: Any, script: Any, namespace: Namespace, membership: Membership,
-                 metrics: Metrics, dlq_maxlen: int) -> None:
+                 metrics: Metrics, dead_letters: DeadLetterLog, dlq_maxlen: int) -> None:
         self.client = client
         self.script = script  # (Scripts.admit_inbox)
         self.namespace = namespace
         self.membership = membership
         self.metrics = metrics
+        self.dead_letters = dead_letters  # (Worker.dead_letters: the log's rate limit)
         self.dlq_maxlen = dlq_maxlen
         self._logged: dict[int, tuple[str, float]] = {}  # shard -> last failure logged, when
 
@@ -124,9 +125,7 @@ class Admitter:
                 total += admitted
             if dead:
                 self.metrics.dead_lettered([BAD_INBOX_ITEM] * dead)
-                log.warning("inbox items dead-lettered: not an entry's fields",
-                            extra={"shard": shard.index, "count": dead,
-                                   "reason": BAD_INBOX_ITEM})
+                self.dead_letters.note(BAD_INBOX_ITEM, shard.index, dead)
             if error:
                 raise AdmitFailed(as_text(error))
             if not left or not (admitted or dead):

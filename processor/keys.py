@@ -31,6 +31,9 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
   workers of a group that split the shards (shard affinity); one per
   namespace, under shard 0's hash tag
+- ``{ns:0}:meta`` hash: the namespace's record (shards, group, epoch), written
+  once by ``processor init`` or the first worker, read by every party
+  (:mod:`processor.meta`); one per namespace, under shard 0's hash tag
 
 ``<tk>`` is :meth:`processor.ids.TurnKey.encode`.
 """
@@ -134,6 +137,13 @@ class Namespace:
         """The live workers of consumer group ``group``: one key for the
         namespace, under shard 0's hash tag (touched by ``beat_worker`` alone)."""
         return f"{self.shard(0).tag}:workers:{group}"
+
+    @property
+    def meta(self) -> str:
+        """The namespace's record (:mod:`processor.meta`): one key for the
+        namespace, under shard 0's hash tag; its name does not depend on
+        ``shards``, which it holds."""
+        return f"{self.shard(0).tag}:meta"
 
     def shard_for(self, routing_id: str) -> Shard:
         """The shard of a turn: from its response_id, or its turn_id when it has none."""

@@ -32,7 +32,7 @@ import re
 from functools import cache
 from typing import Any
 
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from processor.scripts import source
 
@@ -41,7 +41,10 @@ from processor.scripts import source
 #: workers admit into the stream (:mod:`processor.inbox`).
 FUNCTIONS = ("send_update", "send_inbox")
 
-_UNKNOWN_COMMAND = re.compile(r"unknown command", re.IGNORECASE)
+# (The second: redis-py's cluster client, once it read a 6.2 server's COMMAND
+# table, refuses FCALL itself: found when a client ran a script before it.)
+_UNKNOWN_COMMAND = re.compile(r"unknown command|doesn't exist in Redis commands",
+                              re.IGNORECASE)
 _NOT_FOUND = re.compile(r"function not found", re.IGNORECASE)
 
 
@@ -81,7 +84,7 @@ def library_text() -> str:
     return f"#!lua name={library_name()}\n{_bodies()}\n{registrations}\n"
 
 
-def unknown_command(exc: ResponseError) -> bool:
+def unknown_command(exc: RedisError) -> bool:
     """Whether Redis did not know the command (FUNCTION or FCALL before 7.0)."""
     return not isinstance(exc, NoPermissionError) and bool(_UNKNOWN_COMMAND.search(str(exc)))
 
@@ -121,7 +124,7 @@ class Function:
             return await self._script(keys=keys, args=args)
         try:
             return await self.client.fcall(self.name, len(keys), *keys, *args)
-        except ResponseError as exc:
+        except RedisError as exc:
             if unknown_command(exc):
                 self._functions = False
                 return await self._script(keys=keys, args=args)

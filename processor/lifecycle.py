@@ -9,14 +9,16 @@ why they publish the same response for the same entries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 import msgspec
 
 from processor.events import Outcome, producer_error
 from processor.ids import TurnKey
-from processor.merge import Turn
-from processor.models import Counts, ErrorInfo, Meta, Record, Response, Update
+from processor.merge import Turn, UsageOverflow
+from processor.models import MAX_USAGE_COUNT, Counts, ErrorInfo, Meta, Record, Response, Update
+from processor.validate import clip
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -43,6 +45,21 @@ MERGED, DROPPED, TURN_CLOSED, TURN_LIMIT = (
     Verdict.MERGED, Verdict.DROPPED, Verdict.TURN_CLOSED, Verdict.TURN_LIMIT)
 #: The verdicts of an entry fed after its turn's end (the DLQ's reasons).
 LATE = frozenset((TURN_CLOSED, TURN_LIMIT))
+
+
+def late_detail(verdict: Verdict, outcome: Outcome | None) -> str:
+    """The DLQ ``detail`` of a late entry (``verdict`` in :data:`LATE`),
+    live and offline alike: for the entry that crossed a limit, the turn's
+    error message (which names the limit); else that the turn had ended."""
+    if verdict is TURN_LIMIT and outcome is not None and outcome.error is not None:
+        return outcome.error.message
+    return "the turn had already ended"
+
+
+def usage_limit_message(refused: UsageOverflow) -> str:
+    """The ``turn_limit`` message of a turn whose usage sum would pass the bound."""
+    return (f"turn exceeds its limits (usage {clip(refused.counter)} would sum to "
+            f"{refused.total}, above {MAX_USAGE_COUNT})")
 
 
 class TurnLife:
@@ -73,10 +90,11 @@ class TurnLife:
             return TURN_CLOSED
         counts, kind = self.counts, record.kind
         if kind == "update" and self._over_limit(size):
-            self.outcome = Outcome.failed("turn_limit", self._limit_message())
-            counts.dlq += 1
-            return TURN_LIMIT
-        self.turn.apply(record)
+            return self._crossed(self._limit_message())
+        try:
+            self.turn.apply(record)
+        except UsageOverflow as refused:  # (the merge changed nothing)
+            return self._crossed(usage_limit_message(refused))
         self.bytes += size
         counts.entries += 1
         if kind == "update":
@@ -90,32 +108,53 @@ class TurnLife:
         self.last_id = entry_id
         return MERGED
 
+    def _crossed(self, message: str) -> Verdict:
+        """The entry being fed crosses a limit: the turn ends, it is dead-lettered."""
+        self.outcome = Outcome.failed("turn_limit", message)
+        self.counts.dlq += 1
+        return TURN_LIMIT
+
     def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
-                     size: int) -> bool:
+                     size: int, prefix: Callable[[int], tuple[int, str]]) -> int:
         """:meth:`feed` of plain updates (no correlation ids), ``size`` bytes
-        in all, from ``first_id`` to ``last_id``, when each would be merged:
-        the turn open and all of them within its limits. False, with
-        nothing fed, otherwise (feed them one by one then)."""
+        in all, from ``first_id`` to ``last_id``, when each would be merged;
+        how many were fed. All of them when the turn is open and all of them
+        within its limits. None when the turn has ended or the updates would
+        cross its update or byte limit. When the merge refuses one (its
+        usage does not fit, which only folding finds), the ones before it:
+        ``prefix(k)`` gives the bytes and the last entry id of the first k.
+        Feed the rest one by one with :meth:`feed` (the first then ends
+        the turn), as each would have been."""
         counts, limits = self.counts, self.limits
         n = len(updates)
         if (self.outcome is not None or counts.updates + n > limits.max_turn_updates
                 or self.bytes + size > limits.max_turn_bytes):
-            return False
-        fold = self.turn.fold
-        for update in updates:
-            fold(update)
+            return 0
+        turn = self.turn
+        before = turn.state.updates
+        fold = turn.fold
+        try:
+            for update in updates:
+                fold(update)
+        except UsageOverflow:  # (raised before that update changed anything)
+            n = turn.state.updates - before
+            if not n:
+                return 0
+            size, last_id = prefix(n)
         self.bytes += size
         counts.entries += n
         counts.updates += n
         if self.first_id is None:
             self.first_id = first_id
         self.last_id = last_id
-        return True
+        return n
 
     def ends_turn(self, record: Record, size: int = 0) -> bool:
         """Whether feeding this entry next would end the turn (or find it ended)."""
         return (self.outcome is not None or record.kind != "update"
-                or self._over_limit(size))
+                or self._over_limit(size)
+                or (record.update is not None
+                    and self.turn.usage_overflow(record.update) is not None))
 
     def _over_limit(self, size: int) -> bool:
         return (
@@ -144,6 +183,29 @@ class TurnLife:
         seconds = self.limits.turn_timeout
         self.outcome = Outcome.failed("turn_timeout", f"no entry for {seconds:g} seconds")
         return True
+
+    def state_lost(self) -> None:
+        """End the turn as ``state_lost`` whatever it came to so far: the
+        namespace's state in Redis is gone (a Redis restarted without
+        persistence), and the worker publishes what it had of the turn, which
+        may be missing entries another worker or the lost state held."""
+        self.outcome = Outcome.failed(
+            "state_lost", "Redis lost the namespace's state while this turn was in flight "
+            "(a restart without persistence?): this is what one worker had of it")
+
+    def entries_lost(self, first_id: str) -> None:
+        """End the turn as ``entries_lost`` if it completed or timed out: an
+        entry of its shard that it may have had was deleted from the stream
+        while pending (a trim), so it may be missing an update or its end.
+        A cancel, the producer's own error or a limit says more, and stays."""
+        outcome = self.outcome
+        if outcome is None or outcome.status == "cancelled":
+            return
+        if outcome.error is not None and outcome.error.code != "turn_timeout":
+            return
+        self.outcome = Outcome.failed(
+            "entries_lost", f"entries of this turn's shard were deleted from the stream while "
+            f"pending (from {first_id}): this turn may be missing some of its own")
 
     def response(self) -> Response:
         return self.turn.finish()

@@ -46,7 +46,9 @@ class Membership:
         self.live: list[str] = [consumer]
         self.owned = frozenset(range(namespace.shards))
         self.rescued: frozenset[int] = frozenset()
+        self.crowded = False  # more live workers than shards, as the last beat saw
         metrics.shards_read.set(namespace.shards)
+        metrics.shards.set(namespace.shards)
 
     @property
     def beat_period(self) -> float:
@@ -81,6 +83,7 @@ class Membership:
                                                       "shards": sorted(owned),
                                                       "workers": len(live)})
         self.live, self.owned = live, owned
+        self._count_workers(len(live))
         rescued = set()
         for shard in self.namespace.all():
             if shard.index not in owned and await self._stalled(shard):
@@ -90,6 +93,25 @@ class Membership:
                         extra={"shards": sorted(rescued - self.rescued)})
         self.rescued = frozenset(rescued)
         self.metrics.shards_read.set(len(owned | rescued))
+
+    def _count_workers(self, workers: int) -> None:
+        """The live workers gauge, and one log line when there come to be
+        more live workers than shards (and one when that ends): then every
+        shard is shared, its turns are stored rather than held, and a
+        worker's throughput falls to about a third (docs/benchmarks.md)."""
+        self.metrics.live_workers.set(workers)
+        shards = self.namespace.shards
+        crowded = workers > shards
+        if crowded and not self.crowded:
+            log.warning("more live workers than shards: every shard is shared, which "
+                        "costs throughput; run at most as many workers as shards, or "
+                        "reshard (docs/cluster.md)",
+                        extra={"workers": workers, "shards_total": shards,
+                               "readers_per_shard": readers_per_shard(workers, shards)})
+        elif self.crowded and not crowded:
+            log.info("no more live workers than shards now",
+                     extra={"workers": workers, "shards_total": shards})
+        self.crowded = crowded
 
     async def _stalled(self, shard: Shard) -> bool:
         try:

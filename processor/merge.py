@@ -34,14 +34,29 @@ from processor.combine import (
     turn_tag,
 )
 from processor.ids import TurnKey, new_turn_key
-from processor.models import TURN_IDS, Content, Record, Response, Update
+from processor.models import MAX_USAGE_COUNT, TURN_IDS, Content, Record, Response, Update
 from processor.turn_state import Block, Segment, TurnState
 
 # Re-exported: the merge's public names stay importable from here.
-__all__ = ["Block", "Segment", "Turn", "TurnState", "assigned_id", "merged_text", "turn_tag"]
+__all__ = [
+    "Block", "Segment", "Turn", "TurnState", "UsageOverflow", "assigned_id", "merged_text",
+    "turn_tag",
+]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TurnState)
+
+
+class UsageOverflow(Exception):
+    """An update refused because its usage would take the turn's sum of a
+    counter past :data:`~processor.models.MAX_USAGE_COUNT`; folding it
+    changed nothing. (:class:`~processor.lifecycle.TurnLife` ends the turn
+    as ``turn_limit`` there.)"""
+
+    def __init__(self, counter: str, total: int) -> None:
+        super().__init__(counter, total)
+        self.counter = counter  # the counter's name, as the producer wrote it
+        self.total = total  # the sum it would have reached
 
 
 class Turn:
@@ -95,12 +110,14 @@ class Turn:
 
     def apply(self, record: Record) -> None:
         """Fold one record (in arrival order). Only ``update`` records change
-        the merge; the caller decides what ``end``/``error`` mean."""
-        if record.ids:
-            self._take_ids(record.ids)
+        the merge; the caller decides what ``end``/``error`` mean. Raises
+        :class:`UsageOverflow`, changing nothing, for an update whose usage
+        does not fit (so its ids are taken only after the fold)."""
         update = record.update
         if update is not None:
             self.fold(update)
+        if record.ids:
+            self._take_ids(record.ids)
 
     def fold(self, update: Update) -> None:
         """Fold one update (in arrival order): :meth:`apply` of a record of
@@ -192,6 +209,18 @@ class Turn:
         # results, usage, id-less runs): the usual steps are written out
         # inline, as each helper call costs about as much as its body.
         st = self.state
+        inner = update.response_id
+        if not inner or inner == st.response_id:
+            inner = ""  # the turn's own block
+        contents = update.contents
+        for content in contents:
+            if content.type == "usage":  # rare: taken out only then
+                # First: a usage that does not fit raises before any change.
+                usage = self._usage_after(contents, inner)
+                if usage is not None:
+                    st.block_usage[inner] = usage
+                contents = [c for c in contents if c.type != "usage"]
+                break
         ordinal = st.updates
         st.updates += 1
         if update.finish_reason is not None:
@@ -201,17 +230,9 @@ class Turn:
             st.agent_id = agent_id
         if update.additional_properties:
             merge_properties(st.properties, update.additional_properties)
-        inner = update.response_id
-        if not inner or inner == st.response_id:
-            inner = ""  # the turn's own block
         block = self._block_of.get(inner)
         if block is None:
             block = self._new_block(inner)
-        contents = update.contents
-        for content in contents:
-            if content.type == "usage":  # rare: filter only then
-                contents = [c for c in contents if not self._take_usage(c, inner)]
-                break
         message_id = update.message_id
         if message_id:
             # A message id names one message in the whole turn (rule 3).
@@ -221,7 +242,7 @@ class Turn:
             if st.open_run != -1:
                 st.open_run = -1
             if st.calls:  # (no call yet: no result can answer one)
-                seg = self._result_after_call(seg, contents, ordinal)
+                seg = self._result_after_call(seg, contents, ordinal, message_id)
         else:
             if st.calls:
                 block = self._result_block(block, contents)
@@ -241,25 +262,64 @@ class Turn:
         for content in contents:
             self._append(seg, content)
 
-    def _take_usage(self, content: Content, inner: str) -> bool:
-        """Usage leaves the messages and is summed per counter (rule 5).
+    def usage_overflow(self, update: Update) -> UsageOverflow | None:
+        """What folding ``update`` would raise because of its usage, if
+        anything. Changes nothing."""
+        inner = update.response_id
+        if not inner or inner == self.state.response_id:
+            inner = ""
+        for content in update.contents:
+            if content.type == "usage":
+                try:
+                    self._usage_after(update.contents, inner)
+                except UsageOverflow as refused:
+                    return refused
+                break
+        return None
 
-        A usage content with ``merge_mode="replace"`` is Agent Framework's
-        correction: the running total of its run so far (its function-calling
-        loop emits one). Summing it would count that run twice, so it replaces
-        what its inner response reported before; other inner responses (other
-        agents of the turn) keep theirs.
+    def _usage_after(self, contents: list[Content], inner: str) -> dict[str, int] | None:
+        """The usage of inner response ``inner`` once these contents' usage is
+        taken (None: unchanged). Changes nothing.
+
+        Usage leaves the messages and is summed per counter (rule 5). A usage
+        content with ``merge_mode="replace"`` is Agent Framework's correction:
+        the running total of its run so far (its function-calling loop emits
+        one). Summing it would count that run twice, so it replaces what its
+        inner response reported before; other inner responses (other agents
+        of the turn) keep theirs.
+
+        Raises :class:`UsageOverflow` if the turn's sum (over every inner
+        response, as rendered) of one of its counters would pass
+        ``MAX_USAGE_COUNT``.
         """
-        if content.type != "usage":
-            return False
-        details = {k: v for k, v in (content.usage_details or {}).items() if v is not None}
-        if content.merge_mode == "replace":
-            self.state.block_usage[inner] = details
-        elif details:
-            mine = self.state.block_usage.setdefault(inner, {})
-            for name, value in details.items():
-                mine[name] = mine.get(name, 0) + value
-        return True
+        st = self.state
+        mine: dict[str, int] | None = None
+        for content in contents:
+            if content.type != "usage":
+                continue
+            details = {k: v for k, v in (content.usage_details or {}).items() if v is not None}
+            if content.merge_mode == "replace":
+                mine = details
+            elif details:
+                if mine is None:
+                    current = st.block_usage.get(inner)
+                    mine = current.copy() if current else {}
+                for name, value in details.items():
+                    mine[name] = mine.get(name, 0) + value
+        if mine:
+            blocks = st.block_usage
+            if st.usage or len(blocks) > (inner in blocks):  # several agents' usage
+                for name, value in mine.items():
+                    total = value + (st.usage or {}).get(name, 0)
+                    for key, usage in blocks.items():
+                        if key != inner:
+                            total += usage.get(name, 0)
+                    if total > MAX_USAGE_COUNT:
+                        raise UsageOverflow(name, total)
+            elif max(mine.values()) > MAX_USAGE_COUNT:  # (the usual turn: its own alone)
+                name = max(mine, key=mine.__getitem__)
+                raise UsageOverflow(name, mine[name])
+        return mine
 
     def _clear(self, seg: int) -> None:
         """An update with ``merge_mode="replace"`` restarts its message's
@@ -310,13 +370,17 @@ class Turn:
             return block
         return max([block, *(self.state.segments[seg].block for seg in owners)])
 
-    def _result_after_call(self, seg: int, contents: list[Content], ordinal: int) -> int:
+    def _result_after_call(
+        self, seg: int, contents: list[Content], ordinal: int, message_id: str
+    ) -> int:
         """Never move a function result before its call (rule 5), keyed case.
 
         A keyed update can rejoin a message that sits before the message
         holding the call its result answers; then the update starts a new
-        id-less message at the end of the call's block instead (it cannot keep
-        the producer's id: that id names the earlier message).
+        id-less message at the end of the call's block instead (the
+        producer's id names the earlier message). The new message remembers
+        that id: it takes it if the earlier message ends up empty
+        (``combine.keep_moved_ids``).
         """
         owners = call_owners(self.state, contents)
         if not owners:
@@ -325,7 +389,9 @@ class Turn:
         last = max(owners, key=lambda owner: position(st, owner))
         if position(st, last) <= position(st, seg):
             return seg
-        return self._new_segment(st.segments[last].block, ordinal, None)
+        moved = self._new_segment(st.segments[last].block, ordinal, None)
+        st.segments[moved].moved_from = message_id
+        return moved
 
     def _append(self, index: int, content: Content) -> None:
         contents = self.state.segments[index].contents

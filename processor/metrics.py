@@ -34,6 +34,7 @@ from processor.settle import id_order
 
 log = logging.getLogger("processor.metrics")
 turn_log = logging.getLogger("processor.turns")
+dead_log = logging.getLogger("processor.dlq")
 
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 _unpack = msgspec.msgpack.Decoder()
@@ -136,6 +137,23 @@ class Metrics:
         self.shards_read = Gauge(
             "processor_shards_read", "Shards this worker reads new entries from: those "
             "shard affinity gives it, plus any whose owners stalled", registry=r)
+        self.shards = Gauge(
+            "processor_shards", "Shards of the namespace (its record, {ns:0}:meta)",
+            registry=r)
+        self.lost_entries = Counter(
+            "processor_lost_entries", "Entries deleted from the stream while pending (a "
+            "trim, an XDEL), found by a reclaim or a take-back: their data is gone, each "
+            "has an entry_lost dead letter", ["shard"], registry=r)
+        self.state_lost = Counter(
+            "processor_state_lost", "Times this worker found the namespace's state in Redis "
+            "gone (its record missing or of another epoch: a Redis restarted without "
+            "persistence) and published the turns it knew as state_lost", registry=r)
+        self.groups_recreated = Counter(
+            "processor_groups_recreated", "Consumer groups this worker found gone and put "
+            "back (XGROUP DESTROY, the stream deleted)", ["shard"], registry=r)
+        self.live_workers = Gauge(
+            "processor_live_workers", "Live workers of the group as this worker's last "
+            "beat saw them (more than processor_shards: every shard is shared)", registry=r)
         # The merged and terminal counters' children by turn status.
         self._published: dict[str, tuple[Counter, Counter]] = {}
         self._settled_held: Counter | None = None
@@ -243,12 +261,51 @@ class Metrics:
 
 def dead_letter_reasons(packed: bytes) -> list[str]:
     """The ``reason`` of each DLQ entry in a msgpack array of field arrays."""
-    reasons = []
+    return [reason for reason, _id, _turn in dead_letter_summary(packed)]
+
+
+def dead_letter_summary(packed: bytes) -> list[tuple[str, str, str]]:
+    """``(reason, source_id, response_id)`` of each DLQ entry in a msgpack
+    array of field arrays (never their payload)."""
+    found = []
     for fields in _unpack.decode(packed) if packed else []:
-        for i in range(0, len(fields) - 1, 2):
-            if fields[i] == "reason":
-                reasons.append(str(fields[i + 1]))
-    return reasons
+        named = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)
+                 if fields[i] in ("reason", "source_id", "response_id")}
+        found.append((str(named.get("reason", "")), str(named.get("source_id", "")),
+                      str(named.get("response_id", ""))))
+    return found
+
+
+class DeadLetterLog:
+    """Dead letters in the worker's log, at ``warning``: one line per reason
+    per ``every`` seconds, with the shard, the entry ids (up to ``max_ids``)
+    and the turns where known, and how many of that reason were not logged
+    since its last line. Never the payload: an entry's fields are user data
+    (and a hostile producer's), and the DLQ keeps them."""
+
+    def __init__(self, every: float = 10.0, max_ids: int = 20,
+                 clock: Any = time.monotonic) -> None:
+        self.every, self.max_ids, self.clock = every, max_ids, clock
+        self._next: dict[str, float] = {}  # reason -> when it may be logged again
+        self._quiet: dict[str, int] = {}  # reason -> dead letters not logged since
+
+    def note(self, reason: str, shard: int, count: int, ids: Sequence[str] = (),
+             turns: Sequence[str] = ()) -> None:
+        """``count`` entries of ``shard`` were dead-lettered as ``reason``
+        (``ids``, ``turns``: those known, maybe fewer than ``count``)."""
+        if count <= 0:
+            return
+        now = self.clock()
+        if now < self._next.get(reason, 0.0):
+            self._quiet[reason] = self._quiet.get(reason, 0) + count
+            return
+        self._next[reason] = now + self.every
+        fields: dict[str, Any] = {"reason": label(reason), "shard": shard, "count": count,
+                                  "entry_ids": list(ids[:self.max_ids]),
+                                  "not_logged": self._quiet.pop(reason, 0)}
+        if turns:
+            fields["turns"] = sorted(set(turns))[:self.max_ids]
+        dead_log.warning("entries dead-lettered", extra=fields)
 
 
 class Sampler:

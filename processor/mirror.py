@@ -216,6 +216,15 @@ class Mirrors:
         self._bound()
         return {key for key in versions if key in self.turns}
 
+    def vanished(self, versions: dict[TurnKey, Version]) -> list[TurnKey]:
+        """The turns an ``apply_entries`` call found without state (version
+        0 before it) although this worker's copy had some: only the
+        namespace's state lost in Redis does that (continuity.py checks)."""
+        turns = self.turns
+        return [key for key, version in versions.items()
+                if version.before == 0 and (copy := turns.get(key)) is not None
+                and copy.version > 0]
+
     def _keep(self, key: TurnKey, mirror: Mirror | None) -> None:
         """Keep the turn's mirror as a call left it, or drop it (None)."""
         if mirror is None:

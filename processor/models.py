@@ -27,6 +27,12 @@ TURN_IDS: tuple[str, ...] = (
 )
 #: Entry-level correlation ids: kept on the progress event of that entry.
 ENTRY_IDS: tuple[str, ...] = ("step_id", "tool_call_id", "action_id", "evidence_id")
+#: A usage count (a ``usage_details`` value) is an integer from 0 to this,
+#: in each update and in a turn's sum per counter: 2**53 - 1, the largest
+#: integer every JSON reader holds exactly (JavaScript's, or any that reads
+#: numbers as doubles). An update past it is ``invalid_update``; one that
+#: would take a turn's sum past it ends the turn as ``turn_limit``.
+MAX_USAGE_COUNT = (1 << 53) - 1
 
 # ``gc=False`` on the Structs made once per entry (Content, Update, Record):
 # they hold decoded data, never themselves, so they cannot be part of a

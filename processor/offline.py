@@ -21,7 +21,7 @@ import msgspec
 from processor import events as ev
 from processor.decode import EntryError, decode_entry, entry_size, turn_key
 from processor.ids import TurnKey
-from processor.lifecycle import LATE, MERGED, Limits, TurnLife, Verdict
+from processor.lifecycle import LATE, MERGED, Limits, TurnLife, late_detail
 from processor.models import Event, TurnResult
 
 # Fields stay raw JSON: ``update`` then travels to the decoder as JSON text,
@@ -112,7 +112,8 @@ class OfflineMerge:
         was_open = life.outcome is None
         verdict = life.feed(source_id, record, entry_size(fields))
         if verdict in LATE:
-            self._dead(line_no, source_id, verdict.value, _closed_detail(verdict), key.response_id)
+            detail = late_detail(verdict, life.outcome)
+            self._dead(line_no, source_id, verdict.value, detail, key.response_id)
         if verdict is MERGED and self.progress:
             turn.events.extend(ev.progress(key, life.turn.state.ids, record, ts))
         if was_open and life.outcome is not None:
@@ -174,12 +175,6 @@ def _line_field(name: str, raw: msgspec.Raw) -> Any:
     if text.startswith(b'"'):
         return _value_decoder.decode(text)
     return text
-
-
-def _closed_detail(verdict: Verdict) -> str:
-    if verdict is Verdict.TURN_LIMIT:
-        return "the turn reached its update or byte limit and ended"
-    return "the turn had already ended"
 
 
 def _result(turn: _Open) -> TurnResult:

@@ -29,7 +29,8 @@ def source(name: str) -> str:
 NAMES = (
     "apply_entries", "finalise_turns", "sweep_shard", "send_update", "replay_dead_letter",
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
-    "read_inputs", "send_inbox", "admit_inbox",
+    "read_inputs", "create_namespace", "reshard_namespace", "dead_letter_lost",
+    "publish_lost_turns", "recreate_group", "send_inbox", "admit_inbox",
 )
 
 
@@ -45,4 +46,7 @@ class Scripts:
         self.open_turns = client.register_script(source("open_turns"))
         self.finalise_held = client.register_script(source("finalise_held"))
         self.cancelled_turns = client.register_script(source("cancelled_turns"))
+        self.dead_letter_lost = client.register_script(source("dead_letter_lost"))
+        self.publish_lost_turns = client.register_script(source("publish_lost_turns"))
+        self.recreate_group = client.register_script(source("recreate_group"))
         self.admit_inbox = client.register_script(source("admit_inbox"))

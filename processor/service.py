@@ -5,25 +5,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import NoPermissionError
 
 from processor import config, library, logs, stopping
 from processor.connections import (
     TRANSIENT,
     RedisOptions,
     as_text,
-    connect,
+    connect_retrying,
     redact,
-    tls_refusal,
-    tls_refusal_probe,
+    until_done,
 )
+from processor.groups import check_groups
 from processor.health import Health, Server, groups_check
+from processor.meta import Meta, Mismatch, check, create, drain_problems, reshard
 from processor.metrics import Metrics, Sampler
 from processor.progress_log import log_progress
 from processor.worker import Worker
@@ -43,51 +44,6 @@ def start_embedded() -> Any:
         flush=True,
     )
     return server
-
-
-async def connect_retrying(
-    options: RedisOptions, stop: stopping.Stop | None = None,
-    give_up_after: float | None = None, prog: str = "processor",
-) -> Any:
-    """Connect, retrying while Redis is unreachable (it may still be starting),
-    for ever or until ``give_up_after`` seconds have passed (then the process
-    ends with one line naming the URL and the last error, exit status 1).
-    Refused credentials, rights or TLS certificates are configuration, not an
-    outage: they end the process with one line instead of retrying forever.
-    None when ``stop`` is requested first: a SIGTERM must not wait for Redis."""
-    delay = 0.1
-    loop = asyncio.get_running_loop()
-    deadline = None if give_up_after is None else loop.time() + give_up_after
-    while True:
-        if stop is not None and stop.requested.is_set():
-            return None
-        try:
-            return await connect(options)
-        except ValueError as exc:  # a URL redis-py cannot read
-            raise SystemExit(f"{prog}: bad Redis URL {redact(options.url)}: {exc}") from None
-        except (AuthenticationError, NoPermissionError) as exc:
-            raise SystemExit(f"processor: redis at {redact(options.url)} refused the "
-                             f"connection's credentials or rights: {exc}") from None
-        except TRANSIENT as exc:
-            refusal = tls_refusal(exc) or await tls_refusal_probe(options)
-            if refusal:
-                raise SystemExit(f"processor: TLS with redis at {redact(options.url)} failed: "
-                                 f"{refusal} (check --ssl-ca-certs, --ssl-certfile and "
-                                 "--ssl-keyfile)") from None
-            if deadline is not None and loop.time() >= deadline:
-                raise SystemExit(f"{prog}: cannot reach Redis at {redact(options.url)} "
-                                 f"(gave up after {give_up_after:g} s): {exc}") from None
-            log.warning(
-                "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
-            )
-            if deadline is not None:
-                delay = min(delay, max(0.0, deadline - loop.time()))
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:  # the delay, cut short by a stop request
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.requested.wait(), delay)
-            delay = min(delay * 2, 5.0)
 
 
 #: Tracked allocations (less frees) between generation-0 passes (Python: 700).
@@ -113,10 +69,51 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-async def run_worker(values: dict[str, Any]) -> int:
+async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str, str],
+                         stop: stopping.Stop | None = None) -> Meta | None:
+    """The namespace's record (processor.meta), written with these values if
+    there is none yet; ``values`` then take its shards (and its group, unless
+    one is given: :func:`other_group`). A shard count given explicitly
+    (``given``: flag or environment) that disagrees raises
+    :class:`~processor.meta.Mismatch`. None when stopped first."""
+    def give_up() -> bool:
+        return stop is not None and stop.requested.is_set()
+
+    def retry(exc: BaseException | None) -> None:
+        log.warning("redis unavailable, retrying", extra={"error": repr(exc)})
+
+    try:
+        meta: Meta = await until_done(create, client, values["namespace"], values["shards"],
+                                      values["group"], give_up=give_up, on_retry=retry)
+    except TRANSIENT:
+        if give_up():
+            return None
+        raise
+    check(meta, values["shards"] if "shards" in given else None, given.get("shards", ""))
+    values["shards"] = meta.shards
+    if "group" not in given:
+        values["group"] = meta.group
+    return meta
+
+
+def other_group(meta: Meta, values: dict[str, Any], given: Mapping[str, str]) -> str | None:
+    """Why a worker given another consumer group than the namespace's record
+    names must not start (one line), or None; ``--allow-other-groups`` lets it."""
+    if "group" not in given or values["allow_other_groups"]:
+        return None
+    try:
+        check(meta, group=values["group"], group_from=given["group"])
+    except Mismatch as exc:
+        return f"{exc} (--allow-other-groups starts it anyway)"
+    return None
+
+
+async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = None) -> int:
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
     that came before the worker existed (even before the event loop did, see
-    processor/stopping.py) stops it as soon as it does."""
+    processor/stopping.py) stops it as soon as it does. ``given``: the
+    options given explicitly (:func:`processor.config.given`); the others
+    the namespace's record may override (shards, group)."""
     stop = stopping.attach(asyncio.get_running_loop())
     tune_gc()
     logs.set_payloads(values["log_payloads"])
@@ -145,10 +142,26 @@ async def run_worker(values: dict[str, Any]) -> int:
         if client is None:  # stopped while connecting: nothing was read
             log.info("stopped cleanly")
             return 0
+        try:
+            meta = await open_namespace(client, values, given or {}, stop)
+        except (Mismatch, NoPermissionError) as exc:
+            print(f"processor run: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, Mismatch) else 1
+        if meta is None:
+            log.info("stopped cleanly")
+            return 0
         worker = Worker(client, config.worker_config(values), metrics)
         stop.on_stop(worker.stop)
+        refused = await check_groups(client, worker.namespace, worker.config.group,
+                                     values["allow_other_groups"], stop.requested.is_set)
+        refused = refused or other_group(meta, values, given or {})
+        if refused is not None:  # (before the worker creates its own group)
+            print(f"processor run: {refused}", file=sys.stderr)
+            await client.aclose()
+            return 2
         if server:
-            health.ready_check = groups_check(client, worker.namespace, worker.config.group)
+            health.ready_check = groups_check(client, worker.namespace, worker.config.group,
+                                              worker.readiness)
         # Also without a metrics port: the sampler is what logs a shard whose ids went bad.
         sampler = Sampler(client, worker.namespace, worker.config.group, metrics,
                           values["metrics_interval"])
@@ -158,6 +171,9 @@ async def run_worker(values: dict[str, Any]) -> int:
                 log_progress(metrics, sampler, values["log_interval"])))
         await worker.run()
         await client.aclose()
+        if worker.fatal:
+            print(f"processor run: {worker.fatal}", file=sys.stderr)
+            return 1
         log.info("stopped cleanly", extra={"turns_settled": metrics.settled_by_source()})
         return 0
     finally:
@@ -213,16 +229,44 @@ def cancel(args: argparse.Namespace) -> int:
     return run_tool("cancel", args, body)
 
 
-async def init_groups(values: dict[str, Any]) -> int:
-    """``processor init``: create every shard's stream and consumer group (idempotent),
-    so that autoscalers reading the group (KEDA) find it before any worker ran, and
-    load the producers' function library (:mod:`processor.library`)."""
+async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = None,
+                      resharding: bool = False) -> int:
+    """``processor init``: write the namespace's record if there is none
+    (processor.meta), then create every shard's stream and consumer group
+    (idempotent), so that autoscalers reading the group (KEDA) find it
+    before any worker ran, and load the producers' function library
+    (:mod:`processor.library`). With ``resharding`` (``--reshard``) an
+    explicit ``--shards`` that differs from the record changes it, once
+    every shard is drained and no worker is live (docs/cluster.md)."""
+    given = given or {}
+    if resharding and "shards" not in given:
+        print("processor init: --reshard needs --shards (or PROCESSOR_SHARDS)", file=sys.stderr)
+        return 2
     options = RedisOptions(
         values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"], values["ssl_keyfile"]
     )
     client = await connect_retrying(options, give_up_after=values["connect_timeout"],
                                     prog="processor init")
     try:
+        try:
+            meta = await create(client, values["namespace"], values["shards"], values["group"])
+            if resharding and meta.shards != values["shards"]:
+                status = await _reshard(client, meta, values)
+                if status:
+                    return status
+            else:
+                check(meta, values["shards"] if "shards" in given else None,
+                      given.get("shards", ""), values["group"] if "group" in given else None,
+                      given.get("group", ""))
+        except Mismatch as exc:
+            print(f"processor init: {exc}", file=sys.stderr)
+            return 2
+        except NoPermissionError as exc:
+            print(f"processor init: redis refused the namespace's record: {exc}",
+                  file=sys.stderr)
+            return 1
+        values = {**values, "shards": values["shards"] if resharding else meta.shards,
+                  "group": meta.group}
         worker = Worker(client, config.worker_config(values))  # the worker's own ensure_groups
         try:
             await worker.ensure_groups()
@@ -236,10 +280,34 @@ async def init_groups(values: dict[str, Any]) -> int:
                   f"{library.library_name()}: {exc}", file=sys.stderr)
             return 1
         streams = [shard.updates for shard in worker.namespace.all()]
-        print(f"consumer group {values['group']!r} ready on {len(streams)} stream(s): "
-              + ", ".join(streams))
+        print(f"namespace {values['namespace']!r}: {values['shards']} shard(s) (record "
+              f"{worker.namespace.meta}); consumer group {values['group']!r} ready on "
+              f"{len(streams)} stream(s): " + ", ".join(streams))
         print(f"producers' function library {library.library_name()} loaded" if functions
               else "redis has no functions (before 7.0): producers run their script with EVALSHA")
         return 0
     finally:
         await client.aclose()
+
+
+async def _reshard(client: Any, meta: Meta, values: dict[str, Any]) -> int:
+    """Change the record's shard count; 0 when done, else the exit status
+    after saying why not (a shard not drained, a worker live, a race)."""
+    problems = await drain_problems(client, meta, int(values["worker_ttl"] * 1000))
+    for problem in problems:
+        print(f"processor init: cannot reshard {meta.namespace!r} from {meta.shards} to "
+              f"{values['shards']} shard(s): {problem}", file=sys.stderr)
+    if problems:
+        print("processor init: stop the producers, wait until `processor stats` shows every "
+              "shard drained, stop the workers, then run this again (docs/cluster.md)",
+              file=sys.stderr)
+        return 1
+    if not await reshard(client, meta, values["shards"]):
+        print(f"processor init: the record of {meta.namespace!r} changed meanwhile: "
+              "run this again", file=sys.stderr)
+        return 1
+    log.info("namespace resharded", extra={"namespace": meta.namespace, "from": meta.shards,
+                                           "to": values["shards"]})
+    print(f"namespace {meta.namespace!r} resharded from {meta.shards} to {values['shards']} "
+          "shard(s)")
+    return 0

@@ -11,6 +11,7 @@ and, once compacted, a :class:`Snapshot` under the field :data:`STATE`: the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -19,11 +20,13 @@ from processor import agui
 from processor import events as ev
 from processor.connections import as_text
 from processor.ids import TurnKey
-from processor.lifecycle import LATE, Limits, TurnLife, Verdict
+from processor.lifecycle import LATE, Limits, TurnLife, Verdict, late_detail
 from processor.merge import Turn
 from processor.models import Counts, Event, Record, Status, Update
 
-Reason = Literal["closing", "cancel", "timeout"]
+#: Why a turn is finalised: its closing entry, a cancel key, its timeout, or
+#: the namespace's state lost in Redis (a worker publishing what it had).
+Reason = Literal["closing", "cancel", "timeout", "lost"]
 
 
 class Stored(msgspec.Struct, array_like=True):
@@ -114,10 +117,10 @@ class Replay:
             self.ending = entry_id
 
     def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
-                     size: int) -> bool:
-        """:meth:`TurnLife.feed_updates`: each of them merged, so none is late
-        and none ends the turn."""
-        return self.life.feed_updates(updates, first_id, last_id, size)
+                     size: int, prefix: Callable[[int], tuple[int, str]]) -> int:
+        """:meth:`TurnLife.feed_updates`: those fed are merged, so none is
+        late and none ends the turn."""
+        return self.life.feed_updates(updates, first_id, last_id, size, prefix)
 
 
 def replay(key: TurnKey, recs: dict[Any, Any], limits: Limits) -> Replay:
@@ -165,8 +168,13 @@ def render(
         life.cancel()
     elif reason == "timeout":
         life.expire()
+    elif reason == "lost":
+        life.state_lost()
     if life.outcome is None:
         return None
+    lost = turn_hash.get(b"lost", turn_hash.get("lost"))
+    if lost is not None:  # (dead_letter_lost.lua: an entry it may have had is gone)
+        life.entries_lost(as_text(lost))
     counters = {as_text(k): int(v) for k, v in turn_hash.items() if as_text(v).isdigit()}
     life.counts.dropped += counters.get("dropped", 0)
     life.counts.dlq += counters.get("dlq", 0)
@@ -179,7 +187,7 @@ def render(
     if with_agui:  # published with the terminal event, so exactly once too
         run = agui.project(response, meta, life.outcome.status)
         outputs.append(agui.entry_fields(key, run))
-    dead = [_late_fields(key, entry_id, record, verdict)
+    dead = [_late_fields(key, entry_id, record, late_detail(verdict, life.outcome), verdict)
             for entry_id, record, verdict in done.late]
     return Settled(life.outcome.status, _pack.encode(outputs), _pack.encode(dead), done.ending)
 
@@ -255,7 +263,8 @@ def event_type(event: Event) -> str:
     return str(type(event).__struct_config__.tag)
 
 
-def _late_fields(key: TurnKey, entry_id: str, record: Record, verdict: Verdict) -> list[str]:
+def _late_fields(key: TurnKey, entry_id: str, record: Record, detail: str,
+                 verdict: Verdict) -> list[str]:
     """A DLQ entry for a record found after its turn ended (rebuilt from the record)."""
     fields = ["response_id", key.response_id, "kind", record.kind]
     if key.attempt_id:
@@ -265,13 +274,8 @@ def _late_fields(key: TurnKey, entry_id: str, record: Record, verdict: Verdict) 
             fields += [name, value]
     if record.update is not None:
         fields += ["update", _json.encode(record.update).decode()]
-    return [*fields, "reason", verdict.value, "detail", _late_detail(verdict),
+    return [*fields, "reason", verdict.value, "detail", detail,
             "source_id", entry_id, "deliveries", "1"]
-
-
-def _late_detail(verdict: Verdict) -> str:
-    return ("the turn reached its limits and ended" if verdict is Verdict.TURN_LIMIT
-            else "the entry came after the turn's end")
 
 
 def take_late(done: Replay) -> list[tuple[str, str, str]]:
@@ -279,7 +283,8 @@ def take_late(done: Replay) -> list[tuple[str, str, str]]:
     taken out of ``done`` (so :func:`render` publishes none of them): for a
     caller whose script dead-letters them from the stream's copy, with their
     original fields (``finalise_held``: held entries are still in the stream)."""
-    late = [(entry_id, verdict.value, _late_detail(verdict))
+    outcome = done.life.outcome
+    late = [(entry_id, verdict.value, late_detail(verdict, outcome))
             for entry_id, _record, verdict in done.late]
     done.late = []
     return late

@@ -11,18 +11,26 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import ResponseError
 
 from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
 from processor.connections import as_text, is_transient, read_raw, stream_entry
+from processor.continuity import is_nogroup
 from processor.hold import Floor
+from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.membership import Membership
 from processor.metrics import Metrics
 
 log = logging.getLogger("processor.worker")
+
+#: How a step of the shard loop went (:meth:`ShardLoop._guarded`).
+Step = Literal["done", "failed", "vanished"]
+DONE: Step = "done"
+FAILED: Step = "failed"
+VANISHED: Step = "vanished"  # its stream or group was missing, and is put back
 
 
 def _cancelling() -> bool:
@@ -33,10 +41,13 @@ def _cancelling() -> bool:
 
 @dataclass(frozen=True)
 class Batch:
-    """Entries read from a shard and, when decoding them worked, their script call."""
+    """Entries read from a shard and, when decoding them worked, their script
+    call; ``generation``: the worker's when the read began (another one:
+    read before the namespace's state was found lost, continuity.py)."""
 
     entries: list[tuple[Any, Any]]
     call: ApplyCall | None
+    generation: int = 0
 
 
 class Handoff(asyncio.Queue[Batch]):
@@ -102,6 +113,9 @@ class ShardLoop:
     _apply_isolated: Callable[..., Awaitable[None]]
     ensure_groups: Callable[[], Awaitable[None]]
     sweep: Callable[[Shard, bool], Awaitable[None]]
+    _generation: int  # Continuity's
+    _last_read: dict[int, str]
+    _lost_shards: set[int]
 
     if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
         async def _take_back(self, shard: Shard) -> None: ...
@@ -110,6 +124,12 @@ class ShardLoop:
         async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
         async def retry_cancels(self, shard: Shard) -> None: ...
         def _holds_on(self, shard: Shard) -> bool: ...
+        async def _group_vanished(self, shard: Shard) -> bool: ...
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _after_loss(self, shard: Shard, entries: list[Any],
+                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
+        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
+        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
 
         @property
         def stopping(self) -> bool:  # stop() was called
@@ -136,10 +156,11 @@ class ShardLoop:
                 if shard.index in self._orphans:
                     await batches.join()  # nothing read earlier is still waiting to be applied
                     await self._retrying(self._take_back, shard)
+                generation = self._generation
                 entries = await self._retrying(self._read, shard)
                 call = self._prepare(shard, entries)
                 await self._open_ahead(shard, call)
-                await batches.put(Batch(entries, call))
+                await batches.put(Batch(entries, call, generation))
                 await batches.taken()  # one batch ahead of the applier, no more
             except asyncio.CancelledError as exc:
                 if _cancelling() or self.stopping:
@@ -172,11 +193,15 @@ class ShardLoop:
         self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
     ) -> None:
         next_sweep = next_reclaim = 0.0
+        read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(shard, batch)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
+                if reads and not read_before:
+                    next_reclaim = 0.0  # a shard just taken over: its dead owner's entries now
+                read_before = reads
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
                 await self._guarded(shard, self._retrying, self._spill_due, shard,
@@ -200,21 +225,45 @@ class ShardLoop:
         await self._guarded(shard, self._spill_due, shard, True)
 
     async def _step(self, shard: Shard, batch: Batch) -> None:
+        if shard.index in self._lost_shards:  # the namespace's state found lost:
+            await self._guarded(shard, self._retrying, self._lose_shard_now, shard)
         if batch.entries:
             self.metrics.read(shard.index, len(batch.entries))
             # On a connection error the same batch is applied again: the XACK
             # fence makes that idempotent, and nothing waits for a reclaim.
+            # Its group vanished: applied again once it is put back with this
+            # worker's pending entries (continuity.py), or, the namespace's
+            # state lost, what Redis no longer has goes to the DLQ.
             try:
-                await self._guarded(shard, self._retrying, self._apply_isolated, shard,
-                                    batch.entries, {}, batch.call)
+                for _ in range(3):
+                    if batch.generation != self._generation:
+                        await self._guarded(shard, self._retrying, self._after_loss, shard,
+                                            batch.entries)
+                        break
+                    done = await self._guarded(shard, self._retrying, self._apply_isolated,
+                                               shard, batch.entries, {}, batch.call)
+                    if done is not VANISHED:
+                        break
             finally:
                 self._floors[shard.index].routed(as_text(batch.entries[0][0]),
                                                 as_text(batch.entries[-1][0]))
+                self._batch_done(shard, batch.entries)
 
-    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> None:
-        """One step of the shard loop; a failure is logged and counted, never fatal."""
+    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> Step:
+        """One step of the shard loop; a failure is logged and counted, never
+        fatal. A stream or group found missing is put back (continuity.py):
+        :data:`VANISHED`, so that the caller may run the step again."""
         try:
             await fn(*args)
+            return DONE
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                return await self._failed(shard, exc)
+            try:
+                await self._retrying(self._group_vanished, shard)
+            except Exception as again:
+                return await self._failed(shard, again)
+            return VANISHED
         except asyncio.CancelledError as exc:
             if _cancelling():
                 raise  # this task is being cancelled: let run() unwind
@@ -224,15 +273,21 @@ class ShardLoop:
             # What it interrupted is finished by a later sweep or reclaim.
             if not self.stopping:
                 await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+            return FAILED
         except Exception as exc:
-            if self.stopping:
-                log.warning("stopping without finishing a step", exc_info=True,
-                            extra={"shard": shard.index})
-                return
-            # A bug or an unexpected reply must not stop the worker: what
-            # was not applied stays pending, is reclaimed and, if it keeps
-            # failing, dead-lettered after max_deliveries.
-            await self._step_failed(shard, exc, "shard loop step failed")
+            return await self._failed(shard, exc)
+
+    async def _failed(self, shard: Shard, exc: Exception) -> Step:
+        """A step failed (inside its ``except``)."""
+        if self.stopping:
+            log.warning("stopping without finishing a step", exc_info=True,
+                        extra={"shard": shard.index})
+            return FAILED
+        # A bug or an unexpected reply must not stop the worker: what
+        # was not applied stays pending, is reclaimed and, if it keeps
+        # failing, dead-lettered after max_deliveries.
+        await self._step_failed(shard, exc, "shard loop step failed")
+        return FAILED
 
     async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
         """Count and log a failed step (inside its ``except``), then pause before the next."""
@@ -251,6 +306,7 @@ class ShardLoop:
                 await self._retrying(self._apply_isolated, shard, entries, {})
             finally:
                 self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
+                self._batch_done(shard, entries)
 
     async def _read(self, shard: Shard) -> list[Any]:
         """The shard's next batch, ``(id, {name: value})`` each, or with
@@ -273,16 +329,24 @@ class ShardLoop:
                 )
                 entries = [entry for _stream, entries in reply or [] for entry in entries]
         except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if not is_nogroup(exc):
                 raise
-            await self.ensure_groups()  # the stream was deleted under us
+            # The group (or the stream) vanished under this worker: put back
+            # where it was, or the namespace's whole state is gone (continuity.py),
+            # and its groups come back a little later: wait as an idle read would.
+            if await self._group_vanished(shard):
+                await asyncio.sleep(cfg.block_ms / 1000)
             return []
         except Exception as exc:
             if is_transient(exc):
                 # Redis may have delivered the batch and lost the reply.
                 self._orphans.add(shard.index)
             raise
-        if entries and cfg.hold_turns:
-            self._floors[shard.index].read(as_text(entries[0][0]), as_text(entries[-1][0]))
+        if entries:
+            last = as_text(entries[-1][0])
+            self._last_read[shard.index] = last
+            self._read_batch(shard, entries)  # until applied (_step): restored if the group goes
+            if cfg.hold_turns:
+                self._floors[shard.index].read(as_text(entries[0][0]), last)
         return entries
 

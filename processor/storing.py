@@ -25,8 +25,8 @@ from processor.compaction import compact_turns
 from processor.connections import as_text, handed_over
 from processor.ids import TurnKey
 from processor.keys import Shard
-from processor.metrics import Metrics
-from processor.mirror import Ahead, Applied, Mirror, Mirrors
+from processor.metrics import DeadLetterLog, Metrics, dead_letter_summary
+from processor.mirror import Ahead, Applied, Mirror, Mirrors, Version
 from processor.settle import Reason, Settled, render, settle, text_hash
 from processor.shard_loop import now_ms
 
@@ -44,9 +44,16 @@ class Storing:
     _mirrors: dict[int, Mirrors]
     _waiting_cancels: dict[int, set[TurnKey]]
 
-    if TYPE_CHECKING:  # Holding's methods, for the type checker
+    dead_letters: DeadLetterLog
+
+    if TYPE_CHECKING:  # Holding's and Continuity's methods, for the type checker
         def _floor(self, shard: Shard) -> str: ...
         async def _spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None: ...
+        async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
+                              versions: dict[TurnKey, Version]) -> str | None: ...
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _after_loss(self, shard: Shard, entries: list[Any],
+                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
 
     async def _store(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
@@ -61,12 +68,20 @@ class Storing:
         applying = self.scripts.apply_entries(
             keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
         if call.newest:
-            cancelled, ready, counts, full, versions, fresh = await self._follow_ahead(
-                shard, call.applied, applying)
+            cancelled, ready, counts, full, versions, fresh, lost = await self._follow_ahead(
+                shard, call, applying)
         else:
             cancelled, ready, counts, full, versions = await applying
-            fresh = self._follow(shard, call.applied, versions, call.newest)
+            lost = await self._lost_under(shard, call, counts, parse_versions(versions))
+            fresh = set() if lost else self._follow(shard, call.applied, versions, call.newest)
         self.metrics.applied(counts)
+        self._log_dead_letters(shard, call, counts)
+        if lost is not None:  # the namespace's state found lost under this call
+            merged = await self._lose_shard_now(shard)
+            if lost == "fenced":  # nothing of it applied: what Redis no longer has, to the DLQ
+                await self._after_loss(shard, entries,
+                                       {a.entry_id for a in call.applied if a.key in merged})
+                return
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -76,13 +91,16 @@ class Storing:
             await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
 
     async def _follow_ahead(
-        self, shard: Shard, applied: list[Applied], applying: Awaitable[list[Any]]
+        self, shard: Shard, call: ApplyCall, applying: Awaitable[list[Any]]
     ) -> tuple[Any, ...]:
         """``apply_entries``' reply and :meth:`_follow`'s turns, for a batch
         read with ``XREADGROUP >``: the copies are fed while redis-server runs
         the script (:meth:`~processor.mirror.Mirrors.feed_ahead`), and kept
         only where its versions confirm them, exactly as :meth:`_follow`
-        would keep them."""
+        would keep them. Last, what the reply says of the namespace's state
+        (:meth:`~processor.continuity.Continuity._lost_under`), checked
+        before the copies are settled: a lost turn is published from its copy."""
+        applied = call.applied
         mirrors = self._mirrors[shard.index]
         sent = asyncio.ensure_future(applying)
         ahead = Ahead()
@@ -101,13 +119,21 @@ class Storing:
             sent.cancel()
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
+        versions = parse_versions(reply[4])
         try:
-            fresh = mirrors.settle(ahead, parse_versions(reply[4]))
+            lost = await self._lost_under(shard, call, reply[2], versions)
+        except BaseException:
+            mirrors.forget(ahead)  # a retry feeds the batch again
+            raise
+        if lost is not None:
+            return (*reply, set(), lost)  # (the copies are published, then dropped)
+        try:
+            fresh = mirrors.settle(ahead, versions)
         except Exception:
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             mirrors.forget(ahead)
             fresh = set()
-        return (*reply, fresh)
+        return (*reply, fresh, None)
 
     def _follow(
         self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
@@ -206,6 +232,9 @@ class Storing:
                               self._floor(shard))
         results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
         self.metrics.finalised(settled, results)
+        for (key, _, outcome), result in zip(settled, results, strict=True):
+            if int(result) == 1 and outcome.dead_letters:
+                self._log_late(shard, key, dead_letter_summary(outcome.dead_letters))
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
                       if r == -1})
         # A cancel that must wait for an entry up to its cut: retried after
@@ -214,6 +243,33 @@ class Storing:
             key for (key, _, _), r in zip(settled, results, strict=True)
             if r == 2 and todo[key] == "cancel")
         return again
+
+    def _log_dead_letters(self, shard: Shard, call: ApplyCall, counts: list[Any]) -> None:
+        """Log what ``apply_entries`` dead-lettered (rate-limited, metrics.DeadLetterLog):
+        by reason, with the ids and turns of those the worker decided itself
+        (decoding, routing, deliveries); the script's own (``turn_closed``
+        of an ended turn, ``internal_error``) are counted, their ids are in the DLQ."""
+        reasons = {as_text(counts[i])[4:]: int(counts[i + 1])
+                   for i in range(0, len(counts) - 1, 2) if as_text(counts[i]).startswith("dlq:")}
+        if not reasons:
+            return
+        known: dict[str, tuple[list[str], list[str]]] = {}
+        for entry_id, reason, tk in call.dead_letters():
+            ids, turns = known.setdefault(reason, ([], []))
+            ids.append(entry_id)
+            if tk:
+                turns.append(TurnKey.decode(tk).response_id)
+        for reason, count in reasons.items():
+            ids, turns = known.get(reason, ([], []))
+            self.dead_letters.note(reason, shard.index, count, ids, turns)
+
+    def _log_late(self, shard: Shard, key: TurnKey, late: list[tuple[str, str, str]]) -> None:
+        """Log the entries a finalise dead-lettered (found after the turn's end)."""
+        by_reason: dict[str, list[str]] = {}
+        for reason, entry_id, _ in late:
+            by_reason.setdefault(reason, []).append(entry_id)
+        for reason, ids in by_reason.items():
+            self.dead_letters.note(reason, shard.index, len(ids), ids, [key.response_id])
 
     async def _read_turns(
         self, shard: Shard, keys: list[TurnKey], copies: dict[TurnKey, Mirror]

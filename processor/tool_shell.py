@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from processor.connections import TRANSIENT, RedisOptions, connect, redact
 from processor.keys import Namespace
+from processor.meta import Mismatch, NamespaceError, NotInitialised, require
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
 
@@ -48,9 +49,14 @@ def run_tool(
     prog: str, args: argparse.Namespace, body: Callable[[Any, Namespace], Awaitable[int]]
 ) -> int:
     """Resolve the options (flags, then environment variables: one line each
-    for a bad one, exit 2), connect, run ``body(client, keys)``, close; one
-    line and a status on any failure. ``args`` then holds the resolved values."""
+    for a bad one, exit 2), connect, read the namespace's record
+    (processor.meta: its shard count, which ``--shards``, if given, must
+    match; its group, unless ``--group`` is given), run ``body(client,
+    keys)``, close; one line and a status on any failure. ``args`` then
+    holds the resolved values."""
     from processor import config
+
+    given = config.given(args)
 
     values, problems = config.resolve(args)
     if not values["redis_url"]:
@@ -71,7 +77,12 @@ def run_tool(
         except ValueError as exc:  # a URL redis-py cannot read
             return fail(prog, f"bad Redis URL {redact(url)}: {exc}", 2)
         try:
-            return await body(client, Namespace(args.namespace, args.shards))
+            meta = await require(client, args.namespace,
+                                 args.shards if "shards" in given else None,
+                                 given.get("shards", ""))
+            if "group" not in given:
+                args.group = meta.group
+            return await body(client, meta.keys)
         finally:
             await client.aclose()
 
@@ -79,6 +90,10 @@ def run_tool(
         return asyncio.run(main())
     except Refused as exc:
         return fail(prog, str(exc), 2)
+    except NotInitialised as exc:
+        return fail(prog, str(exc), 1)
+    except NamespaceError as exc:  # --shards disagrees with the record, or a bad record
+        return fail(prog, str(exc), 2 if isinstance(exc, Mismatch) else 1)
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, and keep the interpreter's
         # final flush of stdout from failing again.

@@ -53,7 +53,7 @@ def _add_stats(sub: Any, redis_flags: AddFlags) -> None:
         "time, active and closing turns, and the lengths of the dlq, merged and events streams.",
     )
     redis_flags(parser)
-    add_option(parser, "group")
+    add_option(parser, "group")  # (default: the namespace's, from its record)
     parser.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     parser.set_defaults(func=_cmd_stats)
 

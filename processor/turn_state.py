@@ -26,6 +26,11 @@ class Segment(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     agent_id: str | None = None
     created_at: str | None = None
     contents: list[Content] = msgspec.field(default_factory=list)
+    # An id-less message holding a keyed update's function result that moved
+    # after its call (result before call): that update's message id. The
+    # message takes it when the id's own message is empty (combine.py).
+    # Last, so states written before it load and unmoved ones encode as before.
+    moved_from: str | None = None
 
 
 class Block(msgspec.Struct, array_like=True, gc=False):

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from processor import dotnet
-from processor.models import CONTENT_FIELDS, UPDATE_FIELDS, Content, Update
+from processor.models import CONTENT_FIELDS, MAX_USAGE_COUNT, UPDATE_FIELDS, Content, Update
 
 #: Deepest nesting an update may have (the update object is level 1). Fixed,
 #: so an update is accepted or refused the same way on every process: left to
@@ -133,11 +133,23 @@ def check_update(update: Update) -> Update:
 
 def _counts_fit(counts: dict[str, int | None]) -> bool:
     """Usage counters the walk would accept: the decoder typed them (string
-    keys, integer or null values), so only the integer range is left."""
+    keys, integer or null values), so only their range is left."""
     for count in counts.values():
-        if count is not None and not _INT_MIN <= count <= _INT_MAX:
+        if count is not None and not 0 <= count <= MAX_USAGE_COUNT:
             return False
     return True
+
+
+def _check_counts(counts: dict[str, int | None], path: str) -> None:
+    """Each usage count an integer from 0 to :data:`MAX_USAGE_COUNT` (or
+    null), so that every JSON reader holds it, and the turn's sums, exactly."""
+    for name, count in counts.items():
+        if count is not None and not 0 <= count <= MAX_USAGE_COUNT:
+            where = _spell(path, (None, name))
+            raise EntryError(
+                "invalid_update",
+                f"{where}: a usage count must be an integer from 0 to {MAX_USAGE_COUNT}",
+            )
 
 
 #: What the idle test in check_update reads, or needs not: ``merge_mode`` is
@@ -161,7 +173,9 @@ def _walk_content(content: Content, values: tuple[Any, ...], path: str, depth: i
         cls = value.__class__
         if cls is str:
             continue
-        if name in _NESTED_ONE and isinstance(value, dict):
+        if name == "usage_details" and cls is dict:
+            _check_counts(value, f"{path}.usage_details")
+        elif name in _NESTED_ONE and isinstance(value, dict):
             setattr(content, name, _nested_content(value, f"{path}.{name}", depth + 1))
         elif name in _NESTED_MANY and isinstance(value, list):
             setattr(content, name, _nested_contents(value, f"{path}.{name}", depth + 1))

@@ -31,6 +31,7 @@ from processor.batches import (
     parse_member,
 )
 from processor.connections import as_text, is_transient, stream_entry, until_done
+from processor.continuity import Continuity, is_nogroup
 from processor.hold import Floor, Holds
 from processor.holding import Holding
 from processor.ids import TurnKey
@@ -38,7 +39,8 @@ from processor.inbox import Admitter
 from processor.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.lifecycle import Limits
 from processor.membership import Membership
-from processor.metrics import Metrics
+from processor.meta import Meta, check, create
+from processor.metrics import DeadLetterLog, Metrics
 from processor.mirror import MIRROR_BYTES, Mirrors
 from processor.recovery import Recovery
 from processor.scripts import Scripts
@@ -111,7 +113,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery, Holding, Storing):
+class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
@@ -144,9 +146,14 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
-        self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
-                                 self.membership, self.metrics, config.dlq_maxlen)
         self.ready = asyncio.Event()  # set once every group exists
+        self.meta: Meta | None = None  # the namespace's record (processor.meta), read by run()
+        self.fatal: str | None = None  # why the worker stopped by itself (run() returned)
+        self.dead_letters = DeadLetterLog()  # dead letters in the log, rate-limited
+        self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
+                                 self.membership, self.metrics, self.dead_letters,
+                                 config.dlq_maxlen)
+        self._init_continuity()
 
     def stop(self) -> None:
         """Stop reading; batches already read are applied and acked first."""
@@ -157,6 +164,11 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         return self._stopping.is_set()
 
     async def run(self) -> None:
+        """Serve every shard until :meth:`stop`. Raises
+        :class:`~processor.meta.Mismatch` at once when the namespace's record
+        (written by the first worker or ``processor init``) has another
+        shard count than this worker's."""
+        self.meta = await self._retrying(self._open_namespace)
         await self._retrying(self.ensure_groups)
         await self._retrying(self.load_library)
         await self._retrying(self.membership.beat)
@@ -165,12 +177,21 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
                                           "shards": self.config.shards,
                                           "reads": sorted(self.membership.owned)})
         try:
-            await asyncio.gather(self.membership.run(self._stopping),
+            await asyncio.gather(self.membership.run(self._stopping), self._watch_namespace(),
                                  self.admitter.run(self._stopping),
                                  *(self._shard_loop(s) for s in self.namespace.all()))
         finally:
             await self.membership.leave()
             await self._leave()
+
+    async def _open_namespace(self) -> Meta:
+        """The namespace's record, written now with this worker's shards and
+        group if there is none; refused if its shard count is another
+        (``processor run`` checks the group, service.open_namespace)."""
+        cfg = self.config
+        meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
+        check(meta, cfg.shards, "this worker's shards")
+        return meta
 
     async def ensure_groups(self) -> None:
         """Create each shard's consumer group (and stream) if missing."""
@@ -218,7 +239,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing):
         try:
             await self.apply(shard, entries, deliveries, call)
         except Exception as exc:
-            if is_transient(exc):
+            if is_transient(exc) or is_nogroup(exc):  # (the group: continuity.py)
                 raise
             if self.config.hold_turns:
                 # Some may stay pending, neither held nor applied: no floor

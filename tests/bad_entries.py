@@ -88,6 +88,24 @@ CASES: list[tuple[str, dict[Any, Any], str, str]] = [
     ("usage too big to store", entry(
         b'{"contents": [{"type": "usage", "usage_details": {"n": ' + str(1 << 70).encode()
         + b"}}]}"), "invalid_update", "$.update.contents[0].usage_details.n"),
+    ("usage past what JSON readers hold", entry(json.dumps({"contents": [
+        {"type": "usage", "usage_details": {"input_token_count": 1, "output_token_count": 1 << 53}}
+    ]})), "invalid_update",
+     "$.update.contents[0].usage_details.output_token_count: a usage count must be an integer "
+     "from 0 to 9007199254740991"),
+    ("usage negative", entry(json.dumps({"contents": [
+        {"type": "usage", "usage_details": {"input_token_count": -1}}]})),
+     "invalid_update", "$.update.contents[0].usage_details.input_token_count"),
+    ("usage of the largest uint64", entry(json.dumps({"contents": [
+        {"type": "usage", "usage_details": {"n": (1 << 64) - 1}}]})),
+     "invalid_update", "$.update.contents[0].usage_details.n"),
+    ("usage nested in a result", entry(json.dumps({"contents": [
+        {"type": "function_result", "call_id": "c",
+         "items": [{"type": "usage", "usage_details": {"n": 1 << 60}}]}]})),
+     "invalid_update", "$.update.contents[0].items[0].usage_details.n"),
+    ("usage of the .NET shape", entry(json.dumps({"contents": [
+        {"$type": "usage", "details": {"inputTokenCount": 1 << 53}}]})),
+     "invalid_update", "usage_details.input_token_count"),
     ("nested deeper than allowed", entry(json.dumps(
         {"contents": [{"type": "function_result", "call_id": "c", "result": deep(MAX_DEPTH)}]})),
      "invalid_update", "$.update.contents[0].result[0]"),

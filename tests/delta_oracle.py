@@ -247,10 +247,16 @@ def _check_no_missed_fold(
 
 def _check_ids(updates: list[_Update], response: dict[str, Any]) -> None:
     """A message carries a producer's id only if it holds something of that
-    producer message: an assigned id never equals a producer id (rule 6)."""
+    producer message: an assigned id never equals a producer id (rule 6).
+    Ids are unique, and every producer message that holds anything is there
+    under its id (a result moved after its call included)."""
     owner = {t: u.message_id for u in updates for _, toks in u.streams for t in toks}
     owner.update({t: u.message_id for u in updates for t in u.results})
     producer_ids = {u.message_id for u in updates if u.message_id}
+    ids = [m["message_id"] for m in response["messages"]]
+    assert len(ids) == len(set(ids)), f"message ids not unique: {ids}"
+    holding = {u.message_id for u in updates if u.message_id and (u.streams or u.results)}
+    assert holding <= set(ids), f"producer ids lost: {sorted(holding - set(ids))}"
     for message in response["messages"]:
         message_id = message["message_id"]
         if message_id in producer_ids:

@@ -23,8 +23,10 @@ async def fetch(port: int, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(get, port, path)
 
 
-async def wait_status(port: int, path: str, status: int, timeout: float = 20) -> str:
-    """Poll ``path`` until it answers ``status``; returns the body."""
+async def wait_status(port: int, path: str, status: int, timeout: float = 20,
+                      matching: str = "") -> str:
+    """Poll ``path`` until it answers ``status`` (with ``matching`` in its
+    body); returns the body."""
     deadline = time.monotonic() + timeout
     last: tuple[int, str] | None = None
     while time.monotonic() < deadline:
@@ -32,7 +34,7 @@ async def wait_status(port: int, path: str, status: int, timeout: float = 20) ->
             last = await fetch(port, path)
         except OSError as exc:  # not listening yet
             last = (0, repr(exc))
-        if last[0] == status:
+        if last[0] == status and matching in last[1]:
             return last[1]
         await asyncio.sleep(0.1)
     raise AssertionError(f"{path} never answered {status} in {timeout:g}s; last: {last}")

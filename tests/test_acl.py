@@ -19,12 +19,20 @@ import redis
 import redis.asyncio
 from expectations import scenario_lines, scenario_names
 from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
+from records import init_namespace_sync
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
 from turn_reference import compare_with_offline
 from worker_harness import ROOT, Harness
 
-from processor.client import LibraryNotLoaded, MergedItem, Producer, Subscriber, TurnEnded
+from processor.client import (
+    LibraryNotLoaded,
+    MergedItem,
+    NotInitialised,
+    Producer,
+    Subscriber,
+    TurnEnded,
+)
 from processor.connections import RedisOptions, connect
 from processor.embedded import (
     EmbeddedRedis,
@@ -207,6 +215,8 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
             producer.xadd(shard.updates, {"response_id": "r1", "kind": "end"})
         producer.set(shard.cancel("r1"), "stop", ex=60)
         assert producer.xrange(shard.merged) == []
+        producer.hgetall(Namespace(NAMESPACE).meta)  # the namespace's record: read-only
+        _refused(producer, "HSET", Namespace(NAMESPACE).meta, "shards", "9")
         _refused(producer, "XADD", shard.merged, "*", "f", "v")  # outputs are read-only
         _refused(producer, "HGETALL", shard.turn("r1"))
         _refused(producer, "XREADGROUP", "GROUP", "processor", "p", "STREAMS", shard.updates, ">")
@@ -219,6 +229,7 @@ def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis) -> Non
     """It cancels, and says when a turn had already ended, with no refused command."""
     shard = Namespace(NAMESPACE).shard(0)
     with redis.Redis(**acl_server.client_kwargs()) as admin:
+        init_namespace_sync(admin, NAMESPACE)  # as a worker or processor init would
         admin.hset(shard.done(TurnKey("over").encode()), "status", "completed")
     url = url_for(acl_server, "producer")
     over = _cli("cancel", "over", "--redis-url", url)
@@ -416,6 +427,10 @@ async def test_producer_user_sends_cancels_and_reads_through_the_client(
     client = redis.asyncio.Redis.from_url(url_for(acl_server, user))
     try:
         producer = Producer(client, namespace=NAMESPACE, shards=shards, inbox=PRODUCERS[user])
+        with pytest.raises(NotInitialised, match=r"run `processor init` or start a worker"):
+            await producer.send("r1", update)  # no namespace's record yet
+        with redis.Redis(**acl_server.client_kwargs()) as admin:
+            init_namespace_sync(admin, NAMESPACE, shards)  # the record, no library yet
         with pytest.raises(LibraryNotLoaded, match=r"run `processor init` or start a worker"):
             await producer.send("r1", update)
         init = _cli("init", "--redis-url", url_for(acl_server, "processor"),
@@ -644,7 +659,7 @@ def test_refused_credentials_or_rights_stop_with_one_line(acl_server: EmbeddedRe
         ("run", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
         ("init", f"redis://processor:wrong-pw@{base}", "invalid username-password"),
         ("run", url_for(acl_server, "keda"), "permission"),  # no INFO for keda
-        ("init", url_for(acl_server, "producer"), "refused to create the groups"),
+        ("init", url_for(acl_server, "producer"), "refused the namespace's record"),
     ]
     procs = [subprocess.Popen([sys.executable, "-m", "processor.cli", command, "--redis-url", url],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

@@ -5,6 +5,7 @@ that leaves or dies, and read a shard whose live owner stalled."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -97,13 +98,10 @@ def _arrival(prefix: str, turns: int, seed: int) -> list[dict]:
 async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_url: str) -> None:
     arrival = _arrival("aff", 400, 7)
     offline = offline_results(arrival)
-    # Both workers share this process's event loop, which the 9,000 entries
-    # keep busy (loop lag p99 around 0.3 s on a loaded 2-CPU machine), and a
-    # beat waits for three Redis replies through it: beats up to 1.2 s apart
-    # were seen, so with a 1 s TTL a worker took the other for dead and read
-    # its shards for a beat (a turn replayed, or a shard read by the wrong
-    # worker). 3 s leaves room; the shards still split within one beat.
-    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=3.0) as h:
+    # The default TTL: with 1 s, a beat late by a second on a loaded machine
+    # made a worker look dead for a moment and its shards were read by the
+    # other (a flake, not what this test is about).
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=5.0) as h:
         a, b = await h.start_workers(2)
         await h.wait_for(lambda: a.worker.membership.live == b.worker.membership.live ==
                      sorted([a.consumer, b.consumer]), 5, "both workers to see each other")
@@ -216,13 +214,18 @@ def _has(running: Any, rid: str) -> bool:
     return held or running.worker.metrics.stored._value.get() >= 1
 
 
-async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover(
+async def test_a_cancel_on_a_dead_workers_shard_keeps_what_it_held(
     redis_url: str,
 ) -> None:
-    """Shards a worker does not read still get a sweep for cancels every
-    beat: a cancel is published even while the shard's reader is dead and
-    not yet taken for dead (a long TTL here)."""
-    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=10.0) as h:
+    """A worker holding a turn dies without a word; the turn is cancelled.
+    Shards a worker does not read still get a sweep for cancels every beat,
+    but the turn's update lives only in the dead holder's pending list and
+    memory: publishing the cancel then (as before) published it empty and
+    dropped the update when it was reclaimed. The cancel waits until the
+    holder is taken for dead (its beats stopped for --worker-ttl), its
+    pending entries are taken over at once (not after --reclaim-idle-ms) and
+    applied, and is published with the update."""
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS, worker_ttl=2.0) as h:
         a, b = await h.start_workers(2)
         await h.wait_for(lambda: len(a.worker.membership.live) == 2, 5, "a to see b")
         theirs = sorted(b.worker.membership.owned)
@@ -238,17 +241,16 @@ async def test_a_cancel_on_a_dead_workers_shard_is_published_before_the_takeover
             pass
 
         b.worker.membership.leave = silent  # type: ignore[method-assign]
-        b.task.cancel()  # dies without a word: its shards stay its own for 10 s
+        b.task.cancel()  # dies without a word: its shards stay its own for 2 s
         h.workers.remove(b)
         await h.cancel(rid)
-        started = time.monotonic()
-        await h.wait_merged(1, timeout=5)
-        assert time.monotonic() - started < 5
-        assert a.worker.membership.owned.isdisjoint(theirs)  # no takeover yet
+        await h.wait_merged(1, timeout=20)  # reclaim_idle_ms is 30 s: not waited for
         outputs = await h.outputs()
         assert outputs.merged_count == 1
         (turn,) = outputs.turns.values()
         assert turn.merged[0]["status"] == "cancelled"
+        assert json.loads(turn.merged[0]["meta"])["counts"]["updates"] == 1
+        assert "hi" in turn.merged[0]["response"]
         await b.client.aclose()
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from cli_tools import arun
+from records import init_namespace_sync
 from worker_harness import Harness
 
 from processor.ids import response_id_for_turn
@@ -24,6 +25,7 @@ def _cancel(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cancel_sets_the_key_on_the_turns_shard_with_a_ttl(redis_url, namespace, redis_client):
+    init_namespace_sync(redis_client, namespace, 4)
     proc = _cancel(
         redis_url,
         "turn-9",
@@ -44,7 +46,8 @@ def test_cancel_sets_the_key_on_the_turns_shard_with_a_ttl(redis_url, namespace,
 
 def test_cancel_by_turn_id_routes_by_the_turn_id(redis_url, namespace, redis_client):
     rid = response_id_for_turn("tid-1")
-    proc = _cancel(redis_url, rid, "--turn-id", "tid-1", "--namespace", namespace, "--shards", "4")
+    init_namespace_sync(redis_client, namespace, 4)
+    proc = _cancel(redis_url, rid, "--turn-id", "tid-1", "--namespace", namespace)
     assert proc.returncode == 0, proc.stderr
     assert redis_client.exists(Namespace(namespace, 4).shard_for("tid-1").cancel(rid)) == 1
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from cli_tools import ENV, arun, command, json_lines
+from records import init_namespace
 from worker_harness import Harness
 
 from processor.ids import TurnKey, shard_of
@@ -101,6 +102,7 @@ async def test_merge_of_a_capture_is_what_the_workers_published(
     them, and the workers still get every entry."""
     entries = _entries("c")
     async with Harness(redis_url, namespace, SHARDS) as harness:
+        await init_namespace(harness.client, namespace, SHARDS)  # as processor init would
         capture = await _start(redis_url, namespace)
         ids = await harness.add(entries)
         out = "".join(await _lines(capture, len(entries)))
@@ -138,6 +140,7 @@ async def test_capture_of_one_turn_stops_at_its_end_or_cancel(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     async with Harness(redis_url, namespace, SHARDS) as harness:
+        await init_namespace(harness.client, namespace, SHARDS)
         done = await _start(redis_url, namespace, "--turn", "one-ok")
         gone = await _start(redis_url, namespace, "--turn", "one-gone")
         await harness.add([
@@ -172,6 +175,7 @@ async def test_entries_deleted_before_the_capture_read_them_are_reported(
     """Entries added after the position and deleted unread make the capture
     incomplete: it says so and exits 1 (Redis 7 tells; Redis 6.2 cannot)."""
     async with Harness(redis_url, namespace, SHARDS) as harness:
+        await init_namespace(harness.client, namespace, SHARDS)
         rid = "gap"
         ids = await harness.add([{"response_id": rid, "update": _update(str(i))}
                                  for i in range(3)])
@@ -196,6 +200,7 @@ async def test_capture_on_a_redis_cluster(redis_cluster: Any, namespace: str) ->
     url, shards = redis_cluster.url, 3
     entries = [{"response_id": f"cl-{i}", "update": _update(f"u{i}")} for i in range(9)]
     async with Harness(url, namespace, shards, cluster=True) as harness:
+        await init_namespace(harness.client, namespace, shards)
         proc = await asyncio.create_subprocess_exec(
             *command(url, namespace, shards, "capture"), env=ENV,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

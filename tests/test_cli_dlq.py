@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cli_tools import arun, call, json_lines, plain_rows
+from records import init_namespace_sync
 from redis.exceptions import ResponseError
 from turn_reference import offline_results
 from worker_harness import Harness
@@ -190,8 +191,9 @@ async def test_replay_script_is_all_or_nothing(async_redis_client: Any, namespac
 
 
 def test_dlq_bad_arguments_give_one_line(
-    redis_url: str, namespace: str, tmp_path: Path, capsys: Any
+    redis_url: str, namespace: str, tmp_path: Path, capsys: Any, redis_client: Any
 ) -> None:
+    init_namespace_sync(redis_client, namespace, SHARDS)
     cases = [
         (["dlq", "replay"], 2, "give DLQ entry ids or --all"),
         (["dlq", "replay", "1-0", "2-0", "--from-file", "x.json"], 2, "exactly one"),

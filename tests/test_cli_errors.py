@@ -125,7 +125,7 @@ def test_init_lists_only_the_options_it_uses() -> None:
     assert proc.returncode == 0, proc.stderr
     assert _flags(proc.stdout) == {
         "--help", "--redis-url", "--namespace", "--shards", "--group", "--connect-timeout",
-        "--log-level", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile"}
+        "--log-level", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile", "--reshard"}
     # ... and a run option's variable does not stop it
     proc = _run("init", "--redis-url", "http://x", env=_env(PROCESSOR_BATCH="lots"))
     assert _one_line(proc) == (

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from cli_tools import arun, call, plain_rows, run
+from records import init_namespace_sync
 from worker_harness import Harness
 
 from processor.ids import shard_of
@@ -97,7 +98,13 @@ async def test_stats_shows_what_the_test_pushed(
 def test_stats_of_a_namespace_nobody_used(
     redis_url: str, namespace: str, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Initialised (it has its record) but no worker or init made its groups."""
     monkeypatch.setenv("COLUMNS", "250")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        init_namespace_sync(client, namespace, 3)
+    finally:
+        client.close()
     code, out, err = call(capsys, redis_url, namespace, 3, "stats", "--json")
     assert code == 0, err
     shards = json.loads(out)["shards"]
@@ -130,6 +137,7 @@ def test_stats_over_tls_reads_the_lag(make_redis_server: Any) -> None:
             client.xadd("{ns:0}:updates", {"response_id": "r", "n": str(i)})
         client.xgroup_create("{ns:0}:updates", "processor", id="0")
         client.xreadgroup("processor", "reader", {"{ns:0}:updates": ">"}, count=1)
+        init_namespace_sync(client, "ns", 1)
     finally:
         client.close()
     ca = str(server.tls.ca_file)
@@ -153,6 +161,7 @@ def test_a_command_the_user_may_not_run_gives_one_line(
     try:
         admin.execute_command("ACL", "SETUSER", "viewer", "on", ">view-pw", "~*", "+@all",
                               "-xinfo")
+        init_namespace_sync(admin, "ns", 1)
     finally:
         admin.close()
     url = server.url.replace("redis://", "redis://viewer:view-pw@")

@@ -11,6 +11,7 @@ import signal
 from typing import Any
 
 from cli_tools import ENV, arun, call, command, json_lines
+from records import init_namespace, init_namespace_sync
 from worker_harness import Harness
 
 from processor import events as ev
@@ -186,7 +187,9 @@ async def test_tail_limit_and_now(redis_url: str, namespace: str) -> None:
         assert (code, out) == (0, "")
 
 
-def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: Any) -> None:
+def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: Any,
+                                     redis_client: Any) -> None:
+    init_namespace_sync(redis_client, namespace, SHARDS)
     for bad, message in [("yesterday", "expected beginning, now, an entry id or STREAM=ID"),
                          ("{x:0}:merged=1-0", "is not a followed stream"),
                          (f"{{{namespace}:0}}:merged=abc", "is not an entry id")]:
@@ -218,8 +221,9 @@ async def test_tail_on_a_redis_cluster(redis_cluster: Any, namespace: str) -> No
 
 
 async def test_tail_no_follow_notes_say_neither_ctrl_c_nor_an_empty_resume(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, async_redis_client: Any
 ) -> None:
+    await init_namespace(async_redis_client, namespace, SHARDS)  # initialised, nothing sent
     code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--no-follow")
     assert (code, out) == (0, ""), err
     assert "Ctrl-C" not in err and "resume" not in err, err

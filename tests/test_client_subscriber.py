@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
+from records import init_namespace
 
 from processor.client import (
     EventItem,
@@ -116,6 +117,7 @@ async def test_subscriber_reads_all_shards_in_order_and_resumes(async_redis_clie
     ns = Namespace(namespace, 3)
     rids = _ids_on_distinct_shards(3) * 2
     written = await _publish_round(async_redis_client, ns, rids, "one")
+    await init_namespace(async_redis_client, namespace, 3)
     subscriber = Subscriber(async_redis_client, namespace, shards=3, block_ms=100)
     items = await asyncio.wait_for(_take(subscriber, len(written)), timeout=10)
     got = [f"{item.stream}/{item.id}" for item in items]
@@ -142,6 +144,7 @@ async def test_subscriber_start_at_end_skips_history(async_redis_client, namespa
     ns = Namespace(namespace, 3)
     rids = _ids_on_distinct_shards(3)
     await _publish_round(async_redis_client, ns, rids, "old")
+    await init_namespace(async_redis_client, namespace, 3)
     subscriber = Subscriber(async_redis_client, namespace, shards=3, start="$", block_ms=50)
     assert await subscriber.read(block_ms=50) == []
     new = await _publish_round(async_redis_client, ns, rids[:1], "new")
@@ -150,6 +153,7 @@ async def test_subscriber_start_at_end_skips_history(async_redis_client, namespa
 
 
 async def test_subscriber_stop_ends_iteration(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     subscriber = Subscriber(async_redis_client, namespace, shards=2, block_ms=50)
     asyncio.get_running_loop().call_later(0.1, subscriber.stop)
     assert await asyncio.wait_for(_collect(subscriber), timeout=5) == []
@@ -158,6 +162,7 @@ async def test_subscriber_stop_ends_iteration(async_redis_client, namespace):
 async def test_subscriber_as_context_manager_stops_and_cancels_reads(redis_cluster, namespace):
     client = redis.asyncio.cluster.RedisCluster.from_url(redis_cluster.url)
     try:
+        await init_namespace(client, namespace, 2)
         async with Subscriber(client, namespace, shards=2) as subscriber:
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(subscriber.read(block_ms=5000), timeout=0.3)
@@ -171,6 +176,7 @@ async def test_subscriber_as_context_manager_stops_and_cancels_reads(redis_clust
 
 async def test_wait_for_finds_past_and_future_merged_entries(async_redis_client, namespace):
     ns = Namespace(namespace, 3)
+    await init_namespace(async_redis_client, namespace, 3)
     subscriber = Subscriber(async_redis_client, namespace, shards=3, block_ms=100)
     past, future = _ids_on_distinct_shards(3)[:2]
     await _publish_merged(async_redis_client, ns.shard_for(past).merged, past, "done")
@@ -190,6 +196,7 @@ async def test_wait_for_finds_past_and_future_merged_entries(async_redis_client,
 
 
 async def test_wait_for_times_out(async_redis_client, namespace):
+    await init_namespace(async_redis_client, namespace, 2)
     subscriber = Subscriber(async_redis_client, namespace, shards=2, block_ms=100)
     with pytest.raises(TimeoutError):
         await subscriber.wait_for("resp_never", timeout=0.3)
@@ -199,6 +206,7 @@ async def test_wait_for_a_turn_sent_with_only_a_turn_id(async_redis_client, name
     ns = Namespace(namespace, 4)
     rid = response_id_for_turn("turn-w")
     await _publish_merged(async_redis_client, ns.shard_for("turn-w").merged, rid, "t")
+    await init_namespace(async_redis_client, namespace, 4)
     subscriber = Subscriber(async_redis_client, namespace, shards=4)
     item = await subscriber.wait_for(None, timeout=5, turn_id="turn-w")
     assert item.response_id == rid
@@ -240,6 +248,7 @@ async def test_producer_and_subscriber_on_a_cluster(redis_cluster, namespace):
     try:
         ns = Namespace(namespace, 3)
         rids = _ids_on_distinct_shards(3)
+        await init_namespace(client, namespace, 3)
         producer = Producer(client, namespace, shards=3)
         for rid in rids:
             await producer.send(rid, {"contents": []}, idempotency_key=f"{rid}:0")

@@ -22,6 +22,7 @@ import redis.asyncio
 from chaos import ChaosConfig, ChaosRun
 from expectations import check_scenario, scenario_lines, scenario_names
 from live_scenarios import TURN_TIMEOUT, offline_results_of_lines, scenario_segments
+from records import init_namespace
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis_servers import LocalRedisCluster, wait_cluster_ok
 from strategies import random_turn
@@ -254,8 +255,10 @@ async def test_producer_retries_a_clusterdown_without_duplicating(make_redis_clu
     rid = next(r for r in (f"down-{i}" for i in range(1000))  # a shard the survivor holds
                if routing.get_node_from_key(keys.shard_for(r).updates).port == survivor.port)
     client = await connect(RedisOptions(cluster.url))
+    await init_namespace(client, namespace, SHARDS)
     producer = Producer(client, namespace, shards=SHARDS,
                         retry=RetryPolicy(attempts=40, initial=0.1, max_wait=0.5))
+    await producer.ready()  # the namespace's record, read while the cluster is up
     errors: list[BaseException] = []
     send_update = producer._send_update
 

@@ -166,6 +166,17 @@ def test_compose_worker_is_built_from_the_dockerfile_and_scalable() -> None:
     assert grace > DRAIN_BOUND_S
 
 
+def test_compose_runs_no_more_workers_than_shards() -> None:
+    """More workers than shards share every shard and lose throughput
+    (deploy/README.md): the stack's replicas and the count its header
+    suggests stay at or below the namespace's shard count."""
+    services = compose()["services"]
+    shards = int(services["worker"]["environment"]["PROCESSOR_SHARDS"])
+    assert 1 <= services["worker"]["deploy"]["replicas"] <= shards
+    suggested = [int(n) for n in re.findall(r"--scale worker=(\d+)", COMPOSE.read_text())]
+    assert all(n <= shards for n in suggested), suggested
+
+
 @pytest.mark.parametrize("service", ["worker", "init"])
 def test_compose_commands_are_accepted_by_the_cli(service: str) -> None:
     spec = compose()["services"][service]
@@ -304,6 +315,8 @@ def test_scaled_object_has_a_lag_trigger_per_shard_stream() -> None:
     # Lag only: held turns' entries are pending on purpose (the default), so
     # a pending trigger would scale on turns in flight (keda.yaml says why).
     assert by_stream == {s.updates: {"lagCount"} for s in ns.all()}
+    # No more workers than shards (deploy/README.md, keda.yaml say why).
+    assert spec["maxReplicaCount"] == ns.shards
     hold = settings.get("PROCESSOR_HOLD_TURNS", "1").lower()
     assert hold not in ("0", "false", "no", "off"), "scaling on lag assumes held turns"
 
@@ -335,6 +348,8 @@ def test_init_creates_every_shard_group_idempotently(
                      "--group", "g1")
         assert proc.returncode == 0, proc.stderr
         assert all(s.updates in proc.stdout for s in ns.all())
+    record = redis_client.hgetall(ns.meta)
+    assert (record[b"shards"], record[b"group"]) == (b"3", b"g1")
     for shard in ns.all():
         groups = redis_client.xinfo_groups(shard.updates)
         assert [g["name"] for g in groups] == [b"g1"]

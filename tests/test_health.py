@@ -42,7 +42,11 @@ async def test_readyz_fails_while_redis_is_down_and_recovers(
         assert down.value("processor_redis_retries_total") > 0
 
         server.start()  # same port; its data is gone, so the worker recreates the groups
-        await wait_status(port, "/readyz", 200, timeout=30)
+        # ... and says for a while that the namespace's state was lost (a
+        # Redis without persistence), while it works on.
+        body = await wait_status(port, "/readyz", 503, timeout=30,
+                                 matching="state in Redis was lost")
+        assert "published as state_lost" in body
         await harness.add(simple_turn("after-outage", 3))
         await harness.wait_merged(1)
         assert sub.proc.poll() is None

@@ -25,7 +25,7 @@ from processor.hold import Holds
 from processor.ids import TurnKey
 from processor.keys import Namespace
 from processor.lifecycle import Limits, TurnLife
-from processor.models import Record, Update
+from processor.models import MAX_USAGE_COUNT, Record, Update
 from processor.settle import Replay, render
 from processor.validate import check_update
 
@@ -115,19 +115,24 @@ def test_peek_plain_takes_only_the_two_field_ascii_update() -> None:
 # --------------------------------------------------------------------------- feed_updates
 
 
+def _no_prefix(k: int) -> tuple[int, str]:
+    raise AssertionError("only a usage that does not fit asks for a prefix")
+
+
 def test_feed_updates_feeds_nothing_past_a_limit_or_the_end() -> None:
     update = decode_stream_entry(plain("t", delta("a")))[1].update
     assert update is not None
     life = TurnLife(TurnKey("t"), Limits(max_turn_updates=2))
-    assert not life.feed_updates([update] * 3, "1-0", "3-0", 30)
+    assert life.feed_updates([update] * 3, "1-0", "3-0", 30, _no_prefix) == 0
     assert life.counts.updates == 0 and life.first_id is None
-    assert life.feed_updates([update] * 2, "1-0", "2-0", 30)
+    assert life.feed_updates([update] * 2, "1-0", "2-0", 30, _no_prefix) == 2
     assert (life.counts.updates, life.bytes, life.first_id, life.last_id) == (2, 30, "1-0", "2-0")
     ended = TurnLife(TurnKey("t"))
     ended.feed("1-0", Record("end"))
-    assert not ended.feed_updates([update], "2-0", "2-0", 10) and ended.counts.updates == 0
+    assert ended.feed_updates([update], "2-0", "2-0", 10, _no_prefix) == 0
+    assert ended.counts.updates == 0
     sized = TurnLife(TurnKey("t"), Limits(max_turn_bytes=100))
-    assert not sized.feed_updates([update], "1-0", "1-0", 101)
+    assert sized.feed_updates([update], "1-0", "1-0", 101, _no_prefix) == 0
 
 
 # --------------------------------------------------------------------------- held turns
@@ -145,13 +150,24 @@ def _bad(draw: Any) -> dict[str, Any]:
     ]))
 
 
+def _huge_usage(draw: Any) -> dict[str, Any]:
+    """A plain update whose usage, twice, passes the turn's bound on sums."""
+    n = MAX_USAGE_COUNT - draw(st.integers(0, 60))
+    content = {"type": "usage", "usage_details": {"input_token_count": n}}
+    return {"response_id": "t", "update": json.dumps({"contents": [content]})}
+
+
 @st.composite
 def held_turn(draw: Any) -> tuple[list[dict[bytes, bytes]], Limits, list[int]]:
-    """A random turn's entries (some made bad or odd), limits that it may
-    cross, and the batch sizes it is read in."""
+    """A random turn's entries (some made bad or odd, some with a usage that
+    the turn's sum cannot take), limits that it may cross, and the batch
+    sizes it is read in."""
     entries = draw(turns("t"))
     for _ in range(draw(st.integers(0, 2))):
         entries.insert(draw(st.integers(0, len(entries))), _bad(draw))
+    if draw(st.booleans()):
+        for _ in range(2):
+            entries.insert(draw(st.integers(0, len(entries) - 1)), _huge_usage(draw))
     if draw(st.booleans()):
         entries.append({"response_id": "t", "update": delta("late")})  # after the end
     limits = Limits(max_turn_updates=draw(st.integers(1, 60)),
@@ -213,7 +229,12 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
         held = holds.turns[key]
         assert (key in routed.broken) == (held.broken and key in routed.held)
         if not held.broken:  # it ends (is published) in the batch it would have
-            assert held.ended == (reference.replay.life.outcome is not None)
+            outcome = reference.replay.life.outcome
+            if held.ended != (outcome is not None):
+                # But a usage sum past the bound, which only folding finds:
+                # its waiting updates are fed later (an entry, the end, a spill).
+                assert held.pending and not held.ended and outcome is not None
+                assert outcome.error is not None and "usage" in outcome.error.message
     held = holds.turns[key]
     caught_up = held.catch_up()
     assert held.broken == reference.breaks and caught_up == (not reference.breaks)

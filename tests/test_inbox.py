@@ -33,7 +33,7 @@ from processor.ids import TurnKey, shard_of
 from processor.inbox import BAD_INBOX_ITEM, AdmitFailed, Admitter
 from processor.keys import Namespace, Shard
 from processor.membership import Membership
-from processor.metrics import Metrics
+from processor.metrics import DeadLetterLog, Metrics
 from processor.scripts import Scripts
 from processor.stream_ids import parse
 
@@ -257,7 +257,7 @@ async def test_an_entry_is_never_in_both_places_or_neither(
         await client.rpush(shard.inbox_bell, *["1"] * 1000)
         metrics = Metrics()
         admitter = Admitter(client, Scripts(client).admit_inbox, ns,
-                            _membership(client, ns, metrics), metrics, 1000)
+                            _membership(client, ns, metrics), metrics, DeadLetterLog(), 1000)
         inbox_before = await client.lrange(shard.inbox, 0, -1)
         with pytest.raises(AdmitFailed, match="exhausted the last possible ID"):
             await admitter.admit(shard)

@@ -45,6 +45,79 @@ def test_keyed_result_rejoining_an_earlier_message_moves_after_its_call() -> Non
     assert summary[2][1] == ["c1"] and summary[2][0] not in ("t", "a")
 
 
+def test_a_moved_result_keeps_its_producer_id_when_nothing_else_has_it() -> None:
+    # Agent A's tool message "t" answers a call of agent B, whose block comes
+    # after A's: the result moves after the call (result before call), and
+    # as "t" has nothing else, the moved message is "t".
+    rid = "turn-moved-id"
+    entries = [
+        update_entry(rid, response_id="A", message_id="a1",
+               contents=[{"type": "text", "text": "A speaks"}]),
+        update_entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, response_id="A", message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+        update_entry(rid, response_id="B", message_id="b2", role="tool",
+               contents=[{"type": "text", "text": "B again"}]),
+    ]
+    response = merge_entries(entries)
+    summary = [(m.message_id, [c.type for c in m.contents], m.additional_properties["response_id"])
+               for m in response.messages]
+    # "t" does not fold into b2 (same role) as an id-less message would: it
+    # is the producer's message "t", moved.
+    assert summary == [("a1", ["text"], "A"), ("b1", ["function_call"], "B"),
+                       ("t", ["function_result"], "B"), ("b2", ["text"], "B")]
+    # The same whatever the state went through.
+    key, records = decoded(entries)
+    turn = Turn(key)
+    for record in records:
+        turn = Turn.from_bytes(turn.to_bytes())
+        turn.apply(record)
+    assert turn.finish() == response
+
+
+def test_a_moved_result_gets_an_assigned_id_when_its_producer_id_is_kept() -> None:
+    # Once "t" holds something of its own, the moved result is an id-less
+    # message with an assigned id, as before.
+    rid = "turn-moved-id-kept"
+    base = [
+        update_entry(rid, response_id="A", message_id="a1",
+               contents=[{"type": "text", "text": "A speaks"}]),
+        update_entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, response_id="A", message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ]
+    later = update_entry(rid, response_id="A", message_id="t", role="tool",
+                         contents=[{"type": "text", "text": "t speaks"}])
+    response = merge_entries([*base, later])
+    assert [(m.message_id, [c.type for c in m.contents]) for m in response.messages] == [
+        ("a1", ["text"]), ("t", ["text"]), ("b1", ["function_call"]),
+        (response.messages[3].message_id, ["function_result"]),
+    ]
+    assert response.messages[3].message_id.startswith("msg-2-")
+
+
+def test_of_two_moved_results_the_first_in_the_response_keeps_the_id() -> None:
+    rid = "turn-moved-twice"
+    response = merge_entries([
+        update_entry(rid, response_id="A", message_id="a1",
+               contents=[{"type": "text", "text": "A speaks"}]),
+        update_entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, response_id="C", message_id="k1", contents=[
+            {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, response_id="A", message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c2", "result": "r2"}]),
+        update_entry(rid, response_id="A", message_id="t", role="tool",
+               contents=[{"type": "function_result", "call_id": "c1", "result": "r1"}]),
+    ])
+    summary = [(m.message_id, [c.call_id for c in m.contents]) for m in response.messages]
+    assert summary[:4] == [("a1", [None]), ("b1", ["c1"]), ("t", ["c1"]), ("k1", ["c2"])]
+    assert summary[4][1] == ["c2"] and summary[4][0].startswith("msg-3-")
+    assert len({m.message_id for m in response.messages}) == 5
+
+
 def test_a_result_in_the_message_of_its_call_stays_there() -> None:
     rid = "turn-same"
     response = merge_entries([

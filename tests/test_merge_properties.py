@@ -77,6 +77,27 @@ def test_merge_is_deterministic(entries: list[dict[str, Any]]) -> None:
     assert out == [msgspec.json.encode(r) for r in merge_lines(lines).results()]
 
 
+@PROPERTY
+@given(turns(), st.data())
+def test_every_producer_id_with_content_is_in_the_response(
+    entries: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    # A producer's message that holds anything (usage leaves the messages) is
+    # in the response under its id, even when all it holds is a result moved
+    # after its call in a later block; ids stay unique; partial merges too.
+    key, records = decoded(entries)
+    cut = data.draw(st.integers(0, len(records)), label="partial after")
+    for part in (records, records[:cut]):
+        with_content = {
+            r.update.message_id for r in part
+            if r.update and r.update.message_id
+            and any(c.type != "usage" for c in r.update.contents)
+        }
+        ids = [m.message_id for m in merged(key, part).finish().messages]
+        assert len(ids) == len(set(ids)), ids
+        assert with_content <= set(ids), with_content - set(ids)
+
+
 # ---------------------------------------------------------------- resuming
 
 

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import pytest
 import redis
+from records import init_namespace_sync
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis_servers import TlsServer, set_tls_auth_clients
@@ -142,6 +143,11 @@ def test_cancel_over_tls_with_client_certificates(tls_setup: TlsSetup, namespace
                                                   via: str) -> None:
     """``processor cancel`` takes the same --ssl-* flags / PROCESSOR_SSL_* as run and the tools."""
     flags = tls_setup.flags()
+    check = redis.Redis.from_url(tls_setup.producer_url())
+    try:
+        init_namespace_sync(check, namespace)
+    finally:
+        check.close()
     argv = [sys.executable, "-m", "processor.cli", "cancel", "resp-tls", "--namespace",
             namespace, "--redis-url", tls_setup.url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROCESSOR_SSL_")}

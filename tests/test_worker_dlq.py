@@ -37,6 +37,9 @@ GARBAGE: list[tuple[dict[str, Any], str, str]] = [
     ({"response_id": "g-types2", "update": json.dumps({"contents": [{"type": "text", "text": 5}]})},
      "invalid_update", "$.update.contents[0].text"),
     ({"response_id": "g-array", "update": "[1, 2]"}, "invalid_update", "$.update"),
+    ({"response_id": "g-usage", "update": json.dumps({"contents": [
+        {"type": "usage", "usage_details": {"input_token_count": 1 << 53}}]})},
+     "invalid_update", "$.update.contents[0].usage_details.input_token_count"),
     ({"response_id": "g-enc", "enc": "xml", "update": _update("x")}, "bad_encoding", "'enc'"),
     ({"response_id": "g-msgpack", "enc": "msgpack", "update": "\x93garbage"},
      "bad_encoding", "msgpack"),

@@ -17,7 +17,7 @@ from worker_harness import Harness
 
 from processor.ids import response_id_for_turn
 from processor.lifecycle import Limits
-from processor.models import TURN_IDS
+from processor.models import MAX_USAGE_COUNT, TURN_IDS
 
 
 def _update(text: str, message_id: str = "m1") -> dict:
@@ -73,6 +73,39 @@ async def test_turn_limits(redis_url: str, namespace: str) -> None:
     assert live == sorted((ids[i], reason) for i, reason, _ in offline_dead(stream, limits))
     reasons = Counter((d["response_id"], d["reason"]) for d in outputs.dlq)
     assert reasons[("many", "turn_limit")] == reasons[("big", "turn_limit")] == 1
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
+async def test_a_usage_sum_past_the_bound_ends_the_turn_as_offline(
+    redis_url: str, namespace: str, hold: bool
+) -> None:
+    def usage(n: int, text: str) -> dict:
+        update = _update(text)
+        update["contents"].append({"type": "usage", "usage_details": {"input_token_count": n}})
+        return update
+
+    over = [{"response_id": "usage", "update": usage(MAX_USAGE_COUNT, "a")},
+            {"response_id": "usage", "update": usage(1, "b")},  # the sum would pass the bound
+            {"response_id": "usage", "update": _update("c")},
+            {"response_id": "usage", "kind": "end"}]
+    fine = [{"response_id": "fine", "update": usage(MAX_USAGE_COUNT, "ok")},
+            {"response_id": "fine", "kind": "end"}]
+    stream = interleave([over, fine], random.Random(34))
+    offline = offline_results(stream)
+    async with Harness(redis_url, namespace, hold_turns=hold) as harness:
+        await harness.start_workers(1)
+        ids = await harness.add(stream)
+        await harness.wait_merged(2)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+    compare_with_offline(outputs, offline, "usage")
+    result = next(t for k, t in outputs.turns.items() if k.response_id == "usage").result()
+    assert result["status"] == "error"
+    assert result["events"][-1]["error"]["code"] == "turn_limit"
+    assert result["response"]["usage_details"] == {"input_token_count": MAX_USAGE_COUNT}
+    live = sorted((d["source_id"], d["reason"], d["detail"]) for d in outputs.dlq)
+    assert live == sorted((ids[i], reason, detail) for i, reason, detail in offline_dead(stream))
+    assert [d["reason"] for d in outputs.dlq].count("turn_limit") == 1
 
 
 async def test_attempts_and_turn_ids(redis_url: str, namespace: str) -> None:

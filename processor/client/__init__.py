@@ -12,11 +12,14 @@ merged response of one turn. A send to a turn that has ended raises
 has loaded the producers' functions yet, :class:`LibraryNotLoaded`.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
-``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`)::
+``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`),
+and read the namespace's shard count from its record in Redis
+(:mod:`processor.meta`; :class:`NotInitialised` before any worker or
+``processor init`` wrote it)::
 
-    producer = Producer(client, shards=4)
+    producer = Producer(client)
     await producer.stream("resp_1", agent.run_stream("hi"))
-    item = await Subscriber(client, shards=4).wait_for("resp_1", timeout=60)
+    item = await Subscriber(client).wait_for("resp_1", timeout=60)
     response = item.agent_response()
 """
 
@@ -36,6 +39,7 @@ from processor.client.subscriber import STREAMS as STREAMS
 from processor.client.subscriber import Subscriber
 from processor.client.watch import CancelWatch
 from processor.library import LibraryNotLoaded
+from processor.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
     "CancelWatch",
@@ -44,6 +48,9 @@ __all__ = [
     "Item",
     "LibraryNotLoaded",
     "MergedItem",
+    "Mismatch",
+    "NamespaceError",
+    "NotInitialised",
     "Producer",
     "RetryPolicy",
     "Sent",

@@ -28,6 +28,7 @@ from processor.connections import as_text
 from processor.ids import response_id_for_turn
 from processor.keys import DEFAULT_NAMESPACE, Namespace
 from processor.library import Function
+from processor.meta import require
 
 T = TypeVar("T")
 
@@ -46,6 +47,13 @@ class Producer:
     ``f"{response_id}:{n}"``), to make your own retries safe as well. Keys are
     kept ``idempotency_ttl`` seconds, per namespace and shard.
 
+    The namespace's shard count comes from its record in Redis
+    (:mod:`processor.meta`), read once by the first call that needs it:
+    :class:`~processor.meta.NotInitialised` when no worker or ``processor
+    init`` created it yet (nothing is sent; a later call reads again). Give
+    ``shards`` only to check it: a different count raises
+    :class:`~processor.meta.Mismatch`.
+
     ``inbox=True`` sends through the shard's inbox instead (``send_inbox.lua``):
     the entry is pushed to ``{<ns>:<s>}:inbox`` and a worker moves it into the
     stream at once, in order, where it gets its id. That path needs no
@@ -61,20 +69,42 @@ class Producer:
         self,
         client: Any,
         namespace: str = DEFAULT_NAMESPACE,
-        shards: int = 1,
+        shards: int | None = None,
         *,
         idempotency_ttl: int = 86_400,
         retry: RetryPolicy | None = None,
+        shards_from: str = "shards=",
         inbox: bool = False,
     ) -> None:
-        """Use ``client`` (asyncio Redis or RedisCluster) for ``shards`` shards of
-        ``namespace``; ``inbox=True``: send through the shards' inboxes."""
+        """Use ``client`` (asyncio Redis or RedisCluster) for ``namespace``
+        (``shards``, if given, is checked against its record; ``shards_from``
+        names where it came from in that error); ``inbox=True``: send through
+        the shards' inboxes."""
         self.client = client
-        self.keys = Namespace(namespace, shards)
+        self.namespace = namespace
         self.idempotency_ttl = idempotency_ttl
         self.retry = retry or RetryPolicy()
+        self._shards, self._shards_from = shards, shards_from
+        self._keys: Namespace | None = None
         self.inbox = inbox
         self._send_update = Function(client, "send_inbox" if inbox else "send_update")
+
+    @property
+    def keys(self) -> Namespace:
+        """The namespace's key names, once its record was read (:meth:`ready`)."""
+        if self._keys is None:
+            raise RuntimeError("the namespace's record has not been read yet: "
+                               "await producer.ready() first")
+        return self._keys
+
+    async def ready(self) -> Namespace:
+        """The namespace's key names, reading its record the first time
+        (:class:`~processor.meta.NotInitialised`, :class:`~processor.meta.Mismatch`)."""
+        if self._keys is None:
+            meta = await self.retry.run(
+                lambda: require(self.client, self.namespace, self._shards, self._shards_from))
+            self._keys = meta.keys
+        return self._keys
 
     async def send(
         self,
@@ -173,11 +203,13 @@ class Producer:
 
         For a turn sent with only a ``turn_id``, pass ``response_id=None, turn_id=...``.
         """
+        await self.ready()
         key = self.cancel_key(response_id, turn_id=turn_id)
         await self.retry.run(lambda: self.client.set(key, reason, ex=ttl))
 
     async def cancelled(self, response_id: str | None, *, turn_id: str | None = None) -> bool:
         """True when the turn's cancellation key exists (one EXISTS)."""
+        await self.ready()
         key = self.cancel_key(response_id, turn_id=turn_id)
         return bool(await self.retry.run(lambda: self.client.exists(key)))
 
@@ -195,11 +227,18 @@ class Producer:
         once at the start), also while the generator is waiting for its next
         update, which is interrupted when the key appears. See :class:`CancelWatch`.
         """
-        key = self.cancel_key(response_id, turn_id=turn_id)
+        if not (response_id or turn_id):
+            raise ValueError("a response_id or a turn_id is needed")
+
+        async def key() -> str:
+            await self.ready()
+            return self.cancel_key(response_id, turn_id=turn_id)
+
         return CancelWatch(self.client, key, updates, poll_interval)
 
     def cancel_key(self, response_id: str | None, *, turn_id: str | None = None) -> str:
-        """The cancellation key of a turn (of the ResponseId assigned from ``turn_id``)."""
+        """The cancellation key of a turn (of the ResponseId assigned from
+        ``turn_id``), once the namespace's record was read (:meth:`ready`)."""
         if response_id:
             return self.keys.shard_for(response_id).cancel(response_id)
         if turn_id:
@@ -210,7 +249,7 @@ class Producer:
         """XADD ``turn`` + ``body`` idempotently to the turn's shard (or push it to
         the shard's inbox), with retries; :class:`TurnEnded` when the turn has
         ended (the same call checks it)."""
-        shard = self.keys.shard_for(turn.routing_id)
+        shard = (self._keys or await self.ready()).shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
         to = [shard.inbox, shard.inbox_bell] if self.inbox else [shard.updates]
         keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex),

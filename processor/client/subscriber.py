@@ -21,6 +21,7 @@ from processor.client.retry import RetryPolicy
 from processor.connections import as_text
 from processor.ids import response_id_for_turn, shard_of
 from processor.keys import DEFAULT_NAMESPACE, Namespace, Shard
+from processor.meta import require
 
 #: The streams of a shard a :class:`Subscriber` can follow.
 STREAMS = ("merged", "events", "dlq", "updates")
@@ -39,13 +40,19 @@ class Subscriber(AsyncClosing):
 
     On a single node one ``XREAD BLOCK`` covers all shards; on a Redis Cluster
     (``RedisCluster`` client) each shard has its own blocking XREAD in flight.
+
+    The namespace's shard count comes from its record in Redis
+    (:mod:`processor.meta`), read by the first read (until then
+    :attr:`positions` is empty): :class:`~processor.meta.NotInitialised`
+    when there is none yet. ``shards``, if given, is checked against it
+    (:class:`~processor.meta.Mismatch`), and fills :attr:`positions` at once.
     """
 
     def __init__(
         self,
         client: Any,
         namespace: str = DEFAULT_NAMESPACE,
-        shards: int = 1,
+        shards: int | None = None,
         streams: Iterable[str] = ("merged", "events"),
         *,
         from_positions: Mapping[str, str] | None = None,
@@ -55,9 +62,9 @@ class Subscriber(AsyncClosing):
         count: int = 100,
         retry: RetryPolicy | None = None,
     ) -> None:
-        """Follow ``streams`` of ``shards`` shards (or only ``shard_indexes``) of ``namespace``."""
+        """Follow ``streams`` of every shard (or only ``shard_indexes``) of ``namespace``."""
         self.client = client
-        self.keys = Namespace(namespace, shards)
+        self.namespace = namespace
         self.streams = tuple(streams)
         unknown = set(self.streams) - set(STREAMS)
         if unknown:
@@ -65,15 +72,39 @@ class Subscriber(AsyncClosing):
         self.block_ms = block_ms
         self.count = count
         self.retry = retry or RetryPolicy()
-        indexes = range(shards) if shard_indexes is None else sorted(set(shard_indexes))
-        self._groups = [self._stream_keys(self.keys.shard(i)) for i in indexes]
-        self._kinds = {key: kind for group in self._groups for key, kind in group.items()}
-        self.positions: dict[str, str] = {key: start for key in self._kinds}
-        self.positions.update((k, v) for k, v in (from_positions or {}).items() if k in self._kinds)
+        self._start, self._from = start, dict(from_positions or {})
+        self._indexes = None if shard_indexes is None else sorted(set(shard_indexes))
+        self._shards, self._checked = shards, False
+        self.keys = Namespace(namespace, shards or 1)
+        self._groups: list[dict[str, str]] = []
+        self._kinds: dict[str, str] = {}
+        self.positions: dict[str, str] = {}
+        if shards is not None:
+            self._follow(shards)
         self._cluster = isinstance(client, RedisCluster)
         self._pending: dict[int, asyncio.Task[list[tuple[str, list[Any]]]]] = {}
         self._buffer: deque[Item] = deque()
         self._stopped = False
+
+    def _follow(self, shards: int) -> None:
+        """Set up the streams of ``shards`` shards (or the chosen ones)."""
+        self.keys = Namespace(self.namespace, shards)
+        indexes = range(shards) if self._indexes is None else self._indexes
+        self._groups = [self._stream_keys(self.keys.shard(i)) for i in indexes]
+        self._kinds = {key: kind for group in self._groups for key, kind in group.items()}
+        self.positions = {key: self._start for key in self._kinds}
+        self.positions.update((k, v) for k, v in self._from.items() if k in self._kinds)
+
+    async def ready(self) -> Namespace:
+        """The namespace's key names, reading its record the first time
+        (:class:`~processor.meta.NotInitialised`, :class:`~processor.meta.Mismatch`)."""
+        if not self._checked:
+            meta = await self.retry.run(
+                lambda: require(self.client, self.namespace, self._shards))
+            if self._shards is None:
+                self._follow(meta.shards)
+            self._checked = True
+        return self.keys
 
     def _stream_keys(self, shard: Shard) -> dict[str, str]:
         """Stream key -> kind, for the followed streams of one shard."""
@@ -128,6 +159,7 @@ class Subscriber(AsyncClosing):
         Independent of this subscriber's own positions.
         """
         target = response_id or response_id_for_turn(_required(turn_id))
+        await self.ready()
         probe = Subscriber(
             self.client,
             self.keys.name,
@@ -139,6 +171,7 @@ class Subscriber(AsyncClosing):
             count=self.count,
             retry=self.retry,
         )
+        probe._checked = True  # (the same record: read once)
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             return await probe._find(target, attempt_id, deadline)
@@ -180,6 +213,7 @@ class Subscriber(AsyncClosing):
 
     async def _read_batch(self, block_ms: int | None) -> list[Item]:
         """Read the next entries after the positions (not advancing them), in time order."""
+        await self.ready()
         await self._resolve_latest()
         fetch = self._fetch_cluster if self._cluster else self._fetch_single
         batches = await self.retry.run(lambda: fetch(block_ms))

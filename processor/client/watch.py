@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from processor.client.closing import AsyncClosing
@@ -36,10 +36,14 @@ class CancelWatch(AsyncClosing, Generic[T]):
     :meth:`aclose`) when you may stop iterating early.
     """
 
-    def __init__(self, client: Any, key: str, updates: AsyncIterable[T], poll_interval: float):
-        """Watch ``key`` on ``client`` while iterating ``updates``."""
+    def __init__(self, client: Any, key: str | Callable[[], Awaitable[str]],
+                 updates: AsyncIterable[T], poll_interval: float):
+        """Watch ``key`` on ``client`` while iterating ``updates`` (``key`` may
+        be a coroutine function giving it, awaited at the first poll: the
+        producer learns a turn's shard from the namespace's record)."""
         self._client = client
-        self._key = key
+        self._key: str | None = key if isinstance(key, str) else None
+        self._key_of = key
         self._source = updates
         self._iterator = aiter(updates)
         self._interval = poll_interval
@@ -82,6 +86,8 @@ class CancelWatch(AsyncClosing, Generic[T]):
     async def _poll(self) -> bool:
         """Read the key once (a transient error counts as "not cancelled")."""
         self._next_poll = asyncio.get_running_loop().time() + self._interval
+        if self._key is None and not isinstance(self._key_of, str):
+            self._key = await self._key_of()
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.exists(self._key)

@@ -77,6 +77,9 @@ local now_str = tostring(now_ms)
 --- includes/last_delivered
 --- includes/trim_acked
 --- includes/cancel_cut
+--- includes/require_group
+
+require_group(updates, group)
 
 local cancelled, seen_cancel = {}, {}
 local counts = {}

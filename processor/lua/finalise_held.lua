@@ -65,6 +65,9 @@ local agui = KEYS[5 + 2 * nturns + 1]
 --- includes/last_delivered
 --- includes/trim_acked
 --- includes/watermark
+--- includes/require_group
+
+require_group(updates, group)
 
 -- The oldest entry pending to another consumer, looked up once, on the
 -- first turn that needs it (false: none is).

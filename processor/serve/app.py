@@ -1,0 +1,538 @@
+"""The HTTP side of ``processor serve``: routes, tokens, CORS, and the event
+stream of one turn (docs/serve.md is the reference for clients).
+
+- ``GET /v1/turns/{response_id}/events``: the turn as server-sent events.
+- ``GET /v1/turns/{response_id}``: its outcome (200), or 202 while it runs, 404 unknown.
+- ``POST /v1/turns/{response_id}/cancel``: sets its cancellation key.
+- ``GET /v1/turns/{response_id}/view``: a page that watches it.
+- ``/healthz``, ``/readyz``, ``/metrics``.
+
+Every ``/v1/turns/{response_id}...`` request needs a token for that
+response_id (processor/serve/tokens.py) unless the server runs with
+``--no-auth``. Everything is read from Redis: any replica answers any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from processor.client import Producer
+from processor.connections import is_redis_failure
+from processor.ids import response_id_for_turn
+from processor.serve import sse
+from processor.serve.config import ServeConfig
+from processor.serve.hub import Hub, Subscription
+from processor.serve.metrics import ServeMetrics
+from processor.serve.source import TurnSource
+from processor.serve.tokens import Verdict, verify
+from processor.serve.turns import (
+    Cursor,
+    LiveEvent,
+    MergedOutput,
+    Snapshot,
+    TurnRef,
+    parse_after,
+)
+
+log = logging.getLogger("processor.serve")
+
+#: Seconds a request waits for Redis (readiness, a turn's past) before 503.
+REDIS_WAIT = 5.0
+#: What a reconnecting EventSource waits, in ms (its default is about 3 s).
+RETRY_MS = 1000
+#: Seconds /readyz waits for Redis's answer.
+READY_TIMEOUT = 2.0
+#: The longest cancellation reason taken (the worker reads at most 1 KiB of it).
+MAX_REASON = 1024
+
+_ERRORS: dict[int, type[web.HTTPException]] = {
+    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
+    404: web.HTTPNotFound, 503: web.HTTPServiceUnavailable,
+}
+
+
+def refusal(status: int, code: str, detail: str, **headers: str) -> web.HTTPException:
+    """An error answer: ``{"error": code, "detail": detail}``."""
+    body = json.dumps({"error": code, "detail": detail})
+    return _ERRORS[status](text=body, content_type="application/json", headers=headers or None)
+
+
+@dataclass
+class Server:
+    """What every request handler shares."""
+
+    config: ServeConfig
+    client: Any
+    hub: Hub
+    source: TurnSource
+    metrics: ServeMetrics = field(default_factory=ServeMetrics)
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        self.producer = Producer(self.client, self.config.namespace.name,
+                                 self.config.namespace.shards)
+
+    def authorize(self, request: web.Request, response_id: str) -> None:
+        """Raise 401 or 403 unless the request's token is for ``response_id``."""
+        secret = self.config.token_secret
+        if secret is None:
+            return
+        verdict = verify(secret, _token(request), response_id, self.clock())
+        if verdict is Verdict.OK:
+            return
+        self.metrics.auth_refusals.labels(verdict.value).inc()
+        detail = {
+            Verdict.MISSING: "a token is needed: Authorization: Bearer <token> or ?token=",
+            Verdict.BAD: "the token is not one of this server's",
+            Verdict.EXPIRED: "the token has expired",
+            Verdict.FORBIDDEN: "the token is for another turn",
+        }[verdict]
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if verdict.status == 401 \
+            else {}
+        raise refusal(verdict.status, verdict.value, detail, **headers)
+
+
+SERVER = web.AppKey("server", Server)
+
+
+def _token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query.get("token")
+
+
+def turn_of(request: web.Request) -> TurnRef:
+    """The synthesis a request names: the path's response_id, ``?attempt_id=``
+    and, for a turn sent with only a turn_id, ``?turn_id=`` (its shard)."""
+    response_id = request.match_info["response_id"]
+    turn_id = request.query.get("turn_id") or None
+    if turn_id is not None and response_id_for_turn(turn_id) != response_id:
+        raise refusal(400, "bad_request", f"turn_id {turn_id!r} has the ResponseId "
+                      f"{response_id_for_turn(turn_id)!r}, not {response_id!r}")
+    return TurnRef(response_id, request.query.get("attempt_id", ""), turn_id)
+
+
+# --------------------------------------------------------------------------- turns
+
+
+async def get_turn(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    server.metrics.redis_calls.labels("state").inc()
+    state = await server.source.state(turn)
+    if state.phase == "finished":
+        server.metrics.redis_calls.labels("final").inc()
+        final = await server.source.final(turn)
+        merged = final.merged
+        body = {"status": state.status,
+                "response": msgspec.Raw(merged.response) if merged else None,
+                "meta": msgspec.Raw(merged.meta) if merged else None}
+        return _json(200, body)
+    if state.phase == "running":
+        snapshot = await server.source.snapshot(turn)
+        return _json(202, {"status": "running",
+                           "snapshot": msgspec.Raw(snapshot.data()) if snapshot else None})
+    raise refusal(404, "unknown_turn", "no such turn: not started yet, never sent, or finished "
+                  "longer ago than the workers remember (--done-ttl)")
+
+
+async def cancel_turn(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    reason = "cancelled"
+    if request.can_read_body:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise refusal(400, "bad_request", "the body must be JSON: {\"reason\": \"...\"}") \
+                from None
+        given = body.get("reason") if isinstance(body, dict) else None
+        if given is not None:
+            if not isinstance(given, str) or not given or len(given) > MAX_REASON:
+                raise refusal(400, "bad_request", f"reason must be text of 1 to {MAX_REASON} "
+                              "characters")
+            reason = given
+    server.metrics.redis_calls.labels("cancel").inc()
+    if turn.turn_id:
+        await server.producer.cancel(None, reason, turn_id=turn.turn_id)
+    else:
+        await server.producer.cancel(turn.response_id, reason)
+    log.info("turn cancelled", extra={"response_id": turn.response_id})
+    return _json(202, {"cancelled": turn.response_id})
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=msgspec.json.encode(body),
+                        content_type="application/json")
+
+
+# --------------------------------------------------------------------------- events
+
+
+class SlowClient(Exception):
+    """A write to the client did not finish within the write timeout."""
+
+
+class EventStream:
+    """One open ``text/event-stream`` response, written with a deadline."""
+
+    def __init__(self, server: Server, request: web.Request, turn: TurnRef,
+                 cursor: Cursor) -> None:
+        self.server = server
+        self.request = request
+        self.turn = turn
+        self.cursor = cursor
+        self.merged: MergedOutput | None = None
+        self.response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache, no-transform",
+            "X-Accel-Buffering": "no",  # nginx: pass each event on at once
+        })
+
+    async def open(self) -> None:
+        await self.response.prepare(self.request)
+        await self.write([sse.retry(RETRY_MS)], 0)
+
+    async def write(self, chunks: list[bytes], events: int) -> None:
+        if not chunks:
+            return
+        try:
+            await asyncio.wait_for(self.response.write(b"".join(chunks)),
+                                   self.server.config.write_timeout)
+        except TimeoutError:
+            raise SlowClient from None
+        if events:
+            self.server.metrics.events_sent.inc(events)
+
+    async def send(self, items: list[LiveEvent | MergedOutput]) -> None:
+        """Write what the client does not have yet, in order; the merged
+        response goes just before the terminal event."""
+        chunks: list[bytes] = []
+        for item in items:
+            if isinstance(item, MergedOutput):
+                self.merged = item
+                continue
+            if not self.cursor.take(item):
+                continue
+            if item.terminal:
+                merged = self.merged or await self._final_merged()
+                if merged is not None:
+                    chunks.append(sse.frame(merged.data()))
+            chunks.append(sse.frame(item.data, id=str(item.seq)))
+        await self.write(chunks, len(chunks))
+
+    async def _final_merged(self) -> MergedOutput | None:
+        """The merged entry when its terminal event came without it (from
+        the past, or a read that reached the terminal before the entry)."""
+        self.server.metrics.redis_calls.labels("final").inc()
+        return (await self.server.source.final(self.turn)).merged
+
+    async def follow(self, subscription: Subscription) -> None:
+        """Write the live feed until the terminal event (then the stream
+        ends), the client is too slow, or the server stops."""
+        heartbeat = self.server.config.heartbeat
+        while not self.cursor.ended:
+            items = await subscription.take(heartbeat)
+            if items is None:
+                if subscription.dropped:
+                    raise SlowClient
+                return  # the server is stopping: the client reconnects to another
+            if items:
+                await self.send(items)
+            else:
+                await self.write([sse.comment("ping")], 0)
+
+    async def gone(self, status: str | None) -> None:
+        """A finished turn whose terminal event is no longer in its stream:
+        its merged response if still there, then a ``gone`` event."""
+        chunks = [sse.frame(self.merged.data())] if self.merged else []
+        notice = json.dumps({"type": "gone", "response_id": self.turn.response_id,
+                             "status": status})
+        await self.write([*chunks, sse.frame(notice)], len(chunks) + 1)
+
+    async def drop(self) -> None:
+        """Tell a slow client where to resume, if it can still be told, and close."""
+        self.server.metrics.dropped_clients.inc()
+        log.info("slow client dropped", extra={"response_id": self.turn.response_id,
+                                               "last_event_id": self.cursor.resume_id})
+        notice = json.dumps({"type": "dropped", "reason": "slow_client",
+                             "response_id": self.turn.response_id,
+                             "last_event_id": self.cursor.resume_id})
+        self.response.force_close()  # no keep-alive for a connection that fell behind
+        with contextlib.suppress(SlowClient, ConnectionError):
+            await self.write([sse.frame(notice)], 1)
+            return
+        if self.request.transport is not None:
+            self.request.transport.abort()
+
+
+@dataclass
+class Join:
+    """What a stream sends before the live feed (docs/serve.md, "Joining and resuming")."""
+
+    snapshot: Snapshot | None = None
+    past: list[LiveEvent | MergedOutput] = field(default_factory=list)
+    gone: bool = False  # finished, and its terminal event is no longer retained
+    status: str | None = None  # of a finished turn
+    has_all: bool = False  # the client has the terminal event already: 204
+
+
+async def join(server: Server, turn: TurnRef, after: int | None) -> Join:
+    """A finished turn: its merged response and terminal event. A running
+    one: a snapshot (a fresh join, when the source has one), else the events
+    after ``after``. A turn not started yet: nothing (the feed brings it)."""
+    server.metrics.redis_calls.labels("state").inc()
+    state = await server.source.state(turn)
+    if state.phase == "finished":
+        server.metrics.redis_calls.labels("final").inc()
+        final = await server.source.final(turn)
+        if final.terminal is not None and after is not None and after >= final.terminal.seq:
+            return Join(has_all=True)
+        past = [item for item in (final.merged, final.terminal) if item is not None]
+        return Join(past=past, gone=final.terminal is None, status=state.status)
+    if state.phase == "unknown":
+        return Join()
+    snapshot = await server.source.snapshot(turn) if after is None else None
+    if snapshot is not None:
+        return Join(snapshot=snapshot)
+    server.metrics.redis_calls.labels("history").inc()
+    history = await server.source.history(turn, -1 if after is None else after)
+    if not history.complete:
+        server.metrics.incomplete_history.inc()
+    return Join(past=list(history.events))
+
+
+async def turn_events(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    try:
+        after = parse_after(request.headers.get("Last-Event-ID") or request.query.get("after"))
+    except ValueError as exc:
+        raise refusal(400, "bad_request", str(exc)) from None
+    if after is not None:
+        server.metrics.resumes.inc()
+    try:  # subscribed before the past is read: nothing falls between the two
+        subscription = await asyncio.wait_for(
+            server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
+    except TimeoutError:
+        raise refusal(503, "not_ready", "not reading Redis yet") from None
+    stream = EventStream(server, request, turn, Cursor(-1 if after is None else after))
+    opened = False
+    try:
+        start = await join(server, turn, after)
+        if start.has_all:
+            return web.Response(status=204)  # EventSource stops reconnecting on 204
+        server.metrics.open_streams.inc()
+        server.metrics.streams.inc()
+        opened = True
+        await stream.open()
+        if start.snapshot is not None:
+            stream.cursor.jump(start.snapshot.seq)
+            await stream.write([sse.frame(start.snapshot.data(), id=str(start.snapshot.seq))], 1)
+        await stream.send(start.past)
+        if start.gone:
+            await stream.gone(start.status)
+            return stream.response
+        await stream.follow(subscription)
+    except SlowClient:
+        await stream.drop()
+    except ConnectionError:
+        pass  # the client went away: nothing to tell anyone
+    except Exception as exc:
+        if not opened or not is_redis_failure(exc):
+            raise
+        server.metrics.redis_errors.inc()
+        log.warning("stream ended by a redis failure", extra={
+            "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        server.hub.unsubscribe(subscription)
+        if opened:
+            server.metrics.open_streams.dec()
+    return stream.response
+
+
+# --------------------------------------------------------------------------- page
+
+_SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
+_STYLE = re.compile(r"<style>(.*?)</style>", re.S)
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+@dataclass(frozen=True)
+class Page:
+    """The watch page (static/view.html) and its Content-Security-Policy:
+    only its own inline script and style run, and it talks only to this origin."""
+
+    html: bytes
+    policy: str
+
+    @classmethod
+    def load(cls) -> Page:
+        text = (resources.files("processor.serve") / "static" / "view.html").read_text("utf-8")
+        scripts = " ".join(_sha256(s) for s in _SCRIPT.findall(text))
+        styles = " ".join(_sha256(s) for s in _STYLE.findall(text))
+        policy = (f"default-src 'none'; script-src {scripts}; style-src {styles}; "
+                  "connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                  "frame-ancestors 'none'")
+        return cls(text.encode("utf-8"), policy)
+
+
+PAGE = web.AppKey("page", Page)
+
+
+async def view(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    page = request.app[PAGE]
+    return web.Response(body=page.html, content_type="text/html", charset="utf-8", headers={
+        "Content-Security-Policy": page.policy,
+        "Referrer-Policy": "no-referrer",  # the URL holds the token
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+    })
+
+
+# --------------------------------------------------------------------------- operations
+
+
+async def healthz(request: web.Request) -> web.Response:
+    if request.app[SERVER].hub.alive:
+        return web.Response(text="ok\n")
+    return web.Response(status=503, text="a shard reader has stopped\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    server.metrics.redis_calls.labels("ready").inc()
+    try:
+        await uncancelled(server.client.ping(), READY_TIMEOUT)
+    except TimeoutError:
+        return web.Response(status=503, text=f"redis did not answer within {READY_TIMEOUT:g}s\n")
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
+        return web.Response(status=503, text=f"redis unreachable: {type(exc).__name__}\n")
+    if not server.hub.positioned:
+        return web.Response(status=503, text="shard readers not positioned yet\n")
+    return web.Response(text="ok\n")
+
+
+async def uncancelled(call: Awaitable[Any], timeout: float) -> Any:
+    """``call``'s result, or TimeoutError after ``timeout`` s while ``call``
+    goes on (bounded by the connection's socket timeout). Redis calls are
+    never cancelled here: redis-py (8.1, on Python 3.11) can swallow the
+    cancellation of a call in flight and leave its task waiting for good."""
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise TimeoutError
+    return task.result()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVER].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# --------------------------------------------------------------------------- CORS
+
+
+@dataclass(frozen=True)
+class Cors:
+    """Which browser origins may call (``("*",)``: any; empty: none)."""
+
+    origins: tuple[str, ...]
+
+    def allowed(self, origin: str | None) -> str | None:
+        """The ``Access-Control-Allow-Origin`` value for ``origin``, or None."""
+        if not origin:
+            return None
+        if "*" in self.origins:
+            return "*"
+        return origin if origin in self.origins else None
+
+
+CORS = web.AppKey("cors", Cors)
+_PREFLIGHT = {
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
+    "Access-Control-Max-Age": "600",
+}
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def redis_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request that Redis failed gets 503 (a stream already open just ends)."""
+    try:
+        return await handler(request)
+    except RedisError as exc:  # not any OSError: a client that went away is not Redis
+        request.app[SERVER].metrics.redis_errors.inc()
+        log.warning("request failed: redis unavailable",
+                    extra={"path": request.path, "error": type(exc).__name__})
+        raise refusal(503, "redis_unavailable", "Redis did not answer; retry") from None
+
+
+@web.middleware
+async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        if request.app[CORS].allowed(request.headers.get("Origin")) is None:
+            raise web.HTTPForbidden(text="origin not allowed\n")
+        return web.Response(status=204, headers=_PREFLIGHT)
+    return await handler(request)
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """On every response (streams included, before their headers go out)."""
+    cors = request.app[CORS]
+    if not cors.origins:
+        return
+    allowed = cors.allowed(request.headers.get("Origin"))
+    if allowed is not None:
+        response.headers["Access-Control-Allow-Origin"] = allowed
+    if allowed != "*":
+        response.headers.add("Vary", "Origin")
+
+
+def make_app(server: Server) -> web.Application:
+    app = web.Application(middlewares=[preflight, redis_unavailable])
+    app[SERVER] = server
+    app[PAGE] = Page.load()
+    app[CORS] = Cors(server.config.cors_origins)
+    app.on_response_prepare.append(cors_headers)
+    app.router.add_get("/v1/turns/{response_id}", get_turn)
+    app.router.add_get("/v1/turns/{response_id}/events", turn_events)
+    app.router.add_post("/v1/turns/{response_id}/cancel", cancel_turn)
+    app.router.add_get("/v1/turns/{response_id}/view", view)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,126 @@
+"""``processor serve`` options: one table (processor/options.py's mechanism)
+feeds the flags, the ``PROCESSOR_*`` variables, ``--help`` and the checks
+that report each problem on its own line before start."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from processor import options
+from processor.connections import RedisOptions
+from processor.keys import Namespace
+from processor.options import (
+    LOG_LEVEL,
+    NAMESPACE,
+    SHARDS,
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
+    Option,
+    flag,
+    number,
+)
+from processor.serve.tokens import MIN_SECRET_LENGTH
+
+OPTIONS: tuple[Option, ...] = (
+    NAMESPACE,
+    SHARDS,
+    Option("host", str, "0.0.0.0", "address to listen on"),
+    Option("port", int, 8080, "port to listen on (0: any free port, logged at start)", 0, 65535),
+    Option("token_secret", str, None, "secret that signs the turn tokens (at least "
+           f"{MIN_SECRET_LENGTH} characters; the same on every replica and in the backend that "
+           "mints tokens; prefer the variable: a flag shows in the process list)"),
+    Option("no_auth", flag, False, "serve every turn to anyone who can reach the port, "
+           "without tokens (development only; said at warning level at start)"),
+    Option("cors_origins", str, "", "comma-separated origins browsers may call from "
+           "(e.g. https://app.example.com), or * for any; none by default"),
+    Option("heartbeat", number, 15.0, "seconds of silence after which a stream gets a "
+           "': ping' comment (keeps proxies from closing idle streams)", 0.05),
+    Option("client_queue", int, 1000, "events queued for one stream before its client is "
+           "dropped as too slow (it is told its resume id)", 1),
+    Option("write_timeout", number, 10.0, "seconds a write to a client may block before the "
+           "client is dropped as too slow", 0.1),
+    Option("scan_limit", int, 5000, "entries of a shard's events and merged streams read "
+           "back to find a turn's past events and final outputs (a stand-in until turns "
+           "have a log of their own: docs/serve.md)", 1),
+    LOG_LEVEL,
+    SSL_CA_CERTS,
+    SSL_CERTFILE,
+    SSL_KEYFILE,
+)
+
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    redis: RedisOptions
+    namespace: Namespace
+    host: str
+    port: int
+    token_secret: str | None  # None: --no-auth
+    cors_origins: tuple[str, ...]  # ("*",): any origin
+    heartbeat: float
+    client_queue: int
+    write_timeout: float
+    scan_limit: int
+    log_level: str
+    # Where --shards came from ("" when not given): the namespace's record
+    # says the count (processor.meta), a given one is checked against it.
+    shards_from: str = ""
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    options.add_options(parser, OPTIONS, "Redis URL (env REDIS_URL); rediss:// for TLS; any "
+                        "Cluster node works")
+
+
+def resolve(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> tuple[ServeConfig | None, list[str]]:
+    """The configuration, or None and one line per problem."""
+    values, problems = options.resolve(args, OPTIONS, env)  # a value with a problem is absent
+    given = options.given(args, OPTIONS, env)
+    problems += options.connection_checks(values)  # (these options are text: always present)
+    if not values["redis_url"]:
+        problems.append("give --redis-url or set REDIS_URL (serve never starts an embedded "
+                        "Redis: it reads what the workers write)")
+    secret = values["token_secret"]
+    no_auth = values.get("no_auth", False)
+    if not no_auth:
+        if not secret:
+            problems.append("give --token-secret or set PROCESSOR_TOKEN_SECRET, or --no-auth to "
+                            "serve every turn without tokens")
+        elif len(secret) < MIN_SECRET_LENGTH:
+            problems.append(f"--token-secret must be at least {MIN_SECRET_LENGTH} characters, "
+                            f"got {len(secret)}")
+    origins = tuple(o.strip() for o in str(values["cors_origins"]).split(",") if o.strip())
+    if "*" in origins and len(origins) > 1:
+        problems.append("--cors-origins: * allows every origin and cannot be listed with others")
+    bad = [o for o in origins if o != "*" and not _ORIGIN.match(o.rstrip("/"))]
+    if bad:
+        problems.append(f"--cors-origins: not an origin (scheme://host[:port]): {bad[0]!r}")
+    if problems:
+        return None, problems
+    return ServeConfig(
+        redis=RedisOptions(values["redis_url"], values["ssl_ca_certs"], values["ssl_certfile"],
+                           values["ssl_keyfile"]),
+        namespace=Namespace(values["namespace"], values["shards"]),
+        host=values["host"],
+        port=values["port"],
+        token_secret=None if no_auth else secret,
+        cors_origins=tuple(o.rstrip("/") for o in origins),
+        heartbeat=values["heartbeat"],
+        client_queue=values["client_queue"],
+        write_timeout=values["write_timeout"],
+        scan_limit=values["scan_limit"],
+        log_level=values["log_level"],
+        shards_from=given.get("shards", ""),
+    ), []
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    return options.unknown_env(OPTIONS, env)

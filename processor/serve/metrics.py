@@ -1,0 +1,49 @@
+"""Prometheus metrics of one ``processor serve`` process, in a registry of
+its own (as the worker's, processor/metrics.py). Labels are bounded: a
+reason code or a kind of Redis call, never a response id or a token."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from processor.serve.tokens import Verdict
+
+#: What the server asks Redis for, one label value each.
+REDIS_CALLS = ("live", "position", "state", "history", "final", "cancel", "ready")
+
+
+class ServeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.open_streams = Gauge(
+            "processor_serve_open_streams", "Event streams open to clients", registry=r)
+        self.streams = Counter(
+            "processor_serve_streams", "Event streams opened", registry=r)
+        self.events_sent = Counter(
+            "processor_serve_events_sent", "SSE events written to clients (live events, "
+            "snapshots, merged responses; not heartbeats)", registry=r)
+        self.resumes = Counter(
+            "processor_serve_resumes", "Event streams opened with a resume id "
+            "(Last-Event-ID or ?after=)", registry=r)
+        self.auth_refusals = Counter(
+            "processor_serve_auth_refusals", "Requests refused for their token, by reason "
+            "(missing, bad, expired: 401; forbidden: 403)", ["reason"], registry=r)
+        self.dropped_clients = Counter(
+            "processor_serve_dropped_clients", "Streams closed because their client did not "
+            "read fast enough (queue full or a write timed out); each was told its resume id",
+            registry=r)
+        self.incomplete_history = Counter(
+            "processor_serve_incomplete_history", "Joins and resumes whose past events could "
+            "not all be found (older than the scan reaches, or trimmed)", registry=r)
+        self.redis_calls = Counter(
+            "processor_serve_redis_calls", "Redis commands sent, by purpose (live: the "
+            "readers' XREAD, one per shard at a time whatever the number of clients)",
+            ["kind"], registry=r)
+        self.redis_errors = Counter(
+            "processor_serve_redis_errors", "Redis calls that failed (retried for the "
+            "readers, an error answer for a request)", registry=r)
+        for verdict in Verdict:
+            if verdict is not Verdict.OK:
+                self.auth_refusals.labels(verdict.value)
+        for kind in REDIS_CALLS:
+            self.redis_calls.labels(kind)

@@ -1,0 +1,105 @@
+"""The long-running side of ``processor serve``: connect, read, listen, and
+stop cleanly on SIGTERM/SIGINT (open streams end; their clients reconnect to
+another replica and resume from their last id)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+from dataclasses import replace
+
+from aiohttp import web
+
+from processor import logs, stopping
+from processor.connections import connect_retrying, redact
+from processor.meta import Mismatch, NamespaceError, require
+from processor.serve.app import Server, make_app
+from processor.serve.config import ServeConfig, unknown_env
+from processor.serve.hub import Hub
+from processor.serve.metrics import ServeMetrics
+from processor.serve.source import StreamScanSource
+
+log = logging.getLogger("processor.serve")
+
+#: Seconds the stop waits for requests other than streams to finish.
+SHUTDOWN_TIMEOUT = 5.0
+
+
+def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]:
+    """The application on a connected client (also what the tests run)."""
+    metrics = ServeMetrics()
+    hub = Hub(client, config.namespace, metrics)
+    source = StreamScanSource(client, config.namespace, config.scan_limit)
+    server = Server(config, client, hub, source, metrics)
+    return make_app(server), server
+
+
+async def serve(config: ServeConfig) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a clean stop, 2 when the port is taken."""
+    stop = stopping.attach(asyncio.get_running_loop())
+    for name in unknown_env():
+        log.warning("unknown environment variable ignored", extra={"variable": name})
+    if config.token_secret is None:
+        log.warning("authentication is off (--no-auth): anyone who can reach the port reads "
+                    "and cancels every turn")
+    log.info("connecting", extra={"url": redact(config.redis.url),
+                                  "namespace": config.namespace.name})
+    client = await connect_retrying(config.redis, stop)
+    if client is None:
+        return 0
+    try:  # the namespace's shard count, from its record (processor.meta)
+        meta = await require(client, config.namespace.name,
+                             config.namespace.shards if config.shards_from else None,
+                             config.shards_from)
+    except NamespaceError as exc:
+        print(f"processor serve: {exc}", file=sys.stderr)
+        await client.aclose()
+        return 2 if isinstance(exc, Mismatch) else 1
+    config = replace(config, namespace=meta.keys)
+    app, server = build(config, client)
+    # No access log: a browser's token is in its URL. Handlers are not cancelled
+    # when their client goes (a stream notices at its next write, a heartbeat at
+    # the latest): a Redis call is never cancelled (see app.uncancelled).
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            print(f"processor serve: cannot listen on {config.host}:{config.port}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
+        server.hub.start()
+        log.info("serving", extra={
+            "host": config.host, "port": bound_port(runner),
+            "namespace": config.namespace.name, "shards": config.namespace.shards,
+            "auth": config.token_secret is not None, "cors_origins": list(config.cors_origins),
+        })
+        await stop.requested.wait()
+        log.info("stopping")
+        await server.hub.close()  # ends every stream: their clients resume elsewhere
+    finally:
+        await runner.cleanup()
+        await client.aclose()
+    log.info("stopped cleanly")
+    return 0
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port the site listens on (the one the OS chose for ``--port 0``)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0
+
+
+def main(config: ServeConfig) -> int:
+    logs.setup(config.log_level)
+    try:
+        return asyncio.run(serve(config))
+    except socket.gaierror as exc:
+        print(f"processor serve: cannot listen on {config.host}: {exc}", file=sys.stderr)
+        return 2
