@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import redis.asyncio
+from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
 from strategies import random_turn
 from test_acl import acl_server, url_for  # noqa: F401 (acl_server: a fixture)
@@ -250,6 +251,7 @@ async def test_an_entry_is_never_in_both_places_or_neither(
         ns = Namespace(namespace, 1)
         shard = ns.shard(0)
         await client.xgroup_create(shard.updates, "processor", id="0", mkstream=True)
+        await init_namespace(client, namespace)  # as a worker or processor init would
         producer = Producer(client, namespace, 1, inbox=True)
         await client.xadd(shard.updates, {"response_id": "evil", "kind": "end"}, id=MAX_ID)
         for i in range(5):
