@@ -140,7 +140,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(f"""\
-        import importlib.abc, sys
+        import importlib.abc, importlib.util, sys
 
         HIDDEN = set({_hidden_modules()!r})
 
@@ -151,6 +151,16 @@ def _env(tmp_path: Path) -> dict[str, str]:
                 return None
 
         sys.meta_path.insert(0, NotInstalled())
+        # A library probing for an optional module (yarl: pydantic_core) asks
+        # importlib.util.find_spec, which answers None when it is not installed.
+        _find_spec = importlib.util.find_spec
+
+        def find_spec(name, package=None):
+            if name.partition(".")[0] in HIDDEN:
+                return None
+            return _find_spec(name, package)
+
+        importlib.util.find_spec = find_spec
         """))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PROCESSOR_") and k not in ("REDIS_URL", "PYTHONPATH")}
