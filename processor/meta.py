@@ -137,8 +137,8 @@ async def require(client: Any, namespace: str, shards: int | None = None,
 async def drain_problems(client: Any, meta: Meta, worker_ttl_ms: int) -> list[str]:
     """Why the namespace cannot be resharded now, one line per problem
     (none: every shard drained and no worker live). Drained: no entry in
-    ``updates`` (workers delete what they applied), nothing pending, no
-    active or closing turn."""
+    ``updates`` (workers delete what they applied) or in the inbox (routed
+    by the old count), nothing pending, no active or closing turn."""
     keys = meta.keys
     problems = []
     seconds, micros = await client.time()
@@ -153,11 +153,12 @@ async def drain_problems(client: Any, meta: Meta, worker_ttl_ms: int) -> list[st
             pipe.xpending(shard.updates, meta.group)
             pipe.zcard(shard.active)
             pipe.zcard(shard.closing)
-            length, pending, active, closing = await pipe.execute(raise_on_error=False)
+            pipe.llen(shard.inbox)
+            length, pending, active, closing, inbox = await pipe.execute(raise_on_error=False)
         if isinstance(pending, Exception):  # no stream or no group: nothing pending
             pending = {"pending": 0}
         found = {"entries": length, "pending": int(pending["pending"]),
-                 "active turns": active, "closing turns": closing}
+                 "active turns": active, "closing turns": closing, "inbox entries": inbox}
         left = ", ".join(f"{n} {what}" for what, n in found.items()
                          if not isinstance(n, Exception) and int(n))
         if left:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import redis.asyncio
+from cli_tools import run
 from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
 from strategies import random_turn
@@ -310,3 +311,17 @@ def test_inbox_keys_are_the_shards() -> None:
     shard = Namespace("agent", 4).shard_for("x")
     assert shard.inbox == f"{{agent:{shard_of('x', 4)}}}:inbox"
     assert shard.inbox_bell == f"{shard.tag}:inbox:bell"
+
+
+def test_a_namespace_with_entries_in_an_inbox_is_not_resharded(
+    redis_url: str, namespace: str
+) -> None:
+    """Inbox entries were routed by the old shard count: `processor init
+    --reshard` refuses, naming the inbox, until a worker admitted them."""
+    assert run(redis_url, namespace, 2, "init").returncode == 0
+    with redis.Redis.from_url(redis_url) as client:
+        client.rpush(Namespace(namespace, 2).shard(1).inbox, "an entry")
+        proc = run(redis_url, namespace, 3, "init", "--reshard")
+        assert proc.returncode == 1
+        assert "shard 1 is not drained: 1 inbox entries" in proc.stderr
+        assert client.hget(Namespace(namespace).meta, "shards") == b"2"
