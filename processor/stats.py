@@ -185,16 +185,19 @@ def idle_text(ms: int) -> str:
 
 
 def shard_table(stats: Stats) -> Table:
-    """One row per shard."""
+    """One row per shard. The ``inbox`` column only when some shard has entries
+    waiting there (so the usual table fits 80 columns; ``--json`` always has it)."""
+    inboxes = any(s.inbox for s in stats.shards)
     names = ("shard", "length", "lag", "pending", "consumers", "active", "closing", "dlq",
-             "merged", "events", "inbox")
+             "merged", "events", *(("inbox",) if inboxes else ()))
     rows = []
     for s in stats.shards:
         lag = str(s.lag) if s.lag_exact else f"~{s.lag}"
         consumers = str(len(s.consumers)) if s.group else "no group"
         rows.append([
             str(s.shard), str(s.length), lag, str(s.pending), consumers, str(s.active_turns),
-            str(s.closing_turns), str(s.dlq), str(s.merged), str(s.events), str(s.inbox),
+            str(s.closing_turns), str(s.dlq), str(s.merged), str(s.events),
+            *((str(s.inbox),) if inboxes else ()),
         ])
     return Table(f"namespace {stats.namespace}, group {stats.group}",
                  [Column(name, right=name != "shard") for name in names], rows)

@@ -52,9 +52,16 @@ async def feed_scenario(harness: Harness, lines: list[str]) -> None:
         started.update(str(e.get("response_id")) for e in entries)
         if cancel is not None:
             await harness.wait_applied()
-            await harness.cancel(cancel)
-            if cancel in started:
-                await harness.wait_for(_published(harness, cancel), 30, f"{cancel} cancelled")
+            await cancel_seen(harness, cancel, cancel in started)
+
+
+async def cancel_seen(harness: Harness, response_id: str, started: bool) -> None:
+    """Set a turn's cancel key and, if the turn had started, wait until the
+    workers saw it (its turn published): entries added after this are read
+    after the cancel, so they are dropped (docs/design.md, *Cancellation*)."""
+    await harness.cancel(response_id)
+    if started:
+        await harness.wait_for(_published(harness, response_id), 30, f"{response_id} cancelled")
 
 
 def _published(harness: Harness, response_id: str) -> Any:

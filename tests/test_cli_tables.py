@@ -83,10 +83,11 @@ async def test_dlq_list_ids_are_whole_in_a_pipe_and_on_a_terminal(
     rows = plain_rows(piped)
     assert rows[0] == ["shard", "id", "reason", "source id", "turn", "deliveries", "detail",
                        "payload"]
-    by_id = {row[1]: row for row in rows[1:]}
-    assert set(by_id) == {letter["_id"] for letter in letters}
+    # (A DLQ id is per shard's stream: two shards can have the same one.)
+    by_id = {(row[0], row[1]): row for row in rows[1:]}
+    assert set(by_id) == {(letter["_shard"], letter["_id"]) for letter in letters}
     for letter in letters:
-        row = by_id[letter["_id"]]
+        row = by_id[(letter["_shard"], letter["_id"])]
         assert row[2:6] == [letter["reason"], letter["source_id"], letter["response_id"], "1"]
 
 

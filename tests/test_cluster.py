@@ -21,7 +21,7 @@ import redis
 import redis.asyncio
 from chaos import ChaosConfig, ChaosRun
 from expectations import check_scenario, scenario_lines, scenario_names
-from live_scenarios import TURN_TIMEOUT, offline_results_of_lines, scenario_segments
+from live_scenarios import TURN_TIMEOUT, cancel_seen, offline_results_of_lines, scenario_segments
 from records import init_namespace
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis_servers import LocalRedisCluster, wait_cluster_ok
@@ -71,18 +71,21 @@ async def test_scenarios_on_a_cluster(
         procs = [harness.spawn(turn_timeout=TURN_TIMEOUT, log_level="info", **hold_flags)
                  for _ in range(3)]
         await harness.wait_started(procs, timeout=60)
+        started: set[str] = set()
         for phase in range(max(len(s) for s in segments.values())):
             cancels = []
             for name in names:
                 if phase < len(segments[name]):
                     entries, cancel = segments[name][phase]
                     await harness.add(entries)
+                    started.update(str(e.get("response_id")) for e in entries)
                     if cancel is not None:
                         cancels.append(cancel)
-            # A cancel line means: the entries before it were applied, then the key was set.
+            # A cancel line means: the entries before it were applied, then the
+            # key was set, and the entries after it come once the cancel was seen.
             await harness.wait_applied()
             for response_id in cancels:
-                await harness.cancel(response_id)
+                await cancel_seen(harness, response_id, response_id in started)
         await harness.wait_merged(len(offline))
         await harness.wait_drained()
         harness.assert_workers_alive()
