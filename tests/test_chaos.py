@@ -77,14 +77,17 @@ async def test_no_timeout_while_the_turns_entries_wait_to_be_reclaimed(
     timed out although its producer never paused, and those entries then
     went to the DLQ as turn_closed. Idle means no entry *arrived*: a turn
     is not timed out while entries older than its timeout wait unapplied."""
-    async with Harness(redis_url, namespace, limits=Limits(turn_timeout=1.0),
-                       reclaim_idle_ms=3000) as harness:
+    # The producer's pause is the first worker's drain (between "a" and "b"):
+    # a 3 s timeout leaves it room on a loaded machine (at 1 s, a slow drain
+    # made the turn really idle past its timeout), and the reclaim waits 6 s.
+    async with Harness(redis_url, namespace, limits=Limits(turn_timeout=3.0),
+                       reclaim_idle_ms=6000) as harness:
         (worker,) = await harness.start_workers(1)
         await harness.add([_delta("slow", "a")])
         await harness.wait_applied()
         await harness.stop_worker(worker)
         await harness.add([_delta("slow", "b"), {"response_id": "slow", "kind": "end"}])
-        # A consumer reads them and dies: they wait 3 s to be reclaimed.
+        # A consumer reads them and dies: they wait 6 s to be reclaimed.
         shard = harness.shards[0]
         await harness.client.xreadgroup(harness.group, "ghost", {shard.updates: ">"}, count=10)
         await harness.start_workers(1)
