@@ -157,6 +157,24 @@ def build_apply(
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
+def build_dead_letters(
+    shard: Shard, rows: list[tuple[str, str, str, int]], options: BatchOptions,
+) -> ApplyCall:
+    """KEYS/ARGV of ``apply_entries`` dead-lettering entries by id, unread:
+    ``(entry id, reason, detail, deliveries)`` each. The script acks each
+    (one another consumer acked is skipped) and copies it, whole, inside
+    Redis (includes/dead_letter.lua): the worker never loads its payload."""
+    per_entry: list[Any] = []
+    for entry_id, reason, detail, deliveries in rows:
+        per_entry += [entry_id, 0, "d", reason, detail, "", deliveries, ""]
+    lim = options.limits
+    keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing]
+    head = [options.group, options.events_maxlen, options.dlq_maxlen, 0,
+            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_fields_max,
+            options.ready_limit, options.compact_threshold, options.done_ttl]
+    return ApplyCall(keys, head, per_entry)
+
+
 _new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
 
 
