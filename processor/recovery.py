@@ -92,8 +92,8 @@ class Recovery:
                     reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
                                                          {shard.updates: start}, count=count)
             except ReplyTooLarge:
-                if count > 1:  # fewer at a time
-                    count = max(1, count // 4)
+                if count > 1:  # one, then as many as fit at its size
+                    count = 1
                 else:  # the next one alone is past the budget: never read whole
                     await self._dead_letter_unreadable(shard, start, budget.limit)
                 continue

@@ -345,9 +345,10 @@ class ShardLoop:
                     entries = [entry for _stream, entries in reply or [] for entry in entries]
         except ReplyTooLarge as exc:
             # Delivered to this consumer, never received: taken back (bounded
-            # too) before the next read, which asks for fewer.
+            # too) before the next read, one entry first, then as many as fit
+            # at its size (each cut read delivers its entries once more).
             self._orphans.add(shard.index)
-            self._read_counts[shard.index] = max(1, count // 4)
+            self._read_counts[shard.index] = 1
             log.info("read past its byte budget, cut: reading fewer entries",
                      extra={"shard": shard.index, "count": count, "budget": exc.limit})
             return []

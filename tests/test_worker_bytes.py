@@ -103,3 +103,53 @@ async def test_a_backlog_of_big_entries_merges_whole_under_512_mib(
     peak = await run_backlog(server, namespace, tmp_path, hold_turns=hold)
     print(f"peak RSS {'held' if hold else 'stored'}: {peak / (1 << 20):.0f} MiB")
     assert peak < LIMIT, f"worker peak RSS {peak >> 20} MiB"
+
+
+#: The address space the MemoryError test gives its worker: a read of the
+#: huge entries whole does not fit, the worker's own budget does.
+ADDRESS_SPACE = 1536 << 20
+_UNDER_RLIMIT = ("import resource, runpy, sys; "
+                 f"resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE})); "
+                 "sys.argv = ['processor', *sys.argv[3:]]; "
+                 "runpy.run_module('processor.cli', run_name='__main__')")
+
+
+@pytest.mark.slow
+async def test_huge_entries_under_an_address_space_limit_never_stay_pending(
+    make_redis_server: Callable[..., EmbeddedRedis], namespace: str, tmp_path: Path,
+) -> None:
+    """Eight 50 MB entries, a normal turn and a silent one, read by a worker
+    whose address space (RLIMIT_AS) a whole read of them does not fit. They
+    used to stay pending for ever (redelivered past --max-deliveries, each
+    read failing with MemoryError), the stream was no longer trimmed and the
+    silent turn never timed out. Now each is dead-lettered whole (read
+    budget, processor/budget.py: never read), the turns end as they should,
+    and the stream is empty with nothing pending."""
+    server = make_redis_server()
+    huge = [{"response_id": f"huge-{i}", "update": "x" * (50 << 20)} for i in range(8)]
+    normal = [{"response_id": "normal", "update": json.dumps(
+        {"contents": [{"type": "text", "text": "fine"}]})}, {"response_id": "normal",
+                                                              "kind": "end"}]
+    silent = [{"response_id": "silent", "update": json.dumps(
+        {"contents": [{"type": "text", "text": "..."}]})}]
+    async with Harness(server.url, namespace, log_dir=tmp_path) as harness:
+        ids = await harness.add(huge, chunk=1)
+        await harness.add(normal + silent)
+        del huge
+        sub = harness.spawn(None, launcher=["-c", _UNDER_RLIMIT], max_deliveries=2,
+                            reclaim_idle_ms=500, turn_timeout=3)
+        await harness.wait_merged(2, timeout=90)
+        await harness.wait_drained(timeout=60)
+        harness.assert_workers_alive()
+        log = sub.log()
+        assert harness.terminate(sub) == 0, log[-3000:]
+        outputs = await harness.outputs()
+    assert outputs.turns[TurnKey("normal", "")].merged[0]["status"] == "completed"
+    timed_out = outputs.turns[TurnKey("silent", "")].result()
+    assert timed_out["status"] == "error"
+    assert timed_out["events"][-1]["error"]["code"] == "turn_timeout"
+    dead = {d["source_id"]: d for d in outputs.dlq}
+    assert set(dead) == set(ids)
+    for entry_id in ids:
+        assert dead[entry_id]["reason"] in ("too_large", "max_deliveries"), dead[entry_id]
+        assert len(dead[entry_id]["update"]) == 50 << 20
