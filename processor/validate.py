@@ -299,7 +299,7 @@ def _check_value(value: Any, path: str, depth: int) -> None:
             if not _INT_MIN <= value <= _INT_MAX:
                 raise EntryError("invalid_update", f"{_spell(path, link)}: integer out of range")
         elif cls is msgspec.msgpack.Ext or cls is bytes:
-            # msgpack input is "the same map" as JSON (contract section 3):
+            # msgpack input is "the same map" as JSON (docs/contract.md §3):
             # binary would come out as base64 text, silently changed.
             kind = "extension types" if cls is not bytes else "binary values"
             raise EntryError("invalid_update", f"{_spell(path, link)}: msgpack {kind} are not JSON")
