@@ -260,8 +260,8 @@ def _check_value(value: Any, path: str, depth: int) -> None:
 
     An item's path is only spelled out for an error: each stacked item links
     to its parent's link and its own key, so a wide value under long keys
-    costs O(size), not O(size x path length) (a 750 KB entry used to take
-    9 GB and 20 s here).
+    costs O(size), not O(size x path length), which a wide value under long
+    keys would make gigabytes.
     """
     if value.__class__ is dict and depth <= MAX_DEPTH:
         # The usual value (usage counts, properties): string keys and plain
