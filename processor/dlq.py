@@ -1,6 +1,6 @@
 """``processor dlq``: read the dead-letter streams and replay fixed entries.
 
-A DLQ entry (contract 5.3) is the input entry's original fields followed by
+A DLQ entry (docs/contract.md §5.3) is the input entry's original fields followed by
 what the worker appended: ``reason``, ``detail``, ``source_id``,
 ``deliveries`` and, for an entry of more fields than one script call can
 add back, ``packed=1`` (its fields kept whole, msgpack-packed in
