@@ -374,7 +374,6 @@ class LimitedParser(_AsyncHiredisParser):
 
 def _kwargs(options: RedisOptions) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
-        "parser_class": LimitedParser,
         "socket_timeout": options.socket_timeout,
         "socket_connect_timeout": 5.0,
         "health_check_interval": 30,
@@ -405,7 +404,10 @@ async def connect(options: RedisOptions) -> Any:
     if await is_cluster(options):
         client = RedisCluster.from_url(options.url, **_kwargs(options))
     else:
-        client = aioredis.Redis.from_url(options.url, **_kwargs(options))
+        # redis-py's cluster client takes no parser class: there a read is
+        # bounded by its COUNT following the entries' size only.
+        client = aioredis.Redis.from_url(options.url, parser_class=LimitedParser,
+                                         **_kwargs(options))
     fast_stream_reads(client)
     return client
 
