@@ -16,11 +16,11 @@ from redis.exceptions import ResponseError
 from turn_reference import offline_results
 from worker_harness import Harness
 
-from processor.dlq import DlqError, replay, split
-from processor.ids import TurnKey, shard_of
-from processor.keys import Namespace
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 from processor.scripts import source
+from processor.scripts.dlq import DlqError, replay, split
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace
 
 SHARDS = 2
 

@@ -26,9 +26,9 @@ from scrape import fetch
 from turn_reference import simple_turn
 from worker_harness import ROOT, Harness
 
-from processor.batches import BatchOptions
 from processor.embedded import free_port
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
+from processor.worker.batches import BatchOptions
 
 BUDGET = BatchOptions.dlq_value_max
 #: What a DLQ entry adds besides the copy: reason, detail, source_id, deliveries, truncated.
