@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 import workload
 
-from processor.engine.settle import render
+from processor.engine.render import render
 from processor.ingest.decode import decode_stream_entry
 from processor.service.run import tune_gc
 from processor.wire.ids import TurnKey

@@ -28,7 +28,7 @@ from turn_reference import (
 from worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
-from processor.redis_io.connections import stream_entry
+from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.held.hold import Holds

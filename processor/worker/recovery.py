@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from processor.engine.settle import id_order
-from processor.redis_io.connections import TRANSIENT, as_text, is_transient
+from processor.redis_io.connections import TRANSIENT, is_transient
+from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
 from processor.worker.batches import (
     ENTRY_LOST,
     BatchOptions,

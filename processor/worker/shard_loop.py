@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import ResponseError
 
-from processor.redis_io.connections import as_text, is_transient, read_raw, stream_entry
+from processor.redis_io.connections import is_transient, read_raw
+from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch

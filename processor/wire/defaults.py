@@ -1,0 +1,36 @@
+"""Every default of the worker's settings, once: the option table
+(``processor run --help``, :mod:`processor.service.config`), ``WorkerConfig``,
+``BatchOptions`` and ``Limits`` all read them here."""
+
+from __future__ import annotations
+
+GROUP = "processor"
+
+# Limits (contract section 7).
+MAX_ENTRY_BYTES = 1 << 20
+MAX_TURN_UPDATES = 100_000
+MAX_TURN_BYTES = 64 << 20
+TURN_TIMEOUT = 300.0
+
+# Reading and sweeping.
+BATCH = 500
+BLOCK_MS = 100
+SWEEP_INTERVAL = 0.1
+RECLAIM_IDLE_MS = 30_000
+MAX_DELIVERIES = 5
+WORKER_TTL = 5.0
+CANCEL_SLICE = 1000
+
+# What the worker writes, and for how long it remembers.
+MERGED_MAXLEN = 100_000
+EVENTS_MAXLEN = 1_000_000
+DLQ_MAXLEN = 100_000
+DONE_TTL = 86_400
+#: Bytes of a bad entry copied into its DLQ entry, in all.
+DLQ_VALUE_MAX = 64 * 1024
+
+# Turns in memory and in Redis.
+COMPACT_THRESHOLD = 256
+MIRROR_TURNS = 10_000
+HOLD_TURNS = True
+HOLD_MS = 5000
