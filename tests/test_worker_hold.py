@@ -66,6 +66,27 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
     assert held == len(turns) and spilled == 0
 
 
+async def test_mirror_turns_0_keeps_no_copy_and_still_holds_turns(
+    redis_url: str, namespace: str
+) -> None:
+    """--mirror-turns 0 means "always read back" a stored turn; it bounds the
+    copies, not the held turns (their own bound): every turn is still held and
+    published from memory, none spilled because a copy cache is empty."""
+    turns = _turns(20)
+    entries = interleave(turns, random.Random(5))
+    async with Harness(redis_url, namespace, batch=50, mirror_turns=0, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        worker = running.worker
+        held = _metric(worker, "processor_turns_settled_total", source="held")
+        spilled = _metric(worker, "processor_held_turns_spilled_total")
+    compare_with_offline(outputs, offline_results(entries))
+    assert held == len(turns) and spilled == 0
+
+
 async def test_progress_events_turn_holding_off(redis_url: str, namespace: str) -> None:
     """--progress with --hold-turns: progress events are per entry, so the
     worker stores every entry (read in the usual shape) and publishes the

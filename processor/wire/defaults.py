@@ -31,6 +31,11 @@ DLQ_VALUE_MAX = 64 * 1024
 
 # Turns in memory and in Redis.
 COMPACT_THRESHOLD = 256
+#: Turns per shard whose merge the worker also keeps in memory (--mirror-turns;
+#: 0 = none: a stored turn is always read back).
 MIRROR_TURNS = 10_000
+#: Turns per shard a worker holds (--hold-turns) before the oldest is spilled:
+#: a bound of its own, not --mirror-turns (the copies of stored turns).
+HELD_TURNS = 10_000
 HOLD_TURNS = True
 HOLD_MS = 5000

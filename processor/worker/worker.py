@@ -40,7 +40,7 @@ from processor.worker.batches import (
     parse_member,
 )
 from processor.worker.continuity import Continuity, is_nogroup
-from processor.worker.held.hold import Floor, Holds
+from processor.worker.held.hold import HELD_BYTES, Floor, Holds
 from processor.worker.held.holding import Holding
 from processor.worker.inbox import Admitter
 from processor.worker.membership import Membership
@@ -134,11 +134,13 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
         # process with the same consumer name). See _take_back.
         self._orphans: set[int] = {s.index for s in self.namespace.all()}
         self._claimed: set[int] = set()  # reclaimed entries being applied (recovery.py)
-        # The copies' byte budget is the worker's, shared by its shards.
-        budget = MIRROR_BYTES // config.shards
-        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
+        # Two caches of turns, each with its own budget shared by the shards:
+        # the copies of stored turns (--mirror-turns, MIRROR_BYTES; 0 turns =
+        # always read back) and the held turns (HELD_TURNS, HELD_BYTES).
+        mirror_budget, held_budget = MIRROR_BYTES // config.shards, HELD_BYTES // config.shards
+        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, mirror_budget)
                          for s in self.namespace.all()}
-        self._holds = {s.index: Holds(config.limits, config.mirror_turns, budget)
+        self._holds = {s.index: Holds(config.limits, defaults.HELD_TURNS, held_budget)
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
         self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}

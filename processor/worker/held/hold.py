@@ -168,6 +168,11 @@ class Routed:
     broken: list[TurnKey] = field(default_factory=list)  # held turns to spill (Held.broken)
 
 
+#: The bytes of entries a worker's held turns may hold, over all its shards:
+#: a budget of their own, apart from the copies' (mirror.MIRROR_BYTES).
+HELD_BYTES = 128 << 20
+
+
 @dataclass
 class Holds:
     """One shard's held turns, oldest first, bounded in number and bytes."""
