@@ -8,7 +8,7 @@ the turn's state, publishing synthesis.started on a turn's first entry and
 the entry's progress events with gap-free seq. A turn's correlation ids
 (first value applied wins) are kept in its hash and filled into the
 synthesis.started and progress events that do not carry them themselves, so
-that every event of the turn has them (contract section 3). Acked entries
+that every event of the turn has them (docs/contract.md §3.1). Acked entries
 leave the stream at the end: everything below the group's oldest pending
 entry (every one of them acked) in one XTRIM MINID, which frees whole
 listpack nodes instead of marking entries deleted one XDEL at a time.

@@ -1,6 +1,6 @@
 """``processor dlq``: read the dead-letter streams and replay fixed entries.
 
-A DLQ entry (contract 5.3) is the input entry's original fields followed by
+A DLQ entry (docs/contract.md §5.3) is the input entry's original fields followed by
 what the worker appended: ``reason``, ``detail``, ``source_id``,
 ``deliveries`` and, when values or fields were cut, ``truncated=1``. Those
 appended fields come last; the replay strips exactly that tail, in Lua.

@@ -1,5 +1,5 @@
 --[==[
-finalise_held: publish held turns (--hold-turns) and ack their entries,
+finalise_held: publish held turns (the default) and ack their entries,
 which were pending to this consumer until now (docs/design.md, "Held turns").
 
 For each turn, atomically, unless it is done or gone (0), or its version

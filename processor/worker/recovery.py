@@ -73,7 +73,7 @@ class Recovery:
             if not found:
                 break
             start = as_text(found[-1][0])
-            # Held entries (--hold-turns) are pending on purpose, not orphans.
+            # Held entries (held turns) are pending on purpose, not orphans.
             held = self._held_ids(shard)
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [as_text(i) for i, f in found if not f]
