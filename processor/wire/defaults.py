@@ -6,7 +6,7 @@ from __future__ import annotations
 
 GROUP = "processor"
 
-# Limits (contract section 7).
+# Limits (docs/contract.md §7).
 MAX_ENTRY_BYTES = 1 << 20
 MAX_TURN_UPDATES = 100_000
 MAX_TURN_BYTES = 64 << 20
