@@ -34,7 +34,7 @@ from drain import ready
 
 from processor.engine import events as ev
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.settle import Replay, event_fields, render
+from processor.engine.render import Replay, event_fields, render
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
 from processor.wire.ids import TurnKey

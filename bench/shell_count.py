@@ -42,14 +42,16 @@ from typing import Any
 import msgspec
 import workload
 
-from processor.engine.settle import render
+from processor.engine.render import render
 from processor.ingest.decode import decode_stream_entry
 from processor.service.run import tune_gc
+from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
 from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch
+from processor.worker.budget import HELD_BYTES
 from processor.worker.held.hold import Holds
-from processor.worker.stored.mirror import MIRROR_BYTES, Mirrors, Version
+from processor.worker.stored.mirror import Mirrors, Version
 from processor.worker.worker import WorkerConfig
 
 SIDES = ("none", "decode", "build", "follow", "finish", "held")
@@ -127,7 +129,7 @@ def run(side: str, replies: list[list[Entry]], read: list[list[Any]]) -> None:
     shard = next(iter(Namespace(config.namespace, 1).all()))
     options = config.batch_options()
     mirrors = Mirrors(config.limits)
-    holds = Holds(config.limits, config.mirror_turns, MIRROR_BYTES)
+    holds = Holds(config.limits, defaults.HELD_TURNS, HELD_BYTES)
     for entries, raw in zip(replies, read, strict=True):
         if side == "decode":
             for _id, fields in entries:

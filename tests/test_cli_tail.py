@@ -15,7 +15,7 @@ from records import init_namespace, init_namespace_sync
 from worker_harness import Harness
 
 from processor.engine import events as ev
-from processor.engine.settle import event_fields
+from processor.engine.render import event_fields
 from processor.wire.ids import TurnKey
 
 SHARDS = 2

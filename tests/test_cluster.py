@@ -37,7 +37,8 @@ from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
 from processor.embedded import EmbeddedRedis
-from processor.redis_io.connections import RedisOptions, as_text, connect, is_transient
+from processor.redis_io.connections import RedisOptions, connect, is_transient
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
 SHARDS = 6

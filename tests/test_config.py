@@ -119,3 +119,22 @@ def test_the_operations_table_lists_every_option() -> None:
             for line in section.splitlines() if line.startswith("| `--")}
     assert rows.pop("--redis-url") == "REDIS_URL"
     assert rows == {opt.flag: opt.env for opt in OPTIONS}
+
+
+def test_the_option_table_and_the_worker_config_default_alike() -> None:
+    """One place for each default (processor/wire/defaults.py): the flags'
+    defaults are WorkerConfig's, Limits' and BatchOptions'."""
+    from processor.engine.lifecycle import Limits
+    from processor.service.config import OPTIONS
+    from processor.worker.worker import WorkerConfig
+
+    config, limits = WorkerConfig(consumer="c"), Limits()
+    sources = (config, limits, config.batch_options())
+    checked = 0
+    for option in OPTIONS:
+        source = next((s for s in sources if hasattr(s, option.name)), None)
+        if source is None or option.name == "consumer":
+            continue
+        assert getattr(source, option.name) == option.default, option.name
+        checked += 1
+    assert checked >= 20

@@ -23,7 +23,7 @@ from turn_reference import as_read
 from processor.ingest import decode
 from processor.ingest.decode import EntryError, decode_stream_entry, peek_plain
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.connections import stream_entry
+from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.worker.held.held_batch import HeldBatch, Run, group_batch, group_each
 

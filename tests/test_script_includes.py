@@ -62,3 +62,20 @@ def test_every_script_defines_each_function_once_before_it_is_called(name: str) 
         if calls:
             definition = re.search(rf"^local function {fn}\(", text, re.MULTILINE)
             assert definition is not None and definition.start() < min(calls), (name, fn)
+
+
+def test_apply_entries_reads_its_argv_where_the_worker_puts_it() -> None:
+    """``apply_entries``' ARGV layout is defined once (batches.APPLY_HEAD,
+    APPLY_SENT, APPLY_TURNS); the script reads each value at that index."""
+    from processor.worker.batches import APPLY_HEAD, APPLY_SENT, APPLY_TURNS
+
+    text = source("apply_entries")
+    sent = re.search(r"^local consumer, floor, read_from = (.*)$", text, re.MULTILINE)
+    assert sent is not None
+    first = len(APPLY_HEAD) + 1
+    assert sent.group(1) == ", ".join(f"ARGV[{first + i}]" for i in range(len(APPLY_SENT)))
+    assert re.search(rf"^local TURNS = {APPLY_TURNS}\b", text, re.MULTILINE)
+    assert re.search(rf"^local unstarted_ttl = ARGV\[{APPLY_HEAD.index('done_ttl') + 1}\]",
+                     text, re.MULTILINE)
+    assert re.search(rf"^local group = ARGV\[{APPLY_HEAD.index('group') + 1}\]",
+                     text, re.MULTILINE)

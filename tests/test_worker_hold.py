@@ -28,7 +28,7 @@ from turn_reference import (
 from worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
-from processor.redis_io.connections import stream_entry
+from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.held.hold import Holds
@@ -59,6 +59,27 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
         await harness.wait_drained()
         outputs = await harness.outputs()
         assert await harness.state_keys() == []
+        worker = running.worker
+        held = _metric(worker, "processor_turns_settled_total", source="held")
+        spilled = _metric(worker, "processor_held_turns_spilled_total")
+    compare_with_offline(outputs, offline_results(entries))
+    assert held == len(turns) and spilled == 0
+
+
+async def test_mirror_turns_0_keeps_no_copy_and_still_holds_turns(
+    redis_url: str, namespace: str
+) -> None:
+    """--mirror-turns 0 means "always read back" a stored turn; it bounds the
+    copies, not the held turns (their own bound): every turn is still held and
+    published from memory, none spilled because a copy cache is empty."""
+    turns = _turns(20)
+    entries = interleave(turns, random.Random(5))
+    async with Harness(redis_url, namespace, batch=50, mirror_turns=0, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
         worker = running.worker
         held = _metric(worker, "processor_turns_settled_total", source="held")
         spilled = _metric(worker, "processor_held_turns_spilled_total")

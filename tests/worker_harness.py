@@ -381,4 +381,5 @@ class Stepped:
         entries = await self.read()
         worker, shard = self.worker, self.shard
         worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+        call = decode_batch(shard, entries, worker.options, 0)
+        await worker.process_batch(shard, entries, {}, call)

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from rich.console import Console
 
 from processor.cli.tables import Column, Table, print_table
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace, Shard
 from processor.worker.affinity import owned_shards
 

@@ -20,7 +20,7 @@ from typing import Any
 from rich.text import Text
 
 from processor.client import EventItem, Item, MergedItem, Subscriber
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
 STREAMS = ("merged", "events")

@@ -24,7 +24,7 @@ from processor.client.entries import (
 from processor.client.errors import TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts.library import Function
 from processor.scripts.meta import require
 from processor.wire.ids import response_id_for_turn

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from processor.client.closing import AsyncClosing
 from processor.client.items import Item, MergedItem, decode_item, entry_ms, xread_entries
 from processor.client.retry import RetryPolicy
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts.meta import require
 from processor.wire.ids import response_id_for_turn, shard_of
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace, Shard

@@ -1,6 +1,6 @@
 """A turn's life from first entry to terminal outcome, as a pure state machine.
 
-:class:`TurnLife` wraps the merge (:class:`~processor.merge.Turn`) with the
+:class:`TurnLife` wraps the merge (:class:`~processor.engine.merge.Turn`) with the
 rules of docs/contract.md §6 and §7: what an entry means once the turn has
 ended, the per-turn limits, cancellation and timeout. ``processor merge`` and
 the worker's finalisation both replay a turn's entries through it, which is
@@ -11,23 +11,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
+from typing import NamedTuple
 
 import msgspec
 
-from processor.engine.events import Outcome, producer_error
+from processor.engine.events import Outcome, producer_error, terminal
 from processor.engine.merge import Turn, UsageOverflow
 from processor.ingest.validate import clip
+from processor.wire import defaults
 from processor.wire.ids import TurnKey
-from processor.wire.models import MAX_USAGE_COUNT, Counts, ErrorInfo, Meta, Record, Response, Update
+from processor.wire.models import (
+    MAX_USAGE_COUNT,
+    Counts,
+    ErrorInfo,
+    Meta,
+    Record,
+    Response,
+    Synthesis,
+    Update,
+)
 
 
 class Limits(msgspec.Struct, frozen=True):
     """Per-entry and per-turn limits (docs/contract.md §7)."""
 
-    max_entry_bytes: int = 1 << 20
-    max_turn_updates: int = 100_000
-    max_turn_bytes: int = 64 << 20
-    turn_timeout: float = 300.0
+    max_entry_bytes: int = defaults.MAX_ENTRY_BYTES
+    max_turn_updates: int = defaults.MAX_TURN_UPDATES
+    max_turn_bytes: int = defaults.MAX_TURN_BYTES
+    turn_timeout: float = defaults.TURN_TIMEOUT
 
 
 class Verdict(StrEnum):
@@ -226,3 +237,26 @@ class TurnLife:
             finished_ms=finished_ms,
             error=error,
         )
+
+
+class Finished(NamedTuple):
+    """What a finished turn renders to: its response, meta and terminal
+    ``synthesis`` event (the worker's finalise and ``processor merge`` alike)."""
+
+    outcome: Outcome
+    response: Response
+    meta: Meta
+    terminal: Synthesis
+
+
+def finish(life: TurnLife, started_ms: int | None, finished_ms: int | None,
+           seq: int) -> Finished:
+    """Render a turn whose life has an outcome: the one renderer of a finished
+    turn. ``seq``: the terminal event's (the events published before it)."""
+    outcome = life.outcome
+    assert outcome is not None
+    response = life.response()
+    meta = life.meta(response, started_ms, finished_ms)
+    final = terminal(life.key, life.turn.state.ids, outcome, response, meta.counts, seq,
+                     finished_ms or 0)
+    return Finished(outcome, response, meta, final)

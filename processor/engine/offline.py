@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from processor.engine import events as ev
-from processor.engine.lifecycle import LATE, MERGED, Limits, TurnLife, late_detail
+from processor.engine.lifecycle import LATE, MERGED, Limits, TurnLife, finish, late_detail
 from processor.ingest.decode import EntryError, decode_entry, entry_size, turn_key
 from processor.wire.ids import TurnKey
 from processor.wire.models import Event, TurnResult
@@ -180,24 +180,19 @@ def _line_field(name: str, raw: msgspec.Raw) -> Any:
 def _result(turn: _Open) -> TurnResult:
     life = turn.life
     key = life.key
-    assert life.outcome is not None
-    ids = life.turn.state.ids
-    response = life.response()
-    meta = life.meta(response, turn.started_ms, turn.finished_ms)
-    events: list[Event] = [ev.started(key, ids, turn.started_ms)]
+    # (the terminal event's seq: after the started event and the progress events)
+    done = finish(life, turn.started_ms, turn.finished_ms, 1 + len(turn.events))
+    events: list[Event] = [ev.started(key, life.turn.state.ids, turn.started_ms)]
     for seq, event in enumerate(turn.events, start=1):
         event.seq = seq
         events.append(event)
-    final = ev.terminal(
-        key, ids, life.outcome, response, meta.counts, len(events), turn.finished_ms or 0
-    )
-    events.append(final)
+    events.append(done.terminal)
     return TurnResult(
         response_id=key.response_id,
         attempt_id=key.attempt_id or None,
-        status=life.outcome.status,
-        response=response,
-        meta=meta,
+        status=done.outcome.status,
+        response=done.response,
+        meta=done.meta,
         events=events,
     )
 

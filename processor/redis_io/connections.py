@@ -35,6 +35,7 @@ from tenacity import (
     wait_random,
 )
 
+from processor.redis_io.replies import fields_dict
 from processor.stopping import Stop
 
 log = logging.getLogger("processor.connections")
@@ -157,11 +158,6 @@ class RedisOptions:
     socket_timeout: float = 10.0
 
 
-def as_text(value: Any) -> str:
-    """A Redis reply value as ``str`` (clients may or may not decode responses)."""
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 async def tls_refusal_probe(options: RedisOptions, wait: float = 1.0) -> str | None:
     """The server's TLS refusal, found on a connection that sends nothing.
 
@@ -216,7 +212,7 @@ def parse_stream_read(response: Any, **options: Any) -> list[list[Any]]:
     if options.get(RAW_ENTRIES):  # (read_raw: the entries as the parser gave them)
         return [[stream, entries] for stream, entries in streams]
     if "claim_min_idle_time" in options:  # CLAIM: idle time and deliveries follow the fields
-        return [[stream, [(None, None) if e is None else (e[0], _fields(e[1]), *e[2:])
+        return [[stream, [(None, None) if e is None else (e[0], fields_dict(e[1]), *e[2:])
                           for e in entries]] for stream, entries in streams]
     return [[stream, _stream_entries(entries)] for stream, entries in streams]
 
@@ -232,7 +228,7 @@ def _stream_entries(entries: list[Any]) -> list[tuple[Any, Any]]:
         if flat is not None and len(flat) == 4:  # the usual entry: no iterator to build
             add((entry_id, {flat[0]: flat[1], flat[2]: flat[3]}))
         else:
-            add((entry_id, _fields(flat)))
+            add((entry_id, fields_dict(flat)))
     return found
 
 
@@ -257,24 +253,6 @@ async def read_raw(client: Any, group: str, consumer: str, stream: str,
         args += ["BLOCK", block]
     reply = await client.execute_command(*args, "STREAMS", stream, ">", **{RAW_ENTRIES: True})
     return [entry for _stream, entries in reply or [] for entry in entries]
-
-
-def stream_entry(entry: Any) -> tuple[Any, dict[Any, Any]]:
-    """An entry in the usual shape, ``(id, {name: value})``, whether as
-    :func:`read_raw` or as :func:`parse_stream_read` gives it."""
-    fields = entry[1]
-    if fields.__class__ is dict:
-        return entry[0], fields
-    return entry[0], _fields(fields)
-
-
-def _fields(flat: list[Any] | None) -> dict[Any, Any]:
-    """An entry's flat field list as a dict (later duplicates win, as in
-    redis-py); none (an entry deleted while pending, read with id 0) is {}."""
-    if flat is None:
-        return {}
-    pairs = iter(flat)
-    return dict(zip(pairs, pairs, strict=False))
 
 
 def fast_stream_reads(client: Any) -> None:

@@ -33,8 +33,8 @@ ARGV[7] most names and values of an entry copied into the DLQ as fields
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9] compaction threshold (stored records of a turn; 0 = never)
 ARGV[10] seconds a turn's dead letters are remembered before its first entry
-ARGV[11] this consumer        ARGV[11] its floor (includes/watermark; '' = none)
-ARGV[12] the first entry id of the XREADGROUP > read the entries come from ('' =
+ARGV[11] this consumer        ARGV[12] its floor (includes/watermark; '' = none)
+ARGV[13] the first entry id of the XREADGROUP > read the entries come from ('' =
          not such a read: a spill, a reclaim, a take-back), for the cut
 ARGV[14 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
 ARGV[14 + 2*T]                the entries: one msgpack array, 8 values per entry:

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 from redis.asyncio.cluster import RedisCluster
 
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.keys import Namespace, Shard
 

@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from processor.ingest.decode import EntryError, decode_entry, routing_id, turn_key
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.ids import shard_of
 from processor.wire.keys import Namespace

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import MAX_AHEAD_MS

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.serve.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.wire.keys import Namespace
 

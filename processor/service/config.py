@@ -26,39 +26,46 @@ from processor.service.options import (
 )
 from processor.service.options import flag as _flag
 from processor.service.options import number as _number
+from processor.wire import defaults as D
 from processor.worker.worker import WorkerConfig, default_consumer
 
 OPTIONS: tuple[Option, ...] = (
     NAMESPACE,
     SHARDS,
-    Option("group", str, "processor", "consumer group on each updates stream of a new "
+    Option("group", str, D.GROUP, "consumer group on each updates stream of a new "
            "namespace, kept in its record like --shards (one per namespace: a worker "
            "refuses to start with another, or while another group reads its streams)"),
     Option("allow_other_groups", _flag, False, "start even when another consumer group reads "
            "the namespace's streams, or its record names another group (each group then "
            "applies every entry; docs/operations.md, --group)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
-    Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
+    Option("turn_timeout", _number, D.TURN_TIMEOUT,
+           "seconds without an entry before a turn times out",
            0.01),
     Option("progress", _flag, False, "publish progress events (synthesis.chunk, step)"),
     Option("agui", _flag, False, "also write each turn as AG-UI 1.0 events to {ns:s}:agui"),
-    Option("batch", int, 500, "entries read per XREADGROUP call", 1),
-    Option("block_ms", int, 100, "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
-    Option("sweep_interval", _number, 0.1, "seconds between sweeps for timeouts and cancels", 0.01),
-    Option("reclaim_idle_ms", int, 30_000, "reclaim entries pending this long (dead worker)", 1),
+    Option("batch", int, D.BATCH, "entries read per XREADGROUP call", 1),
+    Option("block_ms", int, D.BLOCK_MS,
+           "XREADGROUP BLOCK time in ms (also the idle sweep pace)", 1),
+    Option("sweep_interval", _number, D.SWEEP_INTERVAL,
+           "seconds between sweeps for timeouts and cancels", 0.01),
+    Option("reclaim_idle_ms", int, D.RECLAIM_IDLE_MS,
+           "reclaim entries pending this long (dead worker)", 1),
     Option("no_affinity", _flag, False, "every worker reads every shard, instead of the "
            "live workers splitting the shards between them (shard affinity)"),
-    Option("worker_ttl", _number, 5.0, "seconds a worker that stopped beating still counts "
+    Option("worker_ttl", _number, D.WORKER_TTL,
+           "seconds a worker that stopped beating still counts "
            "as live, and a stalled shard owner is waited for, before the others read its "
            "shards", 0.5),
-    Option("max_deliveries", int, 5, "deliveries before an entry goes to the DLQ", 1),
-    Option("max_entry_bytes", int, 1 << 20, "largest entry accepted (too_large)", 1),
-    Option("max_turn_updates", int, 100_000, "updates per turn before turn_limit", 1),
-    Option("max_turn_bytes", int, 64 << 20, "bytes per turn before turn_limit", 1),
-    Option("merged_maxlen", int, 100_000, "approximate cap of each merged stream", 1),
-    Option("events_maxlen", int, 1_000_000, "approximate cap of each events stream", 1),
-    Option("dlq_maxlen", int, 100_000, "approximate cap of each dlq stream", 1),
-    Option("done_ttl", int, 86_400, "seconds a finished turn is remembered (dedup)", 1),
+    Option("max_deliveries", int, D.MAX_DELIVERIES,
+           "deliveries before an entry goes to the DLQ", 1),
+    Option("max_entry_bytes", int, D.MAX_ENTRY_BYTES, "largest entry accepted (too_large)", 1),
+    Option("max_turn_updates", int, D.MAX_TURN_UPDATES, "updates per turn before turn_limit", 1),
+    Option("max_turn_bytes", int, D.MAX_TURN_BYTES, "bytes per turn before turn_limit", 1),
+    Option("merged_maxlen", int, D.MERGED_MAXLEN, "approximate cap of each merged stream", 1),
+    Option("events_maxlen", int, D.EVENTS_MAXLEN, "approximate cap of each events stream", 1),
+    Option("dlq_maxlen", int, D.DLQ_MAXLEN, "approximate cap of each dlq stream", 1),
+    Option("done_ttl", int, D.DONE_TTL, "seconds a finished turn is remembered (dedup)", 1),
     Option("metrics_port", int, 0, "serve /metrics, /healthz and /readyz on this port "
            "(0 = off)", 0, 65535),
     Option("metrics_host", str, "0.0.0.0", "address the metrics port listens on"),
@@ -66,15 +73,15 @@ OPTIONS: tuple[Option, ...] = (
            "turns, DLQ length and bad stream ids per shard", 0.1),
     Option("health_stall", _number, 30.0, "/healthz answers 503 once the event loop has not "
            "run for this many seconds", 1),
-    Option("compact_threshold", int, 256,
+    Option("compact_threshold", int, D.COMPACT_THRESHOLD,
            "stored records of a turn before they are folded into one snapshot (0 = never)", 0),
-    Option("mirror_turns", int, 10_000, "turns per shard whose merge the worker also keeps "
+    Option("mirror_turns", int, D.MIRROR_TURNS, "turns per shard whose merge the worker also keeps "
            "in memory, to publish them without reading their records back (0 = none)", 0),
-    Option("hold_turns", _flag, True, "keep each turn's entries pending and merged in this "
+    Option("hold_turns", _flag, D.HOLD_TURNS, "keep each turn's entries pending and merged in this "
            "worker's memory until the turn ends, then publish and ack them in one step; "
            "--no-hold-turns stores a record of every entry in Redis as it is read instead "
            "(docs/design.md, Held turns; no effect with --progress)"),
-    Option("hold_ms", int, 5000, "a turn held this long is handed to the "
+    Option("hold_ms", int, D.HOLD_MS, "a turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     LOG_LEVEL,
@@ -125,7 +132,7 @@ def add_option(parser: argparse.ArgumentParser, name: str) -> None:
 def resolve(
     args: argparse.Namespace, env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """Flags win over environment variables, which win over defaults.
+    """Flags win over environment variables, which win over D.
     Returns the values and one message per invalid option. An option the
     command does not take (no attribute of ``args``) has its default: its
     variable is not read."""

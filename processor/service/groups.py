@@ -25,7 +25,8 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError
 
-from processor.redis_io.connections import as_text, until_done
+from processor.redis_io.connections import until_done
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
 log = logging.getLogger("processor.groups")

@@ -30,7 +30,8 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from redis.exceptions import ResponseError
 
-from processor.redis_io.connections import as_text, is_transient
+from processor.redis_io.connections import is_transient
+from processor.redis_io.replies import as_text
 from processor.wire import stream_ids
 from processor.wire.keys import Namespace
 from processor.worker.metrics import Metrics, find_group

@@ -17,11 +17,11 @@ from processor import logs, stopping
 from processor.redis_io.connections import (
     TRANSIENT,
     RedisOptions,
-    as_text,
     connect_retrying,
     redact,
     until_done,
 )
+from processor.redis_io.replies import as_text
 from processor.scripts import library
 from processor.scripts.meta import Meta, Mismatch, check, create, drain_problems, reshard
 from processor.service import config

@@ -42,10 +42,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from processor.wire import defaults
 from processor.wire.ids import TurnKey, shard_of
 
 DEFAULT_NAMESPACE = "agent"
-DEFAULT_GROUP = "processor"
+DEFAULT_GROUP = defaults.GROUP
 
 
 @dataclass(frozen=True, slots=True)

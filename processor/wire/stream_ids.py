@@ -27,6 +27,12 @@ MAX_AHEAD_MS = 3_600_000
 _ID = re.compile(r"^(\d+)-(\d+)$")
 
 
+def id_order(entry_id: str) -> tuple[int, int]:
+    """Stream ids sort by (ms, seq) as numbers."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def parse(entry_id: str) -> tuple[int, int]:
     """``"ms-seq"`` as two integers (``ValueError`` for anything else)."""
     match = _ID.match(entry_id)

@@ -13,13 +13,15 @@ import msgspec
 
 from processor.engine import events as ev
 from processor.engine.lifecycle import Limits
-from processor.engine.settle import Compaction, Settled, encode_stored, event_fields, id_order
+from processor.engine.render import Compaction, Settled, encode_stored, event_fields
 from processor.ingest.decode import EntryError, decode_stream_entry
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
+from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import TURN_IDS
+from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.stored.mirror import Applied, Version
 
@@ -33,17 +35,17 @@ class BatchOptions:
     shards: int
     limits: Limits
     progress: bool = False
-    max_deliveries: int = 5
-    events_maxlen: int = 1_000_000
-    dlq_maxlen: int = 100_000
-    merged_maxlen: int = 100_000
+    max_deliveries: int = defaults.MAX_DELIVERIES
+    events_maxlen: int = defaults.EVENTS_MAXLEN
+    dlq_maxlen: int = defaults.DLQ_MAXLEN
+    merged_maxlen: int = defaults.MERGED_MAXLEN
     # Names and values of an entry copied into its DLQ entry as fields (one XADD
     # from Lua carries ~8000 values); a wider entry is kept whole, packed.
-    dlq_fields_max: int = 7800
+    dlq_fields_max: int = defaults.DLQ_FIELDS_MAX
     ready_limit: int = 1000
-    done_ttl: int = 86_400
+    done_ttl: int = defaults.DONE_TTL
     agui: bool = False
-    compact_threshold: int = 256  # stored records of a turn before compaction; 0 = never
+    compact_threshold: int = defaults.COMPACT_THRESHOLD  # records before compaction; 0 = never
 
 
 @dataclass
@@ -93,7 +95,16 @@ class ApplyCall:
                 _pack.encode(self.entries)]
 
 
-_HEAD = 10  # ARGV values before the consumer and its floor (apply_entries.lua)
+#: ``apply_entries``' ARGV, in order (its header documents each): the head
+#: built with the batch, the three values given when it is sent (:meth:`ApplyCall.argv`),
+#: then two per turn from :data:`APPLY_TURNS` on, and last the entries.
+APPLY_HEAD = ("group", "events_maxlen", "dlq_maxlen", "turns", "max_turn_updates",
+              "max_turn_bytes", "dlq_fields_max", "ready_limit", "compact_threshold",
+              "done_ttl")
+APPLY_SENT = ("consumer", "floor", "read_from")
+_HEAD = len(APPLY_HEAD)  # ARGV values before the consumer and its floor
+#: The ARGV index (1-based, as Lua counts) of the first turn's tk: ``TURNS`` there.
+APPLY_TURNS = _HEAD + len(APPLY_SENT) + 1
 
 
 #: The msgpack str headers of lengths below 256 (fixstr, then str 8), made once.
@@ -151,9 +162,12 @@ def build_apply(
         per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms, applied)
     lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
-    head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
-            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_fields_max, options.ready_limit,
-            options.compact_threshold, options.done_ttl]
+    values = {"group": options.group, "events_maxlen": options.events_maxlen,
+              "dlq_maxlen": options.dlq_maxlen, "turns": len(turns.index),
+              "max_turn_updates": lim.max_turn_updates, "max_turn_bytes": lim.max_turn_bytes,
+              "dlq_fields_max": options.dlq_fields_max, "ready_limit": options.ready_limit,
+              "compact_threshold": options.compact_threshold, "done_ttl": options.done_ttl}
+    head = [values[name] for name in APPLY_HEAD]
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
 
 
@@ -309,7 +323,7 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
 
 
 #: A held turn to publish: its key, its held entry ids, the entries found
-#: after its end as (id, reason, detail) (``settle.take_late``), its outputs,
+#: after its end as (id, reason, detail) (``render.take_late``), its outputs,
 #: and for a cancel the newest entry id the worker has routed ("" unknown).
 HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled, str]
 

@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from processor.engine.settle import id_order, render
-from processor.redis_io.connections import as_text, is_redis_failure, stream_entry
+from processor.engine.render import render
+from processor.redis_io.connections import is_redis_failure
+from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.meta import Meta, create, read
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
 from processor.worker.batches import ApplyCall, BatchOptions, LostOutcome, build_publish_lost
 from processor.worker.held.hold import Floor, Holds
 from processor.worker.metrics import DeadLetterLog, Metrics

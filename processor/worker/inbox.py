@@ -37,7 +37,8 @@ import logging
 import time
 from typing import Any
 
-from processor.redis_io.connections import as_text, is_redis_failure, is_transient
+from processor.redis_io.connections import is_redis_failure, is_transient
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace, Shard
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics

@@ -13,9 +13,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from processor.engine.settle import id_order
-from processor.redis_io.connections import as_text, is_redis_failure
+from processor.redis_io.connections import is_redis_failure
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
 from processor.worker.affinity import (
     BEATS_PER_TTL,
     owned_shards,

@@ -28,10 +28,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from processor import logs
-from processor.engine.settle import id_order
-from processor.redis_io.connections import as_text, is_redis_failure
+from processor.redis_io.connections import is_redis_failure
+from processor.redis_io.replies import as_text
 from processor.wire import stream_ids
 from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
 
 log = logging.getLogger("processor.metrics")
 turn_log = logging.getLogger("processor.turns")
@@ -194,7 +195,7 @@ class Metrics:
 
     def finalised(self, settled: Sequence[tuple[Any, str, Any]], results: Sequence[Any]) -> None:
         """``finalise_turns`` was called with ``settled`` (turn, version,
-        :class:`~processor.engine.settle.Settled`) and replied ``results``: a 1 is
+        :class:`~processor.engine.render.Settled`) and replied ``results``: a 1 is
         a turn published, with its merged entry, terminal event and the dead
         letters its replay found. Also logs each published turn: completed
         ones at debug, cancelled and failed ones at info."""

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from processor.engine.settle import id_order
 from processor.redis_io.connections import (
     TRANSIENT,
     ReadBudget,
     ReplyTooLarge,
-    as_text,
     bounded,
 )
+from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
 from processor.worker.batches import (
     ENTRY_LOST,
     ApplyCall,

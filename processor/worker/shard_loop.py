@@ -18,11 +18,10 @@ from redis.exceptions import ResponseError
 from processor.redis_io.connections import (
     ReadBudget,
     ReplyTooLarge,
-    as_text,
     bounded,
     read_raw,
-    stream_entry,
 )
+from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch

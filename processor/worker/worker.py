@@ -6,7 +6,7 @@ holds them (:mod:`processor.worker.held.holding`) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
 (:mod:`processor.worker.stored.storing`: from the worker's own copy,
 :mod:`processor.worker.stored.mirror`,
-or a replay of the stored records, :mod:`processor.engine.settle`; then one
+or a replay of the stored records, :mod:`processor.engine.render`; then one
 ``finalise_turns`` call). Between batches it sweeps the shard (timeouts,
 cancellation keys, turns left ready by a dead worker) and reclaims entries
 idle in a dead consumer's pending list (:mod:`processor.worker.recovery`). Which
@@ -26,10 +26,12 @@ from typing import Any
 from redis.exceptions import NoPermissionError, ResponseError
 
 from processor.engine.lifecycle import Limits
-from processor.engine.settle import Reason
-from processor.redis_io.connections import as_text, is_transient, stream_entry, until_done
+from processor.engine.render import Reason
+from processor.redis_io.connections import is_transient, until_done
+from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts import Scripts, library
 from processor.scripts.meta import Meta, check, create
+from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
 from processor.worker.batches import (
@@ -68,22 +70,22 @@ class WorkerConfig:
     limits: Limits = field(default_factory=Limits)
     progress: bool = False
     agui: bool = False
-    batch: int = 500
-    block_ms: int = 100
-    sweep_interval: float = 0.1
-    reclaim_idle_ms: int = 30_000
-    max_deliveries: int = 5
+    batch: int = defaults.BATCH
+    block_ms: int = defaults.BLOCK_MS
+    sweep_interval: float = defaults.SWEEP_INTERVAL
+    reclaim_idle_ms: int = defaults.RECLAIM_IDLE_MS
+    max_deliveries: int = defaults.MAX_DELIVERIES
     affinity: bool = True
-    worker_ttl: float = 5.0
-    cancel_slice: int = 1000
-    merged_maxlen: int = 100_000
-    events_maxlen: int = 1_000_000
-    dlq_maxlen: int = 100_000
-    done_ttl: int = 86_400
-    compact_threshold: int = 256
-    mirror_turns: int = 10_000
-    hold_turns: bool = True
-    hold_ms: int = 5000
+    worker_ttl: float = defaults.WORKER_TTL
+    cancel_slice: int = defaults.CANCEL_SLICE
+    merged_maxlen: int = defaults.MERGED_MAXLEN
+    events_maxlen: int = defaults.EVENTS_MAXLEN
+    dlq_maxlen: int = defaults.DLQ_MAXLEN
+    done_ttl: int = defaults.DONE_TTL
+    compact_threshold: int = defaults.COMPACT_THRESHOLD
+    mirror_turns: int = defaults.MIRROR_TURNS
+    hold_turns: bool = defaults.HOLD_TURNS
+    hold_ms: int = defaults.HOLD_MS
 
     @property
     def holding(self) -> bool:
@@ -136,11 +138,13 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
         # Byte budgets (processor.worker.budget): the worker's, shared by its shards.
         self._read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
         self._read_counts: dict[int, int] = {}
-        copies = COPY_BYTES // config.shards
-        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, copies)
+        # Two caches of turns, each with its own budgets: the copies of stored
+        # turns (--mirror-turns, COPY_BYTES; 0 turns = always read back) and the
+        # held turns (HELD_TURNS, HELD_BYTES).
+        mirror_budget, held_budget = COPY_BYTES // config.shards, HELD_BYTES // config.shards
+        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, mirror_budget)
                          for s in self.namespace.all()}
-        held = HELD_BYTES // config.shards
-        self._holds = {s.index: Holds(config.limits, config.mirror_turns, held)
+        self._holds = {s.index: Holds(config.limits, defaults.HELD_TURNS, held_budget)
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
         self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}
@@ -241,7 +245,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
         one by one, so that one entry that always fails stays pending alone
         (and reaches max_deliveries alone) instead of taking its batch along."""
         try:
-            await self.apply(shard, entries, deliveries, call)
+            await self.process_batch(shard, entries, deliveries, call)
         except Exception as exc:
             if is_transient(exc) or is_nogroup(exc):  # (the group: continuity.py)
                 raise
@@ -260,7 +264,7 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
 
     # ------------------------------------------------------------ transitions
 
-    async def apply(
+    async def process_batch(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
         call: ApplyCall | None = None,
     ) -> None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from processor.engine.settle import id_order
 from processor.ingest.decode import (
     PLAIN_NAMES,
     EntryError,
@@ -34,8 +33,9 @@ from processor.ingest.decode import (
     recent_turn,
 )
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.connections import as_text, stream_entry
+from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey, shard_of
+from processor.wire.stream_ids import id_order
 from processor.worker.stored.mirror import Applied
 
 #: An entry as read: ``[id, [name, value, ...]]`` (connections.read_raw), or
@@ -147,7 +147,7 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
                 run.texts.append(text)
                 continue
         _add_one(batch, open_runs, entry, max_entry_bytes)
-    _settle(batch, shard, shards, max_entry_bytes)
+    _check_runs(batch, shard, shards, max_entry_bytes)
     return batch
 
 
@@ -159,7 +159,7 @@ def group_each(entries: list[Entry], shard: int, shards: int,
     open_runs: dict[TurnKey, Run] = {}
     for entry in entries:
         _add_one(batch, open_runs, entry, max_entry_bytes)
-    _settle(batch, shard, shards, max_entry_bytes)
+    _check_runs(batch, shard, shards, max_entry_bytes)
     return batch
 
 
@@ -199,7 +199,7 @@ def _new_run(turns: dict[TurnKey, list[Part]], key: TurnKey) -> Run:
     return run
 
 
-def _settle(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> None:
+def _check_runs(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int) -> None:
     """Check every run (one that fails is classified again entry by entry),
     and leave a turn of another shard to apply_entries whole."""
     regrouped = False

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.settle import Replay, id_order
+from processor.engine.render import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
-from processor.redis_io.connections import as_text, stream_entry
+from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
+from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.worker.stored.mirror import Applied
 
@@ -69,7 +70,7 @@ class Held:
 
     def turn_hash(self) -> dict[bytes, bytes]:
         """The turn's hash as open_turns left it
-        (what :func:`~processor.engine.settle.render` reads)."""
+        (what :func:`~processor.engine.render.render` reads)."""
         return {b"ver": b"0", b"started": self.started.encode()}
 
     def take_run(self, run: Run) -> None:

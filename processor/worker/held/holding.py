@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from processor.engine.settle import Reason, render, take_late
-from processor.redis_io.connections import as_text, stream_entry
+from processor.engine.render import Reason, render, take_late
+from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (

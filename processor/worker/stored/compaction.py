@@ -2,7 +2,7 @@
 
 ``apply_entries`` reports the turns whose stored records reached the
 threshold; here one pipeline reads the shard's watermark (oldest pending
-entry) and then their records, :func:`processor.engine.settle.plan_compaction`
+entry) and then their records, :func:`processor.engine.render.plan_compaction`
 folds the records below the watermark into a snapshot, and ``compact_turn``
 swaps them atomically if nothing changed meanwhile. Reading the watermark
 *before* the records is what makes the plan complete: the watermark only
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from processor.engine.settle import plan_compaction
-from processor.redis_io.connections import as_text
+from processor.engine.render import plan_compaction
+from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import BatchOptions, build_compact

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.settle import Replay, id_order
+from processor.engine.render import Replay
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record
+from processor.wire.stream_ids import id_order
 from processor.worker.budget import COPY_BYTES
 
 
@@ -169,7 +170,7 @@ class Mirrors:
     def feed_ahead(self, applied: list[Applied], ahead: Ahead) -> None:
         """Feed a batch read with one ``XREADGROUP >`` into the mirrors before
         ``apply_entries`` answers, so that the worker's Python runs while
-        redis-server runs the script; :meth:`settle` then keeps what the
+        redis-server runs the script; :meth:`confirm` then keeps what the
         call's versions confirm, and :meth:`forget` drops it all if the call
         (or this) failed. Together they end as :meth:`update` with ``newest``."""
         if self.max_turns == 0:
@@ -193,7 +194,7 @@ class Mirrors:
                 if fed.known:
                     self.bytes += fed.mirror.replay.life.bytes - fed.bytes
 
-    def settle(self, ahead: Ahead, versions: dict[TurnKey, Version]) -> set[TurnKey]:
+    def confirm(self, ahead: Ahead, versions: dict[TurnKey, Version]) -> set[TurnKey]:
         """What :meth:`update` returns, for a batch fed by :meth:`feed_ahead`
         (the same checks, made after feeding: a mirror that fails them is
         dropped, fed or not)."""

@@ -2,7 +2,7 @@
 each batch stored with one ``apply_entries`` call, this worker's copies of
 its turns fed meanwhile (:mod:`processor.worker.stored.mirror`), and the turns that call
 or a sweep made ready published with ``finalise_turns``, from a copy or
-from a replay of the stored records (:mod:`processor.engine.settle`). A mixin of
+from a replay of the stored records (:mod:`processor.engine.render`). A mixin of
 :class:`~processor.worker.worker.Worker`; held turns (:mod:`processor.worker.held.holding`)
 end here whenever holding them stops being safe."""
 
@@ -13,8 +13,9 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from processor.engine.settle import Reason, Settled, render, settle, text_hash
-from processor.redis_io.connections import as_text, handed_over
+from processor.engine.render import Reason, Settled, render, replay_render, text_hash
+from processor.redis_io.connections import handed_over
+from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (
@@ -112,7 +113,7 @@ class Storing:
             except Exception:  # a copy is only a shortcut (as in _follow)
                 log.exception("could not follow the batch's turns", extra={"shard": shard.index})
                 mirrors.forget(ahead)
-                # Nothing fed: settle keeps a copy only of a turn the call
+                # Nothing fed: confirm keeps a copy only of a turn the call
                 # stored nothing of (update() with no entries does the same).
                 ahead = Ahead()
             reply = await sent
@@ -129,7 +130,7 @@ class Storing:
         if lost is not None:
             return (*reply, set(), lost)  # (the copies are published, then dropped)
         try:
-            fresh = mirrors.settle(ahead, versions)
+            fresh = mirrors.confirm(ahead, versions)
         except Exception:
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             mirrors.forget(ahead)
@@ -246,7 +247,7 @@ class Storing:
                 again[key] = todo[key]  # changed behind this worker: read it back
                 continue
             try:
-                outcome = self._settle(key, turn_hash, copy, recs, todo[key], now)
+                outcome = self._render(key, turn_hash, copy, recs, todo[key], now)
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue
@@ -317,7 +318,7 @@ class Storing:
                 pipe.hgetall(shard.recs(key.encode()))
             return list(await pipe.execute())
 
-    def _settle(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
+    def _render(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
                 recs: dict[Any, Any] | None, reason: Reason, now: int) -> Settled | None:
         """Render the turn from this worker's copy, or replay its stored records."""
         agui, limits = self.config.agui, self.config.limits
@@ -326,4 +327,4 @@ class Storing:
                 self.metrics.settled.labels("mirror").inc()
                 return render(key, copy.replay, turn_hash, reason, now, agui)
             self.metrics.settled.labels("replay").inc()
-            return settle(key, turn_hash, recs or {}, reason, limits, now, agui)
+            return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui)

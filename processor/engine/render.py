@@ -18,11 +18,12 @@ import msgspec
 
 from processor.engine import agui
 from processor.engine import events as ev
-from processor.engine.lifecycle import LATE, Limits, TurnLife, Verdict, late_detail
+from processor.engine.lifecycle import LATE, Limits, TurnLife, Verdict, finish, late_detail
 from processor.engine.merge import Turn
-from processor.redis_io.connections import as_text
+from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.models import Counts, Event, Record, Status, Update
+from processor.wire.stream_ids import id_order
 
 #: Why a turn is finalised: its closing entry, a cancel key, its timeout, or
 #: the namespace's state lost in Redis (a worker publishing what it had).
@@ -77,12 +78,6 @@ def text_hash(turn_hash: dict[Any, Any]) -> dict[str, str]:
     return {as_text(k): as_text(v) for k, v in turn_hash.items()}
 
 
-def id_order(entry_id: str) -> tuple[int, int]:
-    """Stream ids sort by (ms, seq) as numbers."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class Settled(msgspec.Struct):
     """What ``finalise_turns`` publishes for one turn."""
 
@@ -134,7 +129,7 @@ def replay(key: TurnKey, recs: dict[Any, Any], limits: Limits) -> Replay:
     return done
 
 
-def settle(
+def replay_render(
     key: TurnKey,
     turn_hash: dict[Any, Any],
     recs: dict[Any, Any],
@@ -179,10 +174,8 @@ def render(
     life.counts.dropped += counters.get("dropped", 0)
     life.counts.dlq += counters.get("dlq", 0)
     started_ms = counters.get("started", now_ms)
-    response = life.response()
-    meta = life.meta(response, started_ms, now_ms)
+    response, meta, final = finish(life, started_ms, now_ms, 0)[1:]
     merged = ev.merged_entry(key, life.outcome, response, meta)
-    final = ev.terminal(key, life.turn.state.ids, life.outcome, response, meta.counts, 0, now_ms)
     outputs: list[Any] = [struct_fields(merged), event_fields(key, final)]
     if with_agui:  # published with the terminal event, so exactly once too
         run = agui.project(response, meta, life.outcome.status)
