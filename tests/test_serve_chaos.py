@@ -18,7 +18,10 @@ the input:
   applied (frozen with SIGSTOP until its pending list shows some), and a new
   one started; the survivor reclaims them (``--reclaim-idle-ms 1000``);
 - redis-server is SIGKILLed and restarted on the same port and directory
-  (the producer pauses meanwhile: its own writes are not the subject).
+  (the producer pauses meanwhile: its own writes are not the subject)
+  while both replicas are frozen (SIGSTOP), until the workers have written
+  more events: the replicas' readers must take up from where they were, so
+  that the streams still open get the events written meanwhile.
 
 Then, for every client: the events with an id are exactly seqs 0..terminal,
 each once and in order (no gap, no repeat across reconnects), each
@@ -66,6 +69,7 @@ CLIENTS = 3  # per turn: 0 and 1 open before its first entry, 2 joins while it r
 DELTA_PAUSE = 0.12  # seconds between two deltas of one turn
 CUT_CHANCE = 0.3  # a connection the client cuts itself, after a few events
 WORKER_FLAGS: dict[str, Any] = {"progress": True, "reclaim_idle_ms": 1000, "log_level": "info"}
+FROZEN_EVENTS = 40  # written while both replicas are frozen, during the Redis restart
 SERVE_FLAGS = ("--heartbeat", "1", "--log-level", "info")
 #: The faults, each at a fraction of the deltas sent.
 FAULTS = (("serve-kill", 0.2), ("worker-kill", 0.4), ("redis-kill", 0.6), ("serve-stop", 0.8))
@@ -248,11 +252,36 @@ class Run:
             elif what == "worker-kill":
                 await self.kill_worker()
             else:
-                async with self.gate:
-                    await self.restart_redis()
-                    with contextlib.suppress(Exception):  # pooled connections are dead
-                        await self.harness.client.connection_pool.disconnect()
+                await self.redis_restart()
             self.done_faults.append(what)
+
+    async def redis_restart(self) -> None:
+        """Restart Redis with both replicas frozen (SIGSTOP) until the workers
+        wrote more events: their readers must take up where they were (the
+        events written meanwhile reach the streams still open), not at the end."""
+        frozen = list(self.replicas.procs)
+        for proc in frozen:
+            proc.proc.send_signal(signal.SIGSTOP)
+        try:
+            async with self.gate:
+                await self.restart_redis()
+                with contextlib.suppress(Exception):  # pooled connections are dead
+                    await self.harness.client.connection_pool.disconnect()
+                before = await self._events_written()
+            await self.harness.wait_for(self._events_written_since(before + FROZEN_EVENTS), 30,
+                                        f"{FROZEN_EVENTS} events after the restart")
+        finally:
+            for proc in frozen:
+                proc.proc.send_signal(signal.SIGCONT)
+
+    async def _events_written(self) -> int:
+        return sum([await self.harness.client.xlen(shard.events)
+                    for shard in self.harness.shards])
+
+    def _events_written_since(self, target: int) -> Callable[[], Any]:
+        async def reached() -> bool:
+            return await self._events_written() >= target
+        return reached
 
     def worker_logs(self) -> list[str]:
         return [sub.log() for sub in self.workers]
@@ -342,7 +371,7 @@ async def test_streams_survive_killed_replicas_workers_and_a_redis_restart(
             for task in followers:
                 task.cancel()
             for proc in replicas.procs:
-                proc.kill()
+                proc.kill()  # (SIGKILL ends a frozen one too)
     assert run.done_faults == [what for what, _ in FAULTS]
     assert exits == [0, 0], [proc.log()[-2000:] for proc in replicas.procs]
     logs = [proc.log() for proc in replicas.procs + replicas.gone] + run.worker_logs()
