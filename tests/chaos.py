@@ -48,7 +48,7 @@ from chaos_checks import ChaosChecks, Figures
 from chaos_plan import Action, ChaosConfig, PlannedTurn, arrival, plan_turns
 from worker_harness import Harness, SubprocessWorker
 
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
 
 PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
 

@@ -9,7 +9,7 @@ from typing import Any
 from turn_reference import TurnOutput, offline_results
 from worker_harness import Harness
 
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 
 # Turns without an end entry end as turn_timeout, offline at the end of the
 # file and live after this many seconds without an entry.

@@ -29,8 +29,8 @@ from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
-from processor.ids import TurnKey
-from processor.merge import turn_tag
+from processor.engine.merge import turn_tag
+from processor.wire.ids import TurnKey
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from processor.metrics import Metrics
+from processor.worker.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -14,10 +14,10 @@ from typing import Any
 from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, Stepped
 
-from processor.batches import build_apply
-from processor.connections import stream_entry
-from processor.ids import TurnKey
-from processor.worker import Worker
+from processor.redis_io.connections import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.batches import build_apply
+from processor.worker.worker import Worker
 
 
 def meta(outputs: Any, response_id: str) -> dict[str, Any]:

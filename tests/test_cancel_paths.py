@@ -22,8 +22,8 @@ from expectations import check_invariants
 from turn_reference import TurnOutput
 from worker_harness import Harness
 
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
+from processor.wire.ids import TurnKey
 
 
 def _update(text: str, message_id: str = "m1") -> dict:

@@ -11,8 +11,8 @@ from typing import Any
 from turn_reference import simple_turn
 from worker_harness import Harness
 
-from processor.ids import TurnKey
-from processor.worker import CANCEL_CYCLE_S, Worker, cancel_slice
+from processor.wire.ids import TurnKey
+from processor.worker.worker import CANCEL_CYCLE_S, Worker, cancel_slice
 
 
 def test_slice_is_the_configured_size_until_the_turns_need_more() -> None:

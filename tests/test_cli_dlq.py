@@ -17,11 +17,11 @@ from redis.exceptions import ResponseError
 from turn_reference import offline_results
 from worker_harness import Harness
 
-from processor.dlq import DlqError, replay, split
-from processor.ids import TurnKey, shard_of
-from processor.keys import Namespace
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 from processor.scripts import source
+from processor.scripts.dlq import DlqError, replay, split
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace
 
 SHARDS = 2
 
@@ -263,16 +263,16 @@ async def test_a_large_valid_entry_is_dead_lettered_whole_and_replayed(
     producer wrote it, so ``dlq replay`` brings it back byte for byte and it
     merges whole (the DLQ used to keep 64 KiB of it, marked truncated, which
     replay refuses: the entry was lost)."""
-    import processor.batches
+    import processor.worker.batches
 
-    real = processor.batches.decode_stream_entry
+    real = processor.worker.batches.decode_stream_entry
 
     def failing(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise RuntimeError("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.batches, "decode_stream_entry", failing)
+    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", failing)
     big = {**big_update("whole", 0), "session_id": "s1", "poison": "1"}
     cli = (redis_url, namespace, SHARDS)
     async with Harness(redis_url, namespace, SHARDS, reclaim_idle_ms=100,

@@ -36,9 +36,9 @@ from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
-from processor.connections import RedisOptions, as_text, connect, is_transient
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
+from processor.redis_io.connections import RedisOptions, as_text, connect, is_transient
+from processor.wire.keys import Namespace
 
 SHARDS = 6
 

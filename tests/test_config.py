@@ -13,8 +13,8 @@ import sys
 import pytest
 from worker_harness import ROOT
 
-from processor.cli import build_parser, main
-from processor.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
+from processor.cli.main import build_parser, main
+from processor.service.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
 
 
 def _args(*argv: str):

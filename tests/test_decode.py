@@ -17,10 +17,10 @@ from expectations import scenario_lines, scenario_names, scenario_path
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from processor.decode import MAX_DEPTH, EntryError, decode_entry
-from processor.events import encode_response
-from processor.merge import Turn
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.merge import Turn
+from processor.engine.offline import merge_lines
+from processor.ingest.decode import MAX_DEPTH, EntryError, decode_entry
 
 
 def refused(fields: dict[Any, Any], **kwargs: Any) -> EntryError:

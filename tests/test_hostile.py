@@ -37,11 +37,11 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-from processor.decode import EntryError, decode_entry
-from processor.events import encode_response
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.merge import Turn
+from processor.engine.events import encode_response
+from processor.engine.lifecycle import Limits
+from processor.engine.merge import Turn
+from processor.ingest.decode import EntryError, decode_entry
+from processor.wire.ids import TurnKey
 
 
 def test_a_wide_value_under_long_keys_costs_linear_memory() -> None:

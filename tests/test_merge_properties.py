@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from merging import decoded, merged, update_entry
 from strategies import random_turn, turns
 
-from processor.decode import decode_entry
-from processor.events import encode_response
-from processor.ids import TurnKey
-from processor.merge import Turn, turn_tag
-from processor.models import Record, Response
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.merge import Turn, turn_tag
+from processor.engine.offline import merge_lines
+from processor.ingest.decode import decode_entry
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record, Response
 
 PROPERTY = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -27,7 +27,7 @@ from turn_reference import simple_turn
 from worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
 
 
 async def test_the_dlq_keeps_a_bad_entry_whole(redis_url: str, namespace: str) -> None:

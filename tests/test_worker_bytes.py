@@ -1,4 +1,4 @@
-"""Worker memory is bounded in bytes (processor/budget.py): a backlog of
+"""Worker memory is bounded in bytes (processor/worker/budget.py): a backlog of
 big valid entries is merged whole by one ``processor run`` under the
 shipped Deployment's 512Mi, holding turns or not.
 
@@ -22,7 +22,7 @@ from big_entries import big_update, uris_of
 from worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
 
 TURNS = 10
 PER_TURN = 60
@@ -123,7 +123,7 @@ async def test_huge_entries_under_an_address_space_limit_never_stay_pending(
     used to stay pending for ever (redelivered past --max-deliveries, each
     read failing with MemoryError), the stream was no longer trimmed and the
     silent turn never timed out. Now each is dead-lettered whole (read
-    budget, processor/budget.py: never read), the turns end as they should,
+    budget, processor/worker/budget.py: never read), the turns end as they should,
     and the stream is empty with nothing pending."""
     server = make_redis_server()
     huge = [{"response_id": f"huge-{i}", "update": "x" * (50 << 20)} for i in range(8)]

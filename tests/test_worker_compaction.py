@@ -25,15 +25,15 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-import processor.storing
-from processor.batches import build_compact, build_finalise
-from processor.decode import decode_entry, entry_size
-from processor.ids import TurnKey
-from processor.keys import Shard
-from processor.lifecycle import Limits
+import processor.worker.stored.storing
+from processor.engine.lifecycle import Limits
+from processor.engine.settle import STATE, encode_stored, plan_compaction, settle
+from processor.ingest.decode import decode_entry, entry_size
 from processor.scripts import Scripts
-from processor.settle import STATE, encode_stored, plan_compaction, settle
-from processor.worker import Worker
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.worker.batches import build_compact, build_finalise
+from processor.worker.worker import Worker
 
 _unpack = msgspec.msgpack.Decoder()
 
@@ -287,14 +287,14 @@ async def test_workers_race_compactions_on_shared_turns(
     arrival = interleave(turns, random.Random(22))
     offline = offline_results(arrival)
     answers: list[int] = []
-    real = processor.storing.compact_turns
+    real = processor.worker.stored.storing.compact_turns
 
     async def counting(*args: Any) -> dict[TurnKey, int]:
         found = await real(*args)
         answers.extend(found.values())
         return found
 
-    monkeypatch.setattr(processor.storing, "compact_turns", counting)
+    monkeypatch.setattr(processor.worker.stored.storing, "compact_turns", counting)
     async with Harness(redis_url, namespace, shards=2, batch=7, compact_threshold=8,
                        hold_turns=False) as harness:  # (stored turns: they have records)
         await harness.start_workers(3)

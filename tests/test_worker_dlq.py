@@ -15,9 +15,9 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
-import processor.batches
-from processor.ids import shard_of
-from processor.offline import merge_lines
+import processor.worker.batches
+from processor.engine.offline import merge_lines
+from processor.wire.ids import shard_of
 
 
 def _update(text: str, **extra: Any) -> str:
@@ -158,14 +158,14 @@ async def test_poison_entry_reaches_max_deliveries(
     """An entry whose processing always fails (here: decoding raises, as a bug
     would) stays pending alone, is redelivered by reclaim and dead-lettered
     after max_deliveries; its batch-mates and the workers carry on."""
-    real = processor.batches.decode_stream_entry
+    real = processor.worker.batches.decode_stream_entry
 
     def decode_or_fail(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise RuntimeError("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.batches, "decode_stream_entry", decode_or_fail)
+    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", decode_or_fail)
     rng = random.Random(12)
     turns = [random_turn(rng, f"near-{i}") for i in range(10)]
     stream = interleave(turns, rng)
@@ -232,9 +232,9 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
     """Should applying an entry fail inside the script (a bug; scripts are not
     rolled back), the acked entry goes to the DLQ as internal_error instead of
     vanishing, and the rest of its batch is applied."""
-    from processor.batches import build_apply, msgpack_str
     from processor.scripts import Scripts
-    from processor.worker import WorkerConfig
+    from processor.worker.batches import build_apply, msgpack_str
+    from processor.worker.worker import WorkerConfig
 
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]

@@ -1,4 +1,4 @@
-"""Held turns (``--hold-turns``, processor/hold.py, processor/holding.py):
+"""Held turns (``--hold-turns``, processor/worker/held/hold.py, processor/worker/held/holding.py):
 a turn's entries stay pending and are merged in the worker's memory only,
 then published and acked in one ``finalise_held``; whenever holding stops
 being safe (a crash, another consumer's entries, a cancel, the hold bound,
@@ -27,12 +27,12 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-from processor.connections import stream_entry
-from processor.held_batch import HeldBatch, group_batch
-from processor.hold import Holds
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.worker import Worker, WorkerConfig
+from processor.engine.lifecycle import Limits
+from processor.redis_io.connections import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.held.held_batch import HeldBatch, group_batch
+from processor.worker.held.hold import Holds
+from processor.worker.worker import Worker, WorkerConfig
 
 HOLD = {"hold_turns": True}
 
@@ -241,7 +241,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
 ) -> None:
     """A bad entry of a held turn is dead-lettered by apply_entries, and the
     turn spills and is published with the dead letter counted. A plain
-    update waits undecoded (processor/hold.py ``Held``): the worker finds it
+    update waits undecoded (processor/worker/held/hold.py ``Held``): the worker finds it
     bad when it decodes the turn's waiting updates (here, at the end) and
     spills the turn, entry included. Any other entry is decoded on reading:
     one that fails is stored at once, which moves the turn's version, and

@@ -13,9 +13,9 @@ import redis.exceptions
 from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, Stepped, settled_count
 
-from processor.batches import build_apply, decode_batch
-from processor.connections import stream_entry
-from processor.ids import TurnKey
+from processor.redis_io.connections import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.batches import build_apply, decode_batch
 
 
 async def _cut(*args: Any) -> None:

@@ -1,4 +1,4 @@
-"""The worker's own copy of a turn (processor/mirror.py): used to finalise
+"""The worker's own copy of a turn (processor/worker/stored/mirror.py): used to finalise
 only while this worker stored every record of the turn, in entry-id order;
 dropped on any doubt; and what it publishes is what replaying the stored
 records publishes (``processor merge``), byte for byte."""
@@ -24,15 +24,15 @@ from turn_reference import (
 )
 from worker_harness import Harness, settled_count
 
-from processor.batches import build_apply, parse_versions
-from processor.decode import decode_entry
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.mirror import Ahead, Applied, Mirror, Mirrors, Version
-from processor.models import Record
+from processor.engine.lifecycle import Limits
+from processor.engine.settle import encode_stored, render, replay
+from processor.ingest.decode import decode_entry
 from processor.scripts import Scripts
-from processor.settle import encode_stored, render, replay
-from processor.worker import Worker, WorkerConfig
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record
+from processor.worker.batches import build_apply, parse_versions
+from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
+from processor.worker.worker import Worker, WorkerConfig
 
 KEY = TurnKey("r1")
 

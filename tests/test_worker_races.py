@@ -15,9 +15,9 @@ import redis.asyncio
 from turn_reference import compare_with_offline, offline_dead, offline_results
 from worker_harness import Harness
 
-from processor.keys import Shard
-from processor.lifecycle import Limits
-from processor.worker import Worker
+from processor.engine.lifecycle import Limits
+from processor.wire.keys import Shard
+from processor.worker.worker import Worker
 
 
 def _update(text: str) -> dict:

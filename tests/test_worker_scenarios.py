@@ -2,7 +2,7 @@
 the same ``response`` as ``processor merge``, byte for byte, the scenario's
 expectations hold on what the workers published, and (``--agui``) each
 turn's AG-UI run in ``{ns:s}:agui`` is valid AG-UI 1.0 and the run
-:func:`processor.agui.project` makes offline."""
+:func:`processor.engine.agui.project` makes offline."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
 from turn_reference import compare_with_offline
 from worker_harness import Harness
 
-from processor.agui import project
-from processor.lifecycle import Limits
-from processor.offline import merge_lines
+from processor.engine.agui import project
+from processor.engine.lifecycle import Limits
+from processor.engine.offline import merge_lines
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])

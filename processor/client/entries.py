@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from processor.ids import TurnKey, response_id_for_turn
-from processor.models import ENTRY_IDS, TURN_IDS
+from processor.wire.ids import TurnKey, response_id_for_turn
+from processor.wire.models import ENTRY_IDS, TURN_IDS
 
 Encoding = Literal["json", "msgpack"]
 

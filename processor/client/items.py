@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from processor.connections import as_text
+from processor.redis_io.connections import as_text
 
 
 @dataclass(frozen=True, slots=True)

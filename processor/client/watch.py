@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from processor.client.closing import AsyncClosing
-from processor.connections import as_text, is_transient
+from processor.redis_io.connections import as_text, is_transient
 
 # The name the logger had before processor.client became a package: log filters keep working.
 log = logging.getLogger("processor.client")

@@ -22,9 +22,9 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from processor.connections import as_text
-from processor.keys import Namespace
+from processor.redis_io.connections import as_text
 from processor.serve.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.wire.keys import Namespace
 
 Phase = Literal["unknown", "running", "finished"]
 

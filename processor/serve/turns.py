@@ -21,8 +21,8 @@ from typing import Literal
 
 import msgspec
 
-from processor.ids import TurnKey
-from processor.keys import Namespace, Shard
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace, Shard
 
 #: The type of the terminal event (docs/contract.md §5.2): always the turn's last seq.
 TERMINAL = "synthesis"
