@@ -58,8 +58,8 @@ from serve_harness import ServeProcess, bearer, spawn_serve
 from turn_reference import compare_with_offline, offline_results
 from worker_harness import Harness, SubprocessWorker
 
-from processor.ids import TurnKey
 from processor.serve import sse
+from processor.wire.ids import TurnKey
 
 TURNS = 30
 SHARDS = 2  # the workers split them (shard affinity: one may read both); a replica reads both
