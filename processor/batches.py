@@ -20,7 +20,7 @@ from processor.ids import TurnKey
 from processor.keys import Shard
 from processor.lifecycle import Limits
 from processor.mirror import Applied, Version
-from processor.models import TURN_IDS
+from processor.models import TURN_IDS, Event
 from processor.settle import Compaction, Settled, encode_stored, event_fields, id_order
 
 _pack = msgspec.msgpack.Encoder()
@@ -42,6 +42,7 @@ class BatchOptions:
     done_ttl: int = 86_400
     agui: bool = False
     compact_threshold: int = 256  # stored records of a turn before compaction; 0 = never
+    live_ttl: int = 86_700  # seconds a turn's live log is kept after its last entry
 
 
 @dataclass
@@ -375,3 +376,25 @@ def lost_turns_of(
         if any(started <= ms and (end is None or end > (ms, seq)) for ms, seq in times):
             marked.append(key)
     return marked
+
+
+#: One turn's live progress of a batch: its events (seq 0) and its updates
+#: as one JSON array text (``publish_live.lua``).
+LiveTurn = tuple[TurnKey, list[Event], bytes]
+
+
+def build_publish_live(shard: Shard, turns: list[LiveTurn], options: BatchOptions) -> ScriptCall:
+    """``publish_live``'s KEYS/ARGV for the turns' events and updates."""
+    call = ScriptCall(keys=[shard.events])
+    packed = []
+    for key, found, updates in turns:
+        tk = key.encode()
+        call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
+        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates)])
+    call.args = [options.events_maxlen, options.live_ttl, len(turns), _pack.encode(packed)]
+    return call
+
+
+def updates_json(texts: list[bytes]) -> bytes:
+    """Update JSON texts as one JSON array text."""
+    return b"[" + b",".join(texts) + b"]"

@@ -24,7 +24,7 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
@@ -62,6 +62,9 @@ class Mirror:
     version: int
     started: str
     last_id: tuple[int, int] = (0, 0)
+    # What the turn's live events said so far (processor.live; set by the
+    # worker that publishes them from this copy).
+    shown: Any = None
 
     def turn_hash(self) -> dict[bytes, bytes]:
         """The turn's hash as this mirror knows it: its version and start, and

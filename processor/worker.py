@@ -42,6 +42,7 @@ from processor.membership import Membership
 from processor.meta import Meta, check, create
 from processor.metrics import DeadLetterLog, Metrics
 from processor.mirror import MIRROR_BYTES, Mirrors
+from processor.publishing import Publishing
 from processor.recovery import Recovery
 from processor.scripts import Scripts
 from processor.settle import Reason
@@ -65,7 +66,7 @@ class WorkerConfig:
     group: str = DEFAULT_GROUP
     consumer: str = field(default_factory=default_consumer)
     limits: Limits = field(default_factory=Limits)
-    progress: bool = False
+    progress: bool = True  # live progress events and each turn's live log (processor.live)
     agui: bool = False
     batch: int = 500
     block_ms: int = 100
@@ -86,17 +87,18 @@ class WorkerConfig:
 
     @property
     def holding(self) -> bool:
-        """Whether batches read with XREADGROUP > are held: --hold-turns,
-        which --progress turns off (processor.holding)."""
-        return self.hold_turns and not self.progress
+        """Whether batches read with XREADGROUP > are held (--hold-turns;
+        processor.holding)."""
+        return self.hold_turns
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
-            group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
+            group=self.group, shards=self.shards, limits=self.limits,
             max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
             dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
             done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
             compact_threshold=self.compact_threshold,
+            live_ttl=self.done_ttl + max(1, int(self.limits.turn_timeout)),
         )
 
 
@@ -113,7 +115,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
+class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
