@@ -248,7 +248,7 @@ def build_finalise(
     )
     for key, version, outcome in settled:
         tk = key.encode()
-        call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk), shard.live(tk)]
         call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters,
                       outcome.ending]
     if options.agui:  # last, so the per-turn key layout stays as it is
@@ -303,7 +303,7 @@ def build_finalise_held(
     rows = []
     for key, ids, late, outcome, routed in settled:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.done(tk)]
+        keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed))
     if options.agui:
@@ -326,7 +326,7 @@ def build_publish_lost(
     rows = []
     for key, ids, outcome in turns:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk), shard.live(tk)]
         rows.append((tk, outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids))
     if options.agui:
@@ -378,19 +378,21 @@ def lost_turns_of(
     return marked
 
 
-#: One turn's live progress of a batch: its events (seq 0) and its updates
-#: as one JSON array text (``publish_live.lua``).
-LiveTurn = tuple[TurnKey, list[Event], bytes]
+#: One turn's live progress of a batch: its events (seq 0), its updates as
+#: one JSON array text, and whether it is the caller's first publish of the
+#: turn (``publish_live.lua``).
+LiveTurn = tuple[TurnKey, list[Event], bytes, bool]
 
 
 def build_publish_live(shard: Shard, turns: list[LiveTurn], options: BatchOptions) -> ScriptCall:
     """``publish_live``'s KEYS/ARGV for the turns' events and updates."""
     call = ScriptCall(keys=[shard.events])
     packed = []
-    for key, found, updates in turns:
+    for key, found, updates, fresh in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates)])
+        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates),
+                       "1" if fresh else "0"])
     call.args = [options.events_maxlen, options.live_ttl, len(turns), _pack.encode(packed)]
     return call
 

@@ -114,7 +114,9 @@ def live_events(
         **{name: ids.get(name) for name in TURN_IDS}, "attempt_id": key.attempt_id or None,
     }
     events: list[Event] = []
-    after = Shown(step=shown.step)
+    # (Calls and results of a message no longer in the merge stay known as
+    # shown: if it comes back, its next chunk follows on from what a reader has.)
+    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
     texts, reasoning = after.texts, after.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None

@@ -63,7 +63,8 @@ class Mirror:
     started: str
     last_id: tuple[int, int] = (0, 0)
     # What the turn's live events said so far (processor.live; set by the
-    # worker that publishes them from this copy).
+    # worker that publishes them from this copy; False: another worker spoke
+    # for the turn first, this one stays silent).
     shown: Any = None
 
     def turn_hash(self) -> dict[bytes, bytes]:

@@ -69,9 +69,9 @@ class Publishing:
             life = held.replay.life
             found, shown = live_events(key, life.turn.state.ids, held.shown, life.response(), now)
             if found or held.fresh:
-                turns.append((key, found, updates_json(held.fresh)))
+                turns.append((key, found, updates_json(held.fresh), False))
                 after[key] = (shown, len(held.fresh))
-        if not turns or not await self._publish(shard, turns):
+        if not turns or await self._publish(shard, turns) is None:
             return
         for key, (shown, n) in after.items():
             held = holds.turns.get(key)
@@ -99,37 +99,44 @@ class Publishing:
             if mirror is None:
                 continue
             updates = [u for u in records if u is not None]
-            shown = mirror.shown
+            shown, first = mirror.shown, False
+            if shown is False:  # another worker spoke for it (publish_live answered -2)
+                continue
             if shown is None:
                 if hand is not None:  # a spilled turn: its log has the first `logged`
                     shown, logged = hand
                     updates = updates[logged:]
                 elif mirror.version == len(records):  # the copy began with this call
-                    shown = Shown()
+                    shown, first = Shown(), True
                 else:
                     continue
             life = mirror.replay.life
             found, shown_after = live_events(key, life.turn.state.ids, shown, life.response(),
                                              now)
-            if found or updates:
-                turns.append((key, found, updates_json([_json.encode(u) for u in updates])))
+            if found or updates or first:
+                turns.append((key, found, updates_json([_json.encode(u) for u in updates]),
+                              first))
             after[key] = shown_after
-        if turns and not await self._publish(shard, turns):
+        results = await self._publish(shard, turns) if turns else []
+        if results is None:
             return
+        silent = {turn[0] for turn, result in zip(turns, results, strict=True)
+                  if int(result) == -2}
         for key, shown in after.items():
             mirror = mirrors.get(key)
             if mirror is not None:
-                mirror.shown = shown
+                mirror.shown = False if key in silent else shown
 
-    async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> bool:
-        """One ``publish_live`` call; False if it failed. Best effort: the
-        batch is applied whatever happens here, and what a failed call did
-        not say is in the next one's diff (what was shown stays as it was)."""
+    async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[Any] | None:
+        """One ``publish_live`` call: its answer, or None if it failed. Best
+        effort: the batch is applied whatever happens here, and what a failed
+        call did not say is in the next one's diff (what was shown stays as
+        it was)."""
         call = build_publish_live(shard, turns, self.options)
         try:
-            await self.scripts.publish_live(keys=call.keys, args=call.args)
+            results: list[Any] = await self.scripts.publish_live(keys=call.keys, args=call.args)
         except Exception as exc:
             log.warning("live progress not published", extra={
                 "shard": shard.index, "turns": len(turns), "error": repr(exc)})
-            return False
-        return True
+            return None
+        return results

@@ -3,9 +3,10 @@
 -- entries (with --agui), the dead letters the replay found; then the done
 -- marker (with its TTL; it keeps the ids of the merged entry and of the
 -- terminal event, which processor serve reads back with one XRANGE each)
--- and the turn gone from the active zset and its hash deleted. Expects merged, events, dlq, active, agui, merged_max,
+-- and the turn gone from the active zset, its hash and its live log (what
+-- processor serve joins a running turn from) deleted. Expects merged, events, dlq, active, agui, merged_max,
 -- events_max, dlq_max and done_ttl as locals of the including script.
-local function publish_outcome(tkey, dkey, tk, status, outputs, dead)
+local function publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
   local out = cmsgpack.unpack(outputs)
   local merged_id = redis.call('XADD', merged, 'MAXLEN', '~', merged_max, '*', unpack(out[1]))
   local terminal_id = publish_event(tkey, events, events_max, out[2])
@@ -19,5 +20,5 @@ local function publish_outcome(tkey, dkey, tk, status, outputs, dead)
              'terminal_id', terminal_id)
   redis.call('EXPIRE', dkey, done_ttl)
   redis.call('ZREM', active, tk)
-  redis.call('DEL', tkey)
+  redis.call('DEL', tkey, lkey)
 end
