@@ -300,9 +300,10 @@ async def test_a_client_that_does_not_read_is_dropped_with_its_resume_id(
                        f"Host: 127.0.0.1\r\n\r\n")
             await loop.sock_sendall(sock, request.encode())
             await _until(lambda: _sample(serve, 'processor_serve_open_streams') == 1)
-            piece = "x" * 60_000
-            for i in range(40):  # 2.4 MB of chunk events (and their step events)
+            piece = "x" * 150_000
+            for i in range(40):  # 6 MB of chunk events, one per update (logged before the next)
                 await producer.send("slow", text_update(f"{i}:{piece}"))
+                await _logged_updates(harness, "slow", i + 1)
             await _until(lambda: _sample(serve, 'processor_serve_dropped_clients_total') == 1, 60)
             received = b""  # the server closes a dropped client's connection
             while chunk := await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 30):
