@@ -3,7 +3,7 @@
 Any worker can finish any turn (its state is in Redis), but a worker that
 reads all of a turn's entries publishes it from its own copy of the merge,
 while a turn whose entries were spread over several workers is replayed from
-the records read back from Redis (about 5 us more per update). So the live
+the records read back from Redis, which costs more per update. So the live
 workers of a consumer group split the shards between them:
 
 - each worker beats every ``ttl / 5`` seconds (``beat_worker.lua``); the

@@ -89,7 +89,7 @@ class _Run:
     def build(self, response: Response, status: Status) -> list[dict[str, Any]]:
         self.emit("RUN_STARTED", self.meta.started_ms, threadId=self.thread_id,
                   runId=self.run_id, protocolVersion=PROTOCOL_VERSION)
-        # Message ids are unique within a merged response (contract 4.6):
+        # Message ids are unique within a merged response (docs/contract.md §4.6):
         # reserve them all, so derived ids never take one a later message needs.
         self.used.update(m.message_id for m in response.messages if m.message_id)
         for message in response.messages:

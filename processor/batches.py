@@ -37,7 +37,9 @@ class BatchOptions:
     events_maxlen: int = 1_000_000
     dlq_maxlen: int = 100_000
     merged_maxlen: int = 100_000
-    dlq_value_max: int = 64 * 1024  # bytes of a bad entry copied into its DLQ entry, in all
+    # Names and values of an entry copied into its DLQ entry as fields (one XADD
+    # from Lua carries ~8000 values); a wider entry is kept whole, packed.
+    dlq_fields_max: int = 7800
     ready_limit: int = 1000
     done_ttl: int = 86_400
     agui: bool = False
@@ -151,9 +153,27 @@ def build_apply(
     lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
     head = [options.group, options.events_maxlen, options.dlq_maxlen, len(turns.index),
-            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_value_max, options.ready_limit,
+            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_fields_max, options.ready_limit,
             options.compact_threshold, options.done_ttl]
     return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
+
+
+def build_dead_letters(
+    shard: Shard, rows: list[tuple[str, str, str, int]], options: BatchOptions,
+) -> ApplyCall:
+    """KEYS/ARGV of ``apply_entries`` dead-lettering entries by id, unread:
+    ``(entry id, reason, detail, deliveries)`` each. The script acks each
+    (one another consumer acked is skipped) and copies it, whole, inside
+    Redis (includes/dead_letter.lua): the worker never loads its payload."""
+    per_entry: list[Any] = []
+    for entry_id, reason, detail, deliveries in rows:
+        per_entry += [entry_id, 0, "d", reason, detail, "", deliveries, ""]
+    lim = options.limits
+    keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing]
+    head = [options.group, options.events_maxlen, options.dlq_maxlen, 0,
+            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_fields_max,
+            options.ready_limit, options.compact_threshold, options.done_ttl]
+    return ApplyCall(keys, head, per_entry)
 
 
 _new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
@@ -310,7 +330,7 @@ def build_finalise_held(
         keys.append(shard.agui)
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
                              options.done_ttl, len(settled), options.group, consumer,
-                             options.dlq_value_max, _pack.encode(rows)])
+                             options.dlq_fields_max, _pack.encode(rows)])
 
 
 #: A turn published from memory after the namespace's state was lost: its

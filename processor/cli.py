@@ -1,4 +1,4 @@
-"""The ``processor`` command line (contract section 8)."""
+"""The ``processor`` command line (docs/contract.md §8)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ OPTIONS: tuple[Option, ...] = (
            "refuses to start with another, or while another group reads its streams)"),
     Option("allow_other_groups", _flag, False, "start even when another consumer group reads "
            "the namespace's streams, or its record names another group (each group then "
-           "applies every entry; README, --group)"),
+           "applies every entry; docs/operations.md, --group)"),
     Option("consumer", str, None, "consumer name (default: host-pid-random, unique per process)"),
     Option("turn_timeout", _number, 300.0, "seconds without an entry before a turn times out",
            0.01),

@@ -1,6 +1,6 @@
 """Stream entry fields -> validated :class:`Record`, or a specific error.
 
-Every failure is an :class:`EntryError` with a DLQ reason code (contract 5.3)
+Every failure is an :class:`EntryError` with a DLQ reason code (docs/contract.md §5.3)
 and a human-readable detail naming the offending path. Nothing here raises
 anything else on bad input: the worker dead-letters the entry and moves on.
 What an update may hold is checked in :mod:`processor.validate`.

@@ -1,9 +1,12 @@
 """``processor dlq``: read the dead-letter streams and replay fixed entries.
 
-A DLQ entry (contract 5.3) is the input entry's original fields followed by
+A DLQ entry (docs/contract.md §5.3) is the input entry's original fields followed by
 what the worker appended: ``reason``, ``detail``, ``source_id``,
-``deliveries`` and, when values or fields were cut, ``truncated=1``. Those
-appended fields come last; the replay strips exactly that tail, in Lua.
+``deliveries`` and, for an entry of more fields than one script call can
+add back, ``packed=1`` (its fields kept whole, msgpack-packed in
+``packed_fields``); ``truncated=1`` marks a copy cut by a worker of a
+version that capped dead letters in bytes. Those appended fields come last;
+the replay strips exactly that tail, in Lua.
 
 Replaying adds the original fields (or fixed ones) back to the same shard's
 ``updates`` stream and deletes the DLQ entry in one Lua step
@@ -59,6 +62,12 @@ class DeadLetter:
     def truncated(self) -> bool:
         return self.added.get("truncated") == "1"
 
+    @property
+    def packed(self) -> bool:
+        """Its fields kept whole as one msgpack array (``packed_fields``):
+        more than one script call can add back."""
+        return self.added.get("packed") == "1"
+
     def get(self, name: str) -> str:
         """An original field as text ('' when absent; invalid UTF-8 replaced)."""
         for key, value in self.original:
@@ -113,7 +122,8 @@ def split(shard: int, entry_id: str, raw: Mapping[Any, Any]) -> DeadLetter:
     """
     pairs: Pairs = [(_name(k), v if isinstance(v, bytes) else str(v).encode())
                     for k, v in raw.items()]
-    added = {k: v.decode("utf-8", "replace") for k, v in pairs if k in (*ADDED, "truncated")}
+    added = {k: v.decode("utf-8", "replace") for k, v in pairs
+             if k in (*ADDED, "truncated", "packed")}
     if any(name not in added for name in ADDED):
         raise DlqError(f"entry {entry_id} of shard {shard} is not a dead letter of processor")
     original = [(k, v) for k, v in pairs if k not in added]
@@ -229,6 +239,11 @@ async def replay(
     if fields is None and letter.truncated:
         raise DlqError(
             f"dead letter {letter.id} was truncated when stored: replay it with --from-file"
+        )
+    if fields is None and letter.packed:
+        raise DlqError(
+            f"dead letter {letter.id} has more fields than one replay can add (they are kept "
+            "whole, msgpack-packed in packed_fields): replay it with --from-file"
         )
     if not force:
         await check(client, keys, letter, fields if fields is not None else letter.original)

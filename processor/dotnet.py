@@ -25,7 +25,7 @@ from typing import Any
 
 #: .NET ``$type`` discriminators whose Python ``type`` name differs by more
 #: than case. Others are converted camelCase -> snake_case when known to
-#: Agent Framework Python, and kept verbatim when unknown (contract 3).
+#: Agent Framework Python, and kept verbatim when unknown (docs/contract.md §3.1).
 _TYPE_NAMES: dict[str, str] = {
     "text": "text",
     "reasoning": "text_reasoning",

@@ -1,6 +1,6 @@
 """The fields of one input entry, below its update: their text, their size
 (what ``--max-entry-bytes`` counts), the turn key, the routing id and the
-correlation ids (contract section 3).
+correlation ids (docs/contract.md §3.1).
 
 Every failure is an :class:`~processor.validate.EntryError` with a DLQ
 reason code; :mod:`processor.decode` builds the record on top of these, with

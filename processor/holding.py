@@ -69,10 +69,8 @@ class Holding:
         holding is on (``WorkerConfig.holding``) and no other worker reads
         the shard (``Membership.sole_reader``). On a shared shard a turn's
         entries reach several workers, each would hold a part of it and
-        spill it when refused at its finalise: two workers holding turns on
-        one shard published 31,761 updates/s where one alone published
-        176,954, in the same round of bench/run.py; storing, 55,970-63,668
-        (docs/benchmarks.md). Such a shard's turns are stored."""
+        spill it when refused at its finalise, which costs more than storing
+        every entry. Such a shard's turns are stored."""
         return bool(self.config.holding) and self.membership.sole_reader(shard.index)
 
     def _floor(self, shard: Shard) -> str:

@@ -1,7 +1,7 @@
 """Identity rules of the contract: turn keys, shards, synthesis ids.
 
 Pure functions, shared by the offline merge, the worker and the client, so
-that every process computes the same answer (contract sections 1 and 5).
+that every process computes the same answer (docs/contract.md §1 and §5).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ All keys of shard ``s`` share the Cluster hash tag ``{<ns>:<s>}``, so one
 Lua script can touch all of them. Lua scripts never build key names: the
 worker passes each one in ``KEYS``.
 
-Public keys (contract section 2):
+Public keys (docs/contract.md §2):
 
 - ``{ns:s}:updates``   input stream (producers XADD)
 - ``{ns:s}:merged``    one merged response per finished turn

@@ -1,7 +1,7 @@
 """A turn's life from first entry to terminal outcome, as a pure state machine.
 
 :class:`TurnLife` wraps the merge (:class:`~processor.merge.Turn`) with the
-rules of contract sections 6 and 7: what an entry means once the turn has
+rules of docs/contract.md §6 and §7: what an entry means once the turn has
 ended, the per-turn limits, cancellation and timeout. ``processor merge`` and
 the worker's finalisation both replay a turn's entries through it, which is
 why they publish the same response for the same entries.
@@ -22,7 +22,7 @@ from processor.validate import clip
 
 
 class Limits(msgspec.Struct, frozen=True):
-    """Per-entry and per-turn limits (contract section 7)."""
+    """Per-entry and per-turn limits (docs/contract.md §7)."""
 
     max_entry_bytes: int = 1 << 20
     max_turn_updates: int = 100_000
@@ -31,7 +31,7 @@ class Limits(msgspec.Struct, frozen=True):
 
 
 class Verdict(StrEnum):
-    """Where one entry ended up (contract 4.7: exactly one of these)."""
+    """Where one entry ended up (docs/contract.md §4.7: exactly one of these)."""
 
     MERGED = "merged"
     DROPPED = "dropped"  # counted on a cancelled turn

@@ -1,4 +1,4 @@
-"""The merge: a pure, deterministic fold of a turn's entries (contract section 4).
+"""The merge: a pure, deterministic fold of a turn's entries (docs/contract.md §4).
 
 :class:`Turn` folds update records one at a time, in arrival order, into a
 state that is small (adjacent deltas are coalesced) and serialisable

@@ -10,7 +10,7 @@ every few seconds by :class:`Sampler`, never per entry.
 
 Labels are bounded: a shard index, a status, a reason code, an exception
 class name. Never a response id, a consumer name or anything from a URL.
-See the README's "Metrics" section for what each metric means.
+See docs/operations.md's "Metrics" section for what each metric means.
 """
 
 from __future__ import annotations

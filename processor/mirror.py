@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from processor.budget import COPY_BYTES
 from processor.ids import TurnKey
 from processor.lifecycle import Limits, TurnLife
 from processor.models import Record
@@ -51,9 +52,10 @@ class Version:
     started: str
 
 
-#: The bytes of entries a worker's copies may hold, over all its shards. The
-#: entries' size bounds what a copy holds (the merged text and contents).
-MIRROR_BYTES = 128 << 20
+#: The bytes of entries a worker's copies may hold, over all its shards
+#: (processor.budget). The entries' size bounds what a copy holds (the
+#: merged text and contents).
+MIRROR_BYTES = COPY_BYTES
 
 
 @dataclass

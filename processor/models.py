@@ -1,7 +1,7 @@
 """The wire schema: msgspec Structs for everything that crosses a stream.
 
 One definition per shape feeds decoding, validation, encoding and the JSON
-Schema that ``processor schema`` prints. Inputs follow contract section 3,
+Schema that ``processor schema`` prints. Inputs follow docs/contract.md §3,
 outputs sections 5.1 to 5.3. Field order here is the field order on the wire.
 """
 
@@ -15,7 +15,7 @@ import msgspec
 
 EntryKind = Literal["update", "end", "error"]
 
-#: Turn-level correlation ids: first value seen for a turn wins (contract 3).
+#: Turn-level correlation ids: first value seen for a turn wins (docs/contract.md §3.1).
 TURN_IDS: tuple[str, ...] = (
     "runtime_id",
     "session_id",
@@ -123,7 +123,7 @@ UPDATE_FIELDS: frozenset[str] = frozenset(Update.__struct_fields__)
 
 
 class InputEntry(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
-    """The fields of one ``XADD {ns:s}:updates`` entry (contract section 3).
+    """The fields of one ``XADD {ns:s}:updates`` entry (docs/contract.md §3.1).
 
     ``update`` is JSON text (or msgpack bytes with ``enc=msgpack``); the
     decoder turns it into an :class:`Update`. Used for the JSON Schema and by
@@ -194,7 +194,7 @@ Status = Literal["completed", "error", "cancelled"]
 
 
 class Counts(msgspec.Struct):
-    """How a turn's input entries were accounted for (contract 4.7)."""
+    """How a turn's input entries were accounted for (docs/contract.md §4.7)."""
 
     entries: int = 0
     updates: int = 0
@@ -231,7 +231,7 @@ class Agent(msgspec.Struct):
 
 
 class _EventBase(msgspec.Struct, tag_field="type", kw_only=True):
-    """Fields every event carries (contract 5.2). All are always present."""
+    """Fields every event carries (docs/contract.md §5.2). All are always present."""
 
     synthesis_id: str
     response_id: str
@@ -367,7 +367,7 @@ class DlqEntry(msgspec.Struct, omit_defaults=True):
 
 
 class TurnResult(msgspec.Struct):
-    """One line of ``processor merge`` output (contract section 8)."""
+    """One line of ``processor merge`` output (docs/contract.md §8)."""
 
     response_id: str
     attempt_id: str | None

@@ -2,7 +2,7 @@
 
 The same decoding, lifecycle and merge code as the worker; the file's line
 order is the arrival order. A turn still open at the end of the file ends as
-``turn_timeout`` (contract section 8).
+``turn_timeout`` (docs/contract.md §8).
 
 The output is a function of the file alone, so the same file always prints
 the same bytes: event ``ts`` and ``meta`` timings come from the entry ids

@@ -14,11 +14,20 @@ from redis.exceptions import ResponseError
 
 from processor.batches import (
     ENTRY_LOST,
+    ApplyCall,
     BatchOptions,
     build_dead_letter_lost,
+    build_dead_letters,
     lost_turns_of,
 )
-from processor.connections import TRANSIENT, as_text, is_transient
+from processor.budget import read_count
+from processor.connections import (
+    TRANSIENT,
+    ReadBudget,
+    ReplyTooLarge,
+    as_text,
+    bounded,
+)
 from processor.ids import TurnKey
 from processor.keys import Namespace, Shard
 from processor.membership import Membership
@@ -50,8 +59,14 @@ class Recovery:
     membership: Membership
     _held_ids: Callable[[Shard], set[str]]  # Holding's
     _retrying: Callable[..., Awaitable[Any]]  # Worker's
+    _read_budget: int  # bytes of one read's reply (processor.budget)
+    _read_counts: dict[int, int]
 
     if TYPE_CHECKING:  # Continuity's: batches being applied, restored if the group vanishes
+        async def _store(  # Storing's
+            self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+            call: ApplyCall | None = None, read_from: str = "",
+        ) -> None: ...
         def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
         def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
 
@@ -65,14 +80,29 @@ class Recovery:
         failure: applying them again is what a reclaim would do)."""
         cfg = self.config
         start = "0"
+        count = self._read_counts.get(shard.index, cfg.batch)
         while True:
-            reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
-                                                 {shard.updates: start}, count=cfg.batch)
+            # Delivery counts before payloads: an entry over --max-deliveries
+            # (one whose reading or applying keeps failing, a MemoryError
+            # among them) is dead-lettered unread.
+            await self._dead_letter_redelivered(shard, start, count)
+            budget = ReadBudget(self._read_budget)
+            try:
+                with bounded(budget):
+                    reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
+                                                         {shard.updates: start}, count=count)
+            except ReplyTooLarge:
+                if count > 1:  # one, then as many as fit at its size
+                    count = 1
+                else:  # the next one alone is past the budget: never read whole
+                    await self._dead_letter_unreadable(shard, start, budget.limit)
+                continue
             found = [entry for _stream, entries in reply or [] for entry in entries]
             if not found:
                 break
+            count = read_count(self._read_budget, cfg.batch, budget.bytes, len(found))
             start = as_text(found[-1][0])
-            # Held entries (--hold-turns) are pending on purpose, not orphans.
+            # Held entries (held turns) are pending on purpose, not orphans.
             held = self._held_ids(shard)
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [as_text(i) for i, f in found if not f]
@@ -88,6 +118,42 @@ class Recovery:
                 finally:
                     self._batch_done(shard, entries)
         self._orphans.discard(shard.index)
+
+    async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
+        """This consumer's pending entries after ``start`` ("0": all), oldest
+        first, at most ``count``, with their delivery counts (no payload)."""
+        return list(await self.client.xpending_range(
+            shard.updates, self.config.group, min="-" if start == "0" else "(" + start,
+            max="+", count=count, consumername=self.config.consumer))
+
+    async def _dead_letter_redelivered(self, shard: Shard, start: str, count: int) -> None:
+        """Dead-letter, unread, this consumer's pending entries after ``start``
+        delivered more than --max-deliveries times (held ones excepted)."""
+        cfg = self.config
+        held = self._held_ids(shard)
+        over = [(as_text(p["message_id"]), int(p["times_delivered"]))
+                for p in await self._pending_after(shard, start, count)
+                if int(p["times_delivered"]) > cfg.max_deliveries
+                and as_text(p["message_id"]) not in held]
+        if over:
+            detail = "delivered {} times without being acked (limit {})"
+            await self._store(shard, [], {}, build_dead_letters(shard, [
+                (i, "max_deliveries", detail.format(n, cfg.max_deliveries), n)
+                for i, n in over], self.options))
+
+    async def _dead_letter_unreadable(self, shard: Shard, start: str, limit: int) -> None:
+        """The entry after ``start`` pending to this consumer is alone past the
+        read budget (far over --max-entry-bytes: processor.budget.read_bytes
+        leaves room for any valid one): dead-letter it ``too_large``, unread."""
+        pending = await self._pending_after(shard, start, 1)
+        if not pending:
+            return
+        entry_id, n = as_text(pending[0]["message_id"]), int(pending[0]["times_delivered"])
+        detail = f"the entry is over {limit} bytes, the worker's read budget: not read"
+        log.warning("entry past the read budget, dead-lettered unread",
+                    extra={"shard": shard.index, "entry_id": entry_id})
+        await self._store(shard, [], {}, build_dead_letters(
+            shard, [(entry_id, "too_large", detail, n)], self.options))
 
     async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
         """How many times each of this consumer's pending entries was delivered."""
@@ -105,13 +171,21 @@ class Recovery:
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
         try:
-            reply = await self.client.xautoclaim(
-                shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
-                start_id=self._reclaim_cursor.get(shard.index, "0-0"), count=cfg.batch,
-            )
-        except Exception as exc:
-            if is_transient(exc):  # claimed for this consumer, maybe, and the reply lost
-                self._orphans.add(shard.index)
+            with bounded(ReadBudget(self._read_budget)):  # (processor.budget)
+                reply = await self.client.xautoclaim(
+                    shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
+                    start_id=self._reclaim_cursor.get(shard.index, "0-0"),
+                    count=self._read_counts.get(shard.index, cfg.batch),
+                )
+        except ReplyTooLarge:
+            # Claimed for this consumer, the reply cut: taken back, bounded
+            # and delivery counts first, before the next read.
+            self._orphans.add(shard.index)
+            return
+        except Exception:
+            # Claimed for this consumer, maybe, and the reply lost (an outage,
+            # or a MemoryError reading it): taken back before the next read.
+            self._orphans.add(shard.index)
             raise
         self._reclaim_cursor[shard.index] = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
@@ -142,16 +216,20 @@ class Recovery:
             if name in live or not info["pending"] or info["idle"] < membership.ttl_ms:
                 continue
             pending = await self.client.xpending_range(
-                shard.updates, cfg.group, min="-", max="+", count=cfg.batch, consumername=name)
+                shard.updates, cfg.group, min="-", max="+",
+                count=self._read_counts.get(shard.index, cfg.batch), consumername=name)
             ids = [p["message_id"] for p in pending]
             if not ids:
                 continue
             try:
-                claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
-                                                   min_idle_time=0, message_ids=ids)
-            except Exception as exc:
-                if is_transient(exc):
-                    self._orphans.add(shard.index)
+                with bounded(ReadBudget(self._read_budget)):
+                    claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
+                                                       min_idle_time=0, message_ids=ids)
+            except ReplyTooLarge:
+                self._orphans.add(shard.index)  # claimed, the reply cut: taken back
+                return
+            except Exception:
+                self._orphans.add(shard.index)
                 raise
             entries = [(i, f) for i, f in claimed if f]
             await self._lost_in_claim(shard, [as_text(i) for i in ids], claimed)

@@ -33,7 +33,7 @@ log = logging.getLogger("processor.service")
 
 
 def start_embedded() -> Any:
-    """Start a private redis-server and say where (the contract's embedded default)."""
+    """Start a private redis-server and say where (docs/contract.md §8's embedded default)."""
     from processor.embedded import EmbeddedRedis
 
     server = EmbeddedRedis().start()

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import ResponseError
 
 from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
-from processor.connections import as_text, is_transient, read_raw, stream_entry
+from processor.budget import read_count
+from processor.connections import (
+    ReadBudget,
+    ReplyTooLarge,
+    as_text,
+    bounded,
+    read_raw,
+    stream_entry,
+)
 from processor.continuity import is_nogroup
 from processor.hold import Floor
 from processor.ids import TurnKey
@@ -115,6 +123,8 @@ class ShardLoop:
     sweep: Callable[[Shard, bool], Awaitable[None]]
     _generation: int  # Continuity's
     _last_read: dict[int, str]
+    _read_budget: int  # bytes of one read's reply on a shard (processor.budget)
+    _read_counts: dict[int, int]  # per shard: the COUNT of its next read
     _lost_shards: set[int]
 
     if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
@@ -318,16 +328,30 @@ class ShardLoop:
             await asyncio.sleep(self.config.block_ms / 1000)
             return []
         cfg = self.config
+        # Bounded in bytes (processor.budget): as many entries as fit the
+        # budget at the size of the last ones; a reply past it is cut.
+        count = self._read_counts.get(shard.index, cfg.batch)
+        budget = ReadBudget(self._read_budget)
         try:
-            if self._holds_on(shard):  # as the reply holds them: grouped for holding (held_batch)
-                entries = await read_raw(self.client, cfg.group, cfg.consumer, shard.updates,
-                                         cfg.batch, cfg.block_ms)
-            else:
-                reply = await self.client.xreadgroup(
-                    cfg.group, cfg.consumer, {shard.updates: ">"},
-                    count=cfg.batch, block=cfg.block_ms,
-                )
-                entries = [entry for _stream, entries in reply or [] for entry in entries]
+            with bounded(budget):
+                if self._holds_on(shard):  # as the reply holds them: grouped (held_batch)
+                    entries = await read_raw(self.client, cfg.group, cfg.consumer,
+                                             shard.updates, count, cfg.block_ms)
+                else:
+                    reply = await self.client.xreadgroup(
+                        cfg.group, cfg.consumer, {shard.updates: ">"},
+                        count=count, block=cfg.block_ms,
+                    )
+                    entries = [entry for _stream, entries in reply or [] for entry in entries]
+        except ReplyTooLarge as exc:
+            # Delivered to this consumer, never received: taken back (bounded
+            # too) before the next read, one entry first, then as many as fit
+            # at its size (each cut read delivers its entries once more).
+            self._orphans.add(shard.index)
+            self._read_counts[shard.index] = 1
+            log.info("read past its byte budget, cut: reading fewer entries",
+                     extra={"shard": shard.index, "count": count, "budget": exc.limit})
+            return []
         except ResponseError as exc:
             if not is_nogroup(exc):
                 raise
@@ -337,12 +361,15 @@ class ShardLoop:
             if await self._group_vanished(shard):
                 await asyncio.sleep(cfg.block_ms / 1000)
             return []
-        except Exception as exc:
-            if is_transient(exc):
-                # Redis may have delivered the batch and lost the reply.
-                self._orphans.add(shard.index)
+        except Exception:
+            # Redis may have delivered the batch and the reply be lost (an
+            # outage, or a MemoryError reading it): taken back, delivery
+            # counts first, before the next read.
+            self._orphans.add(shard.index)
             raise
         if entries:
+            self._read_counts[shard.index] = read_count(self._read_budget, cfg.batch,
+                                                        budget.bytes, len(entries))
             last = as_text(entries[-1][0])
             self._last_read[shard.index] = last
             self._read_batch(shard, entries)  # until applied (_step): restored if the group goes

@@ -21,6 +21,7 @@ from processor.batches import (
     parse_member,
     parse_versions,
 )
+from processor.budget import FINALISE_BYTES
 from processor.compaction import compact_turns
 from processor.connections import as_text, handed_over
 from processor.ids import TurnKey
@@ -203,7 +204,32 @@ class Storing:
         known = {key: copy.turn_hash() for key, copy in copies.items()
                  if key in fresh and todo[key] == "closing"}
         reads = [key for key in keys if key not in known]
-        replies = iter(await self._read_turns(shard, reads, copies) if reads else ())
+        hashes = dict(zip(reads, await self._read_hashes(shard, reads), strict=True))
+        again: dict[TurnKey, Reason] = {}
+        # Settled a few at a time, by their stored bytes (processor.budget):
+        # a turn replayed from its records is read, merged and rendered here.
+        chunk: list[TurnKey] = []
+        size = 0
+        for key in keys:
+            turn_hash = hashes.get(key)
+            stored = int(turn_hash.get(b"bytes", 0)) if turn_hash and key not in copies else 0
+            if chunk and size + stored > FINALISE_BYTES:
+                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+                chunk, size = [], 0
+            chunk.append(key)
+            size += stored
+        if chunk:
+            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+        return again
+
+    async def _finalise_chunk(
+        self, shard: Shard, todo: dict[TurnKey, Reason], keys: list[TurnKey],
+        known: dict[TurnKey, dict[Any, Any]], hashes: dict[TurnKey, dict[Any, Any]],
+        copies: dict[TurnKey, Mirror],
+    ) -> dict[TurnKey, Reason]:
+        """Settle and publish ``keys`` (one finalise_turns call); the turns to retry."""
+        reads = [key for key in keys if key not in known and key not in copies and hashes[key]]
+        records = dict(zip(reads, await self._read_records(shard, reads), strict=True))
         now = now_ms()
         settled, again = [], {}
         for key in keys:
@@ -211,8 +237,8 @@ class Storing:
             if key in known:
                 turn_hash, recs = known[key], None
             else:
-                turn_hash = next(replies)
-                recs = None if key in copies else next(replies)
+                turn_hash = hashes[key]
+                recs = records.get(key)
             if not turn_hash:
                 continue  # finalised by another worker already
             if todo[key] != "closing" and (b"closing" in turn_hash or "closing" in turn_hash):
@@ -230,6 +256,8 @@ class Storing:
                 continue
             if outcome is not None:
                 settled.append((key, as_text(turn_hash.get(b"ver", b"0")), outcome))
+            recs = None
+        records.clear()
         if not settled:
             return again
         call = build_finalise(shard, settled, self.options, self.config.consumer,
@@ -275,16 +303,22 @@ class Storing:
         for reason, ids in by_reason.items():
             self.dead_letters.note(reason, shard.index, len(ids), ids, [key.response_id])
 
-    async def _read_turns(
-        self, shard: Shard, keys: list[TurnKey], copies: dict[TurnKey, Mirror]
-    ) -> list[Any]:
-        """Each turn's hash, and its records unless this worker has a copy."""
+    async def _read_hashes(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
+        """Each turn's hash."""
+        if not keys:
+            return []
         async with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
-                tk = key.encode()
-                pipe.hgetall(shard.turn(tk))
-                if key not in copies:
-                    pipe.hgetall(shard.recs(tk))
+                pipe.hgetall(shard.turn(key.encode()))
+            return list(await pipe.execute())
+
+    async def _read_records(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
+        """Each turn's stored records."""
+        if not keys:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(shard.recs(key.encode()))
             return list(await pipe.execute())
 
     def _settle(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,

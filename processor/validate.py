@@ -260,8 +260,8 @@ def _check_value(value: Any, path: str, depth: int) -> None:
 
     An item's path is only spelled out for an error: each stacked item links
     to its parent's link and its own key, so a wide value under long keys
-    costs O(size), not O(size x path length) (a 750 KB entry used to take
-    9 GB and 20 s here).
+    costs O(size), not O(size x path length), which a wide value under long
+    keys would make gigabytes.
     """
     if value.__class__ is dict and depth <= MAX_DEPTH:
         # The usual value (usage counts, properties): string keys and plain
@@ -299,7 +299,7 @@ def _check_value(value: Any, path: str, depth: int) -> None:
             if not _INT_MIN <= value <= _INT_MAX:
                 raise EntryError("invalid_update", f"{_spell(path, link)}: integer out of range")
         elif cls is msgspec.msgpack.Ext or cls is bytes:
-            # msgpack input is "the same map" as JSON (contract section 3):
+            # msgpack input is "the same map" as JSON (docs/contract.md §3):
             # binary would come out as base64 text, silently changed.
             kind = "extension types" if cls is not bytes else "binary values"
             raise EntryError("invalid_update", f"{_spell(path, link)}: msgpack {kind} are not JSON")

@@ -30,6 +30,7 @@ from processor.batches import (
     BatchOptions,
     parse_member,
 )
+from processor.budget import COPY_BYTES, HELD_BYTES, read_bytes
 from processor.connections import as_text, is_transient, stream_entry, until_done
 from processor.continuity import Continuity, is_nogroup
 from processor.hold import Floor, Holds
@@ -41,7 +42,7 @@ from processor.lifecycle import Limits
 from processor.membership import Membership
 from processor.meta import Meta, check, create
 from processor.metrics import DeadLetterLog, Metrics
-from processor.mirror import MIRROR_BYTES, Mirrors
+from processor.mirror import Mirrors
 from processor.publishing import Publishing
 from processor.recovery import Recovery
 from processor.scripts import Scripts
@@ -134,11 +135,14 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
         # process with the same consumer name). See _take_back.
         self._orphans: set[int] = {s.index for s in self.namespace.all()}
         self._claimed: set[int] = set()  # reclaimed entries being applied (recovery.py)
-        # The copies' byte budget is the worker's, shared by its shards.
-        budget = MIRROR_BYTES // config.shards
-        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, budget)
+        # Byte budgets (processor.budget): the worker's, shared by its shards.
+        self._read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
+        self._read_counts: dict[int, int] = {}
+        copies = COPY_BYTES // config.shards
+        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, copies)
                          for s in self.namespace.all()}
-        self._holds = {s.index: Holds(config.limits, config.mirror_turns, budget)
+        held = HELD_BYTES // config.shards
+        self._holds = {s.index: Holds(config.limits, config.mirror_turns, held)
                        for s in self.namespace.all()}
         self._floors = {s.index: Floor() for s in self.namespace.all()}
         self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}

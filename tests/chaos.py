@@ -22,7 +22,7 @@ test makes it observable: every update carries a marker key of its own in
 its ``additional_properties``, and the merged response's
 ``additional_properties`` is the union of the markers of the updates it
 merged. The expected response is then ``processor merge`` of exactly those
-entries followed by the contract's offline ``cancel`` line (or by nothing,
+entries followed by the offline ``cancel`` line (docs/contract.md §8) (or by nothing,
 for a timeout): the comparison stays byte for byte, and the markers also
 prove which entries were merged, dropped or dead-lettered (none twice, none
 lost).

@@ -6,7 +6,7 @@ helpers read (tests/worker_harness.py reads every ``merged``, ``events`` and
 ``processor schema`` prints :func:`processor.schema.document` (test_decode
 runs the CLI and checks that); it is built in-process here to stay fast.
 Besides the schema, each event must carry every field its schema names
-(contract 5.2: null when unknown, never missing; a ``step`` without
+(docs/contract.md §5.2: null when unknown, never missing; a ``step`` without
 ``agent_name`` or ``content`` is exactly what this catches).
 """
 

@@ -3,7 +3,7 @@
 One generator, two drivers: :func:`random_turn` draws from a seeded
 ``random.Random`` (the worker tests replay thousands of turns from a seed),
 :func:`turns` draws from Hypothesis (so failures shrink). Both return the
-input entries of one turn as in contract section 3, ``update`` given as a
+input entries of one turn as in docs/contract.md §3, ``update`` given as a
 dict, ending with a ``kind=end`` entry.
 
 What a turn contains: several agents (each with its own inner response id,

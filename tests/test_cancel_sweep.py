@@ -1,7 +1,7 @@
 """The cancel sweep reads every active turn's cancel key within
 ``CANCEL_CYCLE_S`` whatever their number: its slice grows with the shard's
 active turns, so a cancel SET by a plain client is seen in a bounded number
-of sweeps (contract: terminal event within 1 s), still one call per shard
+of sweeps (docs/contract.md §6: terminal event within 1 s), still one call per shard
 per sweep; and it reads whether each key exists, never its value."""
 
 from __future__ import annotations

@@ -358,7 +358,7 @@ async def _collect(iterator: Any) -> list[Any]:
 
 
 async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, namespace):
-    """A cancel key's value is anyone's to set (contract section 6): a
+    """A cancel key's value is anyone's to set (docs/contract.md §6): a
     watching producer reads at most REASON_BYTES of it, however large."""
     from processor.client.watch import REASON_BYTES
 

@@ -1,4 +1,4 @@
-"""Worked cases of the merge rules (contract section 4): one turn each,
+"""Worked cases of the merge rules (docs/contract.md §4): one turn each,
 written out by hand, for the rules whose random coverage in
 ``test_merge_properties`` is thin (late and rejoining results, speakers,
 usage corrections, states written by an earlier release)."""

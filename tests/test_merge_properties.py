@@ -1,6 +1,6 @@
-"""Properties of the merge engine (contract section 4) on random turns.
+"""Properties of the merge engine (docs/contract.md §4) on random turns.
 
-Turns come from :mod:`tests.strategies`; the checks of contract section 4
+Turns come from :mod:`tests.strategies`; the checks of docs/contract.md §4
 live in :func:`tests.expectations.check_deltas` (shared with the worker
 tests). Here: those checks, determinism, resuming a serialised or compacted
 state at any point, and the stability of assigned ids between a partial and
@@ -40,7 +40,7 @@ def producer_ids(records: list[Record]) -> set[str]:
     return {r.update.message_id for r in records if r.update and r.update.message_id}
 
 
-# ---------------------------------------------------------------- contract 4
+# ---------------------------------------------------------------- docs/contract.md §4
 
 
 @PROPERTY

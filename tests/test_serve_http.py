@@ -219,7 +219,7 @@ async def test_bad_requests_get_400(redis_url, namespace) -> None:
 async def test_a_turn_sent_with_only_a_turn_id_is_found_by_its_turn_id(
     redis_url, namespace
 ) -> None:
-    """Its ResponseId is assigned, and its shard is its turn_id's (contract 3)."""
+    """Its ResponseId is assigned, and its shard is its turn_id's (docs/contract.md §3)."""
     async with Harness(redis_url, namespace, shards=4) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace, shards=4, token_secret=None))

@@ -93,14 +93,14 @@ async def test_garbage_entries_are_dead_lettered(redis_url: str, namespace: str)
         assert dead["reason"] == reason, (entry, dead)
         assert detail in dead["detail"], (entry, dead["detail"])
         assert dead["deliveries"] == "1"
-        # The original fields come along (values cut to a bounded prefix).
+        # The original fields come along, whole (even a too_large one).
         for name, value in entry.items():
-            assert value.startswith(dead[name]) or dead[name] == value, name
+            assert dead[name] == value, name
         # processor merge says the same of the same line.
         same = [d for d in offline_dead if d.source_id == f"0-{i + 1}"]
         assert [(d.reason, d.detail) for d in same] == [(reason, dead["detail"])]
         expected_ids.add(where(i))
-    assert by_source[where(stream.index(GARBAGE[3][0]))].get("truncated") == "1"
+    assert "truncated" not in by_source[where(stream.index(GARBAGE[3][0]))]
     bad_utf8, wrong = (home.index, bad_utf8), (other.index, wrong)
     assert by_source[bad_utf8]["reason"] == "bad_encoding"
     assert "response_id" in by_source[bad_utf8]["detail"]
@@ -199,8 +199,8 @@ def test_garbage_table_is_json_lines() -> None:
 
 async def test_entry_with_thousands_of_fields(redis_url: str, namespace: str) -> None:
     """An entry with more fields than a Lua call can pass on is still
-    dead-lettered (its fields cut, marked truncated), never lost; the entries
-    around it merge."""
+    dead-lettered whole (its names and values kept as one msgpack array,
+    marked packed), never cut nor lost; the entries around it merge."""
     many = {f"f{i}": "x" for i in range(9000)}
     async with Harness(redis_url, namespace) as harness:
         await harness.start_workers(1)
@@ -214,13 +214,18 @@ async def test_entry_with_thousands_of_fields(redis_url: str, namespace: str) ->
         await harness.wait_drained()
         harness.assert_workers_alive()
         outputs = await harness.outputs()
+        raw = {i.decode(): f for i, f in await harness.client.xrange(harness.shards[0].dlq)}
     assert len(before) == len(after) == 2
     by_source = {d["source_id"]: d for d in outputs.dlq}
     assert set(by_source) == {bad, also}
     assert by_source[bad]["reason"] == "missing_turn_key"
     assert by_source[also]["reason"] == "invalid_update"
-    for dead in by_source.values():
-        assert dead["truncated"] == "1" and dead["deliveries"] == "1"
+    for source, fields in ((bad, many), (also, {"response_id": "wide", **many})):
+        dead = by_source[source]
+        assert dead["packed"] == "1" and dead["deliveries"] == "1"
+        assert "truncated" not in dead
+        flat = msgspec.msgpack.decode(raw[dead["_id"]][b"packed_fields"])
+        assert flat == [x for kv in fields.items() for x in kv]
 
 
 async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, namespace: str) -> None:

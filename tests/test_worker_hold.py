@@ -227,14 +227,21 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
         harness.workers.remove(holder)
         assert await _pending(harness, holder.consumer) == 4
         rescuer = await harness.start_worker(reclaim_idle_ms=300)
+
+        def reclaimed() -> float:
+            return _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
+                           source="reclaim")
+
+        # The ends come once the rescuer took the entries over: read first, an end
+        # would let it finish the turn on the stored path with the dead holder's
+        # entries still pending, which is another test's case.
+        await harness.wait_for(lambda: reclaimed() == 4, 30, "the entries were never reclaimed")
         await harness.add(ends)
         await harness.wait_merged(2, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
-        reclaimed = _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
-                            source="reclaim")
     compare_with_offline(outputs, offline_results(entries + ends))
-    assert reclaimed == 4
+    assert reclaimed() == 4
 
 
 async def test_another_consumers_older_entry_makes_the_holder_spill(

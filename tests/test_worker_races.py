@@ -96,7 +96,7 @@ async def test_limit_crossed_out_of_order(redis_url: str, namespace: str) -> Non
 async def test_cancel_after_end_while_earlier_entry_held(redis_url: str, namespace: str) -> None:
     """The end was applied, an earlier entry is still held elsewhere, then the
     turn is cancelled: the cancel came after the end, so it changes nothing
-    (contract 6) and the held entry is merged, not lost."""
+    (docs/contract.md §6) and the held entry is merged, not lost."""
     stream = [{"response_id": "cae", "update": _update("first")},
               {"response_id": "cae", "update": _update(" second")},
               {"response_id": "cae", "kind": "end"}]

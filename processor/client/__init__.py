@@ -1,6 +1,6 @@
 """The client side of the wire contract: producers send updates, subscribers read outputs.
 
-:class:`Producer` writes input entries (contract section 3) to the right shard,
+:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries (``inbox=True``: through the shard's inbox, which
 workers admit into the stream: the path of the least-privilege ``producer`` ACL
 user); it also sets and reads cancellation keys

@@ -1,6 +1,6 @@
 """The producer side of the wire contract: input entries and cancellation keys.
 
-:class:`Producer` writes input entries (contract section 3) to the right shard,
+:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries; it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
 """
@@ -37,7 +37,7 @@ AUTO_IDEMPOTENCY_TTL = 600
 
 
 class Producer:
-    """Writes input entries to ``{<ns>:<s>}:updates`` (contract section 3).
+    """Writes input entries to ``{<ns>:<s>}:updates`` (docs/contract.md §3).
 
     Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
     added by the Redis Function of ``send_update.lua`` (:mod:`processor.library`;

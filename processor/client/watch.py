@@ -1,4 +1,4 @@
-"""Stopping a generator when its turn's cancellation key appears (contract section 6)."""
+"""Stopping a generator when its turn's cancellation key appears (docs/contract.md §6)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the turn's state, publishing synthesis.started on a turn's first entry and
 the entry's progress events with gap-free seq. A turn's correlation ids
 (first value applied wins) are kept in its hash and filled into the
 synthesis.started and progress events that do not carry them themselves, so
-that every event of the turn has them (contract section 3). Acked entries
+that every event of the turn has them (docs/contract.md §3.1). Acked entries
 leave the stream at the end: everything below the group's oldest pending
 entry (every one of them acked) in one XTRIM MINID, which frees whole
 listpack nodes instead of marking entries deleted one XDEL at a time.
@@ -29,7 +29,7 @@ KEYS[5 + 4*(t-1) + 1..4]      per turn t: turn hash, recs hash, done hash, cance
 ARGV[1] consumer group        ARGV[2] events MAXLEN (~)
 ARGV[3] dlq MAXLEN (~)        ARGV[4] number of turns T
 ARGV[5] max updates per turn  ARGV[6] max bytes per turn
-ARGV[7] max bytes of an entry's names and values copied into the DLQ
+ARGV[7] most names and values of an entry copied into the DLQ as fields
 ARGV[8] ready limit (closing members returned at most)
 ARGV[9] compaction threshold (stored records of a turn; 0 = never)
 ARGV[10] seconds a turn's dead letters are remembered before its first entry
@@ -57,7 +57,7 @@ local group = ARGV[1]
 local events_max, dlq_max = ARGV[2], ARGV[3]
 local nturns = tonumber(ARGV[4])
 local max_updates, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
-local dlq_value_max = tonumber(ARGV[7])
+local dlq_fields_max = tonumber(ARGV[7])
 local ready_limit = tonumber(ARGV[8])
 local compact_at = tonumber(ARGV[9])
 local compact_step = math.max(1, math.floor(compact_at / 2))
@@ -250,7 +250,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     return
   end
   if op == 'd' then
-    dead_letter(updates, dlq, dlq_max, dlq_value_max, id, a, b, deliveries)
+    dead_letter(updates, dlq, dlq_max, dlq_fields_max, id, a, b, deliveries)
     if ti > 0 then
       local tkey = turn_keys(ti)
       if cached(has_hash, ti, started, tkey) then
@@ -271,7 +271,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     redis.call('HINCRBY', dkey, 'dropped', 1)
     count('dropped')
   elseif status then
-    dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+    dead_letter(updates, dlq, dlq_max, dlq_fields_max, id, 'turn_closed', 'the turn had already ended', deliveries)
     count('dlq:turn_closed')
   elseif cached(closing_of, ti, has_closing, tkey) then
     -- Its end (or limit) was applied before any cancel was seen: the cancel
@@ -280,7 +280,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     -- replayed (merged, or dead-lettered by the replay).
     local ended = redis.call('HGET', tkey, 'ended')
     if ended and pad_id(id) > ended then
-      dead_letter(updates, dlq, dlq_max, dlq_value_max, id, 'turn_closed', 'the turn had already ended', deliveries)
+      dead_letter(updates, dlq, dlq_max, dlq_fields_max, id, 'turn_closed', 'the turn had already ended', deliveries)
       count_dead(ti)
       count('dlq:turn_closed')
     else
@@ -323,7 +323,7 @@ for i = 1, #E, 8 do
       -- A bug here must not lose the acked entry (scripts are not rolled
       -- back): it goes to the DLQ, with its fields if that still works.
       local detail = 'applying the entry failed: ' .. tostring(type(err) == 'table' and err.err or err)
-      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_value_max, id, 'internal_error', detail, E[i + 6]) then
+      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_fields_max, id, 'internal_error', detail, E[i + 6]) then
         redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'reason', 'internal_error',
                    'detail', detail, 'source_id', id, 'deliveries', E[i + 6])
       end

@@ -2,7 +2,7 @@
 cancelled_turns: which of a slice of a shard's active turns have a
 cancellation key, and of those which a finalise can publish now. Only the
 keys' existence is read, never their values: a reason of any size costs the
-worker nothing (contract section 6: anyone may set the key).
+worker nothing (docs/contract.md §6: anyone may set the key).
 
 A cancelled turn is left out (for a later sweep) while another live worker
 holds it (its hash's `holder`, with entries still pending to that consumer:

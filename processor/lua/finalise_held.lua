@@ -1,5 +1,5 @@
 --[==[
-finalise_held: publish held turns (--hold-turns) and ack their entries,
+finalise_held: publish held turns (the default) and ack their entries,
 which were pending to this consumer until now (docs/design.md, "Held turns").
 
 For each turn, atomically, unless it is done or gone (0), or its version
@@ -32,7 +32,7 @@ KEYS[5 + 3*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
-ARGV[7] this consumer      ARGV[8] bytes of an entry copied into its DLQ entry
+ARGV[7] this consumer      ARGV[8] most names and values of an entry its DLQ entry keeps as fields
 ARGV[9]                    the turns: one msgpack array (the client packs each
                            ARGV in Python, the array in C), per turn t an array
                            { tk, expected version, status, outputs, dead letters
@@ -55,7 +55,7 @@ local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
-local dlq_value_max = tonumber(ARGV[8])
+local dlq_fields_max = tonumber(ARGV[8])
 local agui = KEYS[5 + 3 * nturns + 1]
 
 --- includes/dead_letter
@@ -105,7 +105,7 @@ local function finalise(t)
   end
   acked = true
   for _, one in ipairs(late) do
-    dead_letter(updates, dlq, dlq_max, dlq_value_max, one[1], one[2], one[3], '1')
+    dead_letter(updates, dlq, dlq_max, dlq_fields_max, one[1], one[2], one[3], '1')
   end
   publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
   return 1

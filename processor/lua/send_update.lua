@@ -16,7 +16,7 @@ ARGV[2..] the entry's field/value pairs
 Returns the entry id (the first send's id when the key was already used).
 Error TURNENDED <status>: the turn ended (completed, error, ...) and nothing
 was added. A cancelled turn takes entries still: the worker drops and
-counts them (contract section 6).
+counts them (docs/contract.md §6).
 ]==]
 
 --- includes/send_guard

@@ -32,7 +32,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A stream or group deleted under a running worker must not fail the sweep.
 local ok, ready = pcall(ready_closing, updates, group, consumer, floor, closing, limit)
 if not ok then ready = {} end
--- Idle means no entry *arrived* for the timeout (contract 7), not "none was
+-- Idle means no entry *arrived* for the timeout (docs/contract.md §7), not "none was
 -- applied": entries may wait in a dead worker's pending list or, after an
 -- outage, unread. Applied entries are deleted, so the stream's first entry is
 -- the oldest unapplied one; a turn last active at `a` is idle only if every

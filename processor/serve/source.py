@@ -96,7 +96,7 @@ def owned_event(turn: TurnRef, fields: Mapping[Any, Any]) -> LiveEvent | None:
     try:
         return LiveEvent.decode(_raw(fields, "event"))
     except msgspec.DecodeError:
-        return None  # not an event of the contract's shape: nothing to send
+        return None  # not an event of docs/contract.md §5.2's shape: nothing to send
 
 
 def owned_merged(turn: TurnRef, fields: Mapping[Any, Any]) -> MergedOutput | None:

@@ -3,7 +3,7 @@
 -- adds nothing); a turn whose done marker says it ended other than cancelled
 -- is refused with TURNENDED <status> (turn ids are single-use while the
 -- marker lives, the workers' --done-ttl; a cancelled turn takes entries
--- still: the worker drops and counts them, contract section 6). Returns the
+-- still: the worker drops and counts them, docs/contract.md §6). Returns the
 -- reply to give instead of sending, or nil to send.
 local function send_guard(idem, done)
   local existing = redis.call('GET', idem)
