@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import pytest
+import redis.exceptions
 from strategies import random_turn
 from turn_reference import (
     as_read,
@@ -441,3 +442,55 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
         outputs = await harness.outputs()
         held = _metric(holder.worker, "processor_turns_settled_total", source="held")
     assert reclaimed == 0 and held == 1 and response_text(outputs, "long") == "12"
+
+
+async def _logged_updates(harness: Harness, response_id: str) -> list[dict[str, Any]]:
+    """The updates a turn's live log holds, in order (publish_live.lua)."""
+    log = harness.ns.shard(0).live(TurnKey(response_id).encode())
+    return [update for _id, fields in await harness.client.xrange(log)
+            for update in json.loads(fields[b"updates"])]
+
+
+@pytest.mark.parametrize(("hold", "lost"), [(True, 1), (True, 2), (False, 1), (False, 2)])
+async def test_a_live_publish_whose_reply_is_lost_says_each_delta_and_update_once(
+    redis_url: str, namespace: str, hold: bool, lost: int
+) -> None:
+    """A ``publish_live`` call that ran in Redis but whose reply never came
+    back (the connection cut just after): the worker learns what it did
+    (the call again, which the turn's token makes a no-op that says "ran
+    before") and goes on from there, so every delta is on the events stream
+    once and every update in the turn's live log once, on both paths,
+    whichever call (the turn's first, a later one) loses its reply."""
+    rid = "lost-reply"
+    updates = [text_delta(rid, f"d{i} ") for i in range(9)]
+    async with Harness(redis_url, namespace, batch=3, hold_turns=hold) as harness:
+        (running,) = await harness.start_workers(1)
+        scripts = running.worker.scripts
+        real, calls = scripts.publish_live, 0
+
+        async def reply_lost(**kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            result = await real(**kwargs)
+            if calls == lost:
+                raise redis.exceptions.ConnectionError("reply lost (test)")
+            return result
+
+        scripts.publish_live = reply_lost
+        for i in range(0, len(updates), 3):  # one batch each
+            await harness.add(updates[i:i + 3])
+
+            async def logged(n: int = i + 3) -> bool:
+                return len(await _logged_updates(harness, rid)) >= n
+
+            await harness.wait_for(logged, 10, f"the live log never had {i + 3} updates")
+        got = await _logged_updates(harness, rid)
+        events = (await harness.outputs()).turns[TurnKey(rid)].events
+        await harness.add([end_entry(rid)])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    assert [u["contents"][0]["text"] for u in got] == [f"d{i} " for i in range(9)]
+    assert replay_texts(events) == {"m": "".join(f"d{i} " for i in range(9))}
+    assert calls > lost  # (the seam ran)
+    compare_with_offline(outputs, offline_results([*updates, end_entry(rid)]))
+    assert replay_texts(outputs.turns[TurnKey(rid)].events) == {"m": response_text(outputs, rid)}

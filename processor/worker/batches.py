@@ -415,21 +415,24 @@ def lost_turns_of(
 
 
 #: One turn's live progress of a batch: its events (seq 0), its updates as
-#: one JSON array text, and whether it is the caller's first publish of the
-#: turn (``publish_live.lua``).
-LiveTurn = tuple[TurnKey, list[Event], bytes, bool]
+#: one JSON array text, and how many of the caller's calls for the turn ran
+#: before this one (``publish_live.lua``: 0 is the first).
+LiveTurn = tuple[TurnKey, list[Event], bytes, int]
 
 
-def build_publish_live(shard: Shard, turns: list[LiveTurn], options: BatchOptions) -> ScriptCall:
-    """``publish_live``'s KEYS/ARGV for the turns' events and updates."""
+def build_publish_live(
+    shard: Shard, turns: list[LiveTurn], options: BatchOptions, speaker: str
+) -> ScriptCall:
+    """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
+    ``speaker`` (the worker's token in the turns' ``live`` field)."""
     call = ScriptCall(keys=[shard.events])
     packed = []
-    for key, found, updates, fresh in turns:
+    for key, found, updates, spoken in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates),
-                       "1" if fresh else "0"])
-    call.args = [options.events_maxlen, options.live_ttl, len(turns), _pack.encode(packed)]
+        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates), spoken])
+    call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
+                 _pack.encode(packed)]
     return call
 
 

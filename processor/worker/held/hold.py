@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -64,12 +64,14 @@ class Held:
     # what the turn's limits leave once everything pending is fed.
     room_updates: int = 0
     room_bytes: int = 0
-    # Live progress (processor.engine.live): what its events said so far, the
-    # updates held since its last live log entry (JSON texts), and how many
-    # updates its log holds.
-    shown: Shown = field(default_factory=Shown)
+    # Live progress (processor.engine.live): what its events said so far
+    # (False: silent, see processor.worker.publishing), the updates held since
+    # its last live log entry (JSON texts), how many updates its log holds,
+    # and how many publish_live calls for it ran (the call's token).
+    shown: Shown | Literal[False] = field(default_factory=Shown)
     fresh: list[bytes] = field(default_factory=list)
     logged: int = 0
+    spoken: int = 0
 
     def __post_init__(self) -> None:
         self._reroom()

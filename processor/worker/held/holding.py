@@ -62,7 +62,8 @@ class Holding:
         async def _namespace_lost(self, why: str) -> bool: ...  # Continuity's
         async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
         async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None: ...
-        def _hand_over(self, shard: Shard, key: TurnKey, shown: Any, logged: int) -> None: ...
+        def _hand_over(self, shard: Shard, key: TurnKey, shown: Any, logged: int,
+                       spoken: int) -> None: ...
 
     def _holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
@@ -216,7 +217,7 @@ class Holding:
             held = holds.take(key)
             if held is not None:
                 holds.old.add(key)
-                self._hand_over(shard, key, held.shown, held.logged)
+                self._hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
         if entries:
             self.metrics.spilled.inc(len(keys))

@@ -67,8 +67,10 @@ class Mirror:
     last_id: tuple[int, int] = (0, 0)
     # What the turn's live events said so far (processor.engine.live; set by the
     # worker that publishes them from this copy; False: another worker spoke
-    # for the turn first, this one stays silent).
+    # for the turn first, or what this one said is unknown: it stays silent),
+    # and how many of this worker's publish_live calls for it ran.
     shown: Any = None
+    spoken: int = 0
 
     def turn_hash(self) -> dict[bytes, bytes]:
         """The turn's hash as this mirror knows it: its version and start, and
