@@ -21,9 +21,9 @@ or another count, or is absent for n > 0, or is absent for n = 0 while the
 turn's log exists (-2: another worker spoke for the turn, then died or let
 go, or what this one said is no longer there (lost state); what was said is
 unknown here, so this one stays silent and the turn's merged event ends any
-view): number its events with the turn's next seqs and XADD each to the
-events stream (includes/publish_event: gap-free with everything else the
-turn publishes), advance `live`, then, if it has events or updates, XADD one
+view): advance `live`, number its events with the turn's next seqs and XADD
+each to the events stream (gap-free with everything else the turn
+publishes; the stream capped once per call), then, if it has events or updates, XADD one
 entry to its log: `seq` the turn's last seq now, `events` the numbered
 events' JSON as one array, `updates` the JSON array of the updates this
 batch merged into the turn (the log folded with the merge is the turn's
@@ -50,16 +50,16 @@ local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local speaker = ARGV[4] .. ' '
 
---- includes/publish_event
-
 local turns = cmsgpack.unpack(ARGV[5])
-local results = {}
+local results, published = {}, 0
 for t = 1, nturns do
   local k = 1 + 3 * (t - 1)
   local tkey, dkey, log = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local found, updates, n = turns[t][1], turns[t][2], turns[t][3]
+  -- (A hash with a `live` mark is a turn not published yet: the publish
+  -- deletes the hash with the done marker's creation, in one step.)
   local mark = redis.call('HGET', tkey, 'live')
-  if redis.call('EXISTS', dkey) == 1 or (mark == false and redis.call('EXISTS', tkey) == 0) then
+  if mark == false and (redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0) then
     results[t] = -1
   elseif mark == speaker .. (n + 1) then
     results[t] = -3
@@ -68,18 +68,32 @@ for t = 1, nturns do
     results[t] = -2
   else
     redis.call('HSET', tkey, 'live', speaker .. (n + 1))
-    local jsons = {}
-    for i, fields in ipairs(found) do
-      publish_event(tkey, events, events_max, fields)
-      jsons[i] = fields[#fields]
+    local count, jsons, seq = #found, {}, nil
+    if count > 0 then
+      -- The turn's next seqs, taken at once (gap-free with everything else
+      -- the turn publishes: includes/publish_event takes one at a time). Each
+      -- event's JSON (its last field) has the placeholder "seq":0.
+      seq = redis.call('HINCRBY', tkey, 'seq', count) - count
+      for i, fields in ipairs(found) do
+        local json = fields[#fields]
+        local s, e = string.find(json, '"seq":0,', 1, true)
+        json = string.sub(json, 1, s - 1) .. '"seq":' .. (seq + i - 1) .. ',' .. string.sub(json, e + 1)
+        fields[#fields] = json
+        redis.call('XADD', events, '*', unpack(fields))
+        jsons[i] = json
+      end
+      seq = seq + count - 1
+      published = published + count
     end
-    if #jsons > 0 or updates ~= '[]' then
-      local seq = tonumber(redis.call('HGET', tkey, 'seq') or '1') - 1
+    if count > 0 or updates ~= '[]' then
+      seq = seq or tonumber(redis.call('HGET', tkey, 'seq') or '1') - 1
       redis.call('XADD', log, '*', 'seq', seq, 'events', '[' .. table.concat(jsons, ',') .. ']',
                  'updates', updates)
       redis.call('EXPIRE', log, ttl)
     end
-    results[t] = #jsons
+    results[t] = count
   end
 end
+-- The events stream's cap, once per call (as an XADD MAXLEN ~ would keep it).
+if published > 0 then redis.call('XTRIM', events, 'MAXLEN', '~', events_max) end
 return results
