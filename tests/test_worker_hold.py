@@ -105,18 +105,19 @@ def _live_texts_match(outputs: Any, response_text_of: Any = None) -> int:
     return chunks
 
 
-@pytest.mark.parametrize("hold", [True, False])
+@pytest.mark.parametrize(("hold", "batch"), [(True, 7), (False, 7), (True, 200)])
 async def test_live_progress_replays_to_the_merged_text_held_or_stored(
-    redis_url: str, namespace: str, hold: bool
+    redis_url: str, namespace: str, hold: bool, batch: int
 ) -> None:
     """Live progress is on by default, holding turns or not: every turn's
     text and reasoning chunks, replayed, are its merged messages' texts, in
     gap-free seqs between synthesis.started and the terminal event, and the
-    merge is processor merge's; held turns stay held (none stored)."""
+    merge is processor merge's; held turns stay held (none stored). Batches
+    of 200 entries move more than SPLIT_TURNS turns: two calls each."""
     turns = _turns(30, seed=11)
     entries = interleave(turns, random.Random(5))
     assert WorkerConfig().progress and WorkerConfig(**HOLD).holding
-    async with Harness(redis_url, namespace, batch=7, hold_turns=hold) as harness:
+    async with Harness(redis_url, namespace, batch=batch, hold_turns=hold) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add(entries)
         await harness.wait_merged(len(turns))

@@ -7,13 +7,19 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from processor.engine import events as ev
 from processor.engine.lifecycle import Limits
-from processor.engine.render import Compaction, Settled, encode_stored, event_fields
+from processor.engine.render import (
+    Compaction,
+    Settled,
+    encode_stored,
+    event_fields,
+    event_type,
+)
 from processor.ingest.decode import EntryError, decode_stream_entry
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text
@@ -420,6 +426,10 @@ def lost_turns_of(
 LiveTurn = tuple[TurnKey, list[Event], bytes, int]
 
 
+#: Each event class's ``type`` tag (:func:`~processor.engine.render.event_type`).
+_TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
+
+
 def build_publish_live(
     shard: Shard, turns: list[LiveTurn], options: BatchOptions, speaker: str
 ) -> ScriptCall:
@@ -427,10 +437,17 @@ def build_publish_live(
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
     call = ScriptCall(keys=[shard.events])
     packed = []
+    encode = ev.encode_event
     for key, found, updates, spoken in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates), spoken])
+        # event_fields of each event, the turn's part made once
+        same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
+        if key.attempt_id:
+            same += ["attempt_id", key.attempt_id]
+        fields = [["type", _TAGS.get(e.__class__) or event_type(e), *same,
+                   "event", encode(e).decode()] for e in found]
+        packed.append([fields, msgpack_str(updates), spoken])
     call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
                  _pack.encode(packed)]
     return call

@@ -26,6 +26,7 @@ its turns: they say nothing more, and their ``merged`` event ends any view.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -35,6 +36,7 @@ from typing import Any, Literal
 import msgspec
 
 from processor.engine.live import Shown, live_events
+from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import Update
@@ -49,6 +51,10 @@ _json = msgspec.json.Encoder()
 #: ``publish_live``'s answers for a turn besides its count of events: ended
 #: (or no hash), another speaks for it, this very call ran before.
 ENDED, SILENT, RAN_BEFORE = -1, -2, -3
+
+#: A batch that moved at least this many held turns publishes them in two
+#: calls, the first sent while the second half is diffed.
+SPLIT_TURNS = 16
 
 #: A spilled turn's live state: what was shown (False: silent), how many of
 #: its updates its log holds, how many calls for it ran.
@@ -85,23 +91,42 @@ class Publishing:
             self._handed(shard)[key] = (shown, logged, spoken)
 
     async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
-        """The live progress of the held turns a batch fed."""
+        """The live progress of the held turns a batch fed. A batch of many
+        turns goes in two calls: the first half's is sent as soon as it is
+        made, so that redis-server runs it while the second half is diffed."""
         holds = self._holds[shard.index]
         now = int(time.time() * 1000)
+        sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
         after: list[tuple[Shown, int]] = []
-        for key in keys:
-            held = holds.turns.get(key)
-            if held is None or held.shown is False or not held.catch_up():
-                continue  # (a broken turn spills: the stored path goes on)
-            life = held.replay.life
-            found, shown = live_events(key, life.turn.state.ids, held.shown, life.response(), now)
-            if found or held.fresh:
-                turns.append((key, found, updates_json(held.fresh), held.spoken))
-                after.append((shown, len(held.fresh)))
-        if not turns:
-            return
-        results = await self._publish(shard, turns)
+        half = len(keys) // 2 if len(keys) >= SPLIT_TURNS else -1
+        try:
+            for i, key in enumerate(keys):
+                if i == half and turns:
+                    sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
+                    turns, after = [], []
+                    await handed_over()
+                held = holds.turns.get(key)
+                if held is None or held.shown is False or not held.catch_up():
+                    continue  # (a broken turn spills: the stored path goes on)
+                life = held.replay.life
+                found, shown = live_events(key, life.turn.state.ids, held.shown,
+                                           life.response(), now)
+                if found or held.fresh:
+                    turns.append((key, found, updates_json(held.fresh), held.spoken))
+                    after.append((shown, len(held.fresh)))
+            if turns:
+                sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
+            for publishing, turns, after in sent:
+                self._commit_held(holds, turns, after, await publishing)
+        finally:
+            for publishing, _, _ in sent:
+                publishing.cancel()  # (a no-op once done)
+
+    @staticmethod
+    def _commit_held(holds: Holds, turns: list[LiveTurn], after: list[tuple[Shown, int]],
+                     results: list[int]) -> None:
+        """What a call said of held turns, now known (``results``: its answers)."""
         for (key, *_), (shown, n), result in zip(turns, after, results, strict=True):
             held = holds.turns.get(key)
             if held is None:
