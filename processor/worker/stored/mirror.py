@@ -60,16 +60,29 @@ MIRROR_BYTES = COPY_BYTES
 
 
 @dataclass
-class Mirror:
+class TurnCopy:
+    """A turn merged in this worker's memory: the replay of the entries it
+    fed, and what rendering it needs of the turn's hash (its version and
+    start). Two kinds, which share this and nothing else: a :class:`Mirror`
+    follows a stored turn (its version is the one ``apply_entries`` left),
+    a :class:`~processor.worker.held.hold.Held` turn was never stored
+    (version 0) and keeps its entries, pending, to spill them."""
+
     replay: Replay
-    version: int
-    started: str
-    last_id: tuple[int, int] = (0, 0)
+    started: str  # ms, as the turn's hash has it
+    version: int = 0
 
     def turn_hash(self) -> dict[bytes, bytes]:
-        """The turn's hash as this mirror knows it: its version and start, and
+        """The turn's hash as this copy knows it: its version and start, and
         nothing dropped or dead-lettered (either moves the version past a mirror)."""
         return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+
+
+@dataclass
+class Mirror(TurnCopy):
+    """This worker's copy of a stored turn it applied every record of."""
+
+    last_id: tuple[int, int] = (0, 0)
 
     def matches(self, turn_hash: dict[str, str]) -> bool:
         """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""
@@ -85,7 +98,7 @@ class _Fed:
     def __init__(self, key: TurnKey, mirror: Mirror | None, limits: Limits) -> None:
         self.known = mirror is not None  # followed before this batch
         if mirror is None:
-            mirror = Mirror(Replay(TurnLife(key, limits)), 0, "")
+            mirror = Mirror(Replay(TurnLife(key, limits)), "")
         self.mirror = mirror
         self.version = mirror.version  # before this batch
         self.bytes = mirror.replay.life.bytes  # of its entries, before this batch
@@ -154,7 +167,7 @@ class Mirrors:
         if not _confirms(version, started, mirror.version if mirror else 0, len(entries)):
             return None
         if mirror is None:
-            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
+            mirror = Mirror(Replay(TurnLife(key, self.limits)), version.started)
         if newest:  # the last one is enough: a later reclaim must come after it
             mirror.last_id = id_order(entries[-1].entry_id) if entries else mirror.last_id
         elif not self._in_order(mirror, entries):
