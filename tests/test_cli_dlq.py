@@ -255,8 +255,9 @@ async def test_replay_on_a_redis_cluster(
         assert json.loads(merged["response"])["messages"][0]["contents"][0]["text"] == t
 
 
+@pytest.mark.parametrize("error", [RuntimeError, MemoryError])
 async def test_a_large_valid_entry_is_dead_lettered_whole_and_replayed(
-    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
 ) -> None:
     """A valid 0.93 MB entry dead-lettered (``max_deliveries``: decoding it
     fails, as a bug or a MemoryError would) keeps every field as the
@@ -269,7 +270,7 @@ async def test_a_large_valid_entry_is_dead_lettered_whole_and_replayed(
 
     def failing(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
-            raise RuntimeError("this entry always fails")
+            raise error("this entry always fails")
         return real(fields, **kw)
 
     monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", failing)

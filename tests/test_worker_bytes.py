@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from big_entries import big_update, uris_of
+from turn_reference import end_entry, text_delta
 from worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
@@ -153,3 +154,45 @@ async def test_huge_entries_under_an_address_space_limit_never_stay_pending(
     for entry_id in ids:
         assert dead[entry_id]["reason"] in ("too_large", "max_deliveries"), dead[entry_id]
         assert len(dead[entry_id]["update"]) == 50 << 20
+
+
+async def test_a_memory_error_in_a_read_fails_that_batch_like_any_error(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read whose reply the worker cannot hold (``MemoryError`` from the
+    parser, here from a seam around the held path's read) fails that batch
+    like any other error: its entries stay pending to the worker, which takes
+    them back (bounded, processor/worker/budget.py) and merges them; the shard
+    goes on, a silent turn still times out and a later turn merges. (An entry
+    that fails every time is dead-lettered whole after --max-deliveries:
+    tests/test_cli_dlq.py, MemoryError included.)"""
+    from processor.engine.lifecycle import Limits
+    from processor.worker import shard_loop
+
+    real = shard_loop.read_raw
+    failed: list[int] = []
+
+    async def out_of_memory(*args: Any, **kw: Any) -> Any:
+        entries = await real(*args, **kw)
+        if any(b"poison" in fields for _id, fields in entries):
+            failed.append(len(entries))
+            raise MemoryError
+        return entries
+
+    monkeypatch.setattr(shard_loop, "read_raw", out_of_memory)
+    poison = {**text_delta("p", "read twice"), "poison": "1"}
+    async with Harness(redis_url, namespace, limits=Limits(turn_timeout=2.0),
+                       reclaim_idle_ms=100, max_deliveries=3) as harness:
+        await harness.start_worker()
+        await harness.add([poison, text_delta("quiet", "...")])
+        await harness.wait_merged(2, timeout=30)
+        await harness.add([text_delta("ok", "fine"), end_entry("ok")])
+        await harness.wait_merged(3, timeout=30)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+    assert failed and outputs.dlq == []
+    for turn, text in (("p", "read twice"), ("quiet", "...")):
+        result = outputs.turns[TurnKey(turn, "")].result()
+        assert result["events"][-1]["error"]["code"] == "turn_timeout"
+        assert result["response"]["messages"][0]["contents"][0]["text"] == text
+    assert outputs.turns[TurnKey("ok", "")].merged[0]["status"] == "completed"
