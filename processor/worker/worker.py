@@ -70,7 +70,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
 class Worker:
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains.
 
-    Made of parts it owns (docs/design.md, *The worker*): its
+    Made of parts it owns (docs/design.md, *The worker: parts it owns*): its
     :class:`~processor.worker.membership.Membership`, one
     :class:`~processor.worker.shard_state.ShardState` and one
     :class:`~processor.worker.runner.ShardRunner` per shard, and the paths
