@@ -19,7 +19,7 @@ from processor.serve.app import Server, make_app
 from processor.serve.config import ServeConfig, unknown_env
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
-from processor.serve.source import StreamScanSource
+from processor.serve.source import LogSource
 
 log = logging.getLogger("processor.serve")
 
@@ -31,7 +31,7 @@ def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]
     """The application on a connected client (also what the tests run)."""
     metrics = ServeMetrics()
     hub = Hub(client, config.namespace, metrics)
-    source = StreamScanSource(client, config.namespace, config.scan_limit)
+    source = LogSource(client, config.namespace)
     server = Server(config, client, hub, source, metrics)
     return make_app(server), server
 

@@ -28,7 +28,7 @@ class WorkerConfig:
     group: str = DEFAULT_GROUP
     consumer: str = field(default_factory=default_consumer)
     limits: Limits = field(default_factory=Limits)
-    progress: bool = False
+    progress: bool = True  # live progress events and each turn's live log (processor.engine.live)
     agui: bool = False
     batch: int = defaults.BATCH
     block_ms: int = defaults.BLOCK_MS
@@ -49,15 +49,16 @@ class WorkerConfig:
 
     @property
     def holding(self) -> bool:
-        """Whether batches read with XREADGROUP > are held: --hold-turns,
-        which --progress turns off (processor.worker.held.holding)."""
-        return self.hold_turns and not self.progress
+        """Whether batches read with XREADGROUP > are held (--hold-turns;
+        processor.worker.held.holding)"""
+        return self.hold_turns
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
-            group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
+            group=self.group, shards=self.shards, limits=self.limits,
             max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
             dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
             done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
             compact_threshold=self.compact_threshold,
+            live_ttl=self.done_ttl + max(1, int(self.limits.turn_timeout)),
         )

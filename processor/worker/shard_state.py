@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from processor.engine.live import Shown
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
@@ -42,6 +43,10 @@ class ShardState:
     # Cancelled turns whose finalise answered "not yet" (stored path).
     waiting_cancels: set[TurnKey] = field(default_factory=set)
     unapplied: list[list[Any]] = field(default_factory=list)  # batches read, not yet applied
+    # Spilled turns' live state (what their events said, how many of their
+    # updates their log holds), until the stored path's first publish of them
+    # (processor.worker.publishing).
+    live_handed: dict[TurnKey, tuple[Shown, int]] = field(default_factory=dict)
 
     @property
     def index(self) -> int:

@@ -40,6 +40,7 @@ from processor.worker.held.holding import HeldPath
 from processor.worker.inbox import Admitter
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
+from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.runner import ShardRunner
 from processor.worker.shard_state import ShardState
@@ -76,8 +77,9 @@ class Worker:
     :class:`~processor.worker.runner.ShardRunner` per shard, and the paths
     the runners run: :class:`~processor.worker.stored.storing.StoredPath`,
     :class:`~processor.worker.held.holding.HeldPath` (given the stored path),
-    :class:`~processor.worker.recovery.Recovery` and
-    :class:`~processor.worker.continuity.Continuity`."""
+    :class:`~processor.worker.recovery.Recovery`,
+    :class:`~processor.worker.continuity.Continuity` and, given to both paths,
+    :class:`~processor.worker.publishing.LivePublisher`."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
@@ -111,8 +113,10 @@ class Worker:
         self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
                                      self.apply_isolated, self.stop, self._stopping,
                                      self.ensure_groups)
-        self.stored = StoredPath(shell, self._shards, self.continuity)
-        self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity)
+        self.live = LivePublisher(shell, self._shards)
+        self.stored = StoredPath(shell, self._shards, self.continuity, self.live)
+        self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity,
+                             self.live)
         self.recovery = Recovery(shell, self.namespace, self._shards, self.membership,
                                  self.stored, self.apply_isolated, self.retrying,
                                  self.read_budget)

@@ -28,6 +28,7 @@ from processor.worker.batches import (
 from processor.worker.continuity import Continuity
 from processor.worker.held.held_batch import Entry, HeldCall
 from processor.worker.membership import Membership
+from processor.worker.publishing import LivePublisher
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell
 from processor.worker.stored.storing import StoredPath
@@ -45,7 +46,7 @@ class HeldPath:
     hands whatever stops being held (and which never calls this)."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState], membership: Membership,
-                 stored: StoredPath, continuity: Continuity) -> None:
+                 stored: StoredPath, continuity: Continuity, live: LivePublisher) -> None:
         self.client = shell.client
         self.config = shell.config
         self.options = shell.options
@@ -55,6 +56,7 @@ class HeldPath:
         self.membership = membership
         self.stored = stored
         self.continuity = continuity
+        self.live = live  # live progress (processor.worker.publishing)
         stored.before_finalise = self.spill_ready
 
     def holds_on(self, shard: Shard) -> bool:
@@ -78,6 +80,8 @@ class HeldPath:
             await self.stored.store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
             await self.spill(shard, routed.broken, "dead letter")
+        if self.config.progress and routed.held:  # before any of them is published
+            await self.live.publish_live_held(shard, routed.held)
         ended: dict[TurnKey, Reason] = {
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
@@ -184,6 +188,7 @@ class HeldPath:
             held = holds.take(key)
             if held is not None:
                 holds.old.add(key)
+                self.live.hand_over(shard, key, held.shown, held.logged)
                 entries += map(stream_entry, held.entries)
         if entries:
             self.metrics.spilled.inc(len(keys))

@@ -24,9 +24,10 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.live import Shown
 from processor.engine.render import Replay
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record
@@ -63,10 +64,11 @@ MIRROR_BYTES = COPY_BYTES
 class TurnCopy:
     """A turn merged in this worker's memory: the replay of the entries it
     fed, and what rendering it needs of the turn's hash (its version and
-    start). Two kinds, which share this and nothing else: a :class:`Mirror`
-    follows a stored turn (its version is the one ``apply_entries`` left),
-    a :class:`~processor.worker.held.hold.Held` turn was never stored
-    (version 0) and keeps its entries, pending, to spill them."""
+    start). Two kinds, which share this: a :class:`Mirror` follows a
+    stored turn (its version is the one ``apply_entries`` left, its live
+    progress may not have begun here), a :class:`~processor.worker.held.hold.Held`
+    turn was never stored (version 0), keeps its entries, pending, to spill
+    them, and its live progress from its first entry on."""
 
     replay: Replay
     started: str  # ms, as the turn's hash has it
@@ -83,6 +85,10 @@ class Mirror(TurnCopy):
     """This worker's copy of a stored turn it applied every record of."""
 
     last_id: tuple[int, int] = (0, 0)
+    # What the turn's live events said so far (processor.engine.live; set by the
+    # worker that publishes them from this copy; False: another worker spoke
+    # for the turn first, this one stays silent).
+    shown: Shown | Literal[False] | None = None
 
     def matches(self, turn_hash: dict[str, str]) -> bool:
         """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""

@@ -63,6 +63,14 @@ class Losses(Protocol):
                          merged: set[str] | frozenset[str] = frozenset()) -> None: ...
 
 
+class LiveProgress(Protocol):
+    """Live progress of the turns a batch stored
+    (:class:`~processor.worker.publishing.LivePublisher`)."""
+
+    async def publish_live_stored(self, shard: Shard, applied: list[Applied],
+                                  fresh: set[TurnKey]) -> None: ...
+
+
 #: Called with the turns a finalise is about to publish, before it reads
 #: them: the held path spills those it holds entries of
 #: (:meth:`~processor.worker.held.holding.HeldPath.spill_ready`). The stored
@@ -77,7 +85,8 @@ async def _nothing_held(_shard: Shard, _todo: dict[TurnKey, Reason]) -> None:
 class StoredPath:
     """The stored path of a worker's shards."""
 
-    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], losses: Losses) -> None:
+    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], losses: Losses,
+                 live: LiveProgress) -> None:
         self.client = shell.client
         self.config = shell.config
         self.options = shell.options
@@ -86,6 +95,7 @@ class StoredPath:
         self.dead_letters = shell.dead_letters
         self.shards = shards
         self.losses = losses
+        self.live = live
         self.before_finalise: BeforeFinalise = _nothing_held
 
     async def store(
@@ -115,6 +125,8 @@ class StoredPath:
                 await self.losses.after_loss(shard, entries,
                                        {a.entry_id for a in call.applied if a.key in merged})
                 return
+        if self.config.progress and call.applied:  # before any of them is published
+            await self.live.publish_live_stored(shard, call.applied, fresh)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
