@@ -243,7 +243,7 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         holder = await harness.start_worker(hold_ms=60_000, reclaim_idle_ms=120_000)
         await harness.add(entries)
-        await harness.wait_for(lambda: len(holder.worker._holds[0].turns) == 2, 10,
+        await harness.wait_for(lambda: len(holder.worker.shard(0).held_turns) == 2, 10,
                                "the turns were never held")
         holder.task.cancel()  # a crash: nothing spilled, nothing acked
         await asyncio.gather(holder.task, return_exceptions=True)
@@ -308,7 +308,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("t", "1")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.add([bad, text_delta("t", "2"), end_entry("t")])
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
@@ -326,7 +326,7 @@ async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("c", "1"), text_delta("c", "2")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.cancel("c")
         await harness.wait_merged(1, timeout=30)
         await harness.add([text_delta("c", "3"), end_entry("c")])
@@ -360,7 +360,7 @@ async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace:
                        **HOLD) as harness:
         first = await harness.start_worker()
         await harness.add([text_delta("p", "1"), text_delta("p", "2")])
-        await harness.wait_for(lambda: first.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: first.worker.shard(0).held_turns, 10, "never held")
         await harness.stop_worker(first)
         assert await _pending(harness) == 0  # stored and acked before it left
         await harness.start_worker()
@@ -385,10 +385,10 @@ async def test_a_stored_turn_does_not_wait_for_held_turns(
         await harness.stop_worker(plain)
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("held", "x")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.add([text_delta("old", "2"), end_entry("old")])
         await harness.wait_merged(1, timeout=10)
-        still_held = list(running.worker._holds[0].turns)
+        still_held = list(running.worker.shard(0).held_turns)
         await harness.add([end_entry("held")])
         await harness.wait_merged(2)
         outputs = await harness.outputs()
@@ -431,7 +431,7 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
                        reclaim_idle_ms=900, hold_ms=60_000) as harness:
         holder = await harness.start_worker()
         await harness.add([text_delta("long", "1"), text_delta("long", "2")])
-        await harness.wait_for(lambda: holder.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: holder.worker.shard(0).held_turns, 10, "never held")
         other = await harness.start_worker()
         await asyncio.sleep(3.0)  # over three reclaim idle times
         reclaimed = _metric(other.worker, "processor_entries_consumed_total", shard="0",

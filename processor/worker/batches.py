@@ -28,7 +28,6 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import TURN_IDS, Event
 from processor.wire.stream_ids import id_order
-from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.stored.mirror import Applied, Version
 
 _pack = msgspec.msgpack.Encoder()
@@ -77,8 +76,6 @@ class ApplyCall:
     # delivered before (processor.worker.stored.mirror need not check their order).
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
-    held: HeldBatch | None = None  # decode_batch's: the batch grouped for holding
-    opened: bool = False  # its new turns were opened (held path: open_turns answered)
     # The first entry id of the XREADGROUP > read these entries came from ("":
     # not such a read): a cancel this call finds first cuts the turn there.
     read_from: str = ""
@@ -199,18 +196,6 @@ def build_dead_letters(
 
 
 _new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
-
-
-def decode_batch(
-    shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
-) -> ApplyCall:
-    """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
-    :func:`~processor.worker.held.held_batch.group_batch`): its ``held`` has each turn's
-    entries of this shard, and the entries left to ``apply_entries`` (it
-    dead-letters them; its call is built when needed). Not a call to send
-    as it is."""
-    held = group_batch(entries, shard.index, options.shards, options.limits.max_entry_bytes)
-    return ApplyCall([], [], [], newest=True, now_ms=now_ms, held=held)
 
 
 def _entry_args(

@@ -1,27 +1,29 @@
 """The worker's side of live progress (``--progress``, on by default;
 :mod:`processor.engine.live` decides what to say): after each batch, one
-``publish_live`` call for the turns the batch moved, from the held path
-(the held turn's merge) and from the stored path (the worker's own copy of
-the turn, :mod:`processor.worker.stored.mirror`). A mixin of
-:class:`~processor.worker.Worker`, run inside its shard loops, before the
-batch's finalise (so a turn's last deltas come before its outcome).
+``publish_live`` call for the turns the batch moved (two for a held batch of
+many turns), from the held path (the held turn's merge) and from the stored
+path (the worker's own copy of the turn, :mod:`processor.worker.stored.mirror`).
+:class:`LivePublisher` is one part of :class:`~processor.worker.worker.Worker`,
+given to both paths and run inside its shard runners, before the batch's
+finalise (so a turn's last deltas come before its outcome).
 
 What a turn's live events have said (:class:`~processor.engine.live.Shown`) lives
-with the turn: on its :class:`~processor.hold.Held` while held, on its copy
-while stored. A held turn that spills hands it over, with how many of its
-updates its log holds already, to the stored path's first publish of it. A
-stored turn without a copy (stored by several workers, or past
-``--mirror-turns``) publishes no deltas: its stream goes on with its
-outcome, whose ``merged`` event is authoritative.
+with the turn: on its :class:`~processor.worker.held.hold.Held` while held, on
+its copy while stored. A held turn that spills hands it over, with how many
+of its updates its log holds already and how many calls for it ran (kept in
+the shard's :class:`~processor.worker.shard_state.ShardState`), to the stored
+path's first publish of it. A stored turn without a copy (stored by several
+workers, or past ``--mirror-turns``) publishes no deltas: its stream goes on
+with its outcome, whose ``merged`` event is authoritative.
 
 Exactly once: a call is retried, unchanged, until its outcome is known
-(:func:`~processor.redis_io.connections.until_done`, as every step of the
-shard loop); each turn's token in the call (how many of this worker's calls
-for it ran, under this worker's random ``speaker`` id) makes a call that ran
-but whose reply was lost answer "ran before" (-3) instead of saying it again,
-and what it said is then committed. A call whose outcome stays unknown (a
-non-transient error, or the worker stopping while Redis is away) silences
-its turns: they say nothing more, and their ``merged`` event ends any view.
+(the worker's ``retrying``, as every step of the shard loop); each turn's
+token in the call (how many of this worker's calls for it ran, under this
+worker's random ``speaker`` id) makes a call that ran but whose reply was
+lost answer "ran before" (-3) instead of saying it again, and what it said
+is then committed. A call whose outcome stays unknown (a non-transient
+error, or the worker stopping while Redis is away) silences its turns: they
+say nothing more, and their ``merged`` event ends any view.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -40,9 +42,11 @@ from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import Update
-from processor.worker.batches import BatchOptions, LiveTurn, build_publish_live, updates_json
+from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Holds
-from processor.worker.stored.mirror import Applied, Mirrors
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Retrying, Shell
+from processor.worker.stored.mirror import Applied
 
 log = logging.getLogger("processor.worker")
 
@@ -56,45 +60,32 @@ ENDED, SILENT, RAN_BEFORE = -1, -2, -3
 #: calls, the first sent while the second half is diffed.
 SPLIT_TURNS = 16
 
-#: A spilled turn's live state: what was shown (False: silent), how many of
-#: its updates its log holds, how many calls for it ran.
-Hand = tuple[Shown | Literal[False], int, int]
 
+class LivePublisher:
+    """Live progress of the worker's shards, for its held and stored paths."""
 
-class Publishing:
-    """Live progress, for :class:`~processor.worker.Worker`."""
+    def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
+                 retrying: Retrying) -> None:
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.shards = shards
+        self.retrying = retrying
+        # This worker's id in its turns' `live` tokens (publish_live.lua):
+        # random, so that no other worker, nor this one restarted, has it.
+        self.speaker = secrets.token_hex(8)
 
-    config: Any  # WorkerConfig
-    options: BatchOptions
-    scripts: Any
-    _holds: dict[int, Holds]
-    _mirrors: dict[int, Mirrors]
-    _retrying: Callable[..., Awaitable[Any]]  # Worker's
-
-    def _handed(self, shard: Shard) -> dict[TurnKey, Hand]:
-        """Spilled turns' live state, until the stored path's first publish of them."""
-        handed: dict[int, dict[TurnKey, Hand]] = self.__dict__.setdefault("_live_handed", {})
-        return handed.setdefault(shard.index, {})
-
-    def _speaker(self) -> str:
-        """This worker's id in its turns' ``live`` tokens (publish_live.lua):
-        random, so that no other worker, nor this one restarted, has it."""
-        speaker: str | None = self.__dict__.get("_live_speaker")
-        if speaker is None:
-            speaker = self.__dict__["_live_speaker"] = secrets.token_hex(8)
-        return speaker
-
-    def _hand_over(self, shard: Shard, key: TurnKey, shown: Shown | Literal[False],
-                   logged: int, spoken: int) -> None:
+    def hand_over(self, shard: Shard, key: TurnKey, shown: Shown | Literal[False],
+                  logged: int, spoken: int) -> None:
         """A held turn spills: its live state goes with it to the stored path."""
         if self.config.progress:
-            self._handed(shard)[key] = (shown, logged, spoken)
+            self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
-    async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
+    async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
         """The live progress of the held turns a batch fed. A batch of many
         turns goes in two calls: the first half's is sent as soon as it is
         made, so that redis-server runs it while the second half is diffed."""
-        holds = self._holds[shard.index]
+        holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
@@ -140,16 +131,17 @@ class Publishing:
             held.logged += n
             held.spoken += 1
 
-    async def _publish_live_stored(self, shard: Shard, applied: list[Applied],
-                                   fresh: set[TurnKey]) -> None:
+    async def publish_live_stored(self, shard: Shard, applied: list[Applied],
+                                  fresh: set[TurnKey]) -> None:
         """The live progress of the turns an ``apply_entries`` call stored,
         from this worker's copies of them (``fresh``: the copies that are
         the state the call left)."""
-        handed = self._handed(shard)
+        state = self.shards[shard.index]
+        handed = state.live_handed
         by_turn: dict[TurnKey, list[Update | None]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry.record.update)
-        mirrors = self._mirrors[shard.index].turns
+        mirrors = state.mirrors.turns
         now = int(time.time() * 1000)
         turns: list[LiveTurn] = []
         after: dict[TurnKey, tuple[Shown | Literal[False], int]] = {}
@@ -200,14 +192,14 @@ class Publishing:
         stays unknown answers :data:`SILENT` for each turn (the caller
         silences them: saying anything more of them might repeat what the
         call said). The batch is applied whatever happens here."""
-        call = build_publish_live(shard, turns, self.options, self._speaker())
+        call = build_publish_live(shard, turns, self.options, self.speaker)
 
         async def publish() -> list[Any]:
             results: list[Any] = await self.scripts.publish_live(keys=call.keys, args=call.args)
             return results
 
         try:
-            return [int(result) for result in await self._retrying(publish)]
+            return [int(result) for result in await self.retrying(publish)]
         except Exception as exc:
             log.warning("live progress not published: its turns go silent until their end",
                         extra={"shard": shard.index, "turns": len(turns), "error": repr(exc)})
