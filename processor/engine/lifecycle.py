@@ -250,12 +250,16 @@ class Finished(NamedTuple):
 
 
 def finish(life: TurnLife, started_ms: int | None, finished_ms: int | None,
-           seq: int) -> Finished:
+           seq: int, response: Response | None = None) -> Finished:
     """Render a turn whose life has an outcome: the one renderer of a finished
-    turn. ``seq``: the terminal event's (the events published before it)."""
+    turn. ``seq``: the terminal event's (the events published before it).
+    ``response``: ``life.response()`` if the caller rendered it already
+    (nothing fed since; the worker's live step renders every turn a batch
+    moved, and most turns end in the batch that started them)."""
     outcome = life.outcome
     assert outcome is not None
-    response = life.response()
+    if response is None:
+        response = life.response()
     meta = life.meta(response, started_ms, finished_ms)
     final = terminal(life.key, life.turn.state.ids, outcome, response, meta.counts, seq,
                      finished_ms or 0)

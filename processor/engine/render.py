@@ -22,7 +22,7 @@ from processor.engine.lifecycle import LATE, Limits, TurnLife, Verdict, finish, 
 from processor.engine.merge import Turn
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
-from processor.wire.models import Counts, Event, Record, Status, Update
+from processor.wire.models import Counts, Event, Record, Response, Status, Update
 from processor.wire.stream_ids import id_order
 
 #: Why a turn is finalised: its closing entry, a cancel key, its timeout, or
@@ -150,9 +150,12 @@ def render(
     reason: Reason,
     now_ms: int,
     with_agui: bool = False,
+    response: Response | None = None,
 ) -> Settled | None:
     """End a replayed turn as ``reason`` says and render what ``finalise_turns``
-    publishes. Consumes ``done`` (cancels or expires its life).
+    publishes. Consumes ``done`` (cancels or expires its life). ``response``:
+    its merged response if the caller has it already (nothing fed since),
+    so that it is not rendered again.
 
     Returns None when a ``closing`` turn turns out not to be finished (its
     closing record is not in the state any more), which only a concurrent
@@ -174,7 +177,7 @@ def render(
     life.counts.dropped += counters.get("dropped", 0)
     life.counts.dlq += counters.get("dlq", 0)
     started_ms = counters.get("started", now_ms)
-    response, meta, final = finish(life, started_ms, now_ms, 0)[1:]
+    response, meta, final = finish(life, started_ms, now_ms, 0, response)[1:]
     merged = ev.merged_entry(key, life.outcome, response, meta)
     outputs: list[Any] = [struct_fields(merged), event_fields(key, final)]
     if with_agui:  # published with the terminal event, so exactly once too

@@ -41,7 +41,7 @@ from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Update
+from processor.wire.models import Response, Update
 from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Holds
 from processor.worker.shard_state import ShardState
@@ -55,6 +55,11 @@ _json = msgspec.json.Encoder()
 #: ``publish_live``'s answers for a turn besides its count of events: ended
 #: (or no hash), another speaks for it, this very call ran before.
 ENDED, SILENT, RAN_BEFORE = -1, -2, -3
+
+#: The merged responses a live step rendered of held turns that ended, for
+#: their finalise: per turn, how many entries it held then, and the response
+#: (valid while it holds no more and has nothing pending).
+Rendered = dict[TurnKey, tuple[int, Response]]
 
 #: A batch that moved at least this many held turns publishes them in two
 #: calls, the first sent while the second half is diffed.
@@ -81,16 +86,19 @@ class LivePublisher:
         if self.config.progress:
             self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
-    async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
+    async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> Rendered:
         """The live progress of the held turns a batch fed. A batch of many
         turns goes in two calls: the first half's is sent as soon as it is
-        made, so that redis-server runs it while the second half is diffed."""
+        made, so that redis-server runs it while the second half is diffed.
+        Returns the merged response of each of them that ended, as its diff
+        rendered it, for its finalise (:data:`Rendered`)."""
         holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
         after: list[tuple[Shown, int]] = []
         half = len(keys) // 2 if len(keys) >= SPLIT_TURNS else -1
+        rendered: Rendered = {}
         try:
             for i, key in enumerate(keys):
                 if i == half and turns:
@@ -101,8 +109,10 @@ class LivePublisher:
                 if held is None or held.shown is False or not held.catch_up():
                     continue  # (a broken turn spills: the stored path goes on)
                 life = held.replay.life
-                found, shown = live_events(key, life.turn.state.ids, held.shown,
-                                           life.response(), now)
+                response = life.response()
+                if life.outcome is not None:
+                    rendered[key] = (len(held.ids), response)
+                found, shown = live_events(key, life.turn.state.ids, held.shown, response, now)
                 if found or held.fresh:
                     turns.append((key, found, updates_json(held.fresh), held.spoken))
                     after.append((shown, len(held.fresh)))
@@ -110,6 +120,7 @@ class LivePublisher:
                 sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
             for publishing, turns, after in sent:
                 self._commit_held(holds, turns, after, await publishing)
+            return rendered
         finally:
             for publishing, _, _ in sent:
                 publishing.cancel()  # (a no-op once done)

@@ -28,7 +28,7 @@ from processor.worker.batches import (
 from processor.worker.continuity import Continuity
 from processor.worker.held.held_batch import Entry, HeldCall
 from processor.worker.membership import Membership
-from processor.worker.publishing import LivePublisher
+from processor.worker.publishing import LivePublisher, Rendered
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell
 from processor.worker.stored.storing import StoredPath
@@ -80,12 +80,13 @@ class HeldPath:
             await self.stored.store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
             await self.spill(shard, routed.broken, "dead letter")
+        rendered: Rendered = {}
         if self.config.progress and routed.held:  # before any of them is published
-            await self.live.publish_live_held(shard, routed.held)
+            rendered = await self.live.publish_live_held(shard, routed.held)
         ended: dict[TurnKey, Reason] = {
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
-            await self._finalise_held(shard, ended)
+            await self._finalise_held(shard, ended, rendered)
 
     async def open_batch(self, shard: Shard, call: HeldCall) -> None:
         """``open_turns`` for the batch's turns this worker knows nothing of.
@@ -119,11 +120,13 @@ class HeldPath:
             log.debug("opening ahead failed", exc_info=True, extra={"shard": shard.index})
 
     async def _finalise_held(
-        self, shard: Shard, todo: dict[TurnKey, Reason]
+        self, shard: Shard, todo: dict[TurnKey, Reason], rendered: Rendered | None = None
     ) -> list[TurnKey]:
         """Publish held turns, ended (``closing``), cancelled or timed out,
         with what is held of them; spill any that finalise_held refuses.
-        Returns the turns published."""
+        ``rendered``: their merged responses as the batch's live step
+        rendered them, used for a turn that holds nothing more since (so
+        it is not rendered twice). Returns the turns published."""
         state = self.shards[shard.index]
         holds, now = state.holds, int(time.time() * 1000)
         if state.unknown_pending():
@@ -142,9 +145,11 @@ class HeldPath:
                 broken.append(key)
                 continue
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
+            known = rendered.get(key) if rendered else None
+            response = known[1] if known and known[0] == len(held.ids) else None
             with self.metrics.timed(self.metrics.merge_seconds):
                 outcome = render(key, held.replay, held.turn_hash(), reason, now,
-                                 self.config.agui)
+                                 self.config.agui, response)
             if outcome is not None:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
         if broken:
