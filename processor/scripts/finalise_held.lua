@@ -14,7 +14,15 @@ its outcome as finalise_turns does (merged response, terminal event, dead
 letters, done marker) and trim what is acked from the stream. The entries
 the worker found after the turn's end are dead-lettered from the stream's
 copy, with their original fields, as apply_entries dead-letters them (held
-entries are pending, so the stream still has them). The caller
+entries are pending, so the stream still has them). The turn's last live
+progress events (those of the batch that ended it, publish_live.lua's for
+the other turns) go first, numbered before its terminal event, if its
+`live` mark is this speaker's with the count given (or absent, with count
+0 and no live log: nothing was said of the turn yet); else another worker
+spoke for the turn and they are left out (its merged event ends any view).
+They need no live log entry nor a new mark: the turn's log and hash are
+deleted in this same step. Published with the outcome, they are published
+once, as the outcome is. The caller
 spills a turn that got anything but 1 (apply_entries stores and acks its
 entries, and the turn finalises through finalise_turns).
 
@@ -42,9 +50,13 @@ ARGV[9]                    the turns: one msgpack array (the client packs each
                            finalise_turns publishes what is stored, without the
                            check on other consumers), the late entries (an
                            array of { id, reason, detail }: dead-lettered),
-                           and for a cancel the newest entry id this consumer
+                           for a cancel the newest entry id this consumer
                            has routed (every entry pending to it up to there
-                           is held; '' = unknown) }
+                           is held; '' = unknown), the live events (an array
+                           of event field arrays, each JSON with "seq":0, as
+                           publish_live.lua's) and the speaker's count of
+                           publish_live calls for the turn that ran }
+ARGV[10]                   the speaker (this worker's, as publish_live.lua's)
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
 changed, 2 another consumer holds an older entry
@@ -56,11 +68,13 @@ local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
 local dlq_fields_max = tonumber(ARGV[8])
+local speaker = ARGV[10] .. ' '
 local agui = KEYS[5 + 3 * nturns + 1]
 
 --- includes/dead_letter
 --- includes/pad_id
 --- includes/publish_event
+--- includes/publish_events
 --- includes/publish_outcome
 --- includes/last_delivered
 --- includes/trim_acked
@@ -82,7 +96,8 @@ local acked = false
 local function finalise(t)
   local k = 5 + 3 * (t - 1)
   local tkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local tk, version, status, outputs, dead, ids, ending, late, routed = unpack(turns[t], 1, 9)
+  local tk, version, status, outputs, dead, ids, ending, late, routed, found, n =
+    unpack(turns[t], 1, 11)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
   if ending ~= '' then
@@ -106,6 +121,12 @@ local function finalise(t)
   acked = true
   for _, one in ipairs(late) do
     dead_letter(updates, dlq, dlq_max, dlq_fields_max, one[1], one[2], one[3], '1')
+  end
+  if #found > 0 then
+    local mark = redis.call('HGET', tkey, 'live')
+    if mark == speaker .. n or (mark == false and n == 0 and redis.call('EXISTS', lkey) == 0) then
+      publish_events(tkey, events, found)  -- (capped by the terminal event's XADD)
+    end
   end
   publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
   return 1

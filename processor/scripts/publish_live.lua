@@ -50,6 +50,8 @@ local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local speaker = ARGV[4] .. ' '
 
+--- includes/publish_events
+
 local turns = cmsgpack.unpack(ARGV[5])
 local results, published = {}, 0
 for t = 1, nturns do
@@ -70,19 +72,7 @@ for t = 1, nturns do
     redis.call('HSET', tkey, 'live', speaker .. (n + 1))
     local count, jsons, seq = #found, {}, nil
     if count > 0 then
-      -- The turn's next seqs, taken at once (gap-free with everything else
-      -- the turn publishes: includes/publish_event takes one at a time). Each
-      -- event's JSON (its last field) has the placeholder "seq":0.
-      seq = redis.call('HINCRBY', tkey, 'seq', count) - count
-      for i, fields in ipairs(found) do
-        local json = fields[#fields]
-        local s, e = string.find(json, '"seq":0,', 1, true)
-        json = string.sub(json, 1, s - 1) .. '"seq":' .. (seq + i - 1) .. ',' .. string.sub(json, e + 1)
-        fields[#fields] = json
-        redis.call('XADD', events, '*', unpack(fields))
-        jsons[i] = json
-      end
-      seq = seq + count - 1
+      jsons, seq = publish_events(tkey, events, found)
       published = published + count
     end
     if count > 0 or updates ~= '[]' then

@@ -319,25 +319,29 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
 #: A held turn to publish: its key, its held entry ids, the entries found
 #: after its end as (id, reason, detail) (``render.take_late``), its outputs,
 #: and for a cancel the newest entry id the worker has routed ("" unknown).
-HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled, str]
+HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled, str, list[Event],
+                    int]
 
 
 def build_finalise_held(
     shard: Shard, settled: list[HeldOutcome], options: BatchOptions, consumer: str,
+    speaker: str = "",
 ) -> ScriptCall:
-    """KEYS/ARGV of ``finalise_held``, one :data:`HeldOutcome` per turn."""
+    """KEYS/ARGV of ``finalise_held``, one :data:`HeldOutcome` per turn (its
+    last live events said by ``speaker``, the worker's ``publish_live`` token)."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
-    for key, ids, late, outcome, routed in settled:
+    for key, ids, late, outcome, routed, found, spoken in settled:
         tk = key.encode()
         keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
-                     msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed))
+                     msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed,
+                     live_fields(key, found), spoken))
     if options.agui:
         keys.append(shard.agui)
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,
                              options.done_ttl, len(settled), options.group, consumer,
-                             options.dlq_fields_max, _pack.encode(rows)])
+                             options.dlq_fields_max, _pack.encode(rows), speaker])
 
 
 #: A turn published from memory after the namespace's state was lost: its
@@ -422,20 +426,26 @@ def build_publish_live(
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
     call = ScriptCall(keys=[shard.events])
     packed = []
-    encode = ev.encode_event
     for key, found, updates, spoken in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        # event_fields of each event, the turn's part made once
-        same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
-        if key.attempt_id:
-            same += ["attempt_id", key.attempt_id]
-        fields = [["type", _TAGS.get(e.__class__) or event_type(e), *same,
-                   "event", encode(e).decode()] for e in found]
-        packed.append([fields, msgpack_str(updates), spoken])
+        packed.append([live_fields(key, found), msgpack_str(updates), spoken])
     call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
                  _pack.encode(packed)]
     return call
+
+
+def live_fields(key: TurnKey, found: list[Event]) -> list[list[str]]:
+    """The ``events`` stream entries' fields of a turn's live events
+    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once)."""
+    if not found:
+        return []
+    same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
+    if key.attempt_id:
+        same += ["attempt_id", key.attempt_id]
+    encode = ev.encode_event
+    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event", encode(e).decode()]
+            for e in found]
 
 
 def updates_json(texts: list[bytes]) -> bytes:

@@ -41,9 +41,9 @@ from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Response, Update
+from processor.wire.models import Event, Response, Update
 from processor.worker.batches import LiveTurn, build_publish_live, updates_json
-from processor.worker.held.hold import Holds
+from processor.worker.held.hold import Held, Holds
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.mirror import Applied
@@ -56,10 +56,11 @@ _json = msgspec.json.Encoder()
 #: (or no hash), another speaks for it, this very call ran before.
 ENDED, SILENT, RAN_BEFORE = -1, -2, -3
 
-#: The merged responses a live step rendered of held turns that ended, for
-#: their finalise: per turn, how many entries it held then, and the response
-#: (valid while it holds no more and has nothing pending).
-Rendered = dict[TurnKey, tuple[int, Response]]
+#: What a live step made of the held turns that ended, for their finalise:
+#: per turn, how many entries it held then, its merged response (valid
+#: while it holds no more), its last live events (from that response) and
+#: how many publish_live calls for it ran (the token finalise_held checks).
+Rendered = dict[TurnKey, tuple[int, Response, list[Event], int]]
 
 #: A batch that moved at least this many held turns publishes them in two
 #: calls, the first sent while the second half is diffed.
@@ -87,32 +88,40 @@ class LivePublisher:
             self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
     async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> Rendered:
-        """The live progress of the held turns a batch fed. A batch of many
-        turns goes in two calls: the first half's is sent as soon as it is
-        made, so that redis-server runs it while the second half is diffed.
-        Returns the merged response of each of them that ended, as its diff
-        rendered it, for its finalise (:data:`Rendered`)."""
+        """The live progress of the held turns a batch fed. A turn that
+        ended is not in the call: its events, and the merged response they
+        were diffed from, are returned (:data:`Rendered`) for its finalise,
+        which publishes them before its outcome in the same step. A batch of
+        many other turns goes in two calls: the first half's is sent as soon
+        as it is made, so that redis-server runs it while the second half is
+        diffed."""
         holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
+        rendered: Rendered = {}
+        going: list[tuple[TurnKey, Held, Shown]] = []
+        for key in keys:
+            held = holds.turns.get(key)
+            if held is None or held.shown is False or not held.catch_up():
+                continue  # (a broken turn spills: the stored path goes on)
+            life = held.replay.life
+            if life.outcome is None:
+                going.append((key, held, held.shown))
+                continue
+            response = life.response()
+            found, _ = live_events(key, life.turn.state.ids, held.shown, response, now)
+            rendered[key] = (len(held.ids), response, found, held.spoken)
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
         after: list[tuple[Shown, int]] = []
-        half = len(keys) // 2 if len(keys) >= SPLIT_TURNS else -1
-        rendered: Rendered = {}
+        half = len(going) // 2 if len(going) >= SPLIT_TURNS else -1
         try:
-            for i, key in enumerate(keys):
+            for i, (key, held, was) in enumerate(going):
                 if i == half and turns:
                     sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
                     turns, after = [], []
                     await handed_over()
-                held = holds.turns.get(key)
-                if held is None or held.shown is False or not held.catch_up():
-                    continue  # (a broken turn spills: the stored path goes on)
                 life = held.replay.life
-                response = life.response()
-                if life.outcome is not None:
-                    rendered[key] = (len(held.ids), response)
-                found, shown = live_events(key, life.turn.state.ids, held.shown, response, now)
+                found, shown = live_events(key, life.turn.state.ids, was, life.response(), now)
                 if found or held.fresh:
                     turns.append((key, found, updates_json(held.fresh), held.spoken))
                     after.append((shown, len(held.fresh)))

@@ -146,21 +146,24 @@ class HeldPath:
                 continue
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
             known = rendered.get(key) if rendered else None
-            response = known[1] if known and known[0] == len(held.ids) else None
+            if known is not None and known[0] != len(held.ids):
+                known = None  # (fed since: its events would not end at its merge)
             with self.metrics.timed(self.metrics.merge_seconds):
                 outcome = render(key, held.replay, held.turn_hash(), reason, now,
-                                 self.config.agui, response)
+                                 self.config.agui, known[1] if known else None)
             if outcome is not None:
-                settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
+                settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else "",
+                                known[2] if known else [], known[3] if known else 0))
         if broken:
             await self.spill(shard, broken, "dead letter")
         if not settled:
             return []
-        call = build_finalise_held(shard, settled, self.options, self.config.consumer)
+        call = build_finalise_held(shard, settled, self.options, self.config.consumer,
+                                   self.live.speaker)
         results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
-        self.metrics.finalised([(k, "0", s) for k, _, _, s, _ in settled], results)
+        self.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
         published, refused, acked, reasons = [], [], 0, []
-        for (key, ids, late, _, _), result in zip(settled, results, strict=True):
+        for (key, ids, late, *_), result in zip(settled, results, strict=True):
             if int(result) == 1:
                 holds.take(key)
                 published.append(key)
