@@ -32,7 +32,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -87,29 +87,26 @@ class LivePublisher:
         if self.config.progress:
             self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
-    async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> Rendered:
-        """The live progress of the held turns a batch fed. A turn that
-        ended is not in the call: its events, and the merged response they
-        were diffed from, are returned (:data:`Rendered`) for its finalise,
-        which publishes them before its outcome in the same step. A batch of
-        many other turns goes in two calls: the first half's is sent as soon
-        as it is made, so that redis-server runs it while the second half is
-        diffed."""
+    async def publish_live_held(self, shard: Shard, keys: list[TurnKey],
+                                then: Callable[[Rendered], Awaitable[None]]) -> None:
+        """The live progress of the held turns a batch fed, then ``then``
+        (the batch's finalise). A turn that ended is not in the call: its
+        events, and the merged response they were diffed from, go to
+        ``then`` (:data:`Rendered`), whose ``finalise_held`` publishes them
+        just before its outcome, in the same step. The call for the other
+        turns (two for many of them: the first half's sent as soon as it is
+        made) is sent first, so that redis-server runs it while the ended
+        turns are diffed and finalised; its outcome is awaited last (no
+        event of one turn waits for another's)."""
         holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
-        rendered: Rendered = {}
         going: list[tuple[TurnKey, Held, Shown]] = []
+        ended: list[tuple[TurnKey, Held, Shown]] = []
         for key in keys:
             held = holds.turns.get(key)
             if held is None or held.shown is False or not held.catch_up():
                 continue  # (a broken turn spills: the stored path goes on)
-            life = held.replay.life
-            if life.outcome is None:
-                going.append((key, held, held.shown))
-                continue
-            response = life.response()
-            found, _ = live_events(key, life.turn.state.ids, held.shown, response, now)
-            rendered[key] = (len(held.ids), response, found, held.spoken)
+            (going if held.replay.life.outcome is None else ended).append((key, held, held.shown))
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
         after: list[tuple[Shown, int]] = []
@@ -127,9 +124,16 @@ class LivePublisher:
                     after.append((shown, len(held.fresh)))
             if turns:
                 sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
+                await handed_over()
+            rendered: Rendered = {}
+            for key, held, was in ended:
+                life = held.replay.life
+                response = life.response()
+                found, _ = live_events(key, life.turn.state.ids, was, response, now)
+                rendered[key] = (len(held.ids), response, found, held.spoken)
+            await then(rendered)
             for publishing, turns, after in sent:
                 self._commit_held(holds, turns, after, await publishing)
-            return rendered
         finally:
             for publishing, _, _ in sent:
                 publishing.cancel()  # (a no-op once done)

@@ -80,13 +80,18 @@ class HeldPath:
             await self.stored.store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
             await self.spill(shard, routed.broken, "dead letter")
-        rendered: Rendered = {}
-        if self.config.progress and routed.held:  # before any of them is published
-            rendered = await self.live.publish_live_held(shard, routed.held)
-        ended: dict[TurnKey, Reason] = {
-            key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
-        if ended:
-            await self._finalise_held(shard, ended, rendered)
+
+        async def finalise(rendered: Rendered) -> None:
+            ended: dict[TurnKey, Reason] = {
+                key: "closing" for key in routed.held
+                if (held := holds.turns.get(key)) and held.ended}
+            if ended:
+                await self._finalise_held(shard, ended, rendered)
+
+        if self.config.progress and routed.held:  # its last events go with its outcome
+            await self.live.publish_live_held(shard, routed.held, finalise)
+        else:
+            await finalise({})
 
     async def open_batch(self, shard: Shard, call: HeldCall) -> None:
         """``open_turns`` for the batch's turns this worker knows nothing of.
@@ -128,7 +133,6 @@ class HeldPath:
         rendered them, used for a turn that holds nothing more since (so
         it is not rendered twice). Returns the turns published."""
         state = self.shards[shard.index]
-        holds, now = state.holds, int(time.time() * 1000)
         if state.unknown_pending():
             # One of them may be a held turn's: finalise_held's argument needs
             # every entry pending here held (and a cancel, the newest entry
@@ -136,6 +140,7 @@ class HeldPath:
             waits = [key for key, reason in todo.items() if reason != "timeout"]
             await self.spill(shard, waits, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason == "timeout"}
+        holds, now = state.holds, int(time.time() * 1000)
         routed = state.floor_marks.routed_to
         settled: list[HeldOutcome] = []
         broken: list[TurnKey] = []
