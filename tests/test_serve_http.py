@@ -332,7 +332,8 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.keys", "processor.logs", "processor.models", "processor.options",
                "processor.scripts", "processor.stopping", "processor.tool_shell",
                "processor.library",  # (the producers' function library: the client's too)
-               "processor.meta"}  # (the namespace's record: the client's too)
+               "processor.meta",  # (the namespace's record: the client's too)
+               "processor.agui"}  # (the pure AG-UI rendering, the same as --agui's)
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []
