@@ -14,15 +14,21 @@ import aiohttp
 import msgspec
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 from agui_checks import check_models
-from serve_harness import bearer, config, merged_text, open_stream, start_local, text_update
+from serve_harness import (
+    SnapshotSource,
+    bearer,
+    config,
+    merged_text,
+    open_stream,
+    start_local,
+    text_update,
+)
 from worker_harness import Harness
 
 from processor import agui
 from processor.client import Producer, Subscriber
 from processor.models import Meta, Response
 from processor.serve import sse
-from processor.serve.source import History, TurnSource, TurnState
-from processor.serve.turns import Snapshot, TurnRef
 
 AGUI = "?format=agui"
 
@@ -178,38 +184,6 @@ async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
         _check_run(reference, item)
         for n, run in zip(cut_points, runs, strict=True):
             assert [(e.id, e.data) for e in run] == [(e.id, e.data) for e in reference], n
-
-
-class SnapshotSource:
-    """The server's source, plus a snapshot of a running turn: its text so far
-    per message, at the last seq it has (the per-turn log's snapshot in
-    miniature)."""
-
-    def __init__(self, inner: TurnSource) -> None:
-        self.inner = inner
-
-    async def state(self, turn: TurnRef) -> TurnState:
-        return await self.inner.state(turn)
-
-    async def history(self, turn: TurnRef, after: int) -> History:
-        return await self.inner.history(turn, after)
-
-    async def final(self, turn: TurnRef) -> Any:
-        return await self.inner.final(turn)
-
-    async def snapshot(self, turn: TurnRef) -> Snapshot | None:
-        events = (await self.inner.history(turn, -1)).events
-        if not events:
-            return None
-        texts: dict[str, str] = {}
-        for event in events:
-            data = json.loads(event.data)
-            if data["type"] == "synthesis.chunk":
-                texts[data["message_id"]] = texts.get(data["message_id"], "") + data["delta"]
-        response = {"type": "agent_response", "response_id": turn.response_id, "messages": [
-            {"type": "message", "role": "assistant", "message_id": mid,
-             "contents": [{"type": "text", "text": text}]} for mid, text in texts.items()]}
-        return Snapshot(turn, events[-1].seq, json.dumps(response).encode())
 
 
 async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
