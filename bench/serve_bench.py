@@ -2,7 +2,8 @@
 redis-server with ``processor run --progress`` workers.
 
     python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
-                                [--seconds 20] [--fraction 0.5] [--rate R]
+                                [--seconds 20] [--fractions 0.5,0.25,0.1]
+                                [--rate R]
                                 [--idle 10] [--no-write]
 
 1. Calibrate: the workers' throughput with ``--progress`` (``--calibrate``
@@ -11,11 +12,12 @@ redis-server with ``processor run --progress`` workers.
 2. Start one ``processor serve`` (tokens on), open ``--turns`` turns (one
    update each), then ``--clients`` SSE clients spread evenly over them.
 3. Load: a producer process paces text updates round-robin over the turns
-   at ``--fraction`` of the calibrated throughput for ``--seconds`` (after a
-   2 s warm-up); each delta carries ``time.time_ns()`` taken just before
+   at each of ``--fractions`` of the calibrated throughput in turn, for
+   ``--seconds`` each (after a 2 s warm-up); each delta carries ``time.time_ns()`` taken just before
    its XADD (the clock is the machine's, shared by every process and Redis),
    and each client notes when its chunk event arrives: p50/p99/max from
-   XADD to arrival, over every (delta, client) pair; and, read from the
+   XADD to arrival, over every (delta, client) pair of the updates sent in
+   the window (waiting until every one has arrived); and, read from the
    events stream afterwards, XADD to the chunk event's entry (the worker's
    part of it: the entry id is Redis's clock).
 4. Idle: the producer and the workers stop (the turns stay running, so the
@@ -196,9 +198,8 @@ class Client:
         pending = b""
         async for chunk in response.content.iter_any():
             now = time.time_ns()
-            if self.bench.recording:
-                for match in MARK.finditer(chunk):
-                    self.bench.samples.append((now - int(match.group(1))) / 1e6)
+            for match in MARK.finditer(chunk):
+                self.bench.arrivals.append((int(match.group(1)), now))
             if b'"dropped"' in chunk:
                 self.bench.drops += 1
             pending = (pending + chunk)[-4096:]
@@ -210,8 +211,7 @@ class Client:
 
 class Bench:
     def __init__(self) -> None:
-        self.samples: list[float] = []
-        self.recording = False
+        self.arrivals: list[tuple[int, int]] = []  # (stamp, arrival) of each delta, ns
         self.closing = False
         self.opened = 0
         self.drops = 0
@@ -253,6 +253,43 @@ async def calibrate(client: Any, ns: Namespace, args: argparse.Namespace) -> flo
     last = await client.xrevrange(shard.merged, count=1)
     ms = int(last[0][0].split(b"-")[0]) - int(first_id.split(b"-")[0])
     return float(per_turn * args.turns / (ms / 1000))
+
+
+async def load(args: argparse.Namespace, bench: Bench, client: Any, ns: Namespace,
+               serve_pid: int, url: str, rate: float) -> dict[str, Any]:
+    """Pace updates at ``rate`` for a warm-up and ``--seconds``; the latency of
+    every update stamped in the window, at each client (waiting until every
+    one has arrived) and in the events stream."""
+    bench.arrivals.clear()
+    drops0 = bench.drops
+    producer = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--produce", url, "--turns", str(args.turns),
+        "--rate", str(rate), "--seconds", str(args.seconds + WARMUP),
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+    await asyncio.sleep(WARMUP)
+    cpu0, own0, window = cpu_seconds(serve_pid), time.process_time(), [time.time_ns(), 0]
+    await asyncio.sleep(args.seconds)
+    window[1] = time.time_ns()
+    cpu = cpu_seconds(serve_pid) - cpu0, time.process_time() - own0
+    printed, _ = await producer.communicate()
+    produced = json.loads(printed.decode().strip().splitlines()[-1])
+    # Until no delta has arrived for 2 s: every one sent is at its clients.
+    count, quiet = -1, 0.0
+    while quiet < 2.0:
+        await asyncio.sleep(0.5)
+        quiet = quiet + 0.5 if len(bench.arrivals) == count else 0.0
+        count = len(bench.arrivals)
+    samples = [(arrived - stamp) / 1e6 for stamp, arrived in bench.arrivals
+               if window[0] <= stamp <= window[1]]
+    sent = produced["sent"] * args.seconds / (args.seconds + WARMUP)
+    figures = {"rate": rate, "achieved": produced["sent"] / produced["seconds"],
+               "samples": samples, "expected": round(sent * args.clients / args.turns),
+               "published": await publish_delays(client, ns, window),
+               "serve_cpu": cpu[0] / args.seconds, "client_cpu": cpu[1] / args.seconds,
+               "drops": bench.drops - drops0}
+    print(f"{rate:,.0f}/s: p50 {percentile(samples, 50):.1f} ms, "
+          f"p99 {percentile(samples, 99):.1f} ms", flush=True)
+    return figures
 
 
 async def publish_delays(client: Any, ns: Namespace, window: list[int]) -> list[float]:
@@ -301,10 +338,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 return False
 
         await wait_until(group_ready, 60, "the workers' consumer group")
-        throughput = args.rate / args.fraction if args.rate else await calibrate(client, ns, args)
-        rate = args.rate or throughput * args.fraction
-        print(f"workers (--progress): {throughput:,.0f} updates/s; pacing {rate:,.0f}/s",
-              flush=True)
+        fractions = [float(f) for f in args.fractions.split(",")]
+        throughput = 0.0 if args.rate else await calibrate(client, ns, args)
+        print(f"workers (--progress) alone: {throughput:,.0f} updates/s", flush=True)
 
         serve_log = log_dir / "serve.log"
         with open(serve_log, "wb") as out:
@@ -362,26 +398,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(all_open, 120, f"{args.clients} open streams")
         print(f"{bench.opened} streams open", flush=True)
 
-        # Load.
-        cpu0, own0 = cpu_seconds(serve.pid), time.process_time()
-        producer = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--produce", server.url, "--turns", str(args.turns),
-            "--rate", str(rate), "--seconds", str(args.seconds + WARMUP + 1),
-            stdout=asyncio.subprocess.PIPE, cwd=ROOT)
-        await asyncio.sleep(WARMUP)
-        bench.recording = True
-        window = [time.time_ns(), 0]
-        drops0, reconnects0 = bench.drops, bench.reconnects
-        await asyncio.sleep(args.seconds)
-        bench.recording = False
-        window[1] = time.time_ns()
-        cpu_load = (cpu_seconds(serve.pid) - cpu0) / (args.seconds + WARMUP)
-        printed, _ = await producer.communicate()
-        produced = json.loads(printed.decode().strip().splitlines()[-1])
-        client_cpu = (time.process_time() - own0) / (args.seconds + WARMUP)
-        drops, reconnects = bench.drops - drops0, bench.reconnects - reconnects0
-        samples = list(bench.samples)
-        await asyncio.sleep(3)  # the queues drain
+        loads = [await load(args, bench, client, ns, serve.pid, server.url, throughput * f)
+                 for f in fractions] if not args.rate else \
+            [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
 
         # Idle: nothing writes; the turns stay running, the streams open.
         for proc in workers:
@@ -407,11 +426,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(c.task for c in clients[:keep] if c.task),
                              return_exceptions=True)
         await session.close()
-        published = await publish_delays(client, ns, window)
-        return {"version": server.version, "throughput": throughput, "rate": rate,
-                "produced": produced, "samples": samples, "drops": drops,
-                "published": published, "client_cpu": client_cpu,
-                "reconnects": reconnects, "cpu_load": cpu_load, "idle": [idle_all, idle_few]}
+        return {"version": server.version, "throughput": throughput, "loads": loads,
+                "idle": [idle_all, idle_few]}
     finally:
         if serve is not None and serve.poll() is None:
             serve.terminate()
@@ -428,42 +444,46 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]) -> str:
-    samples, pub = r["samples"], r["published"] or [0.0]
-    p50, p99 = percentile(samples, 50), percentile(samples, 99)
-    achieved = r["produced"]["sent"] / r["produced"]["seconds"]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip() or "?"
     rows = []
+    for f in r["loads"]:
+        samples, pub = f["samples"] or [0.0], f["published"] or [0.0]
+        share = f" ({f['rate'] / r['throughput']:.2f} of it)" if r["throughput"] else ""
+        rows.append(
+            f"| {f['rate']:,.0f}/s{share}, {f['achieved']:,.0f}/s sent | "
+            f"{percentile(samples, 50):.1f} / {percentile(samples, 99):.1f} / "
+            f"{max(samples):.1f} ms | {len(f['samples']):,} of {f['expected']:,} | "
+            f"{percentile(pub, 50):.1f} / {percentile(pub, 99):.1f} ms | "
+            f"{f['serve_cpu'] * 100:.0f}% | {f['client_cpu'] * 100:.0f}% | {f['drops']} |")
+    idle_rows = []
     for idle in r["idle"]:
         n = max(1, idle["clients"])
-        rows.append(f"| {idle['clients']:,} | {idle['cpu'] * 1000:.2f} ms/s | "
-                    f"{idle['cpu'] * 1e6 / n:.2f} µs/s | {idle['total']:.2f} | "
-                    f"{idle['total'] / n:.4f} |")
+        idle_rows.append(f"| {idle['clients']:,} | {idle['cpu'] * 1000:.2f} ms/s | "
+                         f"{idle['cpu'] * 1e6 / n:.2f} µs/s | {idle['total']:.2f} | "
+                         f"{idle['total'] / n:.4f} |")
     commands = ", ".join(f"`{k}` {v:.2f}/s" for k, v in sorted(
         r["idle"][0]["calls"].items(), key=lambda kv: -kv[1]))
     command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
+    calibrated = (f"The worker's throughput with `--progress` alone (nothing else running): "
+                  f"{r['throughput']:,.0f} updates/s. " if r["throughput"] else "")
     return f"""## `processor serve`: open SSE clients
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
 {args.workers} `processor run --progress` worker(s), one `processor serve` process with \
 tokens on, {args.clients:,} SSE clients over {args.turns} running turns, \
-{args.clients // args.turns} per turn, all in one client process). The workers' throughput with \
-`--progress` alone: {r['throughput']:,.0f} updates/s; a producer process paced text updates \
-round-robin over the turns at {args.fraction:g} of it ({r['rate']:,.0f}/s asked, \
-{achieved:,.0f}/s sent) for {args.seconds:g} s after a {WARMUP:g} s warm-up. Latency = the \
-time a chunk event reached a client minus the time just before its update's XADD (the \
-machine's clock), over every (delta, client) pair.
+{args.clients // args.turns} per turn, all in one client process). {calibrated}A producer \
+process paced text updates round-robin over the turns for {args.seconds:g} s after a \
+{WARMUP:g} s warm-up, at each pace below in turn. Latency = the time a chunk event reached a \
+client minus the time just before its update's XADD (the machine's clock), for every \
+(update, client) pair of the updates sent in the window, waiting until all had arrived; the \
+worker's part = the chunk event's entry time in the events stream (Redis's clock) minus the \
+same XADD time. CPU = process CPU time over the window, in share of one core.
 
-| from the update's XADD to | p50 | p99 | max | samples |
-|---|---:|---:|---:|---:|
-| its chunk event at a client | {p50:.1f} ms | {p99:.1f} ms | {max(samples):.1f} ms | \
-{len(samples):,} |
-| its chunk event in the events stream (the worker's part) | {percentile(pub, 50):.1f} ms | \
-{percentile(pub, 99):.1f} ms | {max(pub):.1f} ms | {len(pub):,} |
-
-CPU under load: serve {r['cpu_load'] * 100:.0f}% of a core, the clients' process \
-{r['client_cpu'] * 100:.0f}%; {r['drops']} clients dropped as slow (each resumed from its \
-last id).
+| paced | at a client p50 / p99 / max | samples | worker's part p50 / p99 | serve CPU \
+| clients' CPU | dropped as slow |
+|---|---:|---:|---:|---:|---:|---:|
+{chr(10).join(rows)}
 
 Idle (no writes, workers stopped, the turns still running so the streams stay open): serve's \
 process CPU time and Redis calls per second (`INFO commandstats` deltas over {args.idle:g} s, \
@@ -471,19 +491,19 @@ this script's INFO left out), with every client open and with a tenth of them:
 
 | open streams | serve CPU | per open stream | Redis calls/s | per open stream |
 |---:|---:|---:|---:|---:|
-{chr(10).join(rows)}
+{chr(10).join(idle_rows)}
 
 The Redis calls do not grow with the clients: one `XREAD BLOCK` per shard in flight (the \
-hub's reader, `--block-ms` 1 s) feeds every stream ({commands} with all open). A stream \
-costs memory and a heartbeat every `--heartbeat` s, not Redis calls. A client that cannot keep \
-up is dropped with its resume id once `--client-queue` events wait for it, or a write blocks \
+hub's reader, 1 s block) feeds every stream ({commands} with all open). A stream costs \
+memory and a heartbeat every `--heartbeat` s, not Redis calls. A client that cannot keep up \
+is dropped with its resume id once `--client-queue` events wait for it, or a write blocks \
 `--write-timeout` s (`tests/test_serve_stream.py::\
-test_a_client_that_does_not_read_is_dropped_with_its_resume_id`); nothing is buffered without \
-bound.
+test_a_client_that_does_not_read_is_dropped_with_its_resume_id`); nothing is buffered \
+without bound; a dropped client here resumes from its last id, as `EventSource` does.
 
-Every process here shares the machine's 2 logical CPUs: the clients' process parsing every \
-event for {args.clients:,} streams, the producer, the workers, redis-server and serve; load \
-average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start. \
+Every process here shares the machine's 2 logical CPUs: the clients' process reading \
+{args.clients:,} streams, the producer, the worker(s), redis-server and serve; load average \
+{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start. \
 Python {platform.python_version()}, {platform.platform()}."""
 
 
@@ -504,10 +524,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=20)
-    parser.add_argument("--fraction", type=float, default=0.5,
-                        help="of the workers' --progress throughput to pace the updates at")
+    parser.add_argument("--fractions", default="0.5,0.25,0.1",
+                        help="of the workers' --progress throughput to pace the updates at, "
+                        "one load phase each (default 0.5,0.25,0.1)")
     parser.add_argument("--rate", type=float, default=0,
-                        help="updates/s to pace at (skips the calibration)")
+                        help="updates/s to pace at, one phase (skips the calibration)")
     parser.add_argument("--calibrate", type=int, default=40000,
                         help="updates the calibration sends")
     parser.add_argument("--idle", type=float, default=10)
