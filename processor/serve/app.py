@@ -217,9 +217,9 @@ class EventStream:
     async def write(self, chunks: list[bytes], events: int) -> None:
         if not chunks:
             return
-        try:
-            await asyncio.wait_for(self.response.write(b"".join(chunks)),
-                                   self.server.config.write_timeout)
+        try:  # asyncio.timeout, not wait_for: no task per write
+            async with asyncio.timeout(self.server.config.write_timeout):
+                await self.response.write(b"".join(chunks))
         except TimeoutError:
             raise SlowClient from None
         if events:

@@ -78,8 +78,10 @@ class Subscription:
         (``[]`` when nothing came); None once :attr:`over`."""
         if not self._items and not self.over:
             self._wake.clear()
+            # asyncio.timeout, not wait_for: no task per wait (one per event and stream)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
         if self.over:
             return None
         items = list(self._items)
