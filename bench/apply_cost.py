@@ -24,12 +24,12 @@ from typing import Any
 import redis.asyncio
 import workload
 
-from processor.batches import build_apply, decode_batch
-from processor.connections import fast_stream_reads, read_raw
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
+from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.scripts import Scripts
-from processor.worker import Worker, WorkerConfig
+from processor.wire.keys import Namespace
+from processor.worker.batches import build_apply, decode_batch
+from processor.worker.worker import Worker, WorkerConfig
 
 
 async def one_round(client: Any, work: workload.Workload, batch: int = 500,
@@ -60,7 +60,7 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
                 else build_apply(shard, entries, {}, options, now))
         if worker is not None:
             call.newest = True  # read with ">", as the shard loop marks it
-            await worker.apply(shard, entries, {}, call)
+            await worker.process_batch(shard, entries, {}, call)
         else:
             await scripts.apply_entries(keys=call.keys, args=call.argv())
         applied += len(entries)

@@ -34,7 +34,7 @@ import workload
 from apply_cost import one_round, scripts_of
 
 from processor.embedded.ports import free_port
-from processor.worker import WorkerConfig
+from processor.worker.worker import WorkerConfig
 
 
 def _total(out: Path) -> int:

@@ -41,8 +41,8 @@ from typing import Any
 import redis.asyncio
 
 from processor.embedded import EmbeddedRedis
-from processor.ids import shard_of
-from processor.keys import Namespace
+from processor.wire.ids import shard_of
+from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"

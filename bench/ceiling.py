@@ -32,12 +32,12 @@ import msgspec
 import redis.asyncio
 from drain import ready
 
-from processor import events as ev
-from processor.connections import fast_stream_reads
-from processor.decode import decode_stream_entry
-from processor.ids import TurnKey
-from processor.lifecycle import Limits, TurnLife
-from processor.settle import Replay, event_fields, render
+from processor.engine import events as ev
+from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.render import Replay, event_fields, render
+from processor.ingest.decode import decode_stream_entry
+from processor.redis_io.connections import fast_stream_reads
+from processor.wire.ids import TurnKey
 
 _unpack = msgspec.msgpack.Decoder()
 

@@ -40,7 +40,7 @@ import redis.asyncio
 
 from processor.client import Producer
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
+from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"

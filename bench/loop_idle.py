@@ -1,6 +1,6 @@
 """How long one worker's event loop waits on Redis.
 
-Runs one :class:`~processor.worker.Worker` in this process over the
+Runs one :class:`~processor.worker.worker.Worker` in this process over the
 end-to-end workload (``--turns`` turns, a server-side ``COPY`` of a
 pre-filled stream, as ``bench/run.py`` does) and prints, per round, the
 throughput, the wall and CPU seconds, and the seconds its event loop spent
@@ -44,13 +44,15 @@ import redis.asyncio
 import workload
 from drain import drain_group
 
-from processor import batches, held_batch, hold, merge
-from processor.connections import fast_stream_reads
-from processor.decode import decode_stream_entry
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
-from processor.service import tune_gc
-from processor.worker import Worker, WorkerConfig
+from processor.engine import merge
+from processor.ingest.decode import decode_stream_entry
+from processor.redis_io.connections import fast_stream_reads
+from processor.service.run import tune_gc
+from processor.wire.keys import Namespace
+from processor.worker import batches
+from processor.worker.held import held_batch, hold
+from processor.worker.worker import Worker, WorkerConfig
 
 TEMPLATE = "loop_idle:template"
 

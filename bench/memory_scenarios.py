@@ -15,7 +15,7 @@ import psutil
 from scenarios import Ctx, spawn_workers
 from workload import ROOT, Workload, forget
 
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
 
 sys.path.insert(0, str(ROOT / "tests"))
 from memory_runs import drain_outputs, used_memory

@@ -43,10 +43,10 @@ from turns import CONCURRENT_TURNS, SEED, Entry, build_entries
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from processor.decode import decode_entry  # noqa: E402
-from processor.events import encode_response  # noqa: E402
-from processor.ids import TurnKey  # noqa: E402
-from processor.merge import Turn  # noqa: E402
+from processor.engine.events import encode_response  # noqa: E402
+from processor.engine.merge import Turn  # noqa: E402
+from processor.ingest.decode import decode_entry  # noqa: E402
+from processor.wire.ids import TurnKey  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 START = "<!-- merge-bench:start -->"

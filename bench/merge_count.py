@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import merge_bench
 from turns import build_entries
 
-from processor.decode import decode_entry, decode_stream_entry
-from processor.ids import TurnKey
-from processor.merge import Turn
+from processor.engine.merge import Turn
+from processor.ingest.decode import decode_entry, decode_stream_entry
+from processor.wire.ids import TurnKey
 
 
 def main(side: str, path: str, count: int = 20_000) -> None:

@@ -1,4 +1,4 @@
-"""The profile sections of docs/benchmarks.md (``bench/run.py --profile``
+"""The sections of docs/profiles.md (``bench/run.py --profile``
 and ``--pyinstrument``): py-spy's raw samples of one worker as tables of
 the functions where its time goes, and pyinstrument's call tree as it
 printed it. :func:`report.write_section` places them on the page."""

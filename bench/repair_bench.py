@@ -18,8 +18,8 @@ import time
 import redis.asyncio
 
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
-from processor.repair import repair
+from processor.scripts.repair import repair
+from processor.wire.keys import Namespace
 
 MAX_ID = "18446744073709551615-18446744073709551615"
 

@@ -110,7 +110,7 @@ def summary(r: dict[str, Any]) -> str:
         + ("The rows with shards split the same entries over that many shard streams "
            "the way producers route them (`crc32(response_id) % S`), one `COPY` per "
            "shard, the clock starting at the first; their workers split the shards "
-           "between them (shard affinity, README *Scaling*). "
+           "between them (shard affinity, docs/operations.md *Scaling*). "
            if any(t.name.endswith(" shards") for t in runs) else "")
         + (f"Every consumer ran in each of {r['repeat']} rounds, one after the other; the "
            "table keeps each one's fastest round (noise only slows a run down)."

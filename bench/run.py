@@ -1,7 +1,8 @@
 """End-to-end benchmarks: processor against the limit (a raw drain) and the
 peer (FastStream), on the same stream, the same redis-server, in one run.
 
-    python bench/run.py            # every figure: rewrites docs/benchmarks.md and docs/*.png
+    python bench/run.py            # every figure: rewrites docs/benchmarks.md, docs/*.png
+                                   # and (with --profile, --pyinstrument) docs/profiles.md
     python bench/run.py --quick    # under a minute, docs untouched; last line: the ratios
 
 It starts its own redis-server (processor.embedded: a free port, a temp
@@ -50,6 +51,9 @@ from processor.embedded import EmbeddedRedis
 
 DOCS = ROOT / "docs"
 PAGE = DOCS / "benchmarks.md"
+#: The profiles go to a page of their own: they are long, and benchmarks.md
+#: keeps the figures and what limits them.
+PROFILES = DOCS / "profiles.md"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -314,17 +318,16 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
             charts.rss_chart(r["rss"], DOCS / "bench-rss.png")
     if "profiled" in r:
         prof = r["profiled"]
-        report.write_section(PAGE, "e2e-profile",
-                             profile_sections.profile_section(Path(prof.profile), prof),
-                             after="e2e-memory")
+        report.write_section(PROFILES, "e2e-profile",
+                             profile_sections.profile_section(Path(prof.profile), prof))
     if "profiled_stored" in r:
         prof = r["profiled_stored"]
-        report.write_section(PAGE, "e2e-profile-stored",
+        report.write_section(PROFILES, "e2e-profile-stored",
                              profile_sections.profile_section(Path(prof.profile), prof,
                                                               stored=True),
                              after="e2e-profile")
     if "tree" in r:
-        report.write_section(PAGE, "e2e-pyinstrument",
+        report.write_section(PROFILES, "e2e-pyinstrument",
                              profile_sections.pyinstrument_section(r["tree_file"], r["tree"]),
                              after="e2e-profile-stored" if "profiled_stored" in r
                              else "e2e-profile")

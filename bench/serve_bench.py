@@ -59,8 +59,8 @@ import aiohttp
 import redis.asyncio
 
 from processor.embedded import EmbeddedRedis
-from processor.keys import Namespace
 from processor.serve.tokens import issue
+from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"

@@ -42,15 +42,17 @@ from typing import Any
 import msgspec
 import workload
 
-from processor.batches import ApplyCall, BatchOptions, build_apply, decode_batch
-from processor.decode import decode_stream_entry
-from processor.hold import Holds
-from processor.ids import TurnKey
-from processor.keys import Namespace, Shard
-from processor.mirror import MIRROR_BYTES, Mirrors, Version
-from processor.service import tune_gc
-from processor.settle import render
-from processor.worker import WorkerConfig
+from processor.engine.render import render
+from processor.ingest.decode import decode_stream_entry
+from processor.service.run import tune_gc
+from processor.wire import defaults
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace, Shard
+from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch
+from processor.worker.budget import HELD_BYTES
+from processor.worker.held.hold import Holds
+from processor.worker.stored.mirror import Mirrors, Version
+from processor.worker.worker import WorkerConfig
 
 SIDES = ("none", "decode", "build", "follow", "finish", "held")
 BATCH = 500
@@ -101,7 +103,8 @@ def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
 
 
 def hold(shard: Shard, entries: list[Any], options: BatchOptions, holds: Holds) -> None:
-    """One batch, as read_raw gives it, as a worker holding turns takes it (``processor.holding``):
+    """One batch, as read_raw gives it, as a worker holding turns takes it
+    (``processor.worker.held.holding``):
     decoded, new turns opened (open_turns made up: every one held), fed,
     and the turns it ended rendered for finalise_held."""
     grouped = decode_batch(shard, entries, options, NOW_MS).held
@@ -126,7 +129,7 @@ def run(side: str, replies: list[list[Entry]], read: list[list[Any]]) -> None:
     shard = next(iter(Namespace(config.namespace, 1).all()))
     options = config.batch_options()
     mirrors = Mirrors(config.limits)
-    holds = Holds(config.limits, config.mirror_turns, MIRROR_BYTES)
+    holds = Holds(config.limits, defaults.HELD_TURNS, HELD_BYTES)
     for entries, raw in zip(replies, read, strict=True):
         if side == "decode":
             for _id, fields in entries:

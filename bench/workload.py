@@ -30,7 +30,7 @@ for path in (str(ROOT), str(BENCH)):
 
 from turns import SEED, build_entries  # noqa: E402
 
-from processor.ids import shard_of  # noqa: E402
+from processor.wire.ids import shard_of  # noqa: E402
 
 #: Mean updates per turn of ``build_entries`` (sizes uniform in 10..40).
 MEAN_TURN = 25

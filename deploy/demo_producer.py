@@ -22,9 +22,9 @@ import os
 import sys
 import uuid
 
+from processor.cli.demo import HANDOFF
 from processor.client import Producer, Subscriber
-from processor.connections import RedisOptions, connect, redact
-from processor.demo import HANDOFF
+from processor.redis_io.connections import RedisOptions, connect, redact
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Checks of AG-UI runs (``--agui``) with the AG-UI project's own tools.
 
-Each run is checked twice, independently of :mod:`processor.agui`:
+Each run is checked twice, independently of :mod:`processor.engine.agui`:
 
 - every event parses as its ``ag-ui-protocol`` 1.0 pydantic model with no
   unknown field, and serialises back to exactly the dict we wrote;

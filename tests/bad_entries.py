@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from processor.decode import MAX_DEPTH
+from processor.ingest.decode import MAX_DEPTH
 
 TEXT = {"type": "text", "text": "hi"}
 

@@ -22,7 +22,7 @@ test makes it observable: every update carries a marker key of its own in
 its ``additional_properties``, and the merged response's
 ``additional_properties`` is the union of the markers of the updates it
 merged. The expected response is then ``processor merge`` of exactly those
-entries followed by the contract's offline ``cancel`` line (or by nothing,
+entries followed by the offline ``cancel`` line (docs/contract.md §8) (or by nothing,
 for a timeout): the comparison stays byte for byte, and the markers also
 prove which entries were merged, dropped or dead-lettered (none twice, none
 lost).
@@ -48,7 +48,7 @@ from chaos_checks import ChaosChecks, Figures
 from chaos_plan import Action, ChaosConfig, PlannedTurn, arrival, plan_turns
 from worker_harness import Harness, SubprocessWorker
 
-from processor.ids import TurnKey
+from processor.wire.ids import TurnKey
 
 PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
 

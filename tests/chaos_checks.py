@@ -15,8 +15,8 @@ from typing import Any
 from chaos_plan import ChaosConfig, PlannedTurn, marker
 from turn_reference import offline_results
 
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
+from processor.wire.ids import TurnKey
 
 
 @dataclass

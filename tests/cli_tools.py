@@ -1,5 +1,5 @@
 """Running the operator tools (``processor stats|tail|dlq``) as a user would:
-``python -m processor.cli`` in a subprocess, its stdout a pipe (so tables
+``python -m processor.cli.main`` in a subprocess, its stdout a pipe (so tables
 are plain lines: :func:`plain_rows`)."""
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def plain_rows(text: str) -> list[list[str]]:
 
 
 def call(capsys: Any, url: str, namespace: str, shards: int, *args: str) -> tuple[int, str, str]:
-    """The same command in-process (``processor.cli.main``): for quick checks of
+    """The same command in-process (``processor.cli.main.main``): for quick checks of
     arguments and messages, from sync tests only (the tool runs its own loop)."""
-    from processor.cli import main
+    from processor.cli.main import main
 
     capsys.readouterr()
     code = main(command(url, namespace, shards, *args)[3:])

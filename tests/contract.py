@@ -3,10 +3,10 @@ helpers read (tests/worker_harness.py reads every ``merged``, ``events`` and
 ``dlq`` entry of every live test) is checked here against the JSON Schema that
 ``processor schema`` prints, so every integration test checks it.
 
-``processor schema`` prints :func:`processor.schema.document` (test_decode
+``processor schema`` prints :func:`processor.wire.schema.document` (test_decode
 runs the CLI and checks that); it is built in-process here to stay fast.
 Besides the schema, each event must carry every field its schema names
-(contract 5.2: null when unknown, never missing; a ``step`` without
+(docs/contract.md §5.2: null when unknown, never missing; a ``step`` without
 ``agent_name`` or ``content`` is exactly what this catches).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 
-from processor.schema import document
+from processor.wire.schema import document
 
 
 @cache

@@ -1,7 +1,7 @@
 """An oracle for turns made by :mod:`tests.strategies`: :func:`check_deltas`.
 
 Every delta token appears exactly once, in its message, in arrival order, and
-the rest of contract section 4 holds (block order, ids, results after calls,
+the rest of docs/contract.md §4 holds (block order, ids, results after calls,
 usage, finish reason). :func:`tokens` lists the tokens of any JSON value.
 """
 
@@ -38,7 +38,7 @@ class _Update:
 
 
 def _updates(entries: Iterable[dict[str, Any]], response_id: str) -> list[_Update]:
-    """Group the turn's updates as contract 4.3/4.4 say: a message id is one
+    """Group the turn's updates as docs/contract.md §4.3/§4.4 say: a message id is one
     message; an id-less run continues while the previous update was id-less,
     in the same inner response, with no role or author change (an unnamed role
     or author continues; a run that has not named its role yet is assistant).
@@ -119,7 +119,7 @@ def _positions(response: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
 
 
 def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
-    """Contract section 4 on a turn built by :mod:`tests.strategies`."""
+    """docs/contract.md §4 on a turn built by :mod:`tests.strategies`."""
     response_id = response["response_id"]
     updates = _updates(entries, response_id)
     where = _positions(response)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from processor.ids import response_id_for_turn
+from processor.wire.ids import response_id_for_turn
 
 SCENARIOS = Path(__file__).parent / "data" / "scenarios"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from turn_reference import offline_results
+from turn_reference import TurnOutput, offline_results
 from worker_harness import Harness
 
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 
 # Turns without an end entry end as turn_timeout, offline at the end of the
 # file and live after this many seconds without an entry.
@@ -71,3 +71,15 @@ def _published(harness: Harness, response_id: str) -> Any:
         return any(fields.get(b"response_id", fields.get("response_id")) in
                    (response_id, response_id.encode()) for _id, fields in found)
     return published
+
+
+async def with_late_drops(harness: Harness, turn: TurnOutput) -> dict:
+    """The turn's result, its ``dropped`` count including the entries that came
+    after its terminal event: a cancel may end the turn before the producer's
+    last entries arrive (which one wins is timing), and those are counted on
+    the turn's done marker instead (docs/design.md, "Offline vs live")."""
+    result = turn.result()
+    shard = harness.ns.shard_for(turn.key.response_id)
+    late = await harness.client.hget(shard.done(turn.key.encode()), "dropped")
+    result["meta"]["counts"]["dropped"] += int(late or 0)
+    return result

@@ -1,5 +1,5 @@
 """Merging test entries in-process: one turn's entries (dicts as a test
-writes them) decoded and fed through :class:`~processor.merge.Turn`, without
+writes them) decoded and fed through :class:`~processor.engine.merge.Turn`, without
 the worker or the offline CLI. Shared by the merge property tests, the worked
 merge cases and the interop tests."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from processor.decode import decode_entry
-from processor.ids import TurnKey
-from processor.merge import Turn
-from processor.models import Record, Response
+from processor.engine.merge import Turn
+from processor.ingest.decode import decode_entry
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record, Response
 
 
 def update_entry(turn: str, **update: Any) -> dict[str, Any]:

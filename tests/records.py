@@ -1,4 +1,4 @@
-"""Writing a namespace's record ({ns:0}:meta, processor/meta.py) in a test,
+"""Writing a namespace's record ({ns:0}:meta, processor/scripts/meta.py) in a test,
 as ``processor init`` or the first worker would: producers, subscribers and
 the operator tools read the shard count from it, and refuse to work on a
 namespace that has none."""
@@ -8,9 +8,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from processor import meta
-from processor.keys import DEFAULT_GROUP, Namespace
-from processor.scripts import source
+from processor.scripts import meta, source
+from processor.wire.keys import DEFAULT_GROUP, Namespace
 
 
 async def init_namespace(client: Any, namespace: str, shards: int = 1,

@@ -21,8 +21,7 @@ import aiohttp
 from aiohttp import web
 from worker_harness import ROOT
 
-from processor.connections import RedisOptions, connect
-from processor.keys import Namespace
+from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
@@ -30,6 +29,7 @@ from processor.serve.run import bound_port, build
 from processor.serve.source import History, TurnSource, TurnState
 from processor.serve.tokens import issue
 from processor.serve.turns import Snapshot, TurnRef
+from processor.wire.keys import Namespace
 
 SECRET = "test-secret-0123456789"
 
@@ -82,7 +82,7 @@ async def start_local(cfg: ServeConfig) -> LocalServe:
 
 @dataclass
 class ServeProcess:
-    """``python -m processor.cli serve`` on a port of its own."""
+    """``python -m processor.cli.main serve`` on a port of its own."""
 
     proc: subprocess.Popen[bytes]
     log_path: Path

@@ -3,7 +3,7 @@
 One generator, two drivers: :func:`random_turn` draws from a seeded
 ``random.Random`` (the worker tests replay thousands of turns from a seed),
 :func:`turns` draws from Hypothesis (so failures shrink). Both return the
-input entries of one turn as in contract section 3, ``update`` given as a
+input entries of one turn as in docs/contract.md §3, ``update`` given as a
 dict, ending with a ``kind=end`` entry.
 
 What a turn contains: several agents (each with its own inner response id,
@@ -29,8 +29,8 @@ from typing import Any, Protocol, TypeVar
 
 from hypothesis import strategies as st
 
-from processor.ids import TurnKey
-from processor.merge import turn_tag
+from processor.engine.merge import turn_tag
+from processor.wire.ids import TurnKey
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from processor.config import OPTIONS
-from processor.keys import Namespace
+from processor.service.config import OPTIONS
+from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Options on by default: ``name=False`` turns them off (``--no-<name>``).
@@ -60,11 +60,11 @@ class Subprocesses:
 
     def spawn(self, consumer: str | None = None, *extra: str, launcher: Iterable[str] = (),
               **options: Any) -> SubprocessWorker:
-        """``python -m processor.cli run`` on this namespace. ``options`` become
+        """``python -m processor.cli.main run`` on this namespace. ``options`` become
         flags: ``reclaim_idle_ms=500`` -> ``--reclaim-idle-ms 500``,
         ``progress=True`` -> ``--progress``, ``hold_turns=False`` ->
         ``--no-hold-turns`` (an option on by default). ``launcher`` goes between the
-        interpreter and ``-m processor.cli`` (e.g. ``-m pyinstrument ...``)."""
+        interpreter and ``-m processor.cli.main`` (e.g. ``-m pyinstrument ...``)."""
         self._serial += 1
         consumer = consumer or f"p{self._serial}"
         args = [sys.executable, *launcher, "-m", "processor.cli", "run", "--redis-url", self.url,

@@ -35,17 +35,17 @@ from processor.client import (
     Subscriber,
     TurnEnded,
 )
-from processor.connections import RedisOptions, connect
 from processor.embedded import (
     EmbeddedRedis,
     _server_candidates,
     free_port,
     redis_server_version,
 )
-from processor.ids import TurnKey, shard_of
-from processor.keys import Namespace
-from processor.library import function_name, library_name, library_text
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
+from processor.redis_io.connections import RedisOptions, connect
+from processor.scripts.library import function_name, library_name, library_text
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace
 
 ACL_FILE = ROOT / "deploy" / "redis" / "users.acl"
 NAMESPACE = "agent"  # the namespace the shipped ACL file is written for

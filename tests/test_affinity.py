@@ -21,8 +21,8 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
-from processor.affinity import owned_shards, readers_per_shard, shard_readers, stalled
 from processor.scripts import source
+from processor.worker.affinity import owned_shards, readers_per_shard, shard_readers, stalled
 
 names = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
 shard_counts = st.integers(min_value=1, max_value=32)

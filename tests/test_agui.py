@@ -16,10 +16,10 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui, validate_agui
 from agui_checks import check_matches_response, check_run, rules_off
 from expectations import scenario_lines, scenario_names
 
-from processor import config
-from processor.agui import entry_fields, project
-from processor.ids import TurnKey
-from processor.offline import merge_lines
+from processor.engine.agui import entry_fields, project
+from processor.engine.offline import merge_lines
+from processor.service import config
+from processor.wire.ids import TurnKey
 
 
 def _runs(lines: list[str]) -> list[tuple[list[dict[str, Any]], dict[str, Any], str]]:

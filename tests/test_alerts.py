@@ -1,5 +1,5 @@
-"""deploy/prometheus/alerts.yml: the README's alerts as Prometheus rules. Every
-metric they name is one a worker exports, and the README's table and the
+"""deploy/prometheus/alerts.yml: docs/operations.md's alerts as Prometheus rules.
+Every metric they name is one a worker exports, and the page's table and the
 file say the same (expressions and ``for`` durations)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from processor.metrics import Metrics
+from processor.worker.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -31,9 +31,9 @@ def exported() -> set[str]:
     return names
 
 
-def readme_alerts() -> list[tuple[str, list[str], str | None]]:
-    """(name, expressions, for) of each row of the README's alerts table."""
-    text = (ROOT / "README.md").read_text()
+def documented_alerts() -> list[tuple[str, list[str], str | None]]:
+    """(name, expressions, for) of each row of docs/operations.md's alerts table."""
+    text = (ROOT / "docs" / "operations.md").read_text()
     lines = text[text.index("| alert | expression | why |"):].splitlines()[2:]
     rows = []
     for line in lines:
@@ -65,8 +65,8 @@ def test_a_rule_names_only_metrics_a_worker_exports(rule: dict[str, Any]) -> Non
     assert named <= exported(), named - exported()
 
 
-@pytest.mark.parametrize("row", readme_alerts(), ids=lambda row: row[0])
-def test_the_readme_table_says_what_the_rules_do(row: tuple[str, list[str], str | None]) -> None:
+@pytest.mark.parametrize("row", documented_alerts(), ids=lambda row: row[0])
+def test_the_page_says_what_the_rules_do(row: tuple[str, list[str], str | None]) -> None:
     name, expressions, duration = row
     matching = [rule for rule in rules()
                 if all(_flat(e) in _flat(rule["expr"]) for e in expressions)]
@@ -74,5 +74,5 @@ def test_the_readme_table_says_what_the_rules_do(row: tuple[str, list[str], str 
     assert matching[0].get("for") == duration, name
 
 
-def test_every_rule_is_in_the_readme() -> None:
-    assert len(readme_alerts()) == len(rules())
+def test_every_rule_is_documented() -> None:
+    assert len(documented_alerts()) == len(rules())

@@ -14,10 +14,10 @@ from typing import Any
 from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, Stepped
 
-from processor.batches import build_apply
-from processor.connections import stream_entry
-from processor.ids import TurnKey
-from processor.worker import Worker
+from processor.redis_io.replies import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.batches import build_apply
+from processor.worker.worker import Worker
 
 
 def meta(outputs: Any, response_id: str) -> dict[str, Any]:
@@ -93,7 +93,7 @@ async def test_a_turn_held_in_part_and_stored_in_part_is_cancelled_whole(
         await harness.add([text_delta("h", "finished")])
         other = Worker(harness.client, harness.worker_config(consumer="other"))
         read = [stream_entry(e) for e in await holder.read("other")]
-        await other.apply(shard, read, {})  # the stored path: an open turn's hash exists
+        await other.process_batch(shard, read, {})  # the stored path: an open turn's hash exists
         await harness.cancel("h")
         await other.sweep(shard)
         assert await harness.merged_count() == 0
@@ -121,12 +121,12 @@ async def test_a_cancel_waits_for_an_earlier_entry_in_a_dead_workers_hands(
         await harness.add([text_delta("d", "never ")])
         await stepped.read("dead")
         await harness.add([text_delta("d", "finished")])
-        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         await harness.cancel("d")
         await worker.sweep(shard)
         assert await harness.merged_count() == 0
         await harness.add([text_delta("d", " late")])  # after the cancel was seen
-        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         assert await harness.merged_count() == 0
         await harness.wait_for(_idle_past(harness, shard, 50), 5, "dead entry idle")
         await worker.reclaim(shard)
@@ -147,7 +147,7 @@ async def test_an_end_read_before_the_cancel_was_seen_still_completes_the_turn(
         stepped = await Stepped(harness, hold_turns=False).start()
         worker, shard = stepped.worker, stepped.shard
         await harness.add([text_delta("e", "all")])
-        await worker.apply(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         await harness.add([end_entry("e")])
         pending = [stream_entry(e) for e in await stepped.read("slow")]
         await harness.cancel("e")

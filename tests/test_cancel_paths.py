@@ -1,5 +1,5 @@
 """Every way a turn meets a cancel, on a real Redis with several workers
-(contract 5.2 and 6): before its first entry, mid-turn, after its end,
+(docs/contract.md §5.2 and §6): before its first entry, mid-turn, after its end,
 twice, and while its producer is silent. Each turn ends with exactly one
 terminal event of the right status and exactly one merged entry, nothing is
 published after the terminal event, and entries that arrive after the cancel
@@ -22,8 +22,8 @@ from expectations import check_invariants
 from turn_reference import TurnOutput
 from worker_harness import Harness
 
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
+from processor.wire.ids import TurnKey
 
 
 def _update(text: str, message_id: str = "m1") -> dict:

@@ -1,7 +1,7 @@
 """The cancel sweep reads every active turn's cancel key within
 ``CANCEL_CYCLE_S`` whatever their number: its slice grows with the shard's
 active turns, so a cancel SET by a plain client is seen in a bounded number
-of sweeps (contract: terminal event within 1 s), still one call per shard
+of sweeps (docs/contract.md §6: terminal event within 1 s), still one call per shard
 per sweep; and it reads whether each key exists, never its value."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from turn_reference import simple_turn
 from worker_harness import Harness
 
-from processor.ids import TurnKey
-from processor.worker import CANCEL_CYCLE_S, Worker, cancel_slice
+from processor.wire.ids import TurnKey
+from processor.worker.worker import CANCEL_CYCLE_S, Worker, cancel_slice
 
 
 def test_slice_is_the_configured_size_until_the_turns_need_more() -> None:
@@ -41,7 +41,7 @@ async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
         await worker.ensure_groups()
         # 100 open turns (one update each, no end), applied.
         await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.apply(shard, await _read_all(harness, "w"), {})
+        await worker.process_batch(shard, await _read_all(harness, "w"), {})
         members = await harness.client.zrange(shard.active, 0, -1)
         assert len(members) == turns
         # Cancel the turn the rotating slices reach last.
@@ -72,7 +72,7 @@ async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> 
         worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
         await worker.ensure_groups()
         await harness.add(e for i in range(12) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.apply(shard, await _read_all(harness, "w"), {})
+        await worker.process_batch(shard, await _read_all(harness, "w"), {})
         for i in range(10):
             await harness.client.set(shard.cancel(f"open-{i}"), "x" * (4 << 20))
 

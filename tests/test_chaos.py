@@ -21,7 +21,7 @@ import pytest
 from chaos import ChaosConfig, ChaosRun
 from worker_harness import Harness
 
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 
 
 @pytest.mark.parametrize(("shards", "hold"), [(1, True), (6, True), (3, False)])

@@ -10,8 +10,8 @@ from cli_tools import arun
 from records import init_namespace_sync
 from worker_harness import Harness
 
-from processor.ids import response_id_for_turn
-from processor.keys import Namespace
+from processor.wire.ids import response_id_for_turn
+from processor.wire.keys import Namespace
 
 
 def _cancel(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

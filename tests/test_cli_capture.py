@@ -18,7 +18,7 @@ from cli_tools import ENV, arun, command, json_lines
 from records import init_namespace
 from worker_harness import Harness
 
-from processor.ids import TurnKey, shard_of
+from processor.wire.ids import TurnKey, shard_of
 
 SHARDS = 2
 

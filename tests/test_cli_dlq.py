@@ -10,17 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from big_entries import big_update, uris_of
 from cli_tools import arun, call, json_lines, plain_rows
 from records import init_namespace_sync
 from redis.exceptions import ResponseError
 from turn_reference import offline_results
 from worker_harness import Harness
 
-from processor.dlq import DlqError, replay, split
-from processor.ids import TurnKey, shard_of
-from processor.keys import Namespace
-from processor.lifecycle import Limits
+from processor.engine.lifecycle import Limits
 from processor.scripts import source
+from processor.scripts.dlq import DlqError, replay, split
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace
 
 SHARDS = 2
 
@@ -172,11 +173,17 @@ async def test_replay_script_is_all_or_nothing(async_redis_client: Any, namespac
     added = {"reason": "too_large", "detail": "d", "source_id": "1-0", "deliveries": "1"}
     cut = (await client.xadd(shard.dlq, {"response_id": "r", **added, "truncated": "1"})).decode()
     foreign = (await client.xadd(shard.dlq, {"response_id": "r", "note": "hand-made"})).decode()
+    packed = (await client.xadd(shard.dlq, {"packed_fields": b"\x90", **added,
+                                            "packed": "1"})).decode()
     for entry_id, error in [(cut, "TRUNCATED"), (foreign, "NOTDEADLETTER"),
-                            ("9-9", "NODEADLETTER")]:
+                            ("9-9", "NODEADLETTER"), (packed, "PACKED")]:
         with pytest.raises(ResponseError, match=error):
             await script(keys=[shard.dlq, shard.updates], args=[entry_id])
-    assert await client.xlen(shard.updates) == 0 and await client.xlen(shard.dlq) == 2
+    assert await client.xlen(shard.updates) == 0 and await client.xlen(shard.dlq) == 3
+    letter = split(0, packed, (await client.xrange(shard.dlq, packed, packed))[0][1])
+    with pytest.raises(DlqError, match="more fields than one replay"):
+        await replay(client, keys, letter)
+    await client.xdel(shard.dlq, packed)
 
     # Through dlq.replay: the truncated entry is refused before the script, and
     # goes back with fixed fields.
@@ -246,3 +253,52 @@ async def test_replay_on_a_redis_cluster(
     for t in turns:
         [merged] = outputs.turns[TurnKey(t, "")].merged
         assert json.loads(merged["response"])["messages"][0]["contents"][0]["text"] == t
+
+
+@pytest.mark.parametrize("error", [RuntimeError, MemoryError])
+async def test_a_large_valid_entry_is_dead_lettered_whole_and_replayed(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
+    """A valid 0.93 MB entry dead-lettered (``max_deliveries``: decoding it
+    fails, as a bug or a MemoryError would) keeps every field as the
+    producer wrote it, so ``dlq replay`` brings it back byte for byte and it
+    merges whole (the DLQ used to keep 64 KiB of it, marked truncated, which
+    replay refuses: the entry was lost)."""
+    import processor.worker.batches
+
+    real = processor.worker.batches.decode_stream_entry
+
+    def failing(fields: Any, **kw: Any) -> Any:
+        if b"poison" in fields:
+            raise error("this entry always fails")
+        return real(fields, **kw)
+
+    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", failing)
+    big = {**big_update("whole", 0), "session_id": "s1", "poison": "1"}
+    cli = (redis_url, namespace, SHARDS)
+    async with Harness(redis_url, namespace, SHARDS, reclaim_idle_ms=100,
+                       max_deliveries=2) as harness:
+        worker = await harness.start_worker()
+        [source_id] = await harness.add([big])
+        await harness.wait_applied()
+        await harness.stop_worker(worker)
+        [letter] = await _dlq(harness)
+        assert letter["reason"] == "max_deliveries" and letter["source_id"] == source_id
+        assert "truncated" not in letter and "packed" not in letter
+        assert {k: letter[k] for k in big} == big
+
+        code, _, err = await arun(*cli, "dlq", "replay", letter["_id"])
+        assert code == 0, err
+        shard = harness.ns.shard(int(letter["_shard"]))
+        [(_, fields)] = await harness.client.xrange(shard.updates)
+        assert fields == {k.encode(): v.encode() for k, v in big.items()}
+        assert await harness.client.xlen(shard.dlq) == 0
+
+        monkeypatch.undo()
+        await harness.start_worker()
+        await harness.add([{"response_id": "whole", "kind": "end"}])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    merged = outputs.turns[TurnKey("whole", "")].merged[0]
+    assert merged["status"] == "completed"
+    assert uris_of(merged["response"]) == [json.loads(big["update"])["contents"][0]["uri"]]

@@ -14,8 +14,8 @@ import sys
 import pytest
 from cli_tools import ROOT
 
-from processor.config import OPTIONS
-from processor.schema import SCHEMAS
+from processor.service.config import OPTIONS
+from processor.wire.schema import SCHEMAS
 
 #: Every command that talks to Redis, with the arguments it needs (after the
 #: URL and the environment have been checked, none of them is used).

@@ -12,7 +12,7 @@ from cli_tools import arun, call, plain_rows, run
 from records import init_namespace_sync
 from worker_harness import Harness
 
-from processor.ids import shard_of
+from processor.wire.ids import shard_of
 
 
 def _update(text: str) -> dict[str, Any]:

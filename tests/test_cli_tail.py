@@ -14,9 +14,9 @@ from cli_tools import ENV, arun, call, command, json_lines
 from records import init_namespace, init_namespace_sync
 from worker_harness import Harness
 
-from processor import events as ev
-from processor.ids import TurnKey
-from processor.settle import event_fields
+from processor.engine import events as ev
+from processor.engine.render import event_fields
+from processor.wire.ids import TurnKey
 
 SHARDS = 2
 

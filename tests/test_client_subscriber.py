@@ -19,8 +19,8 @@ from processor.client import (
     Producer,
     Subscriber,
 )
-from processor.ids import TurnKey, response_id_for_turn, shard_of
-from processor.keys import Namespace
+from processor.wire.ids import TurnKey, response_id_for_turn, shard_of
+from processor.wire.keys import Namespace
 
 
 def _ids_on_distinct_shards(shards: int) -> list[str]:
@@ -216,7 +216,7 @@ async def test_wait_for_a_turn_sent_with_only_a_turn_id(async_redis_client, name
 
 
 async def test_producer_worker_subscriber_end_to_end(async_redis_client, namespace):
-    from processor.worker import Worker, WorkerConfig
+    from processor.worker.worker import Worker, WorkerConfig
 
     worker = Worker(async_redis_client, WorkerConfig(namespace=namespace, shards=3))
     running = asyncio.ensure_future(worker.run())

@@ -13,8 +13,8 @@ import sys
 import pytest
 from worker_harness import ROOT
 
-from processor.cli import build_parser, main
-from processor.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
+from processor.cli.main import build_parser, main
+from processor.service.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
 
 
 def _args(*argv: str):
@@ -112,10 +112,29 @@ def test_run_warns_of_an_unknown_variable_by_name() -> None:
     assert refusal.startswith(f"processor run: cannot serve metrics on 127.0.0.1:{port}")
 
 
-def test_the_readme_table_lists_every_option() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Configuration"):readme.index("## Operations")]
+def test_the_operations_table_lists_every_option() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page[page.index("## Configuration"):page.index("## Scaling")]
     rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `")
             for line in section.splitlines() if line.startswith("| `--")}
     assert rows.pop("--redis-url") == "REDIS_URL"
     assert rows == {opt.flag: opt.env for opt in OPTIONS}
+
+
+def test_the_option_table_and_the_worker_config_default_alike() -> None:
+    """One place for each default (processor/wire/defaults.py): the flags'
+    defaults are WorkerConfig's, Limits' and BatchOptions'."""
+    from processor.engine.lifecycle import Limits
+    from processor.service.config import OPTIONS
+    from processor.worker.worker import WorkerConfig
+
+    config, limits = WorkerConfig(consumer="c"), Limits()
+    sources = (config, limits, config.batch_options())
+    checked = 0
+    for option in OPTIONS:
+        source = next((s for s in sources if hasattr(s, option.name)), None)
+        if source is None or option.name == "consumer":
+            continue
+        assert getattr(source, option.name) == option.default, option.name
+        checked += 1
+    assert checked >= 20

@@ -1,5 +1,5 @@
 """Malformed input: a specific DLQ reason and a detail naming the field or
-path, never another exception (contract 5.3); the same through
+path, never another exception (docs/contract.md §5.3); the same through
 ``processor merge``; and ``processor schema`` describes what is printed."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from expectations import scenario_lines, scenario_names, scenario_path
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from processor.decode import MAX_DEPTH, EntryError, decode_entry
-from processor.events import encode_response
-from processor.merge import Turn
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.merge import Turn
+from processor.engine.offline import merge_lines
+from processor.ingest.decode import MAX_DEPTH, EntryError, decode_entry
 
 
 def refused(fields: dict[Any, Any], **kwargs: Any) -> EntryError:
@@ -345,7 +345,7 @@ def test_progress_events_carry_every_field_of_their_schema(schema_doc: dict[str,
         for event in events:
             event_schema.validate(event)
             fields = schema_doc["$defs"][_EVENT_DEFS[event["type"]]]["properties"]
-            # Contract 5.2: every field of the schema is present (null when unknown).
+            # docs/contract.md §5.2: every field of the schema is present (null when unknown).
             assert set(event) == set(fields), (event["type"], set(fields) ^ set(event))
             seen.add(event["type"])
     assert {"synthesis.started", "synthesis", "step"} <= seen

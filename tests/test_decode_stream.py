@@ -13,7 +13,7 @@ from bad_entries import CASES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.decode import EntryError, decode_entry, decode_stream_entry, entry_size
+from processor.ingest.decode import EntryError, decode_entry, decode_stream_entry, entry_size
 
 
 def outcome(decode: Any, fields: dict[Any, Any], **kwargs: Any) -> Any:

@@ -22,10 +22,10 @@ import pytest
 import redis
 import yaml
 
-from processor import config
-from processor.cli import build_parser
-from processor.connections import RedisOptions
-from processor.keys import Namespace
+from processor.cli.main import build_parser
+from processor.redis_io.connections import RedisOptions
+from processor.service import config
+from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

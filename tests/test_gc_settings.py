@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from turn_reference import entry_fields, text_delta
 
-from processor.batches import BatchOptions, build_apply
-from processor.keys import Namespace
-from processor.lifecycle import Limits
-from processor.service import GC_GEN0_THRESHOLD, tune_gc
+from processor.engine.lifecycle import Limits
+from processor.service.run import GC_GEN0_THRESHOLD, tune_gc
+from processor.wire.keys import Namespace
+from processor.worker.batches import BatchOptions, build_apply
 
 
 @pytest.fixture

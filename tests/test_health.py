@@ -16,9 +16,9 @@ from turn_reference import simple_turn
 from worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
-from processor.health import Health, Server, groups_check
-from processor.keys import Namespace
-from processor.metrics import Metrics
+from processor.service.health import Health, Server, groups_check
+from processor.wire.keys import Namespace
+from processor.worker.metrics import Metrics
 
 
 async def test_readyz_fails_while_redis_is_down_and_recovers(

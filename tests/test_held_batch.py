@@ -1,4 +1,4 @@
-"""A batch read for holding, grouped per turn (processor/held_batch.py).
+"""A batch read for holding, grouped per turn (processor/worker/held/held_batch.py).
 
 ``group_batch`` takes a turn's plain updates in runs, checked per run; it
 must give exactly what ``group_each`` gives, classifying every entry on its
@@ -20,12 +20,12 @@ from strategies import turns
 from test_hold_deferred import delta, stream_fields
 from turn_reference import as_read
 
-from processor import decode
-from processor.connections import stream_entry
-from processor.decode import EntryError, decode_stream_entry, peek_plain
-from processor.entry_fields import entry_shard
-from processor.held_batch import HeldBatch, Run, group_batch, group_each
-from processor.ids import TurnKey
+from processor.ingest import decode
+from processor.ingest.decode import EntryError, decode_stream_entry, peek_plain
+from processor.ingest.entry_fields import entry_shard
+from processor.redis_io.replies import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.held.held_batch import HeldBatch, Run, group_batch, group_each
 
 LIMIT = 1 << 20
 
@@ -164,7 +164,7 @@ def test_a_run_that_fails_its_check_is_taken_entry_by_entry() -> None:
 
 
 def test_another_shards_turn_is_left_to_apply_entries() -> None:
-    from processor.ids import shard_of
+    from processor.wire.ids import shard_of
 
     ours = next(f"r{i}" for i in range(100) if shard_of(f"r{i}", 2) == 1)
     theirs = next(f"r{i}" for i in range(100) if shard_of(f"r{i}", 2) == 0)

@@ -1,4 +1,4 @@
-"""A held turn's plain updates wait undecoded (processor/hold.py ``Held``),
+"""A held turn's plain updates wait undecoded (processor/worker/held/hold.py ``Held``),
 then are decoded together (``decode_plain``) and fed in one go
 (``TurnLife.feed_updates``). Whatever the entries, the result must be what
 feeding each entry as ``apply_entries`` decodes it gives, and an entry that
@@ -17,17 +17,23 @@ from hypothesis import strategies as st
 from strategies import turns
 from turn_reference import as_read, entry_fields
 
-from processor.batches import BatchOptions, decode_batch
-from processor.connections import stream_entry
-from processor.decode import MAX_DEPTH, EntryError, decode_plain, decode_stream_entry, peek_plain
-from processor.held_batch import Run
-from processor.hold import Holds
-from processor.ids import TurnKey
-from processor.keys import Namespace
-from processor.lifecycle import Limits, TurnLife
-from processor.models import MAX_USAGE_COUNT, Record, Update
-from processor.settle import Replay, render
-from processor.validate import check_update
+from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.render import Replay, render
+from processor.ingest.decode import (
+    MAX_DEPTH,
+    EntryError,
+    decode_plain,
+    decode_stream_entry,
+    peek_plain,
+)
+from processor.ingest.validate import check_update
+from processor.redis_io.replies import stream_entry
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace
+from processor.wire.models import MAX_USAGE_COUNT, Record, Update
+from processor.worker.batches import BatchOptions, decode_batch
+from processor.worker.held.held_batch import Run
+from processor.worker.held.hold import Holds
 
 SHARD = next(iter(Namespace("deferred", 1).all()))
 NOW = 1_700_000_000_000

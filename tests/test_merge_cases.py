@@ -1,4 +1,4 @@
-"""Worked cases of the merge rules (contract section 4): one turn each,
+"""Worked cases of the merge rules (docs/contract.md §4): one turn each,
 written out by hand, for the rules whose random coverage in
 ``test_merge_properties`` is thin (late and rejoining results, speakers,
 usage corrections, states written by an earlier release)."""
@@ -12,8 +12,8 @@ import msgspec
 import pytest
 from merging import decoded, merge_entries, merged, update_entry
 
-from processor.merge import Turn
-from processor.offline import merge_lines
+from processor.engine.merge import Turn
+from processor.engine.offline import merge_lines
 
 
 def test_idless_result_answering_a_call_in_a_later_block_stays_after_it() -> None:

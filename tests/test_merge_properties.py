@@ -1,6 +1,6 @@
-"""Properties of the merge engine (contract section 4) on random turns.
+"""Properties of the merge engine (docs/contract.md §4) on random turns.
 
-Turns come from :mod:`tests.strategies`; the checks of contract section 4
+Turns come from :mod:`tests.strategies`; the checks of docs/contract.md §4
 live in :func:`tests.expectations.check_deltas` (shared with the worker
 tests). Here: those checks, determinism, resuming a serialised or compacted
 state at any point, and the stability of assigned ids between a partial and
@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from merging import decoded, merged, update_entry
 from strategies import random_turn, turns
 
-from processor.decode import decode_entry
-from processor.events import encode_response
-from processor.ids import TurnKey
-from processor.merge import Turn, turn_tag
-from processor.models import Record, Response
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.merge import Turn, turn_tag
+from processor.engine.offline import merge_lines
+from processor.ingest.decode import decode_entry
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record, Response
 
 PROPERTY = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -40,7 +40,7 @@ def producer_ids(records: list[Record]) -> set[str]:
     return {r.update.message_id for r in records if r.update and r.update.message_id}
 
 
-# ---------------------------------------------------------------- contract 4
+# ---------------------------------------------------------------- docs/contract.md §4
 
 
 @PROPERTY

@@ -14,8 +14,8 @@ from turn_reference import simple_turn
 from worker_harness import Harness
 
 from processor.embedded import free_port
-from processor.keys import Namespace
-from processor.metrics import Metrics, Sampler, dead_letter_reasons, label
+from processor.wire.keys import Namespace
+from processor.worker.metrics import Metrics, Sampler, dead_letter_reasons, label
 
 NAMES = (
     "processor_entries_consumed", "processor_entries_stored", "processor_merged_published",
@@ -173,7 +173,7 @@ def test_dead_letter_reasons_read_the_packed_fields() -> None:
 async def test_sampler_and_readiness_work_on_a_cluster(redis_cluster, namespace) -> None:
     from redis.asyncio.cluster import RedisCluster
 
-    from processor.health import groups_check
+    from processor.service.health import groups_check
 
     ns = Namespace(namespace, 3)  # each shard on the master its hash tag picks
     client = RedisCluster.from_url(redis_cluster.url)

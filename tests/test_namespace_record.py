@@ -1,4 +1,4 @@
-"""A namespace's record ({ns:0}:meta, processor/meta.py): the shard count
+"""A namespace's record ({ns:0}:meta, processor/scripts/meta.py): the shard count
 every party of a namespace must agree on lives in Redis, written once by
 ``processor init`` or the first worker and read by every worker, tool and
 client. Each test is a way the count given to every party separately went
@@ -20,12 +20,12 @@ import pytest
 import redis
 from worker_harness import ROOT, Harness
 
-from processor import meta
 from processor.client import Producer, Subscriber
-from processor.ids import shard_of
-from processor.keys import Namespace
-from processor.meta import Mismatch, NotInitialised
-from processor.worker import Worker, WorkerConfig
+from processor.scripts import meta
+from processor.scripts.meta import Mismatch, NotInitialised
+from processor.wire.ids import shard_of
+from processor.wire.keys import Namespace
+from processor.worker.worker import Worker, WorkerConfig
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 for _name in ("PROCESSOR_SHARDS", "PROCESSOR_NAMESPACE", "PROCESSOR_GROUP", "REDIS_URL"):

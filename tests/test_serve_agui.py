@@ -25,10 +25,10 @@ from serve_harness import (
 )
 from worker_harness import Harness
 
-from processor import agui
 from processor.client import Producer, Subscriber
-from processor.models import Meta, Response
+from processor.engine import agui
 from processor.serve import sse
+from processor.wire.models import Meta, Response
 
 AGUI = "?format=agui"
 

@@ -27,8 +27,8 @@ from serve_harness import (
 from worker_harness import ROOT, Harness
 
 from processor.client import Producer, Subscriber
-from processor.ids import response_id_for_turn
 from processor.serve.tokens import issue
+from processor.wire.ids import response_id_for_turn
 
 
 def _sample(serve: Any, name: str, **labels: str) -> float:
@@ -209,7 +209,7 @@ async def test_bad_requests_get_400(redis_url, namespace) -> None:
 async def test_a_turn_sent_with_only_a_turn_id_is_found_by_its_turn_id(
     redis_url, namespace
 ) -> None:
-    """Its ResponseId is assigned, and its shard is its turn_id's (contract 3)."""
+    """Its ResponseId is assigned, and its shard is its turn_id's (docs/contract.md §3)."""
     async with Harness(redis_url, namespace, shards=4) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace, shards=4, token_secret=None))
@@ -324,16 +324,19 @@ def test_serve_port_taken_is_one_line_and_exit_2(redis_url, namespace, redis_cli
 def test_serve_imports_no_worker_module() -> None:
     """processor serve reads what workers publish; it shares the contract's
     modules and the client, never the worker's own."""
-    code = ("import sys, processor.cli, processor.serve.run; "
+    code = ("import sys, processor.cli.main, processor.serve.run; "
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('processor'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=ROOT, check=True).stdout.split()
-    allowed = {"processor", "processor.cli", "processor.connections", "processor.ids",
-               "processor.keys", "processor.logs", "processor.models", "processor.options",
-               "processor.scripts", "processor.stopping", "processor.tool_shell",
-               "processor.library",  # (the producers' function library: the client's too)
-               "processor.meta",  # (the namespace's record: the client's too)
-               "processor.agui"}  # (the pure AG-UI rendering, the same as --agui's)
+    allowed = {"processor", "processor.cli", "processor.cli.main", "processor.logs",
+               "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
+               "processor.redis_io.replies", "processor.wire.defaults",
+               "processor.wire", "processor.wire.ids", "processor.wire.keys",
+               "processor.wire.models", "processor.service", "processor.service.options",
+               "processor.service.tool_shell", "processor.scripts",
+               "processor.scripts.library",  # (the producers' function library: the client's too)
+               "processor.scripts.meta",  # (the namespace's record: the client's too)
+               "processor.engine", "processor.engine.agui"}  # (pure AG-UI, as --agui's)
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []

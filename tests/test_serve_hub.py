@@ -8,11 +8,11 @@ import random
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from processor.connections import RedisOptions, connect
-from processor.keys import Namespace
+from processor.redis_io.connections import RedisOptions, connect
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
 from processor.serve.turns import LiveEvent, TurnRef
+from processor.wire.keys import Namespace
 
 
 async def test_closing_never_hangs_on_a_blocked_read(redis_url, namespace) -> None:

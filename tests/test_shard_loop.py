@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from processor.shard_loop import Batch, Handoff
-from processor.worker import Worker, WorkerConfig
+from processor.worker.shard_loop import Batch, Handoff
+from processor.worker.worker import Worker, WorkerConfig
 
 
 class _NoRedis:

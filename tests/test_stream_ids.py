@@ -1,4 +1,4 @@
-"""processor.stream_ids: which stream ids break a shard (pure)."""
+"""processor.wire.stream_ids: which stream ids break a shard (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.stream_ids import MAX_AHEAD_MS, parse, problem, redis_ms
+from processor.wire.stream_ids import MAX_AHEAD_MS, parse, problem, redis_ms
 
 NOW = 1_795_000_000_000
 U64 = st.integers(0, 2**64 - 1)

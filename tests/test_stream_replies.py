@@ -11,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_xread, parse_xread_resp3_to_resp2_legacy
 
-from processor.connections import RedisOptions, connect, fast_stream_reads, parse_stream_read
+from processor.redis_io.connections import (
+    RedisOptions,
+    connect,
+    fast_stream_reads,
+    parse_stream_read,
+)
 
 values = st.binary(max_size=6)
 flat_fields = st.none() | st.lists(values, max_size=7)  # odd lengths and repeated names too

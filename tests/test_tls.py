@@ -28,9 +28,9 @@ from tls_certs import make_client_certificate, make_tls_files
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import ROOT, Harness
 
-from processor.connections import RedisOptions, tls_refusal_probe
 from processor.embedded import TlsFiles
-from processor.keys import Namespace
+from processor.redis_io.connections import RedisOptions, tls_refusal_probe
+from processor.wire.keys import Namespace
 
 USER, PASSWORD = "worker", "tls-and-acl-pw"
 NO_RETRY = Retry(NoBackoff(), 0)

@@ -14,13 +14,13 @@ import msgspec
 import pytest
 from merging import decoded, merged, update_entry
 
-from processor.decode import decode_stream_entry
-from processor.ids import TurnKey
-from processor.lifecycle import TURN_LIMIT, Limits, TurnLife
-from processor.merge import Turn, UsageOverflow
-from processor.models import MAX_USAGE_COUNT
-from processor.offline import merge_lines
-from processor.settle import encode_stored, plan_compaction, replay
+from processor.engine.lifecycle import TURN_LIMIT, Limits, TurnLife
+from processor.engine.merge import Turn, UsageOverflow
+from processor.engine.offline import merge_lines
+from processor.engine.render import encode_stored, plan_compaction, replay
+from processor.ingest.decode import decode_stream_entry
+from processor.wire.ids import TurnKey
+from processor.wire.models import MAX_USAGE_COUNT
 
 RID = "turn-usage"
 

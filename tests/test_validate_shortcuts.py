@@ -1,4 +1,4 @@
-"""The shortcuts of processor.validate accept, refuse and rewrite exactly what
+"""The shortcuts of processor.ingest.validate accept, refuse and rewrite exactly what
 the full walk does: each is compared with the walk it skips (the shortcut
 switched off) on the same generated input."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from processor import validate
-from processor.decode import EntryError, decode_entry
-from processor.models import Content, Record, Update
+from processor.ingest import validate
+from processor.ingest.decode import EntryError, decode_entry
+from processor.wire.models import Content, Record, Update
 
 _STRINGS = sorted(validate._STRING_FIELDS)
 _SCALARS = st.one_of(

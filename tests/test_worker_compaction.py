@@ -25,15 +25,15 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-import processor.storing
-from processor.batches import build_compact, build_finalise
-from processor.decode import decode_entry, entry_size
-from processor.ids import TurnKey
-from processor.keys import Shard
-from processor.lifecycle import Limits
+import processor.worker.stored.storing
+from processor.engine.lifecycle import Limits
+from processor.engine.render import STATE, encode_stored, plan_compaction, replay_render
+from processor.ingest.decode import decode_entry, entry_size
 from processor.scripts import Scripts
-from processor.settle import STATE, encode_stored, plan_compaction, settle
-from processor.worker import Worker
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.worker.batches import build_compact, build_finalise
+from processor.worker.worker import Worker
 
 _unpack = msgspec.msgpack.Decoder()
 
@@ -82,8 +82,8 @@ def test_compacting_anywhere_gives_the_same_outputs(seed: int) -> None:
     folded += _compact_in_place(key, compacted, None, limits)  # as far as it goes
     assert folded > 0 and STATE in compacted
     for reason in ("closing", "cancel", "timeout"):
-        want = settle(key, {}, plain, reason, limits, 1000)
-        got = settle(key, {}, compacted, reason, limits, 1000)
+        want = replay_render(key, {}, plain, reason, limits, 1000)
+        got = replay_render(key, {}, compacted, reason, limits, 1000)
         assert want is not None and got == want, reason
     merged_fields = _unpack.decode(want.outputs)[0] if want else []
     response = merged_fields[merged_fields.index("response") + 1]
@@ -187,12 +187,12 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # (pending: the watermark), then the rest but the end, applied.
         half = len(updates) // 2
         await harness.add(updates[:half])
-        await worker.apply(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
         await harness.add(updates[half:half + 1])
         ghost = await _read(harness, shard, "ghost", 1)
         watermark = ghost[0][0].decode()
         await harness.add(updates[half + 1:])
-        await worker.apply(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
         before = await recs()
         assert len(before) == len(updates) - 1
 
@@ -214,7 +214,7 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # the records at or below its cover changed, so it is refused.
         stale = plan_compaction(key, after, None, limits)
         assert stale is not None
-        await worker.apply(shard, ghost, {})  # as a reclaim would
+        await worker.process_batch(shard, ghost, {})  # as a reclaim would
         assert await commit(stale) == -1
         fresh = plan_compaction(key, await recs(), None, limits)
         assert fresh is not None and fresh.expected == short.cover
@@ -224,11 +224,11 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # publishes after it (same output), and a compaction after it is a no-op.
         await harness.add([end])
         worker.finalise = _no_finalise  # type: ignore[method-assign]
-        await worker.apply(shard, await _read(harness, shard, "w", 10), {})
+        await worker.process_batch(shard, await _read(harness, shard, "w", 10), {})
         turn_hash = await harness.client.hgetall(shard.turn(tk))
         read = await recs()
         assert plan_compaction(key, read, None, limits) is None  # nothing left to fold
-        outcome = settle(key, turn_hash, read, "closing", limits, 0)
+        outcome = replay_render(key, turn_hash, read, "closing", limits, 0)
         assert outcome is not None
         late = plan_compaction(key, read, None, limits)
         assert late is None
@@ -260,14 +260,14 @@ async def test_finalise_from_a_read_before_compaction(redis_url: str, namespace:
         await worker.ensure_groups()
         scripts = Scripts(harness.client)
         await harness.add(entries)
-        await worker.apply(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
         turn_hash = await harness.client.hgetall(shard.turn(tk))
         read = await harness.client.hgetall(shard.recs(tk))
         plan = plan_compaction(key, read, None, limits)
         assert plan is not None
         call = build_compact(shard, key, plan, worker.options)
         assert await scripts.compact_turn(keys=call.keys, args=call.args) == 1
-        outcome = settle(key, turn_hash, read, "closing", limits, 0)
+        outcome = replay_render(key, turn_hash, read, "closing", limits, 0)
         assert outcome is not None
         call = build_finalise(shard, [(key, turn_hash[b"ver"].decode(), outcome)],
                               worker.options)
@@ -287,14 +287,14 @@ async def test_workers_race_compactions_on_shared_turns(
     arrival = interleave(turns, random.Random(22))
     offline = offline_results(arrival)
     answers: list[int] = []
-    real = processor.storing.compact_turns
+    real = processor.worker.stored.storing.compact_turns
 
     async def counting(*args: Any) -> dict[TurnKey, int]:
         found = await real(*args)
         answers.extend(found.values())
         return found
 
-    monkeypatch.setattr(processor.storing, "compact_turns", counting)
+    monkeypatch.setattr(processor.worker.stored.storing, "compact_turns", counting)
     async with Harness(redis_url, namespace, shards=2, batch=7, compact_threshold=8,
                        hold_turns=False) as harness:  # (stored turns: they have records)
         await harness.start_workers(3)

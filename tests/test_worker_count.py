@@ -1,4 +1,4 @@
-"""Contract 4.8: the merged output of a turn is byte-identical whatever the
+"""docs/contract.md §4.8: the merged output of a turn is byte-identical whatever the
 number of workers and shards. The same 2,000 random multi-agent turns go
 through 1 worker, 3 workers, and 3 workers on 3 shards; every turn is merged
 exactly once with one terminal event, and equals ``processor merge``."""
@@ -51,7 +51,7 @@ async def test_worker_count_does_not_matter(redis_url: str) -> None:
         runs[(workers, shards)] = {k: t.response for k, t in outputs.turns.items()}
 
     assert runs[(1, 1)] == runs[(3, 1)] == runs[(3, 3)]
-    # The contract's section 4 on the live output of a sample of turns.
+    # docs/contract.md §4 on the live output of a sample of turns.
     sample = random.Random(SEED + 2).sample(range(TURNS), 50)
     for i in sample:
         key = next(k for k in offline if k.response_id == f"resp-{i:05d}")

@@ -15,8 +15,8 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
-from processor.models import TURN_IDS
-from processor.worker import Worker
+from processor.wire.models import TURN_IDS
+from processor.worker.worker import Worker
 
 TURNS = 600
 KILLS = 5

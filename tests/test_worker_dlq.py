@@ -15,9 +15,9 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
-import processor.batches
-from processor.ids import shard_of
-from processor.offline import merge_lines
+import processor.worker.batches
+from processor.engine.offline import merge_lines
+from processor.wire.ids import shard_of
 
 
 def _update(text: str, **extra: Any) -> str:
@@ -93,14 +93,14 @@ async def test_garbage_entries_are_dead_lettered(redis_url: str, namespace: str)
         assert dead["reason"] == reason, (entry, dead)
         assert detail in dead["detail"], (entry, dead["detail"])
         assert dead["deliveries"] == "1"
-        # The original fields come along (values cut to a bounded prefix).
+        # The original fields come along, whole (even a too_large one).
         for name, value in entry.items():
-            assert value.startswith(dead[name]) or dead[name] == value, name
+            assert dead[name] == value, name
         # processor merge says the same of the same line.
         same = [d for d in offline_dead if d.source_id == f"0-{i + 1}"]
         assert [(d.reason, d.detail) for d in same] == [(reason, dead["detail"])]
         expected_ids.add(where(i))
-    assert by_source[where(stream.index(GARBAGE[3][0]))].get("truncated") == "1"
+    assert "truncated" not in by_source[where(stream.index(GARBAGE[3][0]))]
     bad_utf8, wrong = (home.index, bad_utf8), (other.index, wrong)
     assert by_source[bad_utf8]["reason"] == "bad_encoding"
     assert "response_id" in by_source[bad_utf8]["detail"]
@@ -158,14 +158,14 @@ async def test_poison_entry_reaches_max_deliveries(
     """An entry whose processing always fails (here: decoding raises, as a bug
     would) stays pending alone, is redelivered by reclaim and dead-lettered
     after max_deliveries; its batch-mates and the workers carry on."""
-    real = processor.batches.decode_stream_entry
+    real = processor.worker.batches.decode_stream_entry
 
     def decode_or_fail(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise RuntimeError("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.batches, "decode_stream_entry", decode_or_fail)
+    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", decode_or_fail)
     rng = random.Random(12)
     turns = [random_turn(rng, f"near-{i}") for i in range(10)]
     stream = interleave(turns, rng)
@@ -199,8 +199,8 @@ def test_garbage_table_is_json_lines() -> None:
 
 async def test_entry_with_thousands_of_fields(redis_url: str, namespace: str) -> None:
     """An entry with more fields than a Lua call can pass on is still
-    dead-lettered (its fields cut, marked truncated), never lost; the entries
-    around it merge."""
+    dead-lettered whole (its names and values kept as one msgpack array,
+    marked packed), never cut nor lost; the entries around it merge."""
     many = {f"f{i}": "x" for i in range(9000)}
     async with Harness(redis_url, namespace) as harness:
         await harness.start_workers(1)
@@ -214,22 +214,27 @@ async def test_entry_with_thousands_of_fields(redis_url: str, namespace: str) ->
         await harness.wait_drained()
         harness.assert_workers_alive()
         outputs = await harness.outputs()
+        raw = {i.decode(): f for i, f in await harness.client.xrange(harness.shards[0].dlq)}
     assert len(before) == len(after) == 2
     by_source = {d["source_id"]: d for d in outputs.dlq}
     assert set(by_source) == {bad, also}
     assert by_source[bad]["reason"] == "missing_turn_key"
     assert by_source[also]["reason"] == "invalid_update"
-    for dead in by_source.values():
-        assert dead["truncated"] == "1" and dead["deliveries"] == "1"
+    for source, fields in ((bad, many), (also, {"response_id": "wide", **many})):
+        dead = by_source[source]
+        assert dead["packed"] == "1" and dead["deliveries"] == "1"
+        assert "truncated" not in dead
+        flat = msgspec.msgpack.decode(raw[dead["_id"]][b"packed_fields"])
+        assert flat == [x for kv in fields.items() for x in kv]
 
 
 async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, namespace: str) -> None:
     """Should applying an entry fail inside the script (a bug; scripts are not
     rolled back), the acked entry goes to the DLQ as internal_error instead of
     vanishing, and the rest of its batch is applied."""
-    from processor.batches import build_apply, msgpack_str
     from processor.scripts import Scripts
-    from processor.worker import WorkerConfig
+    from processor.worker.batches import build_apply, msgpack_str
+    from processor.worker.worker import WorkerConfig
 
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]

@@ -1,4 +1,4 @@
-"""One consumer group per namespace (processor/groups.py): ``processor run``
+"""One consumer group per namespace (processor/service/groups.py): ``processor run``
 with a ``--group`` other than the one already on the namespace's shard
 streams refuses to start, with one line naming that group and exit status
 2, and creates nothing; ``--allow-other-groups`` starts it with a warning."""
@@ -10,8 +10,8 @@ import json
 
 from worker_harness import Harness
 
-from processor.groups import OtherGroup, find_others, refusal
-from processor.keys import Namespace
+from processor.service.groups import OtherGroup, find_others, refusal
+from processor.wire.keys import Namespace
 
 
 async def _exit_status(harness: Harness, sub: object, timeout: float = 30) -> int:

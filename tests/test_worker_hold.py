@@ -1,4 +1,4 @@
-"""Held turns (``--hold-turns``, processor/hold.py, processor/holding.py):
+"""Held turns (``--hold-turns``, processor/worker/held/hold.py, processor/worker/held/holding.py):
 a turn's entries stay pending and are merged in the worker's memory only,
 then published and acked in one ``finalise_held``; whenever holding stops
 being safe (a crash, another consumer's entries, a cancel, the hold bound,
@@ -27,12 +27,12 @@ from turn_reference import (
 )
 from worker_harness import Harness
 
-from processor.connections import stream_entry
-from processor.held_batch import HeldBatch, group_batch
-from processor.hold import Holds
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.worker import Worker, WorkerConfig
+from processor.engine.lifecycle import Limits
+from processor.redis_io.replies import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.held.held_batch import HeldBatch, group_batch
+from processor.worker.held.hold import Holds
+from processor.worker.worker import Worker, WorkerConfig
 
 HOLD = {"hold_turns": True}
 
@@ -59,6 +59,27 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
         await harness.wait_drained()
         outputs = await harness.outputs()
         assert await harness.state_keys() == []
+        worker = running.worker
+        held = _metric(worker, "processor_turns_settled_total", source="held")
+        spilled = _metric(worker, "processor_held_turns_spilled_total")
+    compare_with_offline(outputs, offline_results(entries))
+    assert held == len(turns) and spilled == 0
+
+
+async def test_mirror_turns_0_keeps_no_copy_and_still_holds_turns(
+    redis_url: str, namespace: str
+) -> None:
+    """--mirror-turns 0 means "always read back" a stored turn; it bounds the
+    copies, not the held turns (their own bound): every turn is still held and
+    published from memory, none spilled because a copy cache is empty."""
+    turns = _turns(20)
+    entries = interleave(turns, random.Random(5))
+    async with Harness(redis_url, namespace, batch=50, mirror_turns=0, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        outputs = await harness.outputs()
         worker = running.worker
         held = _metric(worker, "processor_turns_settled_total", source="held")
         spilled = _metric(worker, "processor_held_turns_spilled_total")
@@ -191,14 +212,21 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
         harness.workers.remove(holder)
         assert await _pending(harness, holder.consumer) == 4
         rescuer = await harness.start_worker(reclaim_idle_ms=300)
+
+        def reclaimed() -> float:
+            return _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
+                           source="reclaim")
+
+        # The ends come once the rescuer took the entries over: read first, an end
+        # would let it finish the turn on the stored path with the dead holder's
+        # entries still pending, which is another test's case.
+        await harness.wait_for(lambda: reclaimed() == 4, 30, "the entries were never reclaimed")
         await harness.add(ends)
         await harness.wait_merged(2, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
-        reclaimed = _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
-                            source="reclaim")
     compare_with_offline(outputs, offline_results(entries + ends))
-    assert reclaimed == 4
+    assert reclaimed() == 4
 
 
 async def test_another_consumers_older_entry_makes_the_holder_spill(
@@ -234,7 +262,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
 ) -> None:
     """A bad entry of a held turn is dead-lettered by apply_entries, and the
     turn spills and is published with the dead letter counted. A plain
-    update waits undecoded (processor/hold.py ``Held``): the worker finds it
+    update waits undecoded (processor/worker/held/hold.py ``Held``): the worker finds it
     bad when it decodes the turn's waiting updates (here, at the end) and
     spills the turn, entry included. Any other entry is decoded on reading:
     one that fails is stored at once, which moves the turn's version, and

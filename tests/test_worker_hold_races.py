@@ -13,9 +13,9 @@ import redis.exceptions
 from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, Stepped, settled_count
 
-from processor.batches import build_apply, decode_batch
-from processor.connections import stream_entry
-from processor.ids import TurnKey
+from processor.redis_io.replies import stream_entry
+from processor.wire.ids import TurnKey
+from processor.worker.batches import build_apply, decode_batch
 
 
 async def _cut(*args: Any) -> None:
@@ -122,7 +122,7 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         worker.scripts.open_turns = _cut  # the applier must not open it again
         holds, looked = worker._holds[0], []
         holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
-        await worker.apply(shard, entries, {}, call)
+        await worker.process_batch(shard, entries, {}, call)
         outputs = await harness.outputs()
     assert response_text(outputs, "a") == "12" and outputs.dlq == [] and looked == []
     events = [e["type"] for e in outputs.turns[TurnKey("a")].events]
@@ -145,7 +145,7 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         await worker._open_ahead(shard, call)
         assert TurnKey("b") not in worker._holds[0].turns
         worker.scripts.open_turns = real
-        await worker.apply(shard, entries, {}, call)
+        await worker.process_batch(shard, entries, {}, call)
         outputs = await harness.outputs()
     assert response_text(outputs, "b") == "1" and outputs.dlq == []
     assert settled_count(worker, "held") == 1

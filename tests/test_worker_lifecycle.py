@@ -15,9 +15,9 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_dead, offline_results
 from worker_harness import Harness
 
-from processor.ids import response_id_for_turn
-from processor.lifecycle import Limits
-from processor.models import MAX_USAGE_COUNT, TURN_IDS
+from processor.engine.lifecycle import Limits
+from processor.wire.ids import response_id_for_turn
+from processor.wire.models import MAX_USAGE_COUNT, TURN_IDS
 
 
 def _update(text: str, message_id: str = "m1") -> dict:

@@ -24,8 +24,8 @@ from turn_reference import compare_with_offline, offline_results
 from worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
-from processor.metrics import DeadLetterLog
-from processor.worker import Worker
+from processor.worker.metrics import DeadLetterLog
+from processor.worker.worker import Worker
 
 
 def text_update(text: str, message_id: str = "m1") -> dict[str, Any]:
@@ -346,8 +346,8 @@ def test_the_dead_letter_log_says_how_many_it_left_out() -> None:
 
 
 def test_the_turns_marked_for_a_lost_entry_are_those_open_when_it_was_written() -> None:
-    from processor.batches import lost_turns_of
-    from processor.ids import TurnKey
+    from processor.wire.ids import TurnKey
+    from processor.worker.batches import lost_turns_of
 
     def padded(entry_id: str) -> str:  # as includes/pad_id.lua writes `ended`
         ms, seq = entry_id.split("-")
@@ -368,9 +368,9 @@ def test_the_turns_marked_for_a_lost_entry_are_those_open_when_it_was_written() 
 
 
 def test_entries_lost_ends_a_completed_or_timed_out_turn_only() -> None:
-    from processor.events import Outcome
-    from processor.ids import TurnKey
-    from processor.lifecycle import TurnLife
+    from processor.engine.events import Outcome
+    from processor.engine.lifecycle import TurnLife
+    from processor.wire.ids import TurnKey
 
     cases = {
         "completed": (Outcome.completed(), "entries_lost"),
@@ -395,8 +395,8 @@ async def test_a_group_is_put_back_never_below_what_a_worker_read(
     """recreate_group.lua: missing -> created at the id given; put back lower
     by someone else -> raised to it; higher already -> kept; and the ids
     given pending to the caller again in each case (those still in the stream)."""
-    from processor.keys import Namespace
     from processor.scripts import Scripts
+    from processor.wire.keys import Namespace
 
     updates = Namespace(namespace).shard(0).updates
     ids = [await async_redis_client.xadd(updates, {"n": str(i)}, id=f"{i}-0")

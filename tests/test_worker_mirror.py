@@ -1,4 +1,4 @@
-"""The worker's own copy of a turn (processor/mirror.py): used to finalise
+"""The worker's own copy of a turn (processor/worker/stored/mirror.py): used to finalise
 only while this worker stored every record of the turn, in entry-id order;
 dropped on any doubt; and what it publishes is what replaying the stored
 records publishes (``processor merge``), byte for byte."""
@@ -24,15 +24,15 @@ from turn_reference import (
 )
 from worker_harness import Harness, settled_count
 
-from processor.batches import build_apply, parse_versions
-from processor.decode import decode_entry
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.mirror import Ahead, Applied, Mirror, Mirrors, Version
-from processor.models import Record
+from processor.engine.lifecycle import Limits
+from processor.engine.render import encode_stored, render, replay
+from processor.ingest.decode import decode_entry
 from processor.scripts import Scripts
-from processor.settle import encode_stored, render, replay
-from processor.worker import Worker, WorkerConfig
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record
+from processor.worker.batches import build_apply, parse_versions
+from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
+from processor.worker.worker import Worker, WorkerConfig
 
 KEY = TurnKey("r1")
 
@@ -305,7 +305,7 @@ def test_feeding_ahead_keeps_exactly_what_update_keeps(
                 now.drop(key)
             assert not ahead.turns.keys() & ahead_side.turns.keys()
         else:
-            assert ahead_side.settle(ahead, versions) == now.update(applied, versions, True)
+            assert ahead_side.confirm(ahead, versions) == now.update(applied, versions, True)
         assert _state(ahead_side) == _state(now)
         assert ahead_side.bytes == now.bytes == sum(
             m.replay.life.bytes for m in now.turns.values())
@@ -355,10 +355,10 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
 
                 worker.scripts.apply_entries = ran_then_lost
                 with pytest.raises(redis.exceptions.ConnectionError):
-                    await worker.apply(shard, read, {}, call)
+                    await worker.process_batch(shard, read, {}, call)
                 assert TurnKey("lost") not in worker._mirrors[0].turns
                 worker.scripts.apply_entries = real
-            await worker.apply(shard, read, {}, call)
+            await worker.process_batch(shard, read, {}, call)
         await worker.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), f"cut, ran: {ran}")
@@ -383,7 +383,7 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
                     raise RuntimeError("a bug")
 
                 mirrors.feed_ahead = fails  # type: ignore[method-assign]
-            await worker.apply(shard, read, {}, call)
+            await worker.process_batch(shard, read, {}, call)
         await worker.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), "feeding failed")

@@ -15,9 +15,9 @@ import redis.asyncio
 from turn_reference import compare_with_offline, offline_dead, offline_results
 from worker_harness import Harness
 
-from processor.keys import Shard
-from processor.lifecycle import Limits
-from processor.worker import Worker
+from processor.engine.lifecycle import Limits
+from processor.wire.keys import Shard
+from processor.worker.worker import Worker
 
 
 def _update(text: str) -> dict:
@@ -48,7 +48,7 @@ class Stepper:
         """The ghost's entries go to the worker (as a reclaim would) and are applied."""
         claimed = await self.harness.client.xclaim(
             self.shard.updates, self.harness.group, "stepper", 0, ids)
-        await self.worker.apply(self.shard, claimed, {i: 2 for i in ids})
+        await self.worker.process_batch(self.shard, claimed, {i: 2 for i in ids})
 
     async def sweep(self) -> None:
         await self.worker.sweep(self.shard)
@@ -96,7 +96,7 @@ async def test_limit_crossed_out_of_order(redis_url: str, namespace: str) -> Non
 async def test_cancel_after_end_while_earlier_entry_held(redis_url: str, namespace: str) -> None:
     """The end was applied, an earlier entry is still held elsewhere, then the
     turn is cancelled: the cancel came after the end, so it changes nothing
-    (contract 6) and the held entry is merged, not lost."""
+    (docs/contract.md §6) and the held entry is merged, not lost."""
     stream = [{"response_id": "cae", "update": _update("first")},
               {"response_id": "cae", "update": _update(" second")},
               {"response_id": "cae", "kind": "end"}]

@@ -26,8 +26,8 @@ from turn_reference import compare_with_offline, offline_results
 from worker_harness import Harness
 
 from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
-from processor.connections import TRANSIENT
 from processor.embedded import EmbeddedRedis
+from processor.redis_io.connections import TRANSIENT
 
 FLAGS: dict[str, Any] = {
     # The default (30 s): resuming must not wait for idle entries to be

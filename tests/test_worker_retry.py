@@ -12,7 +12,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from processor.worker import Worker, WorkerConfig
+from processor.worker.worker import Worker, WorkerConfig
 
 
 class Flaky:

@@ -2,7 +2,7 @@
 the same ``response`` as ``processor merge``, byte for byte, the scenario's
 expectations hold on what the workers published, and (``--agui``) each
 turn's AG-UI run in ``{ns:s}:agui`` is valid AG-UI 1.0 and the run
-:func:`processor.agui.project` makes offline."""
+:func:`processor.engine.agui.project` makes offline."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import msgspec
 import pytest
 from agui_checks import check_run, read_runs, without_timestamps
 from expectations import check_scenario, scenario_lines, scenario_names
-from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
-from turn_reference import TurnOutput, compare_with_offline
+from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines, with_late_drops
+from turn_reference import compare_with_offline
 from worker_harness import Harness
 
-from processor.agui import project
-from processor.lifecycle import Limits
-from processor.offline import merge_lines
+from processor.engine.agui import project
+from processor.engine.lifecycle import Limits
+from processor.engine.offline import merge_lines
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
@@ -42,22 +42,10 @@ async def test_scenario_live_equals_offline(
         await harness.wait_drained()
         outputs = await harness.outputs()
         runs = await read_runs(harness.client, [s.agui for s in harness.shards])
-        results = [await _with_late_drops(harness, t) for t in outputs.turns.values()]
+        results = [await with_late_drops(harness, t) for t in outputs.turns.values()]
     compare_with_offline(outputs, offline, name)
     check_scenario(name, results)
     _check_agui(lines, runs)
-
-
-async def _with_late_drops(harness: Harness, turn: TurnOutput) -> dict:
-    """The turn's result, its ``dropped`` count including the entries that came
-    after its terminal event: a cancel may end the turn before the producer's
-    last entries arrive (which one wins is timing), and those are counted on
-    the turn's done marker instead (docs/design.md, "Offline vs live")."""
-    result = turn.result()
-    shard = harness.ns.shard_for(turn.key.response_id)
-    late = await harness.client.hget(shard.done(turn.key.encode()), "dropped")
-    result["meta"]["counts"]["dropped"] += int(late or 0)
-    return result
 
 
 def _check_agui(lines: list[str], runs: dict[str, list[dict]]) -> None:

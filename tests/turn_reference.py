@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from processor.events import encode_response
-from processor.ids import TurnKey
-from processor.lifecycle import Limits
-from processor.offline import merge_lines
+from processor.engine.events import encode_response
+from processor.engine.lifecycle import Limits
+from processor.engine.offline import merge_lines
+from processor.wire.ids import TurnKey
 
 # --------------------------------------------------------------------------- entries
 

@@ -1,6 +1,6 @@
 """Live workers on a real Redis, for the worker integration tests.
 
-:class:`Harness` runs N in-process :class:`~processor.worker.Worker` tasks
+:class:`Harness` runs N in-process :class:`~processor.worker.worker.Worker` tasks
 and/or ``processor run`` subprocesses on one namespace, XADDs input entries
 (batched pipelines, routed to their shard like a producer would), waits until
 everything is drained, and collects what the workers published: merged
@@ -32,11 +32,11 @@ from redis.asyncio.cluster import RedisCluster
 from subprocess_workers import ROOT, Subprocesses, SubprocessWorker  # noqa: F401 (ROOT: re-exported)
 from turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 
-from processor.batches import decode_batch
-from processor.connections import fast_stream_reads, read_raw
-from processor.ids import TurnKey, shard_of
-from processor.keys import Namespace, Shard
-from processor.worker import Worker, WorkerConfig
+from processor.redis_io.connections import fast_stream_reads, read_raw
+from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Namespace, Shard
+from processor.worker.batches import decode_batch
+from processor.worker.worker import Worker, WorkerConfig
 
 
 def _text(value: Any) -> str:
@@ -381,4 +381,5 @@ class Stepped:
         entries = await self.read()
         worker, shard = self.worker, self.shard
         worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
-        await worker.apply(shard, entries, {}, decode_batch(shard, entries, worker.options, 0))
+        call = decode_batch(shard, entries, worker.options, 0)
+        await worker.process_batch(shard, entries, {}, call)

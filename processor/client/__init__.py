@@ -1,6 +1,6 @@
 """The client side of the wire contract: producers send updates, subscribers read outputs.
 
-:class:`Producer` writes input entries (contract section 3) to the right shard,
+:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries (``inbox=True``: through the shard's inbox, which
 workers admit into the stream: the path of the least-privilege ``producer`` ACL
 user); it also sets and reads cancellation keys
@@ -12,9 +12,9 @@ merged response of one turn. A send to a turn that has ended raises
 has loaded the producers' functions yet, :class:`LibraryNotLoaded`.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
-``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.connections.connect`),
+``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.redis_io.connections.connect`),
 and read the namespace's shard count from its record in Redis
-(:mod:`processor.meta`; :class:`NotInitialised` before any worker or
+(:mod:`processor.scripts.meta`; :class:`NotInitialised` before any worker or
 ``processor init`` wrote it)::
 
     producer = Producer(client)
@@ -38,8 +38,8 @@ from processor.client.retry import RetryPolicy
 from processor.client.subscriber import STREAMS as STREAMS
 from processor.client.subscriber import Subscriber
 from processor.client.watch import CancelWatch
-from processor.library import LibraryNotLoaded
-from processor.meta import Mismatch, NamespaceError, NotInitialised
+from processor.scripts.library import LibraryNotLoaded
+from processor.scripts.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
     "CancelWatch",

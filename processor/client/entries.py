@@ -1,4 +1,4 @@
-"""Input entries (contract section 3): their correlation ids and ``kind`` bodies.
+"""Input entries (docs/contract.md §3): their correlation ids and ``kind`` bodies.
 
 Pure functions: what :class:`processor.client.Producer` hands to ``send_update.lua``.
 """
@@ -11,12 +11,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from processor.ids import TurnKey, response_id_for_turn
-from processor.models import ENTRY_IDS, TURN_IDS
+from processor.wire.ids import TurnKey, response_id_for_turn
+from processor.wire.models import ENTRY_IDS, TURN_IDS
 
 Encoding = Literal["json", "msgpack"]
 
-#: The correlation ids an entry may carry (contract section 3).
+#: The correlation ids an entry may carry (docs/contract.md §3.1).
 CORRELATION_IDS = frozenset(TURN_IDS + ENTRY_IDS)
 
 
@@ -33,7 +33,7 @@ class TurnIds:
         return self.response_id or self.ids["turn_id"]
 
     def turn_key(self) -> TurnKey:
-        """The turn the worker merges the entry into (contract section 1)."""
+        """The turn the worker merges the entry into (docs/contract.md §1)."""
         rid = self.response_id or response_id_for_turn(self.ids["turn_id"])
         return TurnKey(rid, self.ids.get("attempt_id", ""))
 

@@ -21,8 +21,7 @@ from typing import Any
 
 from processor.client.items import xread_entries
 from processor.client.retry import RetryPolicy
-from processor.connections import as_text
-from processor.keys import Namespace
+from processor.redis_io.replies import as_text
 from processor.serve.source import (
     StreamScanSource,
     TurnSource,
@@ -31,6 +30,7 @@ from processor.serve.source import (
     owned_merged,
 )
 from processor.serve.turns import Cursor, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.wire.keys import Namespace
 
 #: What :func:`follow` yields.
 Followed = Snapshot | LiveEvent | MergedOutput

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from processor.connections import as_text
+from processor.redis_io.replies import as_text
 
 
 @dataclass(frozen=True, slots=True)
 class MergedItem:
-    """An entry of a ``merged`` stream: one finished turn (contract 5.1)."""
+    """An entry of a ``merged`` stream: one finished turn (docs/contract.md §5.1)."""
 
     stream: str
     id: str
@@ -48,7 +48,7 @@ def response_text(response: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EventItem:
-    """An entry of an ``events`` stream (contract 5.2); ``event`` is the decoded JSON."""
+    """An entry of an ``events`` stream (docs/contract.md §5.2); ``event`` is the decoded JSON."""
 
     stream: str
     id: str

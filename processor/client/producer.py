@@ -1,6 +1,6 @@
 """The producer side of the wire contract: input entries and cancellation keys.
 
-:class:`Producer` writes input entries (contract section 3) to the right shard,
+:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries; it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
 """
@@ -24,11 +24,11 @@ from processor.client.entries import (
 from processor.client.errors import TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
-from processor.connections import as_text
-from processor.ids import response_id_for_turn
-from processor.keys import DEFAULT_NAMESPACE, Namespace
-from processor.library import Function
-from processor.meta import require
+from processor.redis_io.replies import as_text
+from processor.scripts.library import Function
+from processor.scripts.meta import require
+from processor.wire.ids import response_id_for_turn
+from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
 
 T = TypeVar("T")
 
@@ -37,10 +37,10 @@ AUTO_IDEMPOTENCY_TTL = 600
 
 
 class Producer:
-    """Writes input entries to ``{<ns>:<s>}:updates`` (contract section 3).
+    """Writes input entries to ``{<ns>:<s>}:updates`` (docs/contract.md §3).
 
     Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
-    added by the Redis Function of ``send_update.lua`` (:mod:`processor.library`;
+    added by the Redis Function of ``send_update.lua`` (:mod:`processor.scripts.library`;
     EVALSHA of the same file on Redis 6.2): an idempotency key makes a retried
     send add the entry once. Without an ``idempotency_key`` one is made per call (and
     reused by the built-in retry); pass your own, unique per entry (say
@@ -48,11 +48,11 @@ class Producer:
     kept ``idempotency_ttl`` seconds, per namespace and shard.
 
     The namespace's shard count comes from its record in Redis
-    (:mod:`processor.meta`), read once by the first call that needs it:
-    :class:`~processor.meta.NotInitialised` when no worker or ``processor
+    (:mod:`processor.scripts.meta`), read once by the first call that needs it:
+    :class:`~processor.scripts.meta.NotInitialised` when no worker or ``processor
     init`` created it yet (nothing is sent; a later call reads again). Give
     ``shards`` only to check it: a different count raises
-    :class:`~processor.meta.Mismatch`.
+    :class:`~processor.scripts.meta.Mismatch`.
 
     ``inbox=True`` sends through the shard's inbox instead (``send_inbox.lua``):
     the entry is pushed to ``{<ns>:<s>}:inbox`` and a worker moves it into the
@@ -99,7 +99,8 @@ class Producer:
 
     async def ready(self) -> Namespace:
         """The namespace's key names, reading its record the first time
-        (:class:`~processor.meta.NotInitialised`, :class:`~processor.meta.Mismatch`)."""
+        (:class:`~processor.scripts.meta.NotInitialised`,
+        :class:`~processor.scripts.meta.Mismatch`)."""
         if self._keys is None:
             meta = await self.retry.run(
                 lambda: require(self.client, self.namespace, self._shards, self._shards_from))

@@ -13,14 +13,15 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from processor.connections import is_transient
+from processor.redis_io.connections import is_transient
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries after what the worker also retries (:func:`processor.connections.is_transient`:
+    """Retries after what the worker also retries
+    (:func:`processor.redis_io.connections.is_transient`:
     connection errors and cluster hiccups such as CLUSTERDOWN or TRYAGAIN),
     with exponential backoff and full jitter.
 

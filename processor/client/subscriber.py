@@ -19,12 +19,12 @@ from processor.client.closing import AsyncClosing
 from processor.client.follow import Followed, follow
 from processor.client.items import Item, MergedItem, decode_item, entry_ms, xread_entries
 from processor.client.retry import RetryPolicy
-from processor.connections import as_text
-from processor.ids import response_id_for_turn, shard_of
-from processor.keys import DEFAULT_NAMESPACE, Namespace, Shard
-from processor.meta import require
+from processor.redis_io.replies import as_text
+from processor.scripts.meta import require
 from processor.serve.source import TurnSource
 from processor.serve.turns import TurnRef
+from processor.wire.ids import response_id_for_turn, shard_of
+from processor.wire.keys import DEFAULT_NAMESPACE, Namespace, Shard
 
 #: The streams of a shard a :class:`Subscriber` can follow.
 STREAMS = ("merged", "events", "dlq", "updates")
@@ -45,10 +45,10 @@ class Subscriber(AsyncClosing):
     (``RedisCluster`` client) each shard has its own blocking XREAD in flight.
 
     The namespace's shard count comes from its record in Redis
-    (:mod:`processor.meta`), read by the first read (until then
-    :attr:`positions` is empty): :class:`~processor.meta.NotInitialised`
+    (:mod:`processor.scripts.meta`), read by the first read (until then
+    :attr:`positions` is empty): :class:`~processor.scripts.meta.NotInitialised`
     when there is none yet. ``shards``, if given, is checked against it
-    (:class:`~processor.meta.Mismatch`), and fills :attr:`positions` at once.
+    (:class:`~processor.scripts.meta.Mismatch`), and fills :attr:`positions` at once.
     """
 
     def __init__(
@@ -100,7 +100,8 @@ class Subscriber(AsyncClosing):
 
     async def ready(self) -> Namespace:
         """The namespace's key names, reading its record the first time
-        (:class:`~processor.meta.NotInitialised`, :class:`~processor.meta.Mismatch`)."""
+        (:class:`~processor.scripts.meta.NotInitialised`,
+        :class:`~processor.scripts.meta.Mismatch`)."""
         if not self._checked:
             meta = await self.retry.run(
                 lambda: require(self.client, self.namespace, self._shards))

@@ -1,4 +1,4 @@
-"""Stopping a generator when its turn's cancellation key appears (contract section 6)."""
+"""Stopping a generator when its turn's cancellation key appears (docs/contract.md §6)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from processor.client.closing import AsyncClosing
-from processor.connections import as_text, is_transient
+from processor.redis_io.connections import is_transient
+from processor.redis_io.replies import as_text
 
 # The name the logger had before processor.client became a package: log filters keep working.
 log = logging.getLogger("processor.client")

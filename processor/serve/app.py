@@ -33,8 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from processor.client import Producer
-from processor.connections import is_redis_failure
-from processor.ids import response_id_for_turn
+from processor.redis_io.connections import is_redis_failure
 from processor.serve import formats, sse
 from processor.serve.config import ServeConfig
 from processor.serve.hub import Hub, Subscription
@@ -49,6 +48,7 @@ from processor.serve.turns import (
     TurnRef,
     parse_after,
 )
+from processor.wire.ids import response_id_for_turn
 
 log = logging.getLogger("processor.serve")
 

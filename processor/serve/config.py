@@ -1,4 +1,4 @@
-"""``processor serve`` options: one table (processor/options.py's mechanism)
+"""``processor serve`` options: one table (processor/service/options.py's mechanism)
 feeds the flags, the ``PROCESSOR_*`` variables, ``--help`` and the checks
 that report each problem on its own line before start."""
 
@@ -9,10 +9,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor import options
-from processor.connections import RedisOptions
-from processor.keys import Namespace
-from processor.options import (
+from processor.redis_io.connections import RedisOptions
+from processor.serve.tokens import MIN_SECRET_LENGTH
+from processor.service import options
+from processor.service.options import (
     LOG_LEVEL,
     NAMESPACE,
     SHARDS,
@@ -23,7 +23,7 @@ from processor.options import (
     flag,
     number,
 )
-from processor.serve.tokens import MIN_SECRET_LENGTH
+from processor.wire.keys import Namespace
 
 OPTIONS: tuple[Option, ...] = (
     NAMESPACE,
@@ -69,7 +69,7 @@ class ServeConfig:
     scan_limit: int
     log_level: str
     # Where --shards came from ("" when not given): the namespace's record
-    # says the count (processor.meta), a given one is checked against it.
+    # says the count (processor.scripts.meta), a given one is checked against it.
     shards_from: str = ""
 
 

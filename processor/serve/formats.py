@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from processor import agui
-from processor.models import Counts, Meta, Response, Status
+from processor.engine import agui
 from processor.serve import sse
 from processor.serve.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.wire.models import Counts, Meta, Response, Status
 
 FORMATS = ("native", "agui")
 

@@ -28,11 +28,12 @@ from collections import deque
 from typing import Any
 
 from processor.client.items import xread_entries
-from processor.connections import as_text, is_redis_failure
-from processor.keys import Namespace, Shard
+from processor.redis_io.connections import is_redis_failure
+from processor.redis_io.replies import as_text
 from processor.serve.metrics import ServeMetrics
 from processor.serve.source import entry_field, owned_event, owned_merged
 from processor.serve.turns import Item, TurnRef
+from processor.wire.keys import Namespace, Shard
 
 log = logging.getLogger("processor.serve")
 

@@ -1,5 +1,5 @@
 """Prometheus metrics of one ``processor serve`` process, in a registry of
-its own (as the worker's, processor/metrics.py). Labels are bounded: a
+its own (as the worker's, processor/worker/metrics.py). Labels are bounded: a
 reason code or a kind of Redis call, never a response id or a token."""
 
 from __future__ import annotations

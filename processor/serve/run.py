@@ -13,8 +13,8 @@ from dataclasses import replace
 from aiohttp import web
 
 from processor import logs, stopping
-from processor.connections import connect_retrying, redact
-from processor.meta import Mismatch, NamespaceError, require
+from processor.redis_io.connections import connect_retrying, redact
+from processor.scripts.meta import Mismatch, NamespaceError, require
 from processor.serve.app import Server, make_app
 from processor.serve.config import ServeConfig, unknown_env
 from processor.serve.hub import Hub
@@ -49,7 +49,7 @@ async def serve(config: ServeConfig) -> int:
     client = await connect_retrying(config.redis, stop)
     if client is None:
         return 0
-    try:  # the namespace's shard count, from its record (processor.meta)
+    try:  # the namespace's shard count, from its record (processor.scripts.meta)
         meta = await require(client, config.namespace.name,
                              config.namespace.shards if config.shards_from else None,
                              config.shards_from)

@@ -22,9 +22,9 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from processor.connections import as_text
-from processor.keys import Namespace
+from processor.redis_io.replies import as_text
 from processor.serve.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.wire.keys import Namespace
 
 Phase = Literal["unknown", "running", "finished"]
 
@@ -101,7 +101,7 @@ def owned_event(turn: TurnRef, fields: Mapping[Any, Any]) -> LiveEvent | None:
     try:
         return LiveEvent.decode(_raw(fields, "event"))
     except msgspec.DecodeError:
-        return None  # not an event of the contract's shape: nothing to send
+        return None  # not an event of docs/contract.md §5.2's shape: nothing to send
 
 
 def owned_merged(turn: TurnRef, fields: Mapping[Any, Any]) -> MergedOutput | None:

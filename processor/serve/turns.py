@@ -21,10 +21,10 @@ from typing import Literal
 
 import msgspec
 
-from processor.ids import TurnKey
-from processor.keys import Namespace, Shard
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace, Shard
 
-#: The type of the terminal event (contract 5.2): always the turn's last seq.
+#: The type of the terminal event (docs/contract.md §5.2): always the turn's last seq.
 TERMINAL = "synthesis"
 
 
@@ -32,7 +32,7 @@ TERMINAL = "synthesis"
 class TurnRef:
     """The synthesis a request names. ``turn_id`` routes a turn sent without
     a ResponseId of its own (the processor assigned ``response_id`` from it
-    and its shard is ``turn_id``'s, contract section 3)."""
+    and its shard is ``turn_id``'s, docs/contract.md §3)."""
 
     response_id: str
     attempt_id: str = ""

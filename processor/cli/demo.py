@@ -1,0 +1,269 @@
+"""``processor demo``: two workers and a simulated producer on an embedded Redis.
+
+The producer streams three turns the way Agent Framework agents would: a
+handoff between two agents with a tool call (their updates interleaved), a
+turn the user cancels half-way, and a turn whose model fails. The demo then
+prints each merged response and the events a UI would have seen.
+
+It also serves the turns as ``processor serve`` does (in this process, on
+``--port``, with a fresh token secret) and prints the watch page's URL of
+the handoff before streaming it at ``--pace`` seconds per update, so the
+page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
+server's ``PROCESSOR_TOKEN_SECRET``), the page on a server already running
+on namespace ``demo``. ``--linger`` keeps the page served after the turns
+end (by default 30 s on a terminal, none otherwise; Ctrl-C ends it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from processor.client import Producer
+from processor.engine.lifecycle import Limits
+from processor.redis_io.connections import RedisOptions, connect
+from processor.service.run import start_embedded
+from processor.wire.keys import Namespace
+from processor.worker.worker import Worker, WorkerConfig
+
+NAMESPACE = "demo"
+
+
+def _update(text: str | None = None, *, kind: str = "text", **fields: Any) -> dict[str, Any]:
+    content: dict[str, Any] = {"type": kind}
+    if text is not None:
+        content["text"] = text
+    content.update(fields.pop("content", {}))
+    return {"type": "agent_response_update", "contents": [content], "role": "assistant", **fields}
+
+
+def _alice(text: str | None = None, **kw: Any) -> dict[str, Any]:
+    return _update(text, response_id="run-alice", author_name="alice", agent_id="triage", **kw)
+
+
+def _bob(text: str, **kw: Any) -> dict[str, Any]:
+    return _update(
+        text, response_id="run-bob", author_name="bob", agent_id="billing", message_id="bob-1", **kw
+    )
+
+
+HANDOFF: list[dict[str, Any]] = [
+    _alice("The user asks about an invoice; ", kind="text_reasoning"),
+    _alice("billing should handle it.", kind="text_reasoning"),
+    _alice(
+        kind="function_call",
+        message_id="al-1",
+        content={"call_id": "c1", "name": "handoff_to_billing", "arguments": '{"reason": '},
+    ),
+    _alice(
+        kind="function_call",
+        message_id="al-1",
+        content={"call_id": "c1", "arguments": '"invoice"}'},
+    ),
+    {
+        **_alice(
+            kind="function_result",
+            message_id="al-2",
+            content={"call_id": "c1", "result": "transferred"},
+        ),
+        "role": "tool",
+        "author_name": None,
+    },
+    _bob("Hi, I'm Bob from billing. "),
+    _alice("Handing you to Bob now.", message_id="al-3"),
+    _bob("Your invoice #42 was paid on May 3."),
+    _update(
+        kind="usage",
+        content={"usage_details": {"input_token_count": 120, "output_token_count": 38}},
+        finish_reason="stop",
+    ),
+]
+
+
+async def _produce(producer: Producer, pace: float) -> None:
+    for update in HANDOFF:
+        await producer.send("demo-handoff", update, ids={"thread_id": "thread-1"})
+        await asyncio.sleep(pace)
+    await producer.end("demo-handoff")
+    for word in ("Let ", "me ", "write ", "a "):
+        await producer.send("demo-cancel", _update(word, message_id="m1"))
+    await asyncio.sleep(0.3)
+    await producer.cancel("demo-cancel", reason="user pressed stop")
+    await producer.send("demo-error", _update("Thinking about ", message_id="m1"))
+    await producer.error("demo-error", "model quota exceeded", code="429")
+
+
+async def _wait_merged(client: Any, count: int, timeout: float = 10.0) -> list[Any]:
+    stream = Namespace(NAMESPACE).shard(0).merged
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries: list[Any] = await client.xrange(stream)
+        if len(entries) >= count:
+            return entries
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"only {len(entries)} of {count} turns merged in {timeout:g}s")
+
+
+def _print_turn(fields: dict[bytes, bytes], events: list[dict[str, Any]]) -> None:
+    response = json.loads(fields[b"response"])
+    rid = fields[b"response_id"].decode()
+    print(f"\n== {rid}: {fields[b'status'].decode()}")
+    for message in response["messages"]:
+        who = message.get("author_name") or message["role"]
+        parts = []
+        for c in message["contents"]:
+            if c["type"] in ("text", "text_reasoning"):
+                parts.append(("(thinking) " if c["type"] == "text_reasoning" else "") + c["text"])
+            elif c["type"] == "function_call":
+                parts.append(f"call {c['name']}({c['arguments']})")
+            elif c["type"] == "function_result":
+                parts.append(f"result {c['result']!r}")
+        print(f"   [{message['message_id']}] {who:>6}: {' | '.join(parts)}")
+    if response.get("usage_details"):
+        print(f"   usage: {response['usage_details']}")
+    mine = [e for e in events if e["response_id"] == rid]
+    print("   events: " + ", ".join(f"{e['seq']}:{e['type']}" for e in mine))
+    final = mine[-1]
+    if final.get("error"):
+        print(f"   error: {final['error']['code']}: {final['error']['message']}")
+
+
+@dataclass
+class Options:
+    redis_url: str | None = None  # None: an embedded redis-server
+    serve_url: str | None = None  # a processor serve already running on this Redis
+    token_secret: str | None = None  # that server's
+    port: int = 8080  # of the serve the demo starts (0: any free port)
+    pace: float = 0.5  # seconds between the handoff's updates
+    linger: float = 0.0  # seconds the page stays served after the turns end
+
+
+class _Serve:
+    """``processor serve`` in this process, on the demo's Redis."""
+
+    def __init__(self, runner: Any, server: Any, url: str, secret: str) -> None:
+        self.runner, self.server, self.url, self.secret = runner, server, url, secret
+
+    @classmethod
+    async def start(cls, client: Any, redis_url: str, port: int) -> _Serve:
+        from aiohttp import web
+
+        from processor.serve.config import ServeConfig
+        from processor.serve.run import bound_port, build
+
+        secret = secrets.token_hex(16)
+        config = ServeConfig(redis=RedisOptions(redis_url), namespace=Namespace(NAMESPACE),
+                             host="127.0.0.1", port=port, token_secret=secret,
+                             cors_origins=(), heartbeat=15.0, client_queue=1000,
+                             write_timeout=10.0, scan_limit=5000, log_level="warning")
+        app, server = build(config, client)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, config.host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise _Problem(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} "
+                           "(choose another with --port, 0 for any)") from None
+        server.hub.start()
+        return cls(runner, server, f"http://127.0.0.1:{bound_port(runner)}", secret)
+
+    async def close(self) -> None:
+        await self.server.hub.close()
+        await self.runner.cleanup()
+
+
+class _Problem(Exception):
+    """A start-up problem, said on one line."""
+
+
+def page_url(serve_url: str, secret: str, response_id: str, ttl: int = 3600) -> str:
+    """The watch page of a turn on ``serve_url``, with a token for it."""
+    from processor.serve.tokens import issue
+
+    token = issue(secret, response_id, int(time.time()) + ttl)
+    return f"{serve_url.rstrip('/')}/v1/turns/{response_id}/view?token={token}"
+
+
+async def run_demo(options: Options | None = None) -> int:
+    options = options or Options()
+    server = start_embedded() if options.redis_url is None else None
+    redis_url = options.redis_url or (server.url if server is not None else "")
+    serve: _Serve | None = None
+    try:
+        client = await connect(RedisOptions(redis_url))
+        workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, progress=True,
+                                               limits=Limits(turn_timeout=30)))
+                   for _ in range(2)]
+        tasks = [asyncio.create_task(w.run()) for w in workers]
+        await asyncio.gather(*(w.ready.wait() for w in workers))
+        if options.serve_url is None:
+            serve = await _Serve.start(client, redis_url, options.port)
+            serve_url, secret = serve.url, serve.secret
+        else:
+            serve_url, secret = options.serve_url, options.token_secret or ""
+        print(f"processor serve at {serve_url}; watch the handoff live (the page follows it "
+              f"as it streams):\n  {page_url(serve_url, secret, 'demo-handoff')}", flush=True)
+        print("2 workers running; producing 3 turns (handoff, cancelled, failing)...",
+              flush=True)
+        await _produce(Producer(client, namespace=NAMESPACE), options.pace)
+        merged = await _wait_merged(client, 3)
+        raw = await client.xrange(Namespace(NAMESPACE).shard(0).events)
+        events = [json.loads(f[b"event"]) for _, f in raw]
+        for _, fields in merged:
+            _print_turn(fields, events)
+        sys.stdout.flush()
+        if serve is not None and options.linger > 0:
+            print(f"\nserving the pages for {options.linger:g} s more (Ctrl-C ends it)",
+                  flush=True)
+            await asyncio.sleep(options.linger)
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*tasks)
+        if serve is not None:
+            await serve.close()
+            serve = None
+        await client.aclose()
+        return 0
+    finally:
+        if serve is not None:
+            await serve.close()
+        if server is not None:
+            server.close()
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    given = vars(args) if args is not None else {}
+    linger = given.get("linger")
+    secret = given.get("token_secret") or os.environ.get("PROCESSOR_TOKEN_SECRET")
+    options = Options(
+        redis_url=given.get("redis_url"), serve_url=given.get("serve_url"),
+        token_secret=secret, port=given.get("port", 8080), pace=given.get("pace", 0.5),
+        linger=(30.0 if sys.stdout.isatty() else 0.0) if linger is None else linger)
+    problems = []
+    if options.serve_url and not options.redis_url:
+        problems.append("--serve-url needs --redis-url: the Redis that server reads")
+    if options.serve_url and not secret:
+        problems.append("--serve-url needs the server's --token-secret (or "
+                        "PROCESSOR_TOKEN_SECRET) to make the page's token")
+    if options.pace < 0 or options.linger < 0:
+        problems.append("--pace and --linger must be 0 or more")
+    for problem in problems:
+        print(f"processor demo: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(run_demo(options))
+        return 0
+    except (TimeoutError, _Problem) as exc:
+        print(f"processor demo: {exc}", file=sys.stderr)
+        return 1

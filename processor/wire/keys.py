@@ -1,0 +1,151 @@
+"""Every Redis key name, built in one place.
+
+All keys of shard ``s`` share the Cluster hash tag ``{<ns>:<s>}``, so one
+Lua script can touch all of them. Lua scripts never build key names: the
+worker passes each one in ``KEYS``.
+
+Public keys (docs/contract.md §2):
+
+- ``{ns:s}:updates``   input stream (producers XADD)
+- ``{ns:s}:merged``    one merged response per finished turn
+- ``{ns:s}:events``    lifecycle, progress and terminal events
+- ``{ns:s}:dlq``       entries that could not be merged
+- ``{ns:s}:agui``      with ``--agui``: each finished turn as an AG-UI 1.0 run
+- ``{ns:s}:cancel:<response_id>``  cancellation key
+
+Internal keys (the state machine, see docs/design.md):
+
+- ``{ns:s}:turn:<tk>``  hash: seq, version, counters of an active turn
+- ``{ns:s}:recs:<tk>``  hash: entry id -> record (msgpack), plus a compacted state
+- ``{ns:s}:done:<tk>``  hash with TTL: status of a finished turn (dedup, drops)
+- ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
+- ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
+- ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
+- ``{ns:s}:inbox``      list: entries of least-privilege producers (``send_inbox``),
+  one msgpack array of field names and values each, until a worker admits them
+  into ``updates`` (``admit_inbox``, :mod:`processor.worker.inbox`)
+- ``{ns:s}:inbox:bell`` list: a token when the inbox has entries, which the
+  admitting worker waits on (BLPOP)
+- ``{ns:s}:updates:repair`` scratch stream of ``processor repair-stream``
+  (exists only within its Lua step, or after one that failed half-way)
+- ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
+  workers of a group that split the shards (shard affinity); one per
+  namespace, under shard 0's hash tag
+- ``{ns:0}:meta`` hash: the namespace's record (shards, group, epoch), written
+  once by ``processor init`` or the first worker, read by every party
+  (:mod:`processor.scripts.meta`); one per namespace, under shard 0's hash tag
+
+``<tk>`` is :meth:`processor.wire.ids.TurnKey.encode`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processor.wire import defaults
+from processor.wire.ids import TurnKey, shard_of
+
+DEFAULT_NAMESPACE = "agent"
+DEFAULT_GROUP = defaults.GROUP
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The key names of one shard of one namespace."""
+
+    namespace: str
+    index: int
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.namespace}:{self.index}}}"
+
+    @property
+    def updates(self) -> str:
+        return f"{self.tag}:updates"
+
+    @property
+    def inbox(self) -> str:
+        return f"{self.tag}:inbox"
+
+    @property
+    def inbox_bell(self) -> str:
+        return f"{self.tag}:inbox:bell"
+
+    @property
+    def repair(self) -> str:
+        return f"{self.tag}:updates:repair"
+
+    @property
+    def merged(self) -> str:
+        return f"{self.tag}:merged"
+
+    @property
+    def events(self) -> str:
+        return f"{self.tag}:events"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.tag}:dlq"
+
+    @property
+    def agui(self) -> str:
+        return f"{self.tag}:agui"
+
+    @property
+    def active(self) -> str:
+        return f"{self.tag}:active"
+
+    @property
+    def closing(self) -> str:
+        return f"{self.tag}:closing"
+
+    def cancel(self, response_id: str) -> str:
+        return f"{self.tag}:cancel:{response_id}"
+
+    def turn(self, tk: str) -> str:
+        return f"{self.tag}:turn:{tk}"
+
+    def recs(self, tk: str) -> str:
+        return f"{self.tag}:recs:{tk}"
+
+    def done(self, tk: str) -> str:
+        return f"{self.tag}:done:{tk}"
+
+    def idem(self, key: str) -> str:
+        return f"{self.tag}:idem:{key}"
+
+    def turn_keys(self, key: TurnKey) -> tuple[str, str, str, str]:
+        """The four per-turn keys scripts take, in their KEYS order."""
+        tk = key.encode()
+        return self.turn(tk), self.recs(tk), self.done(tk), self.cancel(key.response_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A namespace of ``shards`` shards."""
+
+    name: str = DEFAULT_NAMESPACE
+    shards: int = 1
+
+    def shard(self, index: int) -> Shard:
+        return Shard(self.name, index)
+
+    def all(self) -> list[Shard]:
+        return [Shard(self.name, i) for i in range(self.shards)]
+
+    def workers(self, group: str) -> str:
+        """The live workers of consumer group ``group``: one key for the
+        namespace, under shard 0's hash tag (touched by ``beat_worker`` alone)."""
+        return f"{self.shard(0).tag}:workers:{group}"
+
+    @property
+    def meta(self) -> str:
+        """The namespace's record (:mod:`processor.scripts.meta`): one key for the
+        namespace, under shard 0's hash tag; its name does not depend on
+        ``shards``, which it holds."""
+        return f"{self.shard(0).tag}:meta"
+
+    def shard_for(self, routing_id: str) -> Shard:
+        """The shard of a turn: from its response_id, or its turn_id when it has none."""
+        return Shard(self.name, shard_of(routing_id, self.shards))

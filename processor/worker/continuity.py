@@ -1,0 +1,425 @@
+"""What a worker does when Redis loses what the worker relies on
+(docs/reliability.md, *When Redis loses state*):
+
+- **A consumer group vanished** (``XGROUP DESTROY``, the stream deleted)
+  while the namespace's record is intact: it is put back at the newest
+  entry this worker knows was delivered (the last it read on that shard,
+  never lower; raised there if another worker put it back lower), and the
+  entries this worker had pending (held, or read and not yet applied) are
+  made pending to it again, in one step (``recreate_group.lua``), so the
+  XACK fences and the watermark work on them as before. The scripts that
+  ack (``apply_entries``, ``finalise_held``) fail loudly on a missing group
+  (``includes/require_group``) rather than read XACK's 0 as "applied by
+  another consumer"; the step is then run again.
+- **The namespace's state is gone**: its record (processor.scripts.meta) is missing
+  or has another epoch, which is what a Redis restarted without persistence
+  looks like. Said once at error level, on ``/readyz`` for
+  :data:`STATE_LOST_READY_S` and in ``processor_state_lost_total``. Every
+  turn this worker knew in flight (held, or with a copy: mirror.py) is
+  published as error ``state_lost`` with what it had
+  (``publish_lost_turns.lua``); entries it had read and not applied, which
+  Redis no longer has, go to the DLQ with their fields (``state_lost``);
+  then the record and the groups are written again and work goes on. Turns
+  it did not know of cannot be told apart from new ones: a documented limit.
+
+A mixin of :class:`~processor.worker.worker.Worker`. What concerns one shard's
+turns runs in that shard's applier, between steps, like every other state
+change of the shard (:meth:`_lose_shard_now`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from processor.engine.render import render
+from processor.redis_io.connections import is_redis_failure
+from processor.redis_io.replies import as_text, stream_entry
+from processor.scripts.meta import Meta, create, read
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
+from processor.worker.batches import ApplyCall, BatchOptions, LostOutcome, build_publish_lost
+from processor.worker.held.hold import Floor, Holds
+from processor.worker.metrics import DeadLetterLog, Metrics
+from processor.worker.stored.mirror import Mirror, Mirrors, Version
+
+log = logging.getLogger("processor.worker")
+
+#: Seconds ``/readyz`` says the namespace's state was lost, after the worker found it.
+STATE_LOST_READY_S = 60.0
+#: The DLQ reason of entries a worker had when Redis lost the namespace's state.
+STATE_LOST = "state_lost"
+#: The ``detail`` of a ``state_lost`` dead letter: read, not applied, and gone from Redis.
+STATE_LOST_DETAIL = ("read before Redis lost the namespace's state (a restart without "
+                     "persistence?), not applied: Redis no longer has it")
+#: ... or held for a turn another worker published as state_lost first, without it.
+STATE_LOST_ELSEWHERE = ("held when Redis lost the namespace's state; its turn was published "
+                        "as state_lost by another worker, without it")
+
+
+def is_nogroup(exc: BaseException) -> bool:
+    """Whether Redis answered that the stream or its consumer group is missing."""
+    return isinstance(exc, ResponseError) and "NOGROUP" in str(exc)
+
+
+class Continuity:
+    """A vanished group and a lost namespace state, for :class:`~processor.worker.worker.Worker`."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    namespace: Namespace
+    options: BatchOptions
+    scripts: Any
+    meta: Meta | None
+    fatal: str | None
+    membership: Any  # Membership
+    dead_letters: DeadLetterLog
+    _holds: dict[int, Holds]
+    _mirrors: dict[int, Mirrors]
+    _floors: dict[int, Floor]
+    _orphans: set[int]
+    _opening: dict[int, asyncio.Lock]
+    _reclaim_cursor: dict[int, str]
+    _stopping: asyncio.Event
+    _retrying: Callable[..., Awaitable[Any]]
+    ensure_groups: Callable[[], Awaitable[None]]
+
+    if TYPE_CHECKING:  # the other mixins' and Worker's
+        def stop(self) -> None: ...
+        def _held_ids(self, shard: Shard) -> set[str]: ...
+        async def _apply_isolated(self, shard: Shard, entries: list[Any],
+                                  deliveries: dict[str, int], call: Any = None) -> None: ...
+
+    def _init_continuity(self) -> None:
+        self._generation = 0  # one more each time the namespace's state was found lost
+        self._lost_shards: set[int] = set()  # shards whose known turns are still to publish
+        self._loss_lock = asyncio.Lock()
+        self._regroup_lock = asyncio.Lock()
+        self._unapplied: dict[int, list[list[Any]]] = {}  # batches read, not yet applied
+        self._last_read: dict[int, str] = {}  # the newest entry read per shard
+        self.state_lost_at: float | None = None  # monotonic time the state was found lost
+        self.state_lost_why = ""
+        # After a loss, the groups come back only at this (monotonic) time:
+        # :meth:`_state_lost` says why.
+        self._regroup_at: float | None = None
+
+    def readiness(self) -> str | None:
+        """What ``/readyz`` adds: the namespace's state lost, for a while after."""
+        if self.state_lost_at is None:
+            return None
+        age = time.monotonic() - self.state_lost_at
+        if age > STATE_LOST_READY_S:
+            return None
+        return (f"the namespace's state in Redis was lost {age:.0f}s ago "
+                f"({self.state_lost_why}); turns in flight were published as state_lost")
+
+    # ------------------------------------------------------------ what is in flight
+
+    def _read_batch(self, shard: Shard, entries: list[Any]) -> None:
+        """A batch read (or taken over) and not yet applied."""
+        if entries:
+            self._unapplied.setdefault(shard.index, []).append(entries)
+
+    def _batch_done(self, shard: Shard, entries: list[Any]) -> None:
+        batches = self._unapplied.get(shard.index, [])
+        for i, batch in enumerate(batches):
+            if batch is entries:
+                del batches[i]
+                return
+
+    def _pending_here(self, shard: Shard) -> list[str]:
+        """Every entry this consumer has pending on ``shard`` as far as it
+        knows: those it holds and those it read and has not applied yet."""
+        ids = set(self._held_ids(shard))
+        for batch in self._unapplied.get(shard.index, []):
+            ids.update(as_text(entry[0]) for entry in batch)
+        return sorted(ids, key=id_order)
+
+    # ------------------------------------------------------------ the record
+
+    async def _watch_namespace(self) -> None:
+        """Read the namespace's record once a beat period until stopping
+        (:meth:`_check_namespace`), and put the groups back when due after a
+        loss. A failed step is tried again at the next."""
+        while True:
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.membership.beat_period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                if self._regroup_at is not None and time.monotonic() >= self._regroup_at:
+                    await self.ensure_groups()  # the streams are new: from their start
+                    self._regroup_at = None
+                await self._check_namespace()
+            except Exception as exc:
+                if not is_redis_failure(exc):  # a bug or an odd reply: never the worker's end
+                    self.metrics.step_failed(exc)
+                    log.exception("reading the namespace's record failed unexpectedly")
+
+    async def _check_namespace(self) -> None:
+        """The namespace's state lost (:meth:`_state_lost`), or the record
+        now saying another shard count than this worker serves (resharded
+        while it ran: it stops, :attr:`fatal`)."""
+        if not await self._namespace_lost("the namespace's record changed"):
+            meta = self.meta
+            if meta is not None:
+                self._refuse_changed(meta)
+
+    def _refuse_changed(self, meta: Meta) -> None:
+        cfg = self.config
+        if meta.shards == cfg.shards or self.fatal:
+            return
+        self.fatal = (f"the record of namespace {meta.namespace!r} now says {meta.shards} "
+                      f"shard(s), this worker serves {cfg.shards}: restart it")
+        log.error("namespace changed under this worker: stopping", extra={"error": self.fatal})
+        self.stop()
+
+    async def _namespace_lost(self, why: str) -> bool:
+        """Whether the namespace's state is gone: its record is missing or
+        has another epoch than the one this worker started with (then
+        :meth:`_state_lost` has dealt with it). One ``HGETALL``."""
+        if self.meta is None:  # (not started by run(): nothing to compare with)
+            return False
+        meta = await read(self.client, self.config.namespace)
+        if meta is not None and meta.epoch == self.meta.epoch:
+            if meta.shards != self.meta.shards:
+                self.meta = meta
+                self._refuse_changed(meta)
+            return False
+        await self._state_lost(why)
+        return True
+
+    async def _state_lost(self, why: str) -> None:
+        """The namespace's state is gone: say so once, and have every shard's
+        applier publish the turns it knew (:meth:`_lose_shard_now`); then a
+        new record (a new epoch: other workers learn of it too).
+
+        The groups come back two beat periods later, from the watcher, not at
+        once: every other worker reads the record once a beat period, so by
+        then each has found the loss too and published the turns it knew.
+        A worker that read entries written after the loss before it found it
+        would take a turn another worker knew for a new one, and publish it
+        complete with only those entries (until then its reads find no group,
+        which is a finding of its own)."""
+        async with self._loss_lock:
+            before = self.meta
+            meta = await read(self.client, self.config.namespace)
+            if before is None or (meta is not None and meta.epoch == before.epoch):
+                return  # dealt with already, by another task of this worker
+            if meta is None:
+                found = "the namespace's record is missing"
+            else:
+                found = f"the namespace's record has another epoch ({meta.epoch})"
+            log.error("the namespace's state in Redis is gone: Redis lost its data (restarted "
+                      "without persistence?). Turns in flight that this worker knew are "
+                      "published as state_lost; others cannot be known (docs/reliability.md)",
+                      extra={"namespace": before.namespace, "error": f"{found}; {why}",
+                             "epoch": before.epoch})
+            self.metrics.state_lost.inc()
+            self.state_lost_at, self.state_lost_why = time.monotonic(), found
+            self._generation += 1
+            self._lost_shards = {shard.index for shard in self.namespace.all()}
+            cfg = self.config
+            self.meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
+            self._refuse_changed(self.meta)
+            self._regroup_at = time.monotonic() + 2 * self.membership.beat_period
+
+    async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]:
+        """In ``shard``'s applier: if the namespace's state was found lost
+        and this shard's known turns are not published yet, publish them
+        (returns the turns published)."""
+        if shard.index not in self._lost_shards:
+            return set()
+        published = await self._lose_shard(shard)
+        self._lost_shards.discard(shard.index)
+        return published
+
+    async def _lose_shard(self, shard: Shard) -> set[TurnKey]:
+        """Publish every turn of ``shard`` this worker knew in flight as
+        ``state_lost`` with what it had, then forget everything it kept of
+        the shard (the reader opens nothing meanwhile)."""
+        holds, mirrors = self._holds[shard.index], self._mirrors[shard.index]
+        async with self._opening[shard.index]:
+            now = int(time.time() * 1000)
+            agui = self.config.agui
+            turns: list[LostOutcome] = []
+            entries: dict[TurnKey, list[Any]] = {}
+            for key, held in holds.turns.items():
+                if not held.ids:  # opened for a batch not routed yet: the stored path has it
+                    continue
+                entries[key] = held.entries
+                held.catch_up()  # (an entry that broke it: published without what follows)
+                outcome = render(key, held.replay, held.turn_hash(), "lost", now, agui)
+                if outcome is not None:
+                    turns.append((key, list(held.ids), outcome))
+            for key, copy in mirrors.turns.items():
+                if key not in holds.turns:
+                    outcome = render(key, copy.replay, copy.turn_hash(), "lost", now, agui)
+                    if outcome is not None:
+                        turns.append((key, [], outcome))
+            published: set[TurnKey] = set()
+            for i in range(0, len(turns), 100):
+                chunk = turns[i:i + 100]
+                call = build_publish_lost(shard, chunk, self.options)
+                results = await self.scripts.publish_lost_turns(keys=call.keys, args=call.args)
+                self.metrics.finalised([(key, "0", outcome) for key, _, outcome in chunk],
+                                       results)
+                published.update(key for (key, _, _), r in zip(chunk, results, strict=True)
+                                 if int(r) == 1)
+            # A turn another worker published first (both had parts of it while
+            # they shared the shard): what this one held goes to the DLQ; of a
+            # copy, which keeps no entries, a note of what is missing.
+            late = [stream_entry(e) for key, held_entries in entries.items()
+                    if key not in published for e in held_entries]
+            if late:
+                await self._dead_letter_lost_state(shard, late, STATE_LOST_ELSEWHERE)
+            await self._note_lost_copies(shard, [
+                (key, copy) for key, copy in mirrors.turns.items()
+                if key not in published and key not in holds.turns])
+            held_turns = sum(1 for _, ids, _ in turns if ids)
+            holds.turns.clear()
+            holds.old.clear()
+            holds.bytes, holds.last = 0, (0, 0)
+            for key in list(mirrors.turns):
+                mirrors.drop(key)
+            self._floors[shard.index] = Floor()
+            self._orphans.add(shard.index)  # (whatever is pending to it now is taken back)
+            self._last_read.pop(shard.index, None)
+            self._reclaim_cursor.pop(shard.index, None)
+        if turns:
+            log.warning("published the turns this worker knew in flight as state_lost",
+                        extra={"shard": shard.index, "turns": len(published),
+                               "held": held_turns, "copies": len(turns) - held_turns})
+        return published
+
+    async def _note_lost_copies(self, shard: Shard, copies: list[tuple[TurnKey, Mirror]]) -> None:
+        """Copies of turns another worker published as state_lost first: a
+        copy keeps the merge, not the entries, so one dead letter per turn
+        says which entries (first .. last id, how many) the published turn
+        lacks; their data is gone."""
+        if not copies:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, copy in copies:
+                life = copy.replay.life
+                ids = ["response_id", key.response_id]
+                if key.attempt_id:
+                    ids += ["attempt_id", key.attempt_id]
+                pipe.execute_command(
+                    "XADD", shard.dlq, "MAXLEN", "~", self.options.dlq_maxlen, "*", *ids,
+                    "reason", STATE_LOST, "detail",
+                    f"{life.counts.entries} entries ({life.first_id} .. {life.last_id}) this "
+                    "worker had merged into its copy of the turn, which another worker "
+                    "published as state_lost without them; their data is gone",
+                    "source_id", life.first_id or "0-0", "deliveries", "0")
+            await pipe.execute()
+        self.metrics.dead_lettered([STATE_LOST] * len(copies))
+        self.dead_letters.note(STATE_LOST, shard.index, len(copies), [],
+                               [key.response_id for key, _ in copies])
+
+    async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
+                          versions: dict[TurnKey, Version]) -> str | None:
+        """What an ``apply_entries`` reply says of the namespace's state,
+        checked (:meth:`_namespace_lost`) only when Redis answered as only a
+        loss (or a rare race) makes it: ``"fenced"`` when not one entry of
+        the call was acked (all were pending to this consumer in a group
+        that was since replaced), ``"vanished"`` when a turn this worker had
+        a copy of had no state before the call; None otherwise."""
+        given = len(call.entries) // 8
+        fenced = given > 0 and sum(int(counts[i + 1]) for i in range(0, len(counts) - 1, 2)) == 0
+        if not fenced and not self._mirrors[shard.index].vanished(versions):
+            return None
+        if not await self._namespace_lost("Redis answered for turns this worker knew as if "
+                                          "their state were gone"):
+            return None
+        return "fenced" if fenced else "vanished"
+
+    async def _after_loss(self, shard: Shard, entries: list[Any],
+                          merged: set[str] | frozenset[str] = frozenset()) -> None:
+        """A batch read before the namespace's state was found lost: what is
+        pending to this consumer now (read from the new streams) is applied;
+        the rest, which Redis no longer has, goes to the DLQ with its fields
+        (``state_lost``): not merged, not silently gone (``merged``: ids that
+        are in a turn published as state_lost already)."""
+        await self._lose_shard_now(shard)
+        cfg = self.config
+        first, last = as_text(entries[0][0]), as_text(entries[-1][0])
+        try:
+            found = await self.client.xpending_range(shard.updates, cfg.group, min=first,
+                                                     max=last, count=len(entries) * 2,
+                                                     consumername=cfg.consumer)
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            found = []
+        pending = {as_text(p["message_id"]): int(p["times_delivered"]) for p in found}
+        keep = [stream_entry(e) for e in entries if as_text(e[0]) in pending]
+        gone = [stream_entry(e) for e in entries
+                if as_text(e[0]) not in pending and as_text(e[0]) not in merged]
+        if keep:
+            await self._apply_isolated(shard, keep, pending)
+        if gone:
+            await self._dead_letter_lost_state(shard, gone, STATE_LOST_DETAIL)
+
+    async def _dead_letter_lost_state(self, shard: Shard, entries: list[tuple[Any, Any]],
+                                      detail: str) -> None:
+        """Entries this worker has in memory and Redis no longer has, to the
+        DLQ with their fields as the producer wrote them (``state_lost``),
+        from where ``processor dlq replay`` can bring them back."""
+        ids = [as_text(entry_id) for entry_id, _ in entries]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id, fields in entries:
+                flat = [part for pair in fields.items() for part in pair]
+                pipe.execute_command(
+                    "XADD", shard.dlq, "MAXLEN", "~", self.options.dlq_maxlen, "*", *flat,
+                    "reason", STATE_LOST, "detail", detail,
+                    "source_id", as_text(entry_id), "deliveries", "1")
+            # (one read since the loss is pending in the new group: done with)
+            pipe.xack(shard.updates, self.config.group, *ids)
+            await pipe.execute(raise_on_error=False)
+        self.metrics.dead_lettered([STATE_LOST] * len(ids))
+        self.dead_letters.note(STATE_LOST, shard.index, len(ids), ids)
+
+    # ------------------------------------------------------------ the group
+
+    async def _group_vanished(self, shard: Shard) -> bool:
+        """Redis answered NOGROUP on ``shard``: True when the namespace's
+        whole state is gone (:meth:`_state_lost`); else the group is put
+        back and this consumer's pending entries restored
+        (``recreate_group.lua``), and the caller may run its step again."""
+        async with self._regroup_lock:
+            if self._regroup_at is not None:  # the state was lost: back when due
+                return True
+            if await self._namespace_lost(f"the consumer group of {shard.updates} is gone"):
+                return True
+            cfg = self.config
+            last = self._last_read.get(shard.index, "0")
+            ids = self._pending_here(shard)
+            status, delivered, claimed = await self.scripts.recreate_group(
+                keys=[shard.updates], args=[cfg.group, last, cfg.consumer, *ids])
+            status = as_text(status)
+            fields = {"shard": shard.index, "group": cfg.group, "last_delivered":
+                      as_text(delivered), "restored": int(claimed), "pending_here": len(ids)}
+            if status == "kept":  # another worker, or another task here, put it back
+                log.info("consumer group put back already; this worker's pending entries "
+                         "restored", extra=fields)
+                return False
+            self.metrics.groups_recreated.labels(str(shard.index)).inc()
+            if last == "0":
+                log.error("consumer group vanished (XGROUP DESTROY?): recreated at the "
+                          "stream's start, as this worker read nothing there: entries "
+                          "already merged come back as turn_closed dead letters", extra=fields)
+            else:
+                log.error("consumer group vanished (XGROUP DESTROY?): recreated at the "
+                          "newest entry this worker read there, its pending entries "
+                          "restored; entries pending to other consumers are not "
+                          "(docs/reliability.md)", extra=fields)
+            return False

@@ -1,0 +1,347 @@
+"""What a worker does about entries that are pending but not being applied:
+its own, delivered by a read whose reply was lost (take-back), and a dead
+worker's, idle in the group's pending list (reclaim); and leaving the group
+cleanly. A mixin of :class:`~processor.worker.worker.Worker`: these run inside its
+shard loops, between batches, and apply through the same transitions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from processor.redis_io.connections import (
+    TRANSIENT,
+    ReadBudget,
+    ReplyTooLarge,
+    bounded,
+)
+from processor.redis_io.replies import as_text
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace, Shard
+from processor.wire.stream_ids import id_order
+from processor.worker.batches import (
+    ENTRY_LOST,
+    ApplyCall,
+    BatchOptions,
+    build_dead_letter_lost,
+    build_dead_letters,
+    lost_turns_of,
+)
+from processor.worker.budget import read_count
+from processor.worker.membership import Membership
+from processor.worker.metrics import Metrics
+
+log = logging.getLogger("processor.worker")
+
+#: Lost entry ids listed in one log line (the DLQ has every one).
+LOST_IDS_LOGGED = 20
+#: Turns marked per dead_letter_lost call (two keys each).
+LOST_MARK_CHUNK = 1000
+
+
+class Recovery:
+    """Take-back, reclaim and leaving, for :class:`~processor.worker.worker.Worker`."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    namespace: Namespace
+    options: BatchOptions
+    scripts: Any
+    _orphans: set[int]
+    _claimed: set[int]  # shards with entries reclaimed and being applied
+    _reclaim_cursor: dict[int, str]
+    # Worker's: apply entries (a batch, or one by one if the batch fails).
+    _apply_isolated: Callable[..., Awaitable[None]]
+    membership: Membership
+    _held_ids: Callable[[Shard], set[str]]  # Holding's
+    _retrying: Callable[..., Awaitable[Any]]  # Worker's
+    _read_budget: int  # bytes of one read's reply (processor.worker.budget)
+    _read_counts: dict[int, int]
+
+    if TYPE_CHECKING:  # Continuity's: batches being applied, restored if the group vanishes
+        async def _store(  # Storing's
+            self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+            call: ApplyCall | None = None, read_from: str = "",
+        ) -> None: ...
+        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
+        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
+
+    async def _take_back(self, shard: Shard) -> None:
+        """Apply what this consumer was delivered but never received, now,
+        rather than after --reclaim-idle-ms (a Redis restart or a dropped
+        connection would otherwise hold the shard's watermark, so every turn
+        of the shard, that long). Each shard loop reads, applies and acks in
+        turn, so this consumer's pending entries of a shard are all orphans
+        when its loop is back here (or ones left pending on purpose after a
+        failure: applying them again is what a reclaim would do)."""
+        cfg = self.config
+        start = "0"
+        count = self._read_counts.get(shard.index, cfg.batch)
+        while True:
+            # Delivery counts before payloads: an entry over --max-deliveries
+            # (one whose reading or applying keeps failing, a MemoryError
+            # among them) is dead-lettered unread.
+            await self._dead_letter_redelivered(shard, start, count)
+            budget = ReadBudget(self._read_budget)
+            try:
+                with bounded(budget):
+                    reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
+                                                         {shard.updates: start}, count=count)
+            except ReplyTooLarge:
+                if count > 1:  # one, then as many as fit at its size
+                    count = 1
+                else:  # the next one alone is past the budget: never read whole
+                    await self._dead_letter_unreadable(shard, start, budget.limit)
+                continue
+            found = [entry for _stream, entries in reply or [] for entry in entries]
+            if not found:
+                break
+            count = read_count(self._read_budget, cfg.batch, budget.bytes, len(found))
+            start = as_text(found[-1][0])
+            # Held entries (held turns) are pending on purpose, not orphans.
+            held = self._held_ids(shard)
+            entries = [(i, f) for i, f in found if f and as_text(i) not in held]
+            gone = [as_text(i) for i, f in found if not f]
+            if gone:  # deleted while pending: their data is gone
+                await self._entries_lost(shard, gone, [], "take back")
+            if entries:
+                log.info("took back undelivered entries",
+                         extra={"shard": shard.index, "count": len(entries)})
+                self._read_batch(shard, entries)
+                try:
+                    await self._apply_isolated(shard, entries,
+                                               await self._deliveries(shard, entries))
+                finally:
+                    self._batch_done(shard, entries)
+        self._orphans.discard(shard.index)
+
+    async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
+        """This consumer's pending entries after ``start`` ("0": all), oldest
+        first, at most ``count``, with their delivery counts (no payload)."""
+        return list(await self.client.xpending_range(
+            shard.updates, self.config.group, min="-" if start == "0" else "(" + start,
+            max="+", count=count, consumername=self.config.consumer))
+
+    async def _dead_letter_redelivered(self, shard: Shard, start: str, count: int) -> None:
+        """Dead-letter, unread, this consumer's pending entries after ``start``
+        delivered more than --max-deliveries times (held ones excepted)."""
+        cfg = self.config
+        held = self._held_ids(shard)
+        over = [(as_text(p["message_id"]), int(p["times_delivered"]))
+                for p in await self._pending_after(shard, start, count)
+                if int(p["times_delivered"]) > cfg.max_deliveries
+                and as_text(p["message_id"]) not in held]
+        if over:
+            detail = "delivered {} times without being acked (limit {})"
+            await self._store(shard, [], {}, build_dead_letters(shard, [
+                (i, "max_deliveries", detail.format(n, cfg.max_deliveries), n)
+                for i, n in over], self.options))
+
+    async def _dead_letter_unreadable(self, shard: Shard, start: str, limit: int) -> None:
+        """The entry after ``start`` pending to this consumer is alone past the
+        read budget (far over --max-entry-bytes: processor.worker.budget.read_bytes
+        leaves room for any valid one): dead-letter it ``too_large``, unread."""
+        pending = await self._pending_after(shard, start, 1)
+        if not pending:
+            return
+        entry_id, n = as_text(pending[0]["message_id"]), int(pending[0]["times_delivered"])
+        detail = f"the entry is over {limit} bytes, the worker's read budget: not read"
+        log.warning("entry past the read budget, dead-lettered unread",
+                    extra={"shard": shard.index, "entry_id": entry_id})
+        await self._store(shard, [], {}, build_dead_letters(
+            shard, [(entry_id, "too_large", detail, n)], self.options))
+
+    async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
+        """How many times each of this consumer's pending entries was delivered."""
+        pending = await self.client.xpending_range(
+            shard.updates, self.config.group, min=entries[0][0], max=entries[-1][0],
+            count=len(entries) * 2, consumername=self.config.consumer,
+        )
+        return {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+
+    async def reclaim(self, shard: Shard) -> None:
+        """Take over entries idle in any consumer's pending list (a dead worker's)."""
+        cfg = self.config
+        await self._claim_departed(shard)
+        # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
+        # from where the last call stopped, so idle entries behind many
+        # in-flight ones are found too.
+        try:
+            with bounded(ReadBudget(self._read_budget)):  # (processor.worker.budget)
+                reply = await self.client.xautoclaim(
+                    shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
+                    start_id=self._reclaim_cursor.get(shard.index, "0-0"),
+                    count=self._read_counts.get(shard.index, cfg.batch),
+                )
+        except ReplyTooLarge:
+            # Claimed for this consumer, the reply cut: taken back, bounded
+            # and delivery counts first, before the next read.
+            self._orphans.add(shard.index)
+            return
+        except Exception:
+            # Claimed for this consumer, maybe, and the reply lost (an outage,
+            # or a MemoryError reading it): taken back before the next read.
+            self._orphans.add(shard.index)
+            raise
+        self._reclaim_cursor[shard.index] = as_text(reply[0])
+        entries = [(i, f) for i, f in reply[1] if f is not None]
+        # Entries deleted from the stream while pending (a trim): Redis 7 takes
+        # them out of the pending list and lists their ids apart, to this
+        # caller only; Redis 6.2 returns a nil entry, without its id, and
+        # leaves it pending to this consumer, whose take-back names it.
+        removed = [as_text(i) for i in reply[2]] if len(reply) > 2 else []
+        if removed:
+            await self._retrying(self._entries_lost, shard, [], removed, "reclaim")
+        if any(f is None for _i, f in reply[1]):
+            self._orphans.add(shard.index)
+        await self._apply_claimed(shard, entries)
+
+    async def _claim_departed(self, shard: Shard) -> None:
+        """Take over at once what consumers that left the live set still have
+        pending on ``shard`` (their beats stopped for --worker-ttl and they have
+        not read since: dead), instead of after --reclaim-idle-ms. A turn a dead
+        worker held, cancelled meanwhile, waits for exactly those entries
+        (docs/design.md, *Cancellation*). Only with shard affinity: without
+        beats no worker knows who is alive."""
+        membership, cfg = self.membership, self.config
+        if not membership.enabled:
+            return
+        live = {*membership.live, cfg.consumer}
+        for info in await self.client.xinfo_consumers(shard.updates, cfg.group):
+            name = as_text(info["name"])
+            if name in live or not info["pending"] or info["idle"] < membership.ttl_ms:
+                continue
+            pending = await self.client.xpending_range(
+                shard.updates, cfg.group, min="-", max="+",
+                count=self._read_counts.get(shard.index, cfg.batch), consumername=name)
+            ids = [p["message_id"] for p in pending]
+            if not ids:
+                continue
+            try:
+                with bounded(ReadBudget(self._read_budget)):
+                    claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
+                                                       min_idle_time=0, message_ids=ids)
+            except ReplyTooLarge:
+                self._orphans.add(shard.index)  # claimed, the reply cut: taken back
+                return
+            except Exception:
+                self._orphans.add(shard.index)
+                raise
+            entries = [(i, f) for i, f in claimed if f]
+            await self._lost_in_claim(shard, [as_text(i) for i in ids], claimed)
+            log.info("took over a departed worker's entries",
+                     extra={"shard": shard.index, "consumer": name, "count": len(entries)})
+            await self._apply_claimed(shard, entries)
+
+    async def _lost_in_claim(self, shard: Shard, ids: list[str],
+                             claimed: list[tuple[Any, Any]]) -> None:
+        """Of ``ids`` claimed with XCLAIM, those deleted from the stream while
+        pending: Redis 6.2 returns them empty, pending to this consumer now
+        (its take-back names them), Redis 7 drops them from the pending list
+        without a word (not returned, and no longer in the stream: an entry
+        acked by another consumer meanwhile is still there, or trimmed, which
+        only an entry older than every pending one can be)."""
+        if any(not f for _i, f in claimed):  # (6.2: taken back, where it is named)
+            self._orphans.add(shard.index)
+            return
+        got = {as_text(i) for i, _ in claimed}
+        missing = [i for i in ids if i not in got]
+        if not missing:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in missing:
+                pipe.xrange(shard.updates, entry_id, entry_id)
+            found = await pipe.execute()
+        removed = [i for i, there in zip(missing, found, strict=True) if not there]
+        if removed:
+            await self._retrying(self._entries_lost, shard, [], removed, "departed worker")
+
+    async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
+        """Apply entries this consumer just claimed from another."""
+        if not entries:
+            return
+        # Pending to this consumer now, neither held nor applied until applied
+        # below: no floor for the watermark meanwhile (holding._floor); if
+        # applying them fails, they are taken back before the next read.
+        self._claimed.add(shard.index)
+        try:
+            deliveries = await self._deliveries(shard, entries)
+            self.metrics.read(shard.index, len(entries), "reclaim")
+            log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
+            self._read_batch(shard, entries)
+            try:
+                await self._apply_isolated(shard, entries, deliveries)
+            finally:
+                self._batch_done(shard, entries)
+        except BaseException:
+            self._orphans.add(shard.index)
+            raise
+        finally:
+            self._claimed.discard(shard.index)
+
+    async def _entries_lost(self, shard: Shard, pending: list[str], removed: list[str],
+                            where: str) -> None:
+        """Entries deleted from the stream while pending (``pending``: still
+        pending to this consumer; ``removed``: XAUTOCLAIM took them out of the
+        pending list): their data is gone. Each gets an ``entry_lost`` dead
+        letter (no fields), the metric and one warning with the ids; and the
+        turns that may have had one of them are marked, so that they end as
+        ``entries_lost`` rather than complete without it
+        (:func:`~processor.worker.batches.lost_turns_of` says which)."""
+        lost = [*pending, *removed]
+        turns = lost_turns_of(lost, await self._active_turns(shard))
+        first = min(lost, key=id_order)
+        script = self.scripts.dead_letter_lost
+        chunk = turns[:LOST_MARK_CHUNK]
+        call = build_dead_letter_lost(shard, pending, removed, chunk, first, self.options)
+        letters, marked = await script(keys=call.keys, args=call.args)
+        ids = [as_text(i) for i in letters]
+        marked = int(marked)
+        for i in range(LOST_MARK_CHUNK, len(turns) if ids else 0, LOST_MARK_CHUNK):
+            chunk = turns[i:i + LOST_MARK_CHUNK]
+            call = build_dead_letter_lost(shard, [], [], chunk, first, self.options)
+            marked += int((await script(keys=call.keys, args=call.args))[1])
+        if not ids:
+            return  # (another consumer acked them first)
+        self.metrics.lost_entries.labels(str(shard.index)).inc(len(ids))
+        self.metrics.dead_lettered([ENTRY_LOST] * len(ids))
+        log.warning("entries deleted from the stream while pending: their data is gone",
+                    extra={"shard": shard.index, "where": where, "count": len(ids),
+                           "entry_ids": ids[:LOST_IDS_LOGGED], "turns_marked": marked})
+
+    async def _active_turns(self, shard: Shard) -> dict[TurnKey, tuple[int, str]]:
+        """Each active turn of ``shard`` with its start (ms) and the padded id
+        of the entry that ended it ("" if none): what lost_turns_of needs."""
+        members = [TurnKey.decode(as_text(tk))
+                   for tk in await self.client.zrange(shard.active, 0, -1)]
+        found: dict[TurnKey, tuple[int, str]] = {}
+        for i in range(0, len(members), LOST_MARK_CHUNK):
+            chunk = members[i:i + LOST_MARK_CHUNK]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hmget(shard.turn(key.encode()), "started", "ended")
+                replies = await pipe.execute()
+            for key, (started, ended) in zip(chunk, replies, strict=True):
+                if started is not None:
+                    found[key] = (int(as_text(started)), as_text(ended) if ended else "")
+        return found
+
+    async def _leave(self) -> None:
+        """Remove this consumer from each group once it holds no pending entry."""
+        for shard in self.namespace.all():
+            try:
+                info = await self.client.xpending_range(
+                    shard.updates, self.config.group, min="-", max="+", count=1,
+                    consumername=self.config.consumer,
+                )
+                if not info:
+                    await self.client.xgroup_delconsumer(
+                        shard.updates, self.config.group, self.config.consumer
+                    )
+            except (*TRANSIENT, ResponseError) as exc:
+                log.warning("could not remove consumer", extra={"error": repr(exc)})
+

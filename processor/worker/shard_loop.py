@@ -1,0 +1,378 @@
+"""The per-shard loop of a worker: a reader task that reads (and decodes)
+one batch ahead, and an applier that applies batches in the order they were
+read, then sweeps and reclaims. One failing step never stops the loop: it
+is counted, logged and retried later (its entries stay pending). A mixin of
+:class:`~processor.worker.worker.Worker`, which supplies the transitions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from redis.exceptions import ResponseError
+
+from processor.redis_io.connections import (
+    ReadBudget,
+    ReplyTooLarge,
+    bounded,
+    read_raw,
+)
+from processor.redis_io.replies import as_text, stream_entry
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch
+from processor.worker.budget import read_count
+from processor.worker.continuity import is_nogroup
+from processor.worker.held.hold import Floor
+from processor.worker.membership import Membership
+from processor.worker.metrics import Metrics
+
+log = logging.getLogger("processor.worker")
+
+#: How a step of the shard loop went (:meth:`ShardLoop._guarded`).
+Step = Literal["done", "failed", "vanished"]
+DONE: Step = "done"
+FAILED: Step = "failed"
+VANISHED: Step = "vanished"  # its stream or group was missing, and is put back
+
+
+def _cancelling() -> bool:
+    """Whether the running task has a cancel request pending (``Task.cancel``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Entries read from a shard and, when decoding them worked, their script
+    call; ``generation``: the worker's when the read began (another one:
+    read before the namespace's state was found lost, continuity.py)."""
+
+    entries: list[tuple[Any, Any]]
+    call: ApplyCall | None
+    generation: int = 0
+
+
+class Handoff(asyncio.Queue[Batch]):
+    """The reader's batches on their way to the applier: room for one, and
+    the reader waits until the applier took it before reading the next.
+
+    So a batch waits behind the one being applied and no more. With only
+    the queue's bound the reader held a second batch read while one waited
+    in the queue: at half the maximum throughput an entry waited about three
+    batch cycles for its turn to be finalised instead of two, for no gain in
+    throughput (the overlap that pays is one batch read and decoded while
+    another's scripts run in redis-server)."""
+
+    def __init__(self) -> None:
+        super().__init__(maxsize=1)
+        self._taken = asyncio.Event()
+
+    def _get(self) -> Batch:  # asyncio.Queue's hook for subclasses, under get()
+        batch: Batch = super()._get()
+        self._taken.set()
+        return batch
+
+    async def taken(self) -> None:
+        """Until the queue is empty."""
+        while not self.empty():
+            self._taken.clear()
+            await self._taken.wait()
+
+
+async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> Batch | None:
+    """The next batch read, or None once the reader is done (stopped, or
+    failed) and every batch it read was taken."""
+    while batches.empty():
+        if reader.done():
+            return None
+        getter = asyncio.ensure_future(batches.get())
+        try:
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+    return batches.get_nowait()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ShardLoop:
+    """Reading ahead, applying, sweeping and reclaiming one shard."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    membership: Membership
+    options: BatchOptions
+    _orphans: set[int]
+    _floors: dict[int, Floor]
+    # Worker's and Recovery's.
+    _retrying: Callable[..., Awaitable[Any]]
+    _apply_isolated: Callable[..., Awaitable[None]]
+    ensure_groups: Callable[[], Awaitable[None]]
+    sweep: Callable[[Shard, bool], Awaitable[None]]
+    _generation: int  # Continuity's
+    _last_read: dict[int, str]
+    _read_budget: int  # bytes of one read's reply on a shard (processor.worker.budget)
+    _read_counts: dict[int, int]  # per shard: the COUNT of its next read
+    _lost_shards: set[int]
+
+    if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
+        async def _take_back(self, shard: Shard) -> None: ...
+        async def reclaim(self, shard: Shard) -> None: ...
+        async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
+        async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
+        async def retry_cancels(self, shard: Shard) -> None: ...
+        def _holds_on(self, shard: Shard) -> bool: ...
+        async def _group_vanished(self, shard: Shard) -> bool: ...
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _after_loss(self, shard: Shard, entries: list[Any],
+                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
+        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
+        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
+
+        @property
+        def stopping(self) -> bool:  # stop() was called
+            ...
+
+    async def _shard_loop(self, shard: Shard) -> None:
+        """Read ahead while applying: a reader task reads and decodes the next
+        batch while this one waits for the current batch's scripts, so the
+        worker's Python and redis-server work at the same time. Applying,
+        finalising, sweeping and reclaiming stay one after the other here."""
+        batches = Handoff()
+        reader = asyncio.create_task(self._read_ahead(shard, batches))
+        try:
+            await self._apply_loop(shard, batches, reader)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_ahead(self, shard: Shard, batches: Handoff) -> None:
+        """Read and decode batches until stopping (the applier then applies
+        what was read, and stops once this task is done and the queue empty)."""
+        while not self.stopping:
+            try:
+                if shard.index in self._orphans:
+                    await batches.join()  # nothing read earlier is still waiting to be applied
+                    await self._retrying(self._take_back, shard)
+                generation = self._generation
+                entries = await self._retrying(self._read, shard)
+                call = self._prepare(shard, entries)
+                await self._open_ahead(shard, call)
+                await batches.put(Batch(entries, call, generation))
+                await batches.taken()  # one batch ahead of the applier, no more
+            except asyncio.CancelledError as exc:
+                if _cancelling() or self.stopping:
+                    raise
+                await self._step_failed(shard, exc, "read was cancelled from inside")
+            except Exception as exc:
+                if self.stopping:
+                    break
+                await self._step_failed(shard, exc, "read failed")
+
+    def _prepare(self, shard: Shard, entries: list[tuple[Any, Any]]) -> ApplyCall | None:
+        """Decode a batch into its script call ahead of applying it; None (decode
+        again when applying, entry by entry if need be) if that fails."""
+        if not entries:
+            return None
+        try:
+            if self._holds_on(shard):  # grouped for holding (processor.worker.held.held_batch)
+                return decode_batch(shard, entries, self.options, now_ms())
+            if entries[0][1].__class__ is not dict:  # read for holding, which just stopped
+                entries = list(map(stream_entry, entries))
+            call = build_apply(shard, entries, {}, self.options, now_ms())
+        except Exception:
+            log.exception("could not prepare a batch", extra={"shard": shard.index})
+            return None
+        call.newest = True  # read with XREADGROUP >
+        call.read_from = as_text(entries[0][0])
+        return call
+
+    async def _apply_loop(
+        self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
+    ) -> None:
+        next_sweep = next_reclaim = 0.0
+        read_before = False
+        while (batch := await _next_batch(batches, reader)) is not None:
+            try:
+                await self._step(shard, batch)
+                now = time.monotonic()
+                reads = self.membership.reads(shard.index)
+                if reads and not read_before:
+                    next_reclaim = 0.0  # a shard just taken over: its dead owner's entries now
+                read_before = reads
+                # Held turns are spilled when due, and all of them once
+                # another worker reads the shard (it cannot finish them).
+                await self._guarded(shard, self._retrying, self._spill_due, shard,
+                                    not self._holds_on(shard))
+                await self._guarded(shard, self._retrying, self.retry_cancels, shard)
+                if now >= next_sweep:
+                    # A shard this worker does not read gets a slow sweep
+                    # for cancels only, so that a cancel is published within
+                    # a beat even while the shard's readers are dead; its
+                    # readers finalise the rest, from their own copies.
+                    await self._guarded(shard, self._retrying, self.sweep, shard, reads)
+                    next_sweep = now + (self.config.sweep_interval if reads
+                                        else self.membership.beat_period)
+                if reads and now >= next_reclaim:
+                    await self._guarded(shard, self._retrying, self.reclaim, shard)
+                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+            finally:
+                batches.task_done()
+        # Stopping: what is held goes to apply_entries (stored, acked) before
+        # leaving; if Redis is gone, it stays pending for a reclaim.
+        await self._guarded(shard, self._spill_due, shard, True)
+
+    async def _step(self, shard: Shard, batch: Batch) -> None:
+        if shard.index in self._lost_shards:  # the namespace's state found lost:
+            await self._guarded(shard, self._retrying, self._lose_shard_now, shard)
+        if batch.entries:
+            self.metrics.read(shard.index, len(batch.entries))
+            # On a connection error the same batch is applied again: the XACK
+            # fence makes that idempotent, and nothing waits for a reclaim.
+            # Its group vanished: applied again once it is put back with this
+            # worker's pending entries (continuity.py), or, the namespace's
+            # state lost, what Redis no longer has goes to the DLQ.
+            try:
+                for _ in range(3):
+                    if batch.generation != self._generation:
+                        await self._guarded(shard, self._retrying, self._after_loss, shard,
+                                            batch.entries)
+                        break
+                    done = await self._guarded(shard, self._retrying, self._apply_isolated,
+                                               shard, batch.entries, {}, batch.call)
+                    if done is not VANISHED:
+                        break
+            finally:
+                self._floors[shard.index].routed(as_text(batch.entries[0][0]),
+                                                as_text(batch.entries[-1][0]))
+                self._batch_done(shard, batch.entries)
+
+    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> Step:
+        """One step of the shard loop; a failure is logged and counted, never
+        fatal. A stream or group found missing is put back (continuity.py):
+        :data:`VANISHED`, so that the caller may run the step again."""
+        try:
+            await fn(*args)
+            return DONE
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                return await self._failed(shard, exc)
+            try:
+                await self._retrying(self._group_vanished, shard)
+            except Exception as again:
+                return await self._failed(shard, again)
+            return VANISHED
+        except asyncio.CancelledError as exc:
+            if _cancelling():
+                raise  # this task is being cancelled: let run() unwind
+            # A CancelledError nobody asked this task for (raised inside a
+            # library, or an inner future cancelled under us) is a failed
+            # step like any other, not a reason to stop serving the shard.
+            # What it interrupted is finished by a later sweep or reclaim.
+            if not self.stopping:
+                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+            return FAILED
+        except Exception as exc:
+            return await self._failed(shard, exc)
+
+    async def _failed(self, shard: Shard, exc: Exception) -> Step:
+        """A step failed (inside its ``except``)."""
+        if self.stopping:
+            log.warning("stopping without finishing a step", exc_info=True,
+                        extra={"shard": shard.index})
+            return FAILED
+        # A bug or an unexpected reply must not stop the worker: what
+        # was not applied stays pending, is reclaimed and, if it keeps
+        # failing, dead-lettered after max_deliveries.
+        await self._step_failed(shard, exc, "shard loop step failed")
+        return FAILED
+
+    async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
+        """Count and log a failed step (inside its ``except``), then pause before the next."""
+        self.metrics.step_failed(exc)
+        log.exception(message, extra={"shard": shard.index})
+        await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
+
+    async def _read_once(self, shard: Shard) -> None:
+        """Read and apply one batch, without reading ahead (a single step)."""
+        if shard.index in self._orphans:
+            await self._retrying(self._take_back, shard)
+        entries = await self._retrying(self._read, shard)
+        if entries:
+            self.metrics.read(shard.index, len(entries))
+            try:
+                await self._retrying(self._apply_isolated, shard, entries, {})
+            finally:
+                self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
+                self._batch_done(shard, entries)
+
+    async def _read(self, shard: Shard) -> list[Any]:
+        """The shard's next batch, ``(id, {name: value})`` each, or with
+        --hold-turns as the reply holds each (``[id, [name, value, ...]]``,
+        connections.read_raw: the held path groups those directly)."""
+        if not self.membership.reads(shard.index):
+            # Another worker reads this shard (shard affinity): wait as long
+            # as an idle read would, so the loop's cancel sweeps keep their pace.
+            await asyncio.sleep(self.config.block_ms / 1000)
+            return []
+        cfg = self.config
+        # Bounded in bytes (processor.worker.budget): as many entries as fit the
+        # budget at the size of the last ones; a reply past it is cut.
+        count = self._read_counts.get(shard.index, cfg.batch)
+        budget = ReadBudget(self._read_budget)
+        try:
+            with bounded(budget):
+                if self._holds_on(shard):  # as the reply holds them: grouped (held_batch)
+                    entries = await read_raw(self.client, cfg.group, cfg.consumer,
+                                             shard.updates, count, cfg.block_ms)
+                else:
+                    reply = await self.client.xreadgroup(
+                        cfg.group, cfg.consumer, {shard.updates: ">"},
+                        count=count, block=cfg.block_ms,
+                    )
+                    entries = [entry for _stream, entries in reply or [] for entry in entries]
+        except ReplyTooLarge as exc:
+            # Delivered to this consumer, never received: taken back (bounded
+            # too) before the next read, one entry first, then as many as fit
+            # at its size (each cut read delivers its entries once more).
+            self._orphans.add(shard.index)
+            self._read_counts[shard.index] = 1
+            log.info("read past its byte budget, cut: reading fewer entries",
+                     extra={"shard": shard.index, "count": count, "budget": exc.limit})
+            return []
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            # The group (or the stream) vanished under this worker: put back
+            # where it was, or the namespace's whole state is gone (continuity.py),
+            # and its groups come back a little later: wait as an idle read would.
+            if await self._group_vanished(shard):
+                await asyncio.sleep(cfg.block_ms / 1000)
+            return []
+        except Exception:
+            # Redis may have delivered the batch and the reply be lost (an
+            # outage, or a MemoryError reading it): taken back, delivery
+            # counts first, before the next read.
+            self._orphans.add(shard.index)
+            raise
+        if entries:
+            self._read_counts[shard.index] = read_count(self._read_budget, cfg.batch,
+                                                        budget.bytes, len(entries))
+            last = as_text(entries[-1][0])
+            self._last_read[shard.index] = last
+            self._read_batch(shard, entries)  # until applied (_step): restored if the group goes
+            if cfg.hold_turns:
+                self._floors[shard.index].read(as_text(entries[0][0]), last)
+        return entries
+

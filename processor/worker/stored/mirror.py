@@ -1,0 +1,267 @@
+"""The worker's own copy of the turns it is applying, so that finalising a
+turn need not read its records back from Redis and replay them.
+
+Redis stays the source of truth: every record is still stored by
+``apply_entries`` (any worker can finish any turn, and a crash loses
+nothing). A :class:`Mirror` is only a cache of the replay of those records,
+kept while this worker stored *every* record of the turn, in entry-id
+order. ``apply_entries`` reports each turn's version before and after a call
+and how many records it stored; a mirror whose version is not exactly the
+one before, or a call that did not store every entry it was given for the
+turn, or an entry older than the mirror's last one (a reclaimed entry), and
+the mirror is dropped (a dead letter or a dropped entry of the turn moves
+its version too). The finalise uses a mirror only if the turn hash it reads
+has the mirror's version and start time, or, without reading it, if the
+apply call that made the turn ready left it at the mirror's version
+(:meth:`Mirrors.update` names those turns); ``finalise_turns`` checks that
+version again atomically with the publish: whatever happened since, the
+published response is the replay of exactly the stored records, as before.
+
+Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
+(oldest dropped first); a dropped mirror only means a replay from Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.render import Replay
+from processor.wire.ids import TurnKey
+from processor.wire.models import Record
+from processor.wire.stream_ids import id_order
+from processor.worker.budget import COPY_BYTES
+
+
+class Applied(NamedTuple):
+    """One entry of a batch that ``apply_entries`` was asked to store."""
+
+    key: TurnKey
+    entry_id: str
+    record: Record
+    size: int
+
+
+@dataclass(frozen=True)
+class Version:
+    """A turn's version as one ``apply_entries`` call left it."""
+
+    before: int
+    after: int
+    stored: int
+    started: str
+
+
+#: The bytes of entries a worker's copies may hold, over all its shards
+#: (processor.worker.budget). The entries' size bounds what a copy holds (the
+#: merged text and contents).
+MIRROR_BYTES = COPY_BYTES
+
+
+@dataclass
+class Mirror:
+    replay: Replay
+    version: int
+    started: str
+    last_id: tuple[int, int] = (0, 0)
+
+    def turn_hash(self) -> dict[bytes, bytes]:
+        """The turn's hash as this mirror knows it: its version and start, and
+        nothing dropped or dead-lettered (either moves the version past a mirror)."""
+        return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+
+    def matches(self, turn_hash: dict[str, str]) -> bool:
+        """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""
+        return (turn_hash.get("ver") == str(self.version)
+                and turn_hash.get("started") == self.started)
+
+
+class _Fed:
+    """One turn of a batch fed ahead (:meth:`Mirrors.feed_ahead`)."""
+
+    __slots__ = ("bytes", "count", "known", "last", "mirror", "version")
+
+    def __init__(self, key: TurnKey, mirror: Mirror | None, limits: Limits) -> None:
+        self.known = mirror is not None  # followed before this batch
+        if mirror is None:
+            mirror = Mirror(Replay(TurnLife(key, limits)), 0, "")
+        self.mirror = mirror
+        self.version = mirror.version  # before this batch
+        self.bytes = mirror.replay.life.bytes  # of its entries, before this batch
+        self.count = 0
+        self.last = ""
+
+    def confirmed(self, version: Version) -> bool:
+        started = self.mirror.started if self.known else None
+        return _confirms(version, started, self.version, self.count)
+
+
+def _confirms(version: Version, started: str | None, before: int, count: int) -> bool:
+    """Whether an ``apply_entries`` call that reported ``version`` for a turn
+    stored exactly the ``count`` entries given for it on top of the mirror's
+    state: version ``before`` and start ``started`` (None: a turn not
+    followed yet, which must have had no record before the call)."""
+    if started is None:
+        if version.before != 0:
+            return False  # records stored before this worker followed the turn
+    elif started != version.started:
+        return False  # a turn started again under the same key
+    return before == version.before and version.stored == count == version.after - version.before
+
+
+@dataclass
+class Ahead:
+    """A batch fed into the mirrors before its ``apply_entries`` call answered."""
+
+    turns: dict[TurnKey, _Fed] = field(default_factory=dict)
+    accounted: bool = False  # its bytes counted in Mirrors.bytes
+
+
+@dataclass
+class Mirrors:
+    """The mirrors of one shard's turns, oldest first."""
+
+    limits: Limits
+    max_turns: int = 10_000
+    max_bytes: int = MIRROR_BYTES
+    turns: dict[TurnKey, Mirror] = field(default_factory=dict)
+    bytes: int = 0
+
+    def update(
+        self, applied: list[Applied], versions: dict[TurnKey, Version], newest: bool = False
+    ) -> set[TurnKey]:
+        """Feed what one ``apply_entries`` call stored into the mirrors, and
+        return the turns whose mirror is now exactly the state that call left.
+        ``newest``: the entries came from one ``XREADGROUP >``, so they are
+        in id order and newer than anything applied before (no check needed)."""
+        if self.max_turns == 0:
+            return set()  # --mirror-turns 0: every finalise reads the records back
+        by_turn: dict[TurnKey, list[Applied]] = {}
+        for entry in applied:
+            by_turn.setdefault(entry.key, []).append(entry)
+        for key, version in versions.items():
+            self._keep(key, self._follow(key, version, by_turn.get(key, []), newest))
+        self._bound()
+        return {key for key in versions if key in self.turns}
+
+    def _follow(
+        self, key: TurnKey, version: Version, entries: list[Applied], newest: bool
+    ) -> Mirror | None:
+        """The turn's mirror after this call, or None when it cannot be trusted."""
+        mirror = self.turns.get(key)
+        started = mirror.started if mirror is not None else None
+        if not _confirms(version, started, mirror.version if mirror else 0, len(entries)):
+            return None
+        if mirror is None:
+            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
+        if newest:  # the last one is enough: a later reclaim must come after it
+            mirror.last_id = id_order(entries[-1].entry_id) if entries else mirror.last_id
+        elif not self._in_order(mirror, entries):
+            return None  # an older entry (reclaimed): the replay order would differ
+        life, before = mirror.replay.life, mirror.replay.life.bytes
+        feed = mirror.replay.feed
+        for entry in entries:
+            feed(entry.entry_id, entry.record, entry.size)
+        self.bytes += life.bytes - before
+        mirror.version = version.after
+        return mirror
+
+    def feed_ahead(self, applied: list[Applied], ahead: Ahead) -> None:
+        """Feed a batch read with one ``XREADGROUP >`` into the mirrors before
+        ``apply_entries`` answers, so that the worker's Python runs while
+        redis-server runs the script; :meth:`confirm` then keeps what the
+        call's versions confirm, and :meth:`forget` drops it all if the call
+        (or this) failed. Together they end as :meth:`update` with ``newest``."""
+        if self.max_turns == 0:
+            return
+        turns = ahead.turns
+        for entry in applied:
+            key = entry.key
+            fed = turns.get(key)
+            if fed is None:
+                fed = turns[key] = _Fed(key, self.turns.get(key), self.limits)
+            fed.mirror.replay.feed(entry.entry_id, entry.record, entry.size)
+            fed.count += 1
+            fed.last = entry.entry_id
+        self._account(ahead)
+
+    def _account(self, ahead: Ahead) -> None:
+        """Count in ``self.bytes`` what was fed to the mirrors it holds."""
+        if not ahead.accounted:
+            ahead.accounted = True
+            for fed in ahead.turns.values():
+                if fed.known:
+                    self.bytes += fed.mirror.replay.life.bytes - fed.bytes
+
+    def confirm(self, ahead: Ahead, versions: dict[TurnKey, Version]) -> set[TurnKey]:
+        """What :meth:`update` returns, for a batch fed by :meth:`feed_ahead`
+        (the same checks, made after feeding: a mirror that fails them is
+        dropped, fed or not)."""
+        if self.max_turns == 0:
+            return set()
+        for key in ahead.turns.keys() - versions.keys():
+            self.drop(key)  # (apply_entries reports every turn it was given)
+        for key, version in versions.items():
+            fed = ahead.turns.get(key)
+            if fed is None:  # none of its entries in the batch: as update() does
+                self._keep(key, self._follow(key, version, [], True))
+                continue
+            if not fed.confirmed(version):
+                self.drop(key)
+                continue
+            mirror = fed.mirror
+            mirror.version, mirror.started = version.after, version.started
+            mirror.last_id = id_order(fed.last)
+            if not fed.known:
+                self.turns[key] = mirror
+                self.bytes += mirror.replay.life.bytes
+        self._bound()
+        return {key for key in versions if key in self.turns}
+
+    def vanished(self, versions: dict[TurnKey, Version]) -> list[TurnKey]:
+        """The turns an ``apply_entries`` call found without state (version
+        0 before it) although this worker's copy had some: only the
+        namespace's state lost in Redis does that (continuity.py checks)."""
+        turns = self.turns
+        return [key for key, version in versions.items()
+                if version.before == 0 and (copy := turns.get(key)) is not None
+                and copy.version > 0]
+
+    def _keep(self, key: TurnKey, mirror: Mirror | None) -> None:
+        """Keep the turn's mirror as a call left it, or drop it (None)."""
+        if mirror is None:
+            self.drop(key)
+        elif key not in self.turns:
+            self.turns[key] = mirror
+
+    def forget(self, ahead: Ahead) -> None:
+        """The call failed (or may have), or feeding did: drop every mirror
+        :meth:`feed_ahead` fed, which a retry would feed again."""
+        self._account(ahead)
+        for key in ahead.turns:
+            self.drop(key)
+
+    @staticmethod
+    def _in_order(mirror: Mirror, entries: list[Applied]) -> bool:
+        """Whether ``entries`` are in id order and after the mirror's last one."""
+        orders = [id_order(entry.entry_id) for entry in entries]
+        if orders and (orders[0] <= mirror.last_id or orders != sorted(orders)):
+            return False
+        if orders:
+            mirror.last_id = orders[-1]
+        return True
+
+    def take(self, key: TurnKey) -> Mirror | None:
+        """Remove and return the turn's mirror (a finalise consumes it)."""
+        mirror = self.turns.pop(key, None)
+        if mirror is not None:
+            self.bytes -= mirror.replay.life.bytes
+        return mirror
+
+    def drop(self, key: TurnKey) -> None:
+        self.take(key)
+
+    def _bound(self) -> None:
+        while self.turns and (len(self.turns) > self.max_turns or self.bytes > self.max_bytes):
+            self.drop(next(iter(self.turns)))

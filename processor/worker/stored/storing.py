@@ -1,0 +1,330 @@
+"""The worker's side of the stored path (the default; docs/design.md):
+each batch stored with one ``apply_entries`` call, this worker's copies of
+its turns fed meanwhile (:mod:`processor.worker.stored.mirror`), and the turns that call
+or a sweep made ready published with ``finalise_turns``, from a copy or
+from a replay of the stored records (:mod:`processor.engine.render`). A mixin of
+:class:`~processor.worker.worker.Worker`; held turns (:mod:`processor.worker.held.holding`)
+end here whenever holding them stops being safe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from processor.engine.render import Reason, Settled, render, replay_render, text_hash
+from processor.redis_io.connections import handed_over
+from processor.redis_io.replies import as_text
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.worker.batches import (
+    ApplyCall,
+    BatchOptions,
+    build_apply,
+    build_finalise,
+    parse_member,
+    parse_versions,
+)
+from processor.worker.budget import FINALISE_BYTES
+from processor.worker.metrics import DeadLetterLog, Metrics, dead_letter_summary
+from processor.worker.shard_loop import now_ms
+from processor.worker.stored.compaction import compact_turns
+from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
+
+log = logging.getLogger("processor.worker")
+
+
+class Storing:
+    """The stored path, for :class:`~processor.worker.worker.Worker`."""
+
+    client: Any
+    config: Any  # WorkerConfig
+    metrics: Metrics
+    options: BatchOptions
+    scripts: Any
+    _mirrors: dict[int, Mirrors]
+    _waiting_cancels: dict[int, set[TurnKey]]
+
+    dead_letters: DeadLetterLog
+
+    if TYPE_CHECKING:  # Holding's and Continuity's methods, for the type checker
+        def _floor(self, shard: Shard) -> str: ...
+        async def _spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None: ...
+        async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
+                              versions: dict[TurnKey, Version]) -> str | None: ...
+        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _after_loss(self, shard: Shard, entries: list[Any],
+                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
+
+    async def _store(
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        call: ApplyCall | None = None, read_from: str = "",
+    ) -> None:
+        """Store a batch with ``apply_entries``, then finalise whatever it made
+        ready. ``read_from``: the first id of the XREADGROUP > read the entries
+        come from, if they do (``ApplyCall.read_from``)."""
+        if call is None:
+            call = build_apply(shard, entries, deliveries, self.options, now_ms())
+            call.read_from = read_from
+        applying = self.scripts.apply_entries(
+            keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
+        if call.newest:
+            cancelled, ready, counts, full, versions, fresh, lost = await self._follow_ahead(
+                shard, call, applying)
+        else:
+            cancelled, ready, counts, full, versions = await applying
+            lost = await self._lost_under(shard, call, counts, parse_versions(versions))
+            fresh = set() if lost else self._follow(shard, call.applied, versions, call.newest)
+        self.metrics.applied(counts)
+        self._log_dead_letters(shard, call, counts)
+        if lost is not None:  # the namespace's state found lost under this call
+            merged = await self._lose_shard_now(shard)
+            if lost == "fenced":  # nothing of it applied: what Redis no longer has, to the DLQ
+                await self._after_loss(shard, entries,
+                                       {a.entry_id for a in call.applied if a.key in merged})
+                return
+        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
+        for tk in cancelled:
+            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
+        if todo:
+            await self.finalise(shard, todo, fresh)
+        if full:
+            await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
+
+    async def _follow_ahead(
+        self, shard: Shard, call: ApplyCall, applying: Awaitable[list[Any]]
+    ) -> tuple[Any, ...]:
+        """``apply_entries``' reply and :meth:`_follow`'s turns, for a batch
+        read with ``XREADGROUP >``: the copies are fed while redis-server runs
+        the script (:meth:`~processor.worker.stored.mirror.Mirrors.feed_ahead`), and kept
+        only where its versions confirm them, exactly as :meth:`_follow`
+        would keep them. Last, what the reply says of the namespace's state
+        (:meth:`~processor.worker.continuity.Continuity._lost_under`), checked
+        before the copies are settled: a lost turn is published from its copy."""
+        applied = call.applied
+        mirrors = self._mirrors[shard.index]
+        sent = asyncio.ensure_future(applying)
+        ahead = Ahead()
+        try:
+            await handed_over()  # the call is with redis-server: feed meanwhile
+            try:
+                mirrors.feed_ahead(applied, ahead)
+            except Exception:  # a copy is only a shortcut (as in _follow)
+                log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+                mirrors.forget(ahead)
+                # Nothing fed: confirm keeps a copy only of a turn the call
+                # stored nothing of (update() with no entries does the same).
+                ahead = Ahead()
+            reply = await sent
+        except BaseException:
+            sent.cancel()
+            mirrors.forget(ahead)  # a retry feeds the batch again
+            raise
+        versions = parse_versions(reply[4])
+        try:
+            lost = await self._lost_under(shard, call, reply[2], versions)
+        except BaseException:
+            mirrors.forget(ahead)  # a retry feeds the batch again
+            raise
+        if lost is not None:
+            return (*reply, set(), lost)  # (the copies are published, then dropped)
+        try:
+            fresh = mirrors.confirm(ahead, versions)
+        except Exception:
+            log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+            mirrors.forget(ahead)
+            fresh = set()
+        return (*reply, fresh, None)
+
+    def _follow(
+        self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
+    ) -> set[TurnKey]:
+        """Keep this worker's copies of the batch's turns (:mod:`processor.worker.stored.mirror`);
+        returns the turns whose copy is the state this very call left."""
+        mirrors = self._mirrors[shard.index]
+        try:
+            return mirrors.update(applied, parse_versions(versions), newest)
+        except Exception:  # a copy is only a shortcut: without it the finalise reads back
+            log.exception("could not follow the batch's turns", extra={"shard": shard.index})
+            for entry in applied:
+                mirrors.drop(entry.key)
+            return set()
+
+    async def _compact(self, shard: Shard, keys: list[TurnKey]) -> None:
+        """Fold long turns' stored records into snapshots. Best effort: one that
+        fails or loses a race leaves the records as they were (still correct),
+        and the turn's next threshold crossing tries again."""
+        try:
+            await compact_turns(self.client, self.scripts, shard, keys, self.options)
+        except Exception as exc:
+            log.warning("compaction skipped", extra={"shard": shard.index, "error": repr(exc)})
+
+    async def finalise(
+        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey] | None = None
+    ) -> None:
+        """Merge and publish finished turns; re-read any that changed meanwhile.
+        ``fresh``: turns whose copy the apply call that made them ready confirmed."""
+        await self._spill_ready(shard, todo)
+        self._waiting_cancels[shard.index].difference_update(
+            key for key, reason in todo.items() if reason == "cancel")
+        for _ in range(5):
+            with self.metrics.timed(self.metrics.finalise_seconds):
+                todo = await self._finalise_once(shard, todo, fresh or set())
+            fresh = None  # a retry reads the turns back
+            if not todo:
+                return
+        log.warning("turns still changing after 5 finalise attempts", extra={"turns": len(todo)})
+
+    async def _finalise_once(
+        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey]
+    ) -> dict[TurnKey, Reason]:
+        keys = [key for key, reason in todo.items() if reason == "closing"]
+        others = [key for key, reason in todo.items() if reason != "closing"]
+        if others:
+            # A turn that one of its entries ended is left to the closing path
+            # (below): check that before reading its records, which the sweep
+            # would otherwise re-read every round while the turn waits.
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in others:
+                    pipe.hexists(shard.turn(key.encode()), "closing")
+                ended = await pipe.execute()
+            keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
+        if not keys:
+            return {}
+        mirrors = self._mirrors[shard.index]
+        copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
+        # A closing turn whose copy the apply call just confirmed needs no read:
+        # its hash is the copy's version and start, with nothing dropped or
+        # dead-lettered (either would have moved the version past the copy),
+        # and finalise_turns checks that version again as it publishes.
+        known = {key: copy.turn_hash() for key, copy in copies.items()
+                 if key in fresh and todo[key] == "closing"}
+        reads = [key for key in keys if key not in known]
+        hashes = dict(zip(reads, await self._read_hashes(shard, reads), strict=True))
+        again: dict[TurnKey, Reason] = {}
+        # Settled a few at a time, by their stored bytes (processor.worker.budget):
+        # a turn replayed from its records is read, merged and rendered here.
+        chunk: list[TurnKey] = []
+        size = 0
+        for key in keys:
+            turn_hash = hashes.get(key)
+            stored = int(turn_hash.get(b"bytes", 0)) if turn_hash and key not in copies else 0
+            if chunk and size + stored > FINALISE_BYTES:
+                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+                chunk, size = [], 0
+            chunk.append(key)
+            size += stored
+        if chunk:
+            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+        return again
+
+    async def _finalise_chunk(
+        self, shard: Shard, todo: dict[TurnKey, Reason], keys: list[TurnKey],
+        known: dict[TurnKey, dict[Any, Any]], hashes: dict[TurnKey, dict[Any, Any]],
+        copies: dict[TurnKey, Mirror],
+    ) -> dict[TurnKey, Reason]:
+        """Settle and publish ``keys`` (one finalise_turns call); the turns to retry."""
+        reads = [key for key in keys if key not in known and key not in copies and hashes[key]]
+        records = dict(zip(reads, await self._read_records(shard, reads), strict=True))
+        now = now_ms()
+        settled, again = [], {}
+        for key in keys:
+            turn_hash: dict[Any, Any]  # str names from a copy, bytes from Redis
+            if key in known:
+                turn_hash, recs = known[key], None
+            else:
+                turn_hash = hashes[key]
+                recs = records.get(key)
+            if not turn_hash:
+                continue  # finalised by another worker already
+            if todo[key] != "closing" and (b"closing" in turn_hash or "closing" in turn_hash):
+                # An entry ended the turn before the cancel or the timeout: it
+                # is finalised as that ending says, once ready (sweep).
+                continue
+            copy = copies.get(key)
+            if copy is not None and not copy.matches(text_hash(turn_hash)):
+                again[key] = todo[key]  # changed behind this worker: read it back
+                continue
+            try:
+                outcome = self._render(key, turn_hash, copy, recs, todo[key], now)
+            except Exception:  # one turn that cannot be replayed must not block the others
+                log.exception("could not settle turn", extra={"turn": key.encode()})
+                continue
+            if outcome is not None:
+                settled.append((key, as_text(turn_hash.get(b"ver", b"0")), outcome))
+            recs = None
+        records.clear()
+        if not settled:
+            return again
+        call = build_finalise(shard, settled, self.options, self.config.consumer,
+                              self._floor(shard))
+        results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
+        self.metrics.finalised(settled, results)
+        for (key, _, outcome), result in zip(settled, results, strict=True):
+            if int(result) == 1 and outcome.dead_letters:
+                self._log_late(shard, key, dead_letter_summary(outcome.dead_letters))
+        again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
+                      if r == -1})
+        # A cancel that must wait for an entry up to its cut: retried after
+        # each step of the shard loop (Worker.retry_cancels), not a sweep later.
+        self._waiting_cancels[shard.index].update(
+            key for (key, _, _), r in zip(settled, results, strict=True)
+            if r == 2 and todo[key] == "cancel")
+        return again
+
+    def _log_dead_letters(self, shard: Shard, call: ApplyCall, counts: list[Any]) -> None:
+        """Log what ``apply_entries`` dead-lettered (rate-limited, metrics.DeadLetterLog):
+        by reason, with the ids and turns of those the worker decided itself
+        (decoding, routing, deliveries); the script's own (``turn_closed``
+        of an ended turn, ``internal_error``) are counted, their ids are in the DLQ."""
+        reasons = {as_text(counts[i])[4:]: int(counts[i + 1])
+                   for i in range(0, len(counts) - 1, 2) if as_text(counts[i]).startswith("dlq:")}
+        if not reasons:
+            return
+        known: dict[str, tuple[list[str], list[str]]] = {}
+        for entry_id, reason, tk in call.dead_letters():
+            ids, turns = known.setdefault(reason, ([], []))
+            ids.append(entry_id)
+            if tk:
+                turns.append(TurnKey.decode(tk).response_id)
+        for reason, count in reasons.items():
+            ids, turns = known.get(reason, ([], []))
+            self.dead_letters.note(reason, shard.index, count, ids, turns)
+
+    def _log_late(self, shard: Shard, key: TurnKey, late: list[tuple[str, str, str]]) -> None:
+        """Log the entries a finalise dead-lettered (found after the turn's end)."""
+        by_reason: dict[str, list[str]] = {}
+        for reason, entry_id, _ in late:
+            by_reason.setdefault(reason, []).append(entry_id)
+        for reason, ids in by_reason.items():
+            self.dead_letters.note(reason, shard.index, len(ids), ids, [key.response_id])
+
+    async def _read_hashes(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
+        """Each turn's hash."""
+        if not keys:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(shard.turn(key.encode()))
+            return list(await pipe.execute())
+
+    async def _read_records(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
+        """Each turn's stored records."""
+        if not keys:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(shard.recs(key.encode()))
+            return list(await pipe.execute())
+
+    def _render(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
+                recs: dict[Any, Any] | None, reason: Reason, now: int) -> Settled | None:
+        """Render the turn from this worker's copy, or replay its stored records."""
+        agui, limits = self.config.agui, self.config.limits
+        with self.metrics.timed(self.metrics.merge_seconds):
+            if copy is not None:
+                self.metrics.settled.labels("mirror").inc()
+                return render(key, copy.replay, turn_hash, reason, now, agui)
+            self.metrics.settled.labels("replay").inc()
+            return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui)
