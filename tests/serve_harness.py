@@ -21,14 +21,14 @@ import aiohttp
 from aiohttp import web
 from worker_harness import ROOT
 
+from processor.client.source import History, TurnSource, TurnState
+from processor.client.turns import Snapshot, TurnRef
 from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
 from processor.serve.run import bound_port, build
-from processor.serve.source import History, TurnSource, TurnState
 from processor.serve.tokens import issue
-from processor.serve.turns import Snapshot, TurnRef
 from processor.wire.keys import Namespace
 
 SECRET = "test-secret-0123456789"

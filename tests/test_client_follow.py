@@ -12,8 +12,8 @@ from serve_harness import SnapshotSource, merged_text, text_update
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
-from processor.serve.source import StreamScanSource
-from processor.serve.turns import LiveEvent, MergedOutput, Snapshot
+from processor.client.source import StreamScanSource
+from processor.client.turns import LiveEvent, MergedOutput, Snapshot
 
 
 def _check(items: list[Any], merged: dict[str, Any], first_seq: int = 0) -> list[dict[str, Any]]:

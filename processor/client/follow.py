@@ -3,8 +3,8 @@
 The same rules as ``processor serve``'s event streams (docs/serve.md,
 "Joining and resuming"), from the same pure pieces: the turn's shard's live
 feed is positioned first and its past read second (a
-:class:`~processor.serve.source.TurnSource`), and a
-:class:`~processor.serve.turns.Cursor` gives each seq once, in order; the
+:class:`~processor.client.source.TurnSource`), and a
+:class:`~processor.client.turns.Cursor` gives each seq once, in order; the
 merged output comes just before the terminal event, which ends it.
 
 Why from Redis and not over HTTP from a serve URL: a Python backend that
@@ -21,15 +21,15 @@ from typing import Any
 
 from processor.client.items import xread_entries
 from processor.client.retry import RetryPolicy
-from processor.redis_io.replies import as_text
-from processor.serve.source import (
+from processor.client.source import (
     StreamScanSource,
     TurnSource,
     entry_field,
     owned_event,
     owned_merged,
 )
-from processor.serve.turns import Cursor, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.client.turns import Cursor, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
 #: What :func:`follow` yields.

@@ -19,10 +19,10 @@ from processor.client.closing import AsyncClosing
 from processor.client.follow import Followed, follow
 from processor.client.items import Item, MergedItem, decode_item, entry_ms, xread_entries
 from processor.client.retry import RetryPolicy
+from processor.client.source import TurnSource
+from processor.client.turns import TurnRef
 from processor.redis_io.replies import as_text
 from processor.scripts.meta import require
-from processor.serve.source import TurnSource
-from processor.serve.turns import TurnRef
 from processor.wire.ids import response_id_for_turn, shard_of
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace, Shard
 
@@ -203,11 +203,11 @@ class Subscriber(AsyncClosing):
         """One turn as ``processor serve`` streams it, read from Redis:
         ``async for item in subscriber.follow("resp_1")``.
 
-        Yields a :class:`~processor.serve.turns.Snapshot` (the merge so far,
+        Yields a :class:`~processor.client.turns.Snapshot` (the merge so far,
         when joining a running turn whose source keeps one), then
-        :class:`~processor.serve.turns.LiveEvent` s in seq order, each once
+        :class:`~processor.client.turns.LiveEvent` s in seq order, each once
         (``item.seq``; ``item.data`` is the worker's event JSON), and the
-        turn's :class:`~processor.serve.turns.MergedOutput` (its ``response``
+        turn's :class:`~processor.client.turns.MergedOutput` (its ``response``
         and ``meta`` JSON; authoritative) just before the terminal
         ``synthesis`` event, after which the iteration ends. ``after`` resumes
         after the last seq seen (the same as ``Last-Event-ID``).

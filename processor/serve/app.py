@@ -33,14 +33,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from processor.client import Producer
-from processor.redis_io.connections import is_redis_failure
-from processor.serve import formats, sse
-from processor.serve.config import ServeConfig
-from processor.serve.hub import Hub, Subscription
-from processor.serve.metrics import ServeMetrics
-from processor.serve.source import TurnSource
-from processor.serve.tokens import Verdict, verify
-from processor.serve.turns import (
+from processor.client.source import TurnSource
+from processor.client.turns import (
     Cursor,
     LiveEvent,
     MergedOutput,
@@ -48,6 +42,12 @@ from processor.serve.turns import (
     TurnRef,
     parse_after,
 )
+from processor.redis_io.connections import is_redis_failure
+from processor.serve import formats, sse
+from processor.serve.config import ServeConfig
+from processor.serve.hub import Hub, Subscription
+from processor.serve.metrics import ServeMetrics
+from processor.serve.tokens import Verdict, verify
 from processor.wire.ids import response_id_for_turn
 
 log = logging.getLogger("processor.serve")

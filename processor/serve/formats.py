@@ -6,7 +6,7 @@ resume (``Last-Event-ID``) is the same in both: every seq after it, once.
 What has no seq of its own (the native ``merged``, AG-UI's final
 ``MESSAGES_SNAPSHOT``) goes just before the terminal event without an id,
 so a client cut off between the two gets both again. Pure: items in, SSE
-frames out; the AG-UI rendering itself is :mod:`processor.agui`'s.
+frames out; the AG-UI rendering itself is :mod:`processor.engine.agui`'s.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import msgspec
 
+from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine import agui
 from processor.serve import sse
-from processor.serve.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.wire.models import Counts, Meta, Response, Status
 
 FORMATS = ("native", "agui")
@@ -71,7 +71,7 @@ class Native:
 
 
 class Agui:
-    """AG-UI 1.0 events (:class:`processor.agui.LiveRun`): ``RUN_STARTED``
+    """AG-UI 1.0 events (:class:`processor.engine.agui.LiveRun`): ``RUN_STARTED``
     first (made from the first event sent when the client joins after seq
     0), deltas as ``TEXT_MESSAGE_CHUNK``, a ``MESSAGES_SNAPSHOT`` for a late
     join and before the end (the merged response, authoritative), and the

@@ -3,7 +3,9 @@
 A client that joins or resumes needs what was published before it came:
 the merge so far (a snapshot), the events after the seq it has, and, once
 the turn has ended, its merged entry and terminal event. The live feed
-(processor/serve/hub.py) gives only what comes after.
+(processor/serve/hub.py, or ``Subscriber.follow``'s own read of the shard)
+gives only what comes after. In the client package: ``processor serve``
+and ``Subscriber.follow`` read a turn's past the same way.
 
 :class:`StreamScanSource` is the implementation on today's keys, and is
 temporary: it finds a turn's past by reading the shard's ``events`` and
@@ -22,8 +24,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from processor.client.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.redis_io.replies import as_text
-from processor.serve.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.wire.keys import Namespace
 
 Phase = Literal["unknown", "running", "finished"]
