@@ -6,6 +6,8 @@ exact merged response just before it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 from serve_harness import SnapshotSource, merged_text, text_update
@@ -114,3 +116,11 @@ async def test_follow_of_a_cancelled_turn_and_with_a_snapshot_source(
         data = _check(items[1:], merged, first_seq=3)
         assert data[-1]["status"] == "cancelled"
         assert merged_text(merged) == "half an answer"
+
+
+def test_the_client_loads_no_http_library_and_nothing_of_serve() -> None:
+    code = ("import sys, processor.client; print('\\n'.join(m for m in sys.modules "
+            "if m.startswith(('aiohttp', 'processor.serve'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True).stdout.split()
+    assert loaded == []
