@@ -11,7 +11,7 @@ import urllib.request
 
 def test_demo_prints_three_turns_with_their_outcomes() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "processor.cli", "demo", "--port", "0", "--pace", "0.01"],
+        [sys.executable, "-m", "processor.cli", "demo", "--pace", "0.01"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,7 +6,7 @@ turn the user cancels half-way, and a turn whose model fails. The demo then
 prints each merged response and the events a UI would have seen.
 
 It also serves the turns as ``processor serve`` does (in this process, on
-``--port``, with a fresh token secret) and prints the watch page's URL of
+``--port``, any free one by default, with a fresh token secret) and prints the watch page's URL of
 the handoff before streaming it at ``--pace`` seconds per update, so the
 page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
 server's ``PROCESSOR_TOKEN_SECRET``), the page on a server already running
@@ -141,7 +141,7 @@ class Options:
     redis_url: str | None = None  # None: an embedded redis-server
     serve_url: str | None = None  # a processor serve already running on this Redis
     token_secret: str | None = None  # that server's
-    port: int = 8080  # of the serve the demo starts (0: any free port)
+    port: int = 0  # of the serve the demo starts (0: any free port)
     pace: float = 0.5  # seconds between the handoff's updates
     linger: float = 0.0  # seconds the page stays served after the turns end
 
@@ -246,7 +246,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     secret = given.get("token_secret") or os.environ.get("PROCESSOR_TOKEN_SECRET")
     options = Options(
         redis_url=given.get("redis_url"), serve_url=given.get("serve_url"),
-        token_secret=secret, port=given.get("port", 8080), pace=given.get("pace", 0.5),
+        token_secret=secret, port=given.get("port", 0), pace=given.get("pace", 0.5),
         linger=(30.0 if sys.stdout.isatty() else 0.0) if linger is None else linger)
     problems = []
     if options.serve_url and not options.redis_url:

@@ -277,9 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=8080,
-                        help="port of the processor serve the demo starts (default 8080; "
-                        "0: any free port)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="port of the processor serve the demo starts (default 0: any "
+                        "free port; the page's URL names it)")
     parser.add_argument("--pace", type=float, default=0.5,
                         help="seconds between the handoff's updates (default 0.5), so the "
                         "page shows it streaming")
