@@ -6,9 +6,9 @@ turn the user cancels half-way, and a turn whose model fails. The demo then
 prints each merged response and the events a UI would have seen.
 
 It also serves the turns as ``processor serve`` does (in this process, on
-``--port``, any free one by default, with a fresh token secret) and prints the watch page's URL of
-the handoff before streaming it at ``--pace`` seconds per update, so the
-page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
+``--port``, any free one by default, with a fresh token secret) and prints
+the watch page's URL of the handoff before streaming it at ``--pace``
+seconds per update, so the page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
 server's ``PROCESSOR_TOKEN_SECRET``), the page on a server already running
 on namespace ``demo``. ``--linger`` keeps the page served after the turns
 end (by default 30 s on a terminal, none otherwise; Ctrl-C ends it).
