@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
 import urllib.request
+
+import aiohttp
+from serve_harness import SECRET, config, start_local
 
 
 def test_demo_prints_three_turns_with_their_outcomes() -> None:
@@ -68,3 +72,27 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+async def test_demo_prints_the_page_on_a_server_already_running(redis_url: str) -> None:
+    """With --serve-url (and that server's Redis and secret) the demo starts
+    no server of its own and the page URL it prints opens the turn there."""
+    serve = await start_local(config(redis_url, "demo"))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "processor.cli", "demo", "--pace", "0.01", "--redis-url",
+            redis_url, "--serve-url", serve.url, "--token-secret", SECRET,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        (url,) = [line.strip() for line in out.decode().splitlines() if "/view?token=" in line]
+        assert url.startswith(f"{serve.url}/v1/turns/demo-handoff/view?token=")
+        token = url.split("token=")[1]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as page:
+                assert page.status == 200
+            async with session.get(f"{serve.url}/v1/turns/demo-handoff?token={token}") as turn:
+                assert turn.status == 200 and (await turn.json())["status"] == "completed"
+        assert "started an embedded redis-server" not in err.decode()
+    finally:
+        await serve.close()
