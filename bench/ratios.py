@@ -21,6 +21,8 @@ from scenarios import Throughput
 
 #: The row of one worker storing every entry (``--no-hold-turns``), when run.
 STORED_ROW = "processor, 1 worker, stored turns"
+#: The row of the default worker without live progress (``--no-progress``), when run.
+QUIET_ROW = "processor, 1 worker, no live progress"
 
 
 def one_worker(runs: list[Throughput]) -> Throughput:
@@ -44,14 +46,16 @@ class Round:
     one: float
     peer: float | None
     stored: float | None
+    quiet: float | None = None  # the default worker with --no-progress
 
     @classmethod
     def of(cls, runs: list[Throughput]) -> Round:
         drain = next(t for t in runs if t.name == "drain")
         peer = next((t for t in runs if t.name == "FastStream"), None)
         stored = stored_worker(runs)
+        quiet = next((t for t in runs if t.name == QUIET_ROW), None)
         return cls(drain.rate, one_worker(runs).rate, peer.rate if peer else None,
-                   stored.rate if stored else None)
+                   stored.rate if stored else None, quiet.rate if quiet else None)
 
     def ratios(self) -> dict[str, float]:
         """processor / drain and / FastStream, by default (turns held) and with
@@ -59,6 +63,8 @@ class Round:
         found = {"drain": self.one / self.drain}
         if self.peer:
             found["peer"] = self.one / self.peer
+        if self.quiet:  # live progress on (the default) over off
+            found["live"] = self.one / self.quiet
         if self.stored is not None:
             found["stored_drain"] = self.stored / self.drain
             if self.peer:

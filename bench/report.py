@@ -14,12 +14,13 @@ from typing import Any
 
 from latency import Latency, percentile
 from memory_scenarios import Memory, RssRun
-from ratios import Round, median_ratios, one_worker, stored_worker
+from ratios import QUIET_ROW, Round, median_ratios, one_worker, stored_worker
 from scenarios import Throughput
 
 MIB = 1 << 20
 DRAIN_TARGET = 0.5
 PEER_TARGET = 5.0
+LIVE_TARGET = 0.85  # the default worker with live progress on, over off (issue 28)
 LATENCY_TARGET_MS = 20.0
 FULL_COMMAND = "python bench/run.py --profile 20000 --pyinstrument 20000"
 
@@ -147,6 +148,16 @@ def summary(r: dict[str, Any]) -> str:
             "Agent Framework's `AgentResponse.from_updates` on the turn's `end` and "
             "published to a stream."
         )
+    quiet = next((t for t in runs if t.name == QUIET_ROW), None)
+    if quiet is not None and "live" in median:
+        lines.append(
+            f"- **Live progress on / off (1 worker): {median['live']:.2f}** (target at least "
+            f"{LIVE_TARGET:g}: {verdict(median['live'] >= LIVE_TARGET)}), median round. The "
+            "default worker publishes each running turn's coalesced live events and its "
+            "live log once per batch (`publish_live.lua`); the row *no live progress* is "
+            f"the same worker with `--no-progress`: {_cpu_per_update(one):.0f} µs of CPU per "
+            f"update against {_cpu_per_update(quiet):.0f} µs (redis-server "
+            f"{_redis_per_update(one):.0f} µs against {_redis_per_update(quiet):.0f} µs).")
     stored = stored_worker(runs)
     if stored is not None:
         also = f", processor / FastStream {median['stored_peer']:.2f}x" if peer else ""

@@ -92,6 +92,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-stored", action="store_true",
                    help="skip the runs with --no-hold-turns (1 worker, and the most workers "
                         "on as many shards; their profile and latency too)")
+    p.add_argument("--no-live-off", action="store_true",
+                   help="skip the run of 1 worker with --no-progress (live progress off), "
+                        "the default's comparison")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
@@ -116,6 +119,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     # The stored-turns rows, profile and latency, unless skipped or every
     # worker stores already.
     args.stored = not args.no_stored and "--no-hold-turns" not in args.worker_flags
+    # The default worker with live progress off, beside it (the cost of the events).
+    args.live_off = not args.no_live_off and "--no-progress" not in args.worker_flags
     if 1 not in args.worker_counts:
         p.error("--workers must include 1 (the ratios are per worker)")
     return args
@@ -138,6 +143,9 @@ async def one_round(
     runs = [await scenarios.drain(ctx, work), await scenarios.ceiling(ctx, work)]
     for n in args.worker_counts:
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags))
+        if n == 1 and args.live_off:
+            runs.append(await scenarios.processor(ctx, work, 1,
+                                                  flags=(*args.worker_flags, "--no-progress")))
     for n in args.sharded_counts:
         runs.append(await scenarios.processor(ctx, work, n, flags=args.worker_flags, shards=n))
     if args.stored:
@@ -366,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     median = ratios.median_ratios([ratios.Round.of(one) for one in r["rounds"]])
     also = (f"; with --no-hold-turns {median['stored_drain']:.2f} and "
             f"{median['stored_peer']:.2f}x" if "stored_drain" in median else "")
+    if "live" in median:
+        also += (f"; live progress on/off {median['live']:.2f} "
+                 f"(target >= {report.LIVE_TARGET:g})")
     of = f" (median of {len(r['rounds'])} rounds)" if len(r["rounds"]) > 1 else ""
     say(f"ratio processor/drain {median['drain']:.2f} (target >= {report.DRAIN_TARGET:g}), "
         f"processor/FastStream {median['peer']:.2f}x (target >= {report.PEER_TARGET:g}x)"

@@ -269,6 +269,8 @@ async def processor(
         label += f", {shards} shard" + ("s" if shards > 1 else "")
     if "--no-hold-turns" in flags:  # the stored path: a record of every entry in Redis
         label += ", stored turns"
+    if "--no-progress" in flags:  # no live progress events, no live log
+        label += ", no live progress"
     return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
                       len(work.turns), settled)
 

@@ -46,7 +46,7 @@ def config(url: str, namespace: str, shards: int = 1, **overrides: Any) -> Serve
     base = ServeConfig(
         redis=RedisOptions(url), namespace=Namespace(namespace, shards), host="127.0.0.1",
         port=0, token_secret=SECRET, cors_origins=(), heartbeat=15.0, client_queue=1000,
-        write_timeout=10.0, scan_limit=5000, log_level="info",
+        write_timeout=10.0, log_level="info",
     )
     return replace(base, **overrides)
 

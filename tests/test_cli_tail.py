@@ -56,7 +56,7 @@ async def _run_turns(harness: Harness, prefix: str) -> None:
 
 
 async def test_tail_prints_every_merged_entry_and_event(redis_url: str, namespace: str) -> None:
-    async with Harness(redis_url, namespace, SHARDS) as harness:
+    async with Harness(redis_url, namespace, SHARDS, progress=False) as harness:
         await harness.start_worker()
         await _run_turns(harness, "t")
         merged, events = await _published(harness)
@@ -100,7 +100,7 @@ async def test_tail_prints_every_merged_entry_and_event(redis_url: str, namespac
 
 
 async def test_tail_follows_new_turns_and_stops_on_sigint(redis_url: str, namespace: str) -> None:
-    async with Harness(redis_url, namespace, SHARDS) as harness:
+    async with Harness(redis_url, namespace, SHARDS, progress=False) as harness:
         await harness.start_worker()
         await _run_turns(harness, "old")
         # Follow from now: the "old" turns are not printed, the "new" ones are.
@@ -175,7 +175,7 @@ async def _follow_then_interrupt(harness: Harness, proc: asyncio.subprocess.Proc
 
 
 async def test_tail_limit_and_now(redis_url: str, namespace: str) -> None:
-    async with Harness(redis_url, namespace, SHARDS) as harness:
+    async with Harness(redis_url, namespace, SHARDS, progress=False) as harness:
         await harness.start_worker()
         await _run_turns(harness, "t")
         code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--json", "--from",
@@ -202,7 +202,8 @@ def test_tail_bad_from_gives_one_line(redis_url: str, namespace: str, capsys: An
 async def test_tail_on_a_redis_cluster(redis_cluster: Any, namespace: str) -> None:
     """Three shards spread over three masters: one XREAD per shard, merged into one tail."""
     shards = 3
-    async with Harness(redis_cluster.url, namespace, shards, cluster=True) as harness:
+    async with Harness(redis_cluster.url, namespace, shards, cluster=True,
+                       progress=False) as harness:
         await harness.start_worker()
         turns = [f"c{i}" for i in range(6)]
         assert len({harness.shard_of({"response_id": t}).index for t in turns}) == shards
@@ -227,7 +228,7 @@ async def test_tail_no_follow_notes_say_neither_ctrl_c_nor_an_empty_resume(
     code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--no-follow")
     assert (code, out) == (0, ""), err
     assert "Ctrl-C" not in err and "resume" not in err, err
-    async with Harness(redis_url, namespace, SHARDS) as harness:
+    async with Harness(redis_url, namespace, SHARDS, progress=False) as harness:
         await harness.start_worker()
         await _run_turns(harness, "t")
         code, out, err = await arun(redis_url, namespace, SHARDS, "tail", "--from",

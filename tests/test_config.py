@@ -62,8 +62,10 @@ def test_holding_turns_is_on_by_default_and_can_be_turned_off() -> None:
         assert not worker_config(values).holding
     values, _ = resolve(_args("--hold-turns"), {"PROCESSOR_HOLD_TURNS": "off"})
     assert values["hold_turns"] is True
-    values, _ = resolve(_args("--progress"), {})  # progress events turn holding off
-    assert not worker_config(values).holding
+    values, _ = resolve(_args("--progress"), {})  # live progress (the default) holds too
+    assert worker_config(values).holding and worker_config(values).progress
+    values, _ = resolve(_args("--no-progress"), {})
+    assert worker_config(values).holding and not worker_config(values).progress
 
 
 def test_bad_configuration_is_one_line_per_problem() -> None:

@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -406,15 +407,23 @@ def check_client(client: Client, merged: dict[str, str], events: dict[int, str])
     with_id = [(event_id, data) for event_id, data in client.events if event_id is not None]
     seqs = [json.loads(data)["seq"] for _, data in with_id]
     assert [event_id for event_id, _ in with_id] == [str(seq) for seq in seqs], where
-    # From synthesis.started to the terminal event, each seq once and in order.
-    assert seqs == list(range(len(events))), f"{where}: seqs {seqs}, events {len(events)}"
-    for seq, (_, data) in zip(seqs, with_id, strict=True):
+    # From synthesis.started (or, for a client that joined a running turn, from
+    # one snapshot, whose id is the last seq it folds) to the terminal event,
+    # each seq once and in order: no gap, no duplicate at the join.
+    first = json.loads(with_id[0][1])
+    start = first["seq"] + 1 if first["type"] == "snapshot" else 0
+    live = with_id[1:] if first["type"] == "snapshot" else with_id
+    assert seqs[len(with_id) - len(live):] == list(range(start, len(events))), \
+        f"{where}: seqs {seqs}, events {len(events)}"
+    for (_, data) in live:
+        seq = json.loads(data)["seq"]
         assert data == events[seq], f"{where}: seq {seq}: {data} != {events[seq]}"
     types = [json.loads(data)["type"] for _, data in client.events]
     assert types.count("synthesis") == 1 and types[-1] == "synthesis", f"{where}: {types}"
     assert types[-2] == "merged", f"{where}: {types}"
-    assert set(types) <= {"synthesis.started", "step", "synthesis.chunk", "merged",
-                          "synthesis", "dropped"}, f"{where}: {types}"
+    assert types.count("snapshot") <= 1, f"{where}: {types}"
+    assert set(types) <= {"snapshot", "synthesis.started", "step", "synthesis.chunk",
+                          "merged", "synthesis", "dropped"}, f"{where}: {types}"
     # Every merged event carries the turn's merged entry, byte for byte (a client
     # cut off between the merged event and the terminal one gets both again).
     for _, data in client.events:
@@ -423,14 +432,25 @@ def check_client(client: Client, merged: dict[str, str], events: dict[int, str])
             assert bytes(seen.response) == merged["response"].encode(), where
             assert bytes(seen.meta) == merged["meta"].encode(), where
             assert seen.status == merged["status"] == "completed", where
-    # Each delta once. Progress events are numbered in the order the workers
-    # applied the entries (docs/design.md, "Offline vs live"): an entry of the
-    # killed worker, reclaimed later, comes after those applied meanwhile,
-    # while the merged response keeps the arrival order. Hence `merged`.
+    # The view a UI builds before the merged event (the snapshot, then each
+    # chunk appended, or replacing with replace: true) holds each delta at most
+    # once: none repeated across the join or a resume. Progress may miss
+    # deltas after a worker is killed (the worker that takes the turn over
+    # stays silent for it, docs/design.md "Offline vs live"); the merged event
+    # is what makes the end exact.
     pieces = [f"{client.rid}:{i} " for i in range(DELTAS)]
-    deltas = [json.loads(data)["delta"] for _, data in with_id
-              if json.loads(data)["type"] == "synthesis.chunk"]
-    assert sorted(deltas) == sorted(pieces), f"{where}: {deltas}"
+    view: dict[str, str] = {}
+    for _, data in with_id:
+        event = json.loads(data)
+        if event["type"] == "snapshot":
+            view = {m["message_id"]: "".join(c.get("text") or "" for c in m["contents"])
+                    for m in event["response"]["messages"]}
+        elif event["type"] == "synthesis.chunk":
+            before = "" if event.get("replace") else view.get(event["message_id"], "")
+            view[event["message_id"]] = before + event["delta"]
+    shown = Counter(re.findall(rf"{re.escape(client.rid)}:\d+ ", "".join(view.values())))
+    assert set(shown) <= set(pieces) and all(n == 1 for n in shown.values()), \
+        f"{where}: {view}"
     response = json.loads(merged["response"])
     text = "".join(c["text"] for m in response["messages"] for c in m["contents"])
     assert text == "".join(pieces), where

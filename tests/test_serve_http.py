@@ -5,6 +5,7 @@ command line's one-line errors, and what the package may import."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -48,9 +49,18 @@ async def test_the_turn_endpoint_answers_404_then_202_then_200(redis_url, namesp
                     assert (await response.json())["error"] == "unknown_turn"
                 await producer.send("t1", text_update("hello "))
                 await harness.wait_applied()  # held by the worker: the turn is running
-                async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
-                    assert response.status == 202
-                    assert await response.json() == {"status": "running", "snapshot": None}
+                for _ in range(300):  # until the worker's live log has the update
+                    async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
+                        assert response.status == 202
+                        running = await response.json()
+                    if running["snapshot"]["response"]["messages"]:
+                        break
+                    await asyncio.sleep(0.02)
+                assert running["status"] == "running"
+                snapshot = running["snapshot"]
+                assert snapshot["type"] == "snapshot" and snapshot["seq"] >= 1
+                assert [c["text"] for m in snapshot["response"]["messages"]
+                        for c in m["contents"]] == ["hello "]
                 await producer.send("t1", text_update("world"))
                 await producer.end("t1")
                 item = await Subscriber(harness.client, namespace).wait_for("t1", 30)
@@ -336,7 +346,10 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.service.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)
                "processor.scripts.meta",  # (the namespace's record: the client's too)
-               "processor.engine", "processor.engine.agui"}  # (pure AG-UI, as --agui's)
+               # The pure merge, to fold a running turn's logged updates into its snapshot.
+               "processor.engine", "processor.engine.merge", "processor.engine.combine",
+               "processor.engine.turn_state",
+               "processor.engine.agui"}  # (pure AG-UI, as --agui's)
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections import Counter
 
 import redis.asyncio
 from strategies import random_turn
@@ -67,12 +66,9 @@ async def test_sigkill_workers_mid_batch(redis_url: str, namespace: str, tmp_pat
         outputs = await harness.outputs()
         leftover = await harness.state_keys()
 
+    # Every event once, seq gap-free; live progress is best effort across
+    # crashes (a turn whose speaker died goes on silent, docs/design.md).
     compare_with_offline(outputs, offline, "after SIGKILLs")
-    # Every progress event published exactly once (in apply order, with the
-    # ids known when applied: compared without seq, ts and turn-level ids).
-    for key, want in offline.items():
-        got = Counter(_strip(e) for e in outputs.turns[key].events)
-        assert got == Counter(_strip(e) for e in want.line["events"]), key
     assert outputs.merged_count == len(offline)
     assert outputs.dlq == [], outputs.dlq[:3]
     assert leftover == [], leftover

@@ -28,6 +28,7 @@ from turn_reference import (
 from worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
+from processor.engine.live import replay_texts
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.worker.held.held_batch import HeldBatch, group_batch
@@ -87,26 +88,61 @@ async def test_mirror_turns_0_keeps_no_copy_and_still_holds_turns(
     assert held == len(turns) and spilled == 0
 
 
-async def test_progress_events_turn_holding_off(redis_url: str, namespace: str) -> None:
-    """--progress with --hold-turns: progress events are per entry, so the
-    worker stores every entry (read in the usual shape) and publishes the
-    offline merge with the offline events, none of its turns held."""
-    turns = _turns(12, seed=11)
+def _live_texts_match(outputs: Any, response_text_of: Any = None) -> int:
+    """Every turn's live chunks replay to its merged messages' texts
+    (processor.engine.live); returns the number of chunks seen."""
+    chunks = 0
+    for key, got in outputs.turns.items():
+        merged = json.loads(got.merged[0]["response"])
+        for kind, content in (("synthesis.chunk", "text"), ("reasoning.chunk", "text_reasoning")):
+            shown = {m: t for m, t in replay_texts(got.events, kind).items() if t}
+            want = {m["message_id"]: t for m in merged["messages"]
+                    if (t := "".join(c.get("text") or "" for c in m["contents"]
+                                     if c["type"] == content))}
+            assert shown == want, f"{key}: {kind}"
+            chunks += sum(1 for e in got.events if e["type"] == kind)
+    return chunks
+
+
+@pytest.mark.parametrize("hold", [True, False])
+async def test_live_progress_replays_to_the_merged_text_held_or_stored(
+    redis_url: str, namespace: str, hold: bool
+) -> None:
+    """Live progress is on by default, holding turns or not: every turn's
+    text and reasoning chunks, replayed, are its merged messages' texts, in
+    gap-free seqs between synthesis.started and the terminal event, and the
+    merge is processor merge's; held turns stay held (none stored)."""
+    turns = _turns(30, seed=11)
     entries = interleave(turns, random.Random(5))
-    config = {**HOLD, "progress": True}
-    assert not WorkerConfig(**config).holding and WorkerConfig(**HOLD).holding
-    async with Harness(redis_url, namespace, batch=50, **config) as harness:
+    assert WorkerConfig().progress and WorkerConfig(**HOLD).holding
+    async with Harness(redis_url, namespace, batch=7, hold_turns=hold) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add(entries)
         await harness.wait_merged(len(turns))
         outputs = await harness.outputs()
         held = _metric(running.worker, "processor_turns_settled_total", source="held")
-    offline = offline_results(entries, progress=True)
-    compare_with_offline(outputs, offline)
-    for key, want in offline.items():
-        assert [e["type"] for e in outputs.turns[key].events] == \
-            [e["type"] for e in want.line["events"]]
-    assert held == 0
+        logs = await harness.client.keys(f"{{{namespace}:*}}:live:*")
+    compare_with_offline(outputs, offline_results(entries))
+    assert _live_texts_match(outputs) > len(turns)
+    assert held == (len(turns) if hold else 0)
+    assert logs == []  # each went with its turn's state when it was published
+
+
+async def test_no_progress_publishes_only_the_start_and_the_outcome(
+    redis_url: str, namespace: str
+) -> None:
+    turns = _turns(6, seed=3)
+    entries = interleave(turns, random.Random(2))
+    async with Harness(redis_url, namespace, batch=7, progress=False) as harness:
+        await harness.start_workers(1)
+        await harness.add(entries)
+        await harness.wait_merged(len(turns))
+        outputs = await harness.outputs()
+        logs = await harness.client.keys(f"{{{namespace}:*}}:live:*")
+    compare_with_offline(outputs, offline_results(entries))
+    assert {tuple(e["type"] for e in t.events) for t in outputs.turns.values()} == {
+        ("synthesis.started", "synthesis")}
+    assert logs == []
 
 
 @pytest.mark.parametrize("shards", [1, 2])

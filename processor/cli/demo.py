@@ -163,7 +163,7 @@ class _Serve:
         config = ServeConfig(redis=RedisOptions(redis_url), namespace=Namespace(NAMESPACE),
                              host="127.0.0.1", port=port, token_secret=secret,
                              cors_origins=(), heartbeat=15.0, client_queue=1000,
-                             write_timeout=10.0, scan_limit=5000, log_level="warning")
+                             write_timeout=10.0, log_level="warning")
         app, server = build(config, client)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
         await runner.setup()

@@ -131,9 +131,15 @@ def _event_parts(event: dict[str, Any], width: int) -> list[tuple[str, str]]:
         if error:
             parts.append((f"{error.get('code')}: {short(str(error.get('message')), width)}", "red"))
         quoted = str(event.get("content") or "")
-    elif kind == "synthesis.chunk":
+    elif kind in ("synthesis.chunk", "reasoning.chunk", "tool_call.chunk"):
         parts.append((f"message={event.get('message_id')}", ""))
+        if event.get("replace"):
+            parts.append(("replace", "dim"))
         quoted = str(event.get("delta") or "")
+    elif kind == "tool_result":
+        parts.append((f"message={event.get('message_id')} call={event.get('call_id')}", ""))
+        result = event.get("result")
+        quoted = result if isinstance(result, str) else json.dumps(result)
     elif kind == "step":
         parts.append((f"{event.get('step')} agent={event.get('agent_name') or '-'}", ""))
         quoted = str(event.get("content") or "")

@@ -22,7 +22,7 @@ from typing import Any
 from processor.client.items import xread_entries
 from processor.client.retry import RetryPolicy
 from processor.client.source import (
-    StreamScanSource,
+    LogSource,
     TurnSource,
     entry_field,
     owned_event,
@@ -34,14 +34,12 @@ from processor.wire.keys import Namespace
 
 #: What :func:`follow` yields.
 Followed = Snapshot | LiveEvent | MergedOutput
-#: Entries of a turn's past the default source reads back at most per stream
-#: (``processor serve --scan-limit``'s default).
-SCAN_LIMIT = 5000
 
 
 def default_source(client: Any, namespace: Namespace) -> TurnSource:
-    """The past of turns on the keys workers write (the server's source)."""
-    return StreamScanSource(client, namespace, SCAN_LIMIT)
+    """The past of turns on the keys workers write (the server's source:
+    the turns' live logs)."""
+    return LogSource(client, namespace)
 
 
 async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | None,

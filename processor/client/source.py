@@ -7,26 +7,27 @@ the turn has ended, its merged entry and terminal event. The live feed
 gives only what comes after. In the client package: ``processor serve``
 and ``Subscriber.follow`` read a turn's past the same way.
 
-:class:`StreamScanSource` is the implementation on today's keys, and is
-temporary: it finds a turn's past by reading the shard's ``events`` and
-``merged`` streams backwards (``XREVRANGE``), at most ``scan_limit``
-entries each, and has no snapshot. The per-turn log (docs/serve.md,
-"Joining and resuming") replaces it: one ``XRANGE`` of
-``{ns:s}:live:<tk>`` for the history and the snapshot, and the done
-marker's entry ids for the final outputs.
+:class:`LogSource` reads it from the turn's live log, which the workers
+append to with each batch's events and updates (docs/serve.md, "Joining
+and resuming"): one ``XRANGE`` of ``{ns:s}:live:<tk>`` for the history
+and for the snapshot (the logged updates folded with the merge itself,
+:mod:`processor.engine.merge`), and the done marker's entry ids for the final
+outputs (one ``XRANGE`` each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import msgspec
 
-from processor.client.turns import TERMINAL, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.engine.merge import Turn, UsageOverflow
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
+from processor.wire.models import Update
 
 Phase = Literal["unknown", "running", "finished"]
 
@@ -45,7 +46,7 @@ class TurnState:
 class History:
     """The events with a seq greater than ``after``, in seq order.
     ``complete`` is False when the source could not reach back to
-    ``after + 1`` (the temporary scan's limit, or trimmed streams)."""
+    ``after + 1`` (a log that expired, or workers without live progress)."""
 
     events: list[LiveEvent] = field(default_factory=list)
     complete: bool = True
@@ -71,12 +72,6 @@ class TurnSource(Protocol):
     async def history(self, turn: TurnRef, after: int) -> History: ...
 
     async def final(self, turn: TurnRef) -> Final: ...
-
-
-#: Entries per XREVRANGE page of the events stream (small entries) and of
-#: the merged stream (each holds a whole response).
-EVENTS_PAGE = 200
-MERGED_PAGE = 20
 
 
 def entry_field(fields: Mapping[Any, Any], name: str) -> Any:
@@ -114,13 +109,14 @@ def owned_merged(turn: TurnRef, fields: Mapping[Any, Any]) -> MergedOutput | Non
                         _raw(fields, "meta"))
 
 
-class StreamScanSource:
-    """:class:`TurnSource` on today's keys (temporary; see the module's docstring)."""
+class LogSource:
+    """:class:`TurnSource` on the workers' keys: the turn's live log
+    (``{ns:s}:live:<tk>``, written by ``publish_live.lua``) for its past
+    and its snapshot, and its done marker's entry ids for its outputs."""
 
-    def __init__(self, client: Any, namespace: Namespace, scan_limit: int) -> None:
+    def __init__(self, client: Any, namespace: Namespace) -> None:
         self.client = client
         self.namespace = namespace
-        self.scan_limit = scan_limit
 
     async def state(self, turn: TurnRef) -> TurnState:
         shard, tk = turn.shard(self.namespace), turn.key.encode()
@@ -138,61 +134,71 @@ class StreamScanSource:
             return TurnState("running")
         return TurnState("unknown")
 
+    async def _log(self, turn: TurnRef) -> list[tuple[Any, Mapping[Any, Any]]]:
+        shard = turn.shard(self.namespace)
+        entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(
+            shard.live(turn.key.encode()))
+        return entries
+
     async def snapshot(self, turn: TurnRef) -> Snapshot | None:
-        return None  # needs the per-turn log: the merge is in no stream today
+        """The logged updates folded with the merge, at the log's last seq
+        (an empty log: the empty merge at seq 0, ``synthesis.started``)."""
+        merge, seq = Turn(turn.key), 0
+        for _entry_id, fields in await self._log(turn):
+            seq = max(seq, _int(fields, "seq"))
+            for raw in _raws(fields, "updates"):
+                try:
+                    merge.fold(_update.decode(raw))
+                except (msgspec.DecodeError, UsageOverflow):
+                    continue  # (not merged by the worker either)
+        return Snapshot(turn, seq, _encode(merge.finish()))
 
     async def history(self, turn: TurnRef, after: int) -> History:
+        """The logged events after seq ``after``: complete when they follow
+        on from it (the log starts after ``synthesis.started``, seq 0)."""
         found: list[LiveEvent] = []
-        reached = False
-
-        def take(fields: Mapping[Any, Any]) -> bool:
-            nonlocal reached
-            event = owned_event(turn, fields)
-            if event is not None:
+        for _entry_id, fields in await self._log(turn):
+            if _int(fields, "seq") <= after:
+                continue
+            for raw in _raws(fields, "events"):
+                try:
+                    event = LiveEvent.decode(raw)
+                except msgspec.DecodeError:
+                    continue
                 if event.seq > after:
                     found.append(event)
-                reached = event.seq <= after + 1
-            return reached
-
-        await self._scan(turn.shard(self.namespace).events, EVENTS_PAGE, take)
-        found.sort(key=lambda event: event.seq)
-        unique = [e for i, e in enumerate(found) if i == 0 or e.seq != found[i - 1].seq]
-        return History(unique, reached)
+        complete = not found or found[0].seq == after + 1
+        return History(found, complete)
 
     async def final(self, turn: TurnRef) -> Final:
-        shard = turn.shard(self.namespace)
-        merged: list[MergedOutput] = []
-        terminal: list[LiveEvent] = []
+        shard, tk = turn.shard(self.namespace), turn.key.encode()
+        merged_id, terminal_id = await self.client.hmget(shard.done(tk), "merged_id",
+                                                         "terminal_id")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(shard.merged, min=merged_id or "0-0", max=merged_id or "0-0", count=1)
+        pipe.xrange(shard.events, min=terminal_id or "0-0", max=terminal_id or "0-0", count=1)
+        merged_entries, terminal_entries = await pipe.execute()
+        merged = owned_merged(turn, merged_entries[0][1]) if merged_id and merged_entries else None
+        terminal = None
+        if terminal_id and terminal_entries:
+            event = owned_event(turn, terminal_entries[0][1])
+            terminal = event if event is not None and event.terminal else None
+        return Final(merged, terminal)
 
-        def take_merged(fields: Mapping[Any, Any]) -> bool:
-            output = owned_merged(turn, fields)
-            if output is not None:
-                merged.append(output)
-            return bool(merged)
 
-        def take_terminal(fields: Mapping[Any, Any]) -> bool:
-            if _text(fields, "type") == TERMINAL:
-                event = owned_event(turn, fields)
-                if event is not None and event.terminal:
-                    terminal.append(event)
-            return bool(terminal)
+_update = msgspec.json.Decoder(Update)
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+_encode = msgspec.json.Encoder().encode
 
-        await self._scan(shard.merged, MERGED_PAGE, take_merged)
-        await self._scan(shard.events, EVENTS_PAGE, take_terminal)
-        return Final(merged[0] if merged else None, terminal[0] if terminal else None)
 
-    async def _scan(self, stream: str, page: int,
-                    take: Callable[[Mapping[Any, Any]], bool]) -> None:
-        """Read ``stream`` from its newest entry back, at most ``scan_limit``
-        entries, until ``take(fields)`` returns True."""
-        newest, left = "+", self.scan_limit
-        while left > 0:
-            entries = await self.client.xrevrange(stream, max=newest, min="-",
-                                                  count=min(page, left))
-            if not entries:
-                return
-            for _entry_id, fields in entries:
-                if take(fields):
-                    return
-            left -= len(entries)
-            newest = "(" + as_text(entries[-1][0])
+def _int(fields: Mapping[Any, Any], name: str) -> int:
+    text = _text(fields, name)
+    return int(text) if text.isdigit() else 0
+
+
+def _raws(fields: Mapping[Any, Any], name: str) -> list[bytes]:
+    """The items of a JSON array field, each as its JSON text."""
+    try:
+        return [bytes(item) for item in _raw_list.decode(_raw(fields, name) or b"[]")]
+    except msgspec.DecodeError:
+        return []

@@ -63,6 +63,7 @@ NAMES = (
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
     "read_inputs", "create_namespace", "reshard_namespace", "dead_letter_lost",
     "publish_lost_turns", "recreate_group", "send_inbox", "admit_inbox",
+    "publish_live",
 )
 
 
@@ -82,3 +83,4 @@ class Scripts:
         self.publish_lost_turns = client.register_script(source("publish_lost_turns"))
         self.recreate_group = client.register_script(source("recreate_group"))
         self.admit_inbox = client.register_script(source("admit_inbox"))
+        self.publish_live = client.register_script(source("publish_live"))

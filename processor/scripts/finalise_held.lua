@@ -27,8 +27,8 @@ back its own pending entries when it starts).
 
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] updates stream
-KEYS[5 + 2*(t-1) + 1..2]   per turn t: turn hash, done hash
-KEYS[5 + 2*T + 1]          agui stream (only with --agui)
+KEYS[5 + 3*(t-1) + 1..3]   per turn t: turn hash, done hash, live log
+KEYS[5 + 3*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
@@ -56,7 +56,7 @@ local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
 local dlq_fields_max = tonumber(ARGV[8])
-local agui = KEYS[5 + 2 * nturns + 1]
+local agui = KEYS[5 + 3 * nturns + 1]
 
 --- includes/dead_letter
 --- includes/pad_id
@@ -80,8 +80,8 @@ end
 local turns = cmsgpack.unpack(ARGV[9])
 local acked = false
 local function finalise(t)
-  local k = 5 + 2 * (t - 1)
-  local tkey, dkey = KEYS[k + 1], KEYS[k + 2]
+  local k = 5 + 3 * (t - 1)
+  local tkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local tk, version, status, outputs, dead, ids, ending, late, routed = unpack(turns[t], 1, 9)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
@@ -107,7 +107,7 @@ local function finalise(t)
   for _, one in ipairs(late) do
     dead_letter(updates, dlq, dlq_max, dlq_fields_max, one[1], one[2], one[3], '1')
   end
-  publish_outcome(tkey, dkey, tk, status, outputs, dead)
+  publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
   return 1
 end
 

@@ -16,8 +16,8 @@ apply script counts limits in apply order, which may cross a limit "early".
 
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] closing zset    KEYS[6] updates stream
-KEYS[6 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
-KEYS[6 + 3*T + 1]          agui stream (only with --agui: then every turn's outputs carry its run)
+KEYS[6 + 4*(t-1) + 1..4]   per turn t: turn hash, recs hash, done hash, live log
+KEYS[6 + 4*T + 1]          agui stream (only with --agui: then every turn's outputs carry its run)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
@@ -44,7 +44,7 @@ local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group, consumer, floor = ARGV[6], ARGV[7], ARGV[8]
-local agui = KEYS[6 + 3 * nturns + 1]
+local agui = KEYS[6 + 4 * nturns + 1]
 
 --- includes/pad_id
 --- includes/publish_event
@@ -60,8 +60,8 @@ local ok, mark = pcall(watermark, updates, group, consumer, floor)
 if not ok then mark = nil end
 
 local function finalise(t)
-  local k, a = 6 + 3 * (t - 1), 9 + 6 * (t - 1)
-  local tkey, rkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local k, a = 6 + 4 * (t - 1), 9 + 6 * (t - 1)
+  local tkey, rkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local ending = ARGV[a + 5]
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
@@ -90,7 +90,7 @@ local function finalise(t)
   local member = redis.call('HGET', tkey, 'closing')
   if member then redis.call('ZREM', closing, member) end
   redis.call('DEL', rkey)
-  publish_outcome(tkey, dkey, tk, status, ARGV[a + 3], ARGV[a + 4])
+  publish_outcome(tkey, dkey, lkey, tk, status, ARGV[a + 3], ARGV[a + 4])
   return 1
 end
 

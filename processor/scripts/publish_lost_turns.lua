@@ -16,8 +16,8 @@ its copy first), and take it out of `active` and `closing`.
 
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] closing zset    KEYS[6] updates stream
-KEYS[6 + 3*(t-1) + 1..3]   per turn t: turn hash, recs hash, done hash
-KEYS[6 + 3*T + 1]          agui stream (only with --agui)
+KEYS[6 + 4*(t-1) + 1..4]   per turn t: turn hash, recs hash, done hash, live log
+KEYS[6 + 4*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
@@ -34,7 +34,7 @@ local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
 local group = ARGV[6]
-local agui = KEYS[6 + 3 * nturns + 1]
+local agui = KEYS[6 + 4 * nturns + 1]
 
 --- includes/publish_event
 --- includes/publish_outcome
@@ -44,8 +44,8 @@ local turns = cmsgpack.unpack(ARGV[7])
 local results = {}
 local acked = false
 for t = 1, nturns do
-  local k = 6 + 3 * (t - 1)
-  local tkey, rkey, dkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local k = 6 + 4 * (t - 1)
+  local tkey, rkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local tk, status, outputs, dead, ids = unpack(turns[t], 1, 5)
   if redis.call('EXISTS', dkey) == 1 then
     results[t] = 0
@@ -60,7 +60,7 @@ for t = 1, nturns do
     -- The terminal event comes after synthesis.started (seq 0) even when the
     -- turn's hash went with the rest of the state.
     redis.call('HSETNX', tkey, 'seq', '1')
-    publish_outcome(tkey, dkey, tk, status, outputs, dead)
+    publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
     results[t] = 1
   end
 end

@@ -43,9 +43,6 @@ OPTIONS: tuple[Option, ...] = (
            "dropped as too slow (it is told its resume id)", 1),
     Option("write_timeout", number, 10.0, "seconds a write to a client may block before the "
            "client is dropped as too slow", 0.1),
-    Option("scan_limit", int, 5000, "entries of a shard's events and merged streams read "
-           "back to find a turn's past events and final outputs (a stand-in until turns "
-           "have a log of their own: docs/serve.md)", 1),
     LOG_LEVEL,
     SSL_CA_CERTS,
     SSL_CERTFILE,
@@ -66,7 +63,6 @@ class ServeConfig:
     heartbeat: float
     client_queue: int
     write_timeout: float
-    scan_limit: int
     log_level: str
     # Where --shards came from ("" when not given): the namespace's record
     # says the count (processor.scripts.meta), a given one is checked against it.
@@ -116,7 +112,6 @@ def resolve(
         heartbeat=values["heartbeat"],
         client_queue=values["client_queue"],
         write_timeout=values["write_timeout"],
-        scan_limit=values["scan_limit"],
         log_level=values["log_level"],
         shards_from=given.get("shards", ""),
     ), []

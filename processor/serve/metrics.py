@@ -34,7 +34,8 @@ class ServeMetrics:
             registry=r)
         self.incomplete_history = Counter(
             "processor_serve_incomplete_history", "Joins and resumes whose past events could "
-            "not all be found (older than the scan reaches, or trimmed)", registry=r)
+            "not all be found (a turn's live log expired, or workers run with --no-progress)",
+            registry=r)
         self.redis_calls = Counter(
             "processor_serve_redis_calls", "Redis commands sent, by purpose (live: the "
             "readers' XREAD, one per shard at a time whatever the number of clients)",

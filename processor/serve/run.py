@@ -13,7 +13,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from processor import logs, stopping
-from processor.client.source import StreamScanSource
+from processor.client.source import LogSource
 from processor.redis_io.connections import connect_retrying, redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
 from processor.serve.app import Server, make_app
@@ -31,7 +31,7 @@ def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]
     """The application on a connected client (also what the tests run)."""
     metrics = ServeMetrics()
     hub = Hub(client, config.namespace, metrics)
-    source = StreamScanSource(client, config.namespace, config.scan_limit)
+    source = LogSource(client, config.namespace)
     server = Server(config, client, hub, source, metrics)
     return make_app(server), server
 

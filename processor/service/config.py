@@ -42,7 +42,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("turn_timeout", _number, D.TURN_TIMEOUT,
            "seconds without an entry before a turn times out",
            0.01),
-    Option("progress", _flag, False, "publish progress events (synthesis.chunk, step)"),
+    Option("progress", _flag, True, "publish each running turn's live progress (its "
+           "synthesis.chunk, reasoning.chunk, tool_call.chunk, tool_result and step events, "
+           "coalesced per read batch) and its live log for processor serve; --no-progress "
+           "publishes only synthesis.started and the outcome"),
     Option("agui", _flag, False, "also write each turn as AG-UI 1.0 events to {ns:s}:agui"),
     Option("batch", int, D.BATCH, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, D.BLOCK_MS,
@@ -80,7 +83,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("hold_turns", _flag, D.HOLD_TURNS, "keep each turn's entries pending and merged in this "
            "worker's memory until the turn ends, then publish and ack them in one step; "
            "--no-hold-turns stores a record of every entry in Redis as it is read instead "
-           "(docs/design.md, Held turns; no effect with --progress)"),
+           "(docs/design.md, Held turns)"),
     Option("hold_ms", int, D.HOLD_MS, "a turn held this long is handed to the "
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),

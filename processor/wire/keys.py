@@ -17,7 +17,11 @@ Internal keys (the state machine, see docs/design.md):
 
 - ``{ns:s}:turn:<tk>``  hash: seq, version, counters of an active turn
 - ``{ns:s}:recs:<tk>``  hash: entry id -> record (msgpack), plus a compacted state
-- ``{ns:s}:done:<tk>``  hash with TTL: status of a finished turn (dedup, drops)
+- ``{ns:s}:done:<tk>``  hash with TTL: status of a finished turn (dedup, drops),
+  and the ids of its merged entry and terminal event
+- ``{ns:s}:live:<tk>``  stream with TTL: the turn's live progress, one entry per
+  batch (its events and its updates; ``publish_live``), which ``processor serve``
+  reads to join or resume a running turn
 - ``{ns:s}:active``     zset: tk -> last activity (ms), for timeouts and cancels
 - ``{ns:s}:closing``    zset (lex): "<end id>|<tk>" of turns whose last entry is applied
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
@@ -111,6 +115,10 @@ class Shard:
 
     def done(self, tk: str) -> str:
         return f"{self.tag}:done:{tk}"
+
+    def live(self, tk: str) -> str:
+        """The turn's live log (``publish_live.lua``)."""
+        return f"{self.tag}:live:{tk}"
 
     def idem(self, key: str) -> str:
         return f"{self.tag}:idem:{key}"

@@ -251,19 +251,61 @@ class SynthesisStarted(_EventBase, tag="synthesis.started", kw_only=True):
 
 
 class SynthesisChunk(_EventBase, tag="synthesis.chunk", kw_only=True):
-    """A text delta, with ``--progress``."""
+    """A text delta of one message (live progress, :mod:`processor.engine.live`):
+    appended to what the message's earlier chunks said, or, with
+    ``replace``, its whole text so far (the merge rewrote it)."""
 
     message_id: str | None
     agent_id: str | None
     author_name: str | None
     delta: str
+    replace: bool = False
+
+
+class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
+    """A reasoning delta of one message, as :class:`SynthesisChunk` for text."""
+
+    message_id: str
+    agent_id: str | None
+    author_name: str | None
+    delta: str
+    replace: bool = False
+
+
+class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
+    """An arguments delta of one function call (the ``index``-th call of its
+    message), as :class:`SynthesisChunk` for text; arguments that are not
+    text come whole, as JSON, with ``replace``."""
+
+    message_id: str
+    index: int
+    call_id: str | None
+    name: str | None
+    agent_id: str | None
+    author_name: str | None
+    delta: str
+    replace: bool = False
+
+
+class ToolResult(_EventBase, tag="tool_result", kw_only=True):
+    """A function result of one message (the ``index``-th result there),
+    when it appears or changes."""
+
+    message_id: str
+    index: int
+    call_id: str | None
+    agent_id: str | None
+    author_name: str | None
+    result: Any
 
 
 StepKind = Literal["thinking", "tool_call", "tool_result", "text"]
 
 
 class Step(_EventBase, tag="step", kw_only=True):
-    """What an agent is doing, with ``--progress``: one per update entry."""
+    """What an agent is doing: offline (``processor merge --progress``) one
+    per update entry; live, one each time the turn's latest activity moves
+    to another message or kind of content (``step_data.message_id``)."""
 
     agent_id: str | None
     agent_name: str | None
@@ -286,7 +328,8 @@ class Synthesis(_EventBase, tag="synthesis", kw_only=True):
     error: ErrorInfo | None = None
 
 
-Event = SynthesisStarted | SynthesisChunk | Step | Synthesis
+Event = (SynthesisStarted | SynthesisChunk | ReasoningChunk | ToolCallChunk | ToolResult | Step
+         | Synthesis)
 
 
 class MergedEntry(msgspec.Struct, omit_defaults=True):

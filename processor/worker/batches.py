@@ -20,7 +20,7 @@ from processor.redis_io.replies import as_text
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import TURN_IDS
+from processor.wire.models import TURN_IDS, Event
 from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.stored.mirror import Applied, Version
@@ -46,6 +46,9 @@ class BatchOptions:
     done_ttl: int = defaults.DONE_TTL
     agui: bool = False
     compact_threshold: int = defaults.COMPACT_THRESHOLD  # records before compaction; 0 = never
+    # Seconds a turn's live log is kept after its last entry (--done-ttl plus
+    # --turn-timeout: WorkerConfig sets it from those).
+    live_ttl: int = defaults.DONE_TTL + int(defaults.TURN_TIMEOUT)
 
 
 @dataclass
@@ -281,7 +284,7 @@ def build_finalise(
     )
     for key, version, outcome in settled:
         tk = key.encode()
-        call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        call.keys += [shard.turn(tk), shard.recs(tk), shard.done(tk), shard.live(tk)]
         call.args += [tk, version, outcome.status, outcome.outputs, outcome.dead_letters,
                       outcome.ending]
     if options.agui:  # last, so the per-turn key layout stays as it is
@@ -336,7 +339,7 @@ def build_finalise_held(
     rows = []
     for key, ids, late, outcome, routed in settled:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.done(tk)]
+        keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed))
     if options.agui:
@@ -359,7 +362,7 @@ def build_publish_lost(
     rows = []
     for key, ids, outcome in turns:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk)]
+        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk), shard.live(tk)]
         rows.append((tk, outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids))
     if options.agui:
@@ -409,3 +412,27 @@ def lost_turns_of(
         if any(started <= ms and (end is None or end > (ms, seq)) for ms, seq in times):
             marked.append(key)
     return marked
+
+
+#: One turn's live progress of a batch: its events (seq 0), its updates as
+#: one JSON array text, and whether it is the caller's first publish of the
+#: turn (``publish_live.lua``).
+LiveTurn = tuple[TurnKey, list[Event], bytes, bool]
+
+
+def build_publish_live(shard: Shard, turns: list[LiveTurn], options: BatchOptions) -> ScriptCall:
+    """``publish_live``'s KEYS/ARGV for the turns' events and updates."""
+    call = ScriptCall(keys=[shard.events])
+    packed = []
+    for key, found, updates, fresh in turns:
+        tk = key.encode()
+        call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
+        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates),
+                       "1" if fresh else "0"])
+    call.args = [options.events_maxlen, options.live_ttl, len(turns), _pack.encode(packed)]
+    return call
+
+
+def updates_json(texts: list[bytes]) -> bytes:
+    """Update JSON texts as one JSON array text."""
+    return b"[" + b",".join(texts) + b"]"

@@ -46,6 +46,7 @@ from processor.worker.held.holding import Holding
 from processor.worker.inbox import Admitter
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
+from processor.worker.publishing import Publishing
 from processor.worker.recovery import Recovery
 from processor.worker.shard_loop import ShardLoop
 from processor.worker.stored.mirror import Mirrors
@@ -68,7 +69,7 @@ class WorkerConfig:
     group: str = DEFAULT_GROUP
     consumer: str = field(default_factory=default_consumer)
     limits: Limits = field(default_factory=Limits)
-    progress: bool = False
+    progress: bool = True  # live progress events and each turn's live log (processor.engine.live)
     agui: bool = False
     batch: int = defaults.BATCH
     block_ms: int = defaults.BLOCK_MS
@@ -89,17 +90,18 @@ class WorkerConfig:
 
     @property
     def holding(self) -> bool:
-        """Whether batches read with XREADGROUP > are held: --hold-turns,
-        which --progress turns off (processor.worker.held.holding)."""
-        return self.hold_turns and not self.progress
+        """Whether batches read with XREADGROUP > are held (--hold-turns;
+        processor.worker.held.holding)"""
+        return self.hold_turns
 
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
-            group=self.group, shards=self.shards, limits=self.limits, progress=self.progress,
+            group=self.group, shards=self.shards, limits=self.limits,
             max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
             dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
             done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
             compact_threshold=self.compact_threshold,
+            live_ttl=self.done_ttl + max(1, int(self.limits.turn_timeout)),
         )
 
 
@@ -116,7 +118,7 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery, Holding, Storing, Continuity):
+class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:

@@ -19,7 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.live import Shown
 from processor.engine.render import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.redis_io.replies import as_text, stream_entry
@@ -27,6 +30,8 @@ from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.worker.stored.mirror import Applied
+
+_json = msgspec.json.Encoder()
 
 #: Turns remembered as taking the ``apply_entries`` path (so that their next
 #: entries need no ``open_turns`` call), per shard; forgotten all at once.
@@ -59,6 +64,12 @@ class Held:
     # what the turn's limits leave once everything pending is fed.
     room_updates: int = 0
     room_bytes: int = 0
+    # Live progress (processor.engine.live): what its events said so far, the
+    # updates held since its last live log entry (JSON texts), and how many
+    # updates its log holds.
+    shown: Shown = field(default_factory=Shown)
+    fresh: list[bytes] = field(default_factory=list)
+    logged: int = 0
 
     def __post_init__(self) -> None:
         self._reroom()
@@ -79,6 +90,7 @@ class Held:
         left says, one after the other."""
         if len(run.texts) <= self.room_updates and run.size <= self.room_bytes:
             self.pending += run.texts
+            self.fresh += run.texts
             self.room_updates -= len(run.texts)
             self.room_bytes -= run.size
             self.entries += run.entries
@@ -92,6 +104,7 @@ class Held:
                     self.room_bytes -= size
                 else:
                     self._feed_fields(entry_id, stream_entry(raw)[1])
+                self.fresh.append(text)
                 self.entries.append(raw)
                 self.ids.append(entry_id)
         self.size += run.size
@@ -101,6 +114,8 @@ class Held:
         if self.catch_up():
             self.replay.feed(entry.entry_id, entry.record, entry.size)
             self._reroom()
+        if entry.record.update is not None:
+            self.fresh.append(_json.encode(entry.record.update))
         self.entries.append(raw)
         self.ids.append(entry.entry_id)
         self.size += entry.size

@@ -61,6 +61,8 @@ class Holding:
                       late: list[tuple[str, str, str]]) -> None: ...
         async def _namespace_lost(self, why: str) -> bool: ...  # Continuity's
         async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None: ...
+        def _hand_over(self, shard: Shard, key: TurnKey, shown: Any, logged: int) -> None: ...
 
     def _holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
@@ -107,6 +109,8 @@ class Holding:
             await self._store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
             await self._spill(shard, routed.broken, "dead letter")
+        if self.config.progress and routed.held:  # before any of them is published
+            await self._publish_live_held(shard, routed.held)
         ended: dict[TurnKey, Reason] = {
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
@@ -212,6 +216,7 @@ class Holding:
             held = holds.take(key)
             if held is not None:
                 holds.old.add(key)
+                self._hand_over(shard, key, held.shown, held.logged)
                 entries += map(stream_entry, held.entries)
         if entries:
             self.metrics.spilled.inc(len(keys))

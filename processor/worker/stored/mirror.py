@@ -24,7 +24,7 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from processor.engine.lifecycle import Limits, TurnLife
 from processor.engine.render import Replay
@@ -65,6 +65,10 @@ class Mirror:
     version: int
     started: str
     last_id: tuple[int, int] = (0, 0)
+    # What the turn's live events said so far (processor.engine.live; set by the
+    # worker that publishes them from this copy; False: another worker spoke
+    # for the turn first, this one stays silent).
+    shown: Any = None
 
     def turn_hash(self) -> dict[bytes, bytes]:
         """The turn's hash as this mirror knows it: its version and start, and

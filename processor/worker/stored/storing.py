@@ -54,6 +54,8 @@ class Storing:
         async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
                               versions: dict[TurnKey, Version]) -> str | None: ...
         async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+        async def _publish_live_stored(self, shard: Shard, applied: list[Applied],
+                                       fresh: set[TurnKey]) -> None: ...
         async def _after_loss(self, shard: Shard, entries: list[Any],
                               merged: set[str] | frozenset[str] = frozenset()) -> None: ...
 
@@ -84,6 +86,8 @@ class Storing:
                 await self._after_loss(shard, entries,
                                        {a.entry_id for a in call.applied if a.key in merged})
                 return
+        if self.config.progress and call.applied:  # before any of them is published
+            await self._publish_live_stored(shard, call.applied, fresh)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")

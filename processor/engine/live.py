@@ -1,0 +1,206 @@
+"""Live progress: the events that tell a UI how a running turn's merge moved.
+
+Pure. :func:`live_events` compares the turn's merged response after a
+batch (the real merge, :meth:`processor.engine.merge.Turn.finish`) with what the
+turn's live events have said so far (:class:`Shown`), and returns the
+events that bring a reader from one to the other, coalesced: per message
+at most one text chunk, one reasoning chunk, one chunk per function call
+and one event per new or changed function result, plus a ``step`` when
+the turn's latest activity moved. Ids and order are the merged
+response's, so a reader that applies the events holds exactly the merge:
+
+- ``synthesis.chunk`` / ``reasoning.chunk`` / ``tool_call.chunk``: the
+  ``delta`` is appended to what the earlier chunks of the same message
+  (and call) said; with ``replace`` it *is* the whole text so far. The
+  merge can rewrite the past: a snapshot update (``merge_mode``
+  ``replace``), an id-less run folded into the keyed message after it, a
+  keyed update rejoining its message: the next chunk of that message then
+  replaces. A message that is no longer in the merge (folded into the next
+  one) gets a ``replace`` chunk with an empty text.
+- ``tool_result``: a function result, whole, when it appears or changes.
+- ``step``: what the turn does now (``thinking``, ``tool_call``,
+  ``tool_result``, ``text``), the message in ``step_data.message_id``.
+
+So, for every turn: per message, the text of its chunks since its last
+``replace`` one, concatenated, is that message's text in the merged
+response (``tests/test_live.py`` checks it over random turns).
+``seq`` is left at 0: the Lua step that publishes the events numbers them
+(``includes/publish_event.lua``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from processor.wire.ids import TurnKey
+from processor.wire.models import (
+    TURN_IDS,
+    Event,
+    Message,
+    ReasoningChunk,
+    Response,
+    Step,
+    StepKind,
+    SynthesisChunk,
+    ToolCallChunk,
+    ToolResult,
+)
+
+_json = msgspec.json.Encoder()
+
+_STEP_OF: dict[str, StepKind] = {
+    "text_reasoning": "thinking",
+    "function_call": "tool_call",
+    "function_result": "tool_result",
+    "text": "text",
+}
+
+
+class Shown(msgspec.Struct, gc=False):
+    """What a turn's live events have said so far: per message id, its text
+    and reasoning; per ``(message id, index)``, each function call's
+    arguments (as text) and each function result; the last step."""
+
+    texts: dict[str, str] = msgspec.field(default_factory=dict)
+    reasoning: dict[str, str] = msgspec.field(default_factory=dict)
+    calls: dict[tuple[str, int], str] = msgspec.field(default_factory=dict)
+    results: dict[tuple[str, int], Any] = msgspec.field(default_factory=dict)
+    step: tuple[str, str] | None = None
+
+
+def message_text(message: Message, kind: str = "text") -> str:
+    """The text of a message's contents of one ``kind``, joined (what its
+    chunks of that kind add up to)."""
+    contents = message.contents
+    if len(contents) == 1:  # (the usual message: no join)
+        only = contents[0]
+        return (only.text or "") if only.type == kind else ""
+    return "".join(c.text or "" for c in contents if c.type == kind)
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as its chunks spell them: text as it is, anything
+    else as JSON."""
+    if arguments is None:
+        return ""
+    if isinstance(arguments, str):
+        return arguments
+    return _json.encode(arguments).decode()
+
+
+def _delta(before: str | None, now: str) -> tuple[str, bool] | None:
+    """The chunk that takes ``before`` to ``now``: ``(delta, replace)``, or
+    None when nothing changed."""
+    if before is None:
+        return (now, False) if now else None
+    if now is before or now == before:
+        return None
+    if now.startswith(before):
+        return now[len(before):], False
+    return now, True
+
+
+def live_events(
+    key: TurnKey, ids: dict[str, str], shown: Shown, response: Response, ts: int
+) -> tuple[list[Event], Shown]:
+    """The events from ``shown`` to ``response``, and what is shown after them.
+
+    ``ids``: the turn's correlation ids (its state's, see
+    :func:`processor.events.turn_ids`). ``shown`` is not changed."""
+    base: dict[str, Any] = {
+        "synthesis_id": key.synthesis_id(), "response_id": key.response_id, "seq": 0, "ts": ts,
+        **{name: ids.get(name) for name in TURN_IDS}, "attempt_id": key.attempt_id or None,
+    }
+    events: list[Event] = []
+    # (Calls and results of a message no longer in the merge stay known as
+    # shown: if it comes back, its next chunk follows on from what a reader has.)
+    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
+    texts, reasoning = after.texts, after.reasoning
+    step: tuple[str, str] | None = None
+    step_message: Message | None = None
+    for message in response.messages:
+        mid = message.message_id or ""
+        agent = message.additional_properties.get("agent_id")
+        author = message.author_name
+        changed: list[Event] = []
+        text = message_text(message)
+        if text or mid in shown.texts:
+            texts[mid] = text
+            found = _delta(shown.texts.get(mid), text)
+            if found is not None:
+                changed.append(SynthesisChunk(**base, message_id=mid, agent_id=agent,
+                                              author_name=author, delta=found[0],
+                                              replace=found[1]))
+        thought = message_text(message, "text_reasoning")
+        if thought or mid in shown.reasoning:
+            reasoning[mid] = thought
+            found = _delta(shown.reasoning.get(mid), thought)
+            if found is not None:
+                changed.append(ReasoningChunk(**base, message_id=mid, agent_id=agent,
+                                              author_name=author, delta=found[0],
+                                              replace=found[1]))
+        calls = results = 0
+        for content in message.contents:
+            kind = content.type
+            if kind == "function_call":
+                where = (mid, calls)
+                calls += 1
+                args = arguments_text(content.arguments)
+                after.calls[where] = args
+                was = shown.calls.get(where)
+                found = _delta(was, args)
+                if found is None and was is None:
+                    found = ("", False)  # a call announced before its arguments
+                if found is not None:
+                    changed.append(ToolCallChunk(
+                        **base, message_id=mid, index=where[1], call_id=content.call_id,
+                        name=content.name, agent_id=agent, author_name=author,
+                        delta=found[0], replace=found[1] or not isinstance(content.arguments,
+                                                                           str | None)))
+            elif kind == "function_result":
+                where = (mid, results)
+                results += 1
+                after.results[where] = content.result
+                if where not in shown.results or shown.results[where] != content.result:
+                    changed.append(ToolResult(**base, message_id=mid, index=where[1],
+                                              call_id=content.call_id, agent_id=agent,
+                                              author_name=author, result=content.result))
+        if changed:
+            events += changed
+        last = next((c.type for c in reversed(message.contents) if c.type in _STEP_OF), None)
+        if last is not None:
+            step, step_message = (mid, last), message
+    # Messages no longer in the merge: their text (and reasoning) is gone.
+    for mid, text in shown.texts.items():
+        if mid not in texts and text:
+            events.append(SynthesisChunk(**base, message_id=mid, agent_id=None,
+                                         author_name=None, delta="", replace=True))
+            texts[mid] = ""
+    for mid, thought in shown.reasoning.items():
+        if mid not in reasoning and thought:
+            events.append(ReasoningChunk(**base, message_id=mid, agent_id=None,
+                                         author_name=None, delta="", replace=True))
+            reasoning[mid] = ""
+    if step is not None and step != shown.step and step_message is not None:
+        after.step = step
+        events.insert(0, Step(
+            **base, agent_id=step_message.additional_properties.get("agent_id"),
+            agent_name=step_message.author_name, step=_STEP_OF[step[1]], content="",
+            step_data={"message_id": step[0]}, step_id=None, tool_call_id=None,
+            action_id=None, evidence_id=None))
+    return events, after
+
+
+def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:
+    """What a reader holds per message after ``events`` (decoded JSON) of one
+    chunk ``kind``: each chunk appended, or replacing with ``replace``. The
+    reference a UI follows (and the tests check)."""
+    out: dict[str, str] = {}
+    for event in events:
+        if event.get("type") != kind:
+            continue
+        mid = str(event.get("message_id"))
+        out[mid] = event["delta"] if event.get("replace") else out.get(mid, "") + event["delta"]
+    return out
