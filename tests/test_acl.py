@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis
 import redis.asyncio
@@ -22,6 +23,7 @@ from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
 from records import init_namespace_sync
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
+from serve_harness import bearer, open_stream, payloads, spawn_serve, text_update
 from turn_reference import compare_with_offline
 from worker_harness import ROOT, Harness
 
@@ -50,7 +52,8 @@ NAMESPACE = "agent"  # the namespace the shipped ACL file is written for
 ADMIN_PASSWORD = "test-admin-pw"
 SCRIPT_REFUSED = r"(?i)script can.t run this command|no permissions|NOPERM"
 PASSWORDS = {"processor": "test-worker-pw", "producer": "test-producer-pw",
-             "producer-trusted": "test-trusted-pw", "keda": "test-keda-pw"}
+             "producer-trusted": "test-trusted-pw", "keda": "test-keda-pw",
+             "serve": "test-serve-pw"}
 #: The two producer profiles (docs/security.md): the least-privilege one sends
 #: through the inbox, the trusted one XADDs.
 PRODUCERS = {"producer": True, "producer-trusted": False}  # user -> Producer(inbox=...)
@@ -109,7 +112,8 @@ def acl_log(server: EmbeddedRedis) -> list[dict]:
 
 def test_the_shipped_file_has_no_password_and_no_open_default_user() -> None:
     lines = shipped_lines()
-    assert set(lines) == {"default", "processor", "producer", "producer-trusted", "keda"}
+    assert set(lines) == {"default", "processor", "producer", "producer-trusted", "keda",
+                          "serve"}
     assert lines["default"].split()[2] == "off"
     for line in lines.values():
         tokens = line.split()
@@ -184,6 +188,58 @@ def test_processor_user_is_refused_other_commands_and_keys(acl_server: EmbeddedR
         with pytest.raises(ResponseError, match=SCRIPT_REFUSED):
             worker.evalsha(other, 1, "{other:0}:turn:x")
         assert worker.evalsha(other, 1, "{agent:0}:turn:y") == 1
+
+
+async def test_serve_as_the_serve_user_streams_and_cancels_but_writes_no_output(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """``processor serve`` as the ``serve`` user (the command, as deployed):
+    it starts (the namespace's record), streams a turn, answers its state and
+    cancels it, with no refused command; and that user may write nothing but
+    cancellation keys."""
+    async with Harness(acl_server.url, NAMESPACE, progress=True) as harness:
+        harness.url = url_for(acl_server, "processor")
+        await harness.start_worker()
+        serve = spawn_serve(url_for(acl_server, "serve"), NAMESPACE, tmp_path)
+        try:
+            await serve.wait_serving()
+            producer = Producer(harness.client, NAMESPACE)
+            async with aiohttp.ClientSession(serve.url) as session:
+                stream = await open_stream(session, "/v1/turns/s1/events", bearer("s1"))
+                await producer.send("s1", text_update("half an answer"))
+                while json.loads((await stream.event()).data)["type"] != "synthesis.chunk":
+                    pass
+                async with session.get("/v1/turns/s1", headers=bearer("s1")) as response:
+                    assert response.status == 202
+                async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                    assert response.status == 202
+                data = payloads(await stream.rest())
+                async with session.get("/v1/turns/s1", headers=bearer("s1")) as response:
+                    assert response.status == 200
+                    assert (await response.json())["status"] == "cancelled"
+                async with session.get("/readyz") as response:
+                    assert response.status == 200
+            assert data[-1]["type"] == "synthesis" and data[-1]["status"] == "cancelled"
+            assert serve.terminate() == 0
+        finally:
+            serve.kill()
+    assert acl_log(acl_server) == []  # nothing serve did was refused
+    shard = Namespace(NAMESPACE).shard(0)
+    with redis.Redis.from_url(url_for(acl_server, "serve")) as user:
+        user.set(shard.cancel("r2"), "stop", ex=60)  # the one write it has
+        assert user.xrevrange(shard.merged, count=1) and user.hgetall(Namespace(NAMESPACE).meta)
+        for command in (("XADD", shard.merged, "*", "f", "v"),
+                        ("XADD", shard.events, "*", "f", "v"),
+                        ("XADD", shard.updates, "*", "f", "v"), ("RPUSH", shard.inbox, "x"),
+                        ("HSET", shard.turn("r1"), "f", "v"), ("SET", shard.done("r1"), "v"),
+                        ("DEL", shard.cancel("r1")), ("XTRIM", shard.merged, "MAXLEN", "0"),
+                        ("HSET", Namespace(NAMESPACE).meta, "shards", "9"),
+                        ("XREADGROUP", "GROUP", "processor", "s", "STREAMS", shard.updates, ">"),
+                        ("XRANGE", shard.updates, "-", "+"), ("GET", shard.cancel("r2")),
+                        ("SET", shard.turn("x}:cancel:y"), "v"), ("SET", "{other:0}:cancel:r", "v"),
+                        ("EVAL", "return 1", "0"), ("FCALL", "f", "0"), ("FLUSHALL",),
+                        ("KEYS", "*"), ("CONFIG", "GET", "*")):
+            _refused(user, *command)
 
 
 def test_keda_user_reads_lag_and_pending_only(acl_server: EmbeddedRedis) -> None:

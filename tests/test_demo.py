@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import subprocess
 import sys
+import urllib.request
+
+import aiohttp
+from serve_harness import SECRET, config, start_local
 
 
 def test_demo_prints_three_turns_with_their_outcomes() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "processor.cli", "demo"],
+        [sys.executable, "-m", "processor.cli", "demo", "--pace", "0.01"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -23,3 +30,69 @@ def test_demo_prints_three_turns_with_their_outcomes() -> None:
     # Bob's two deltas joined in one message although Alice spoke between them.
     assert "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3." in out
     assert "started an embedded redis-server" in proc.stderr
+    assert re.search(r"\n  http://127\.0\.0\.1:\d+/v1/turns/demo-handoff/view\?token=v1\.", out)
+
+
+def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
+    """The demo prints the handoff's watch page URL before it streams the turn;
+    that page and the turn's event stream are served (with the URL's token)
+    while the demo runs, and the stream ends with the merged handoff."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "processor.cli", "demo", "--port", "0", "--pace", "0.2",
+         "--linger", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not lines or "/view?token=" not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line, f"the demo ended without a page URL: {lines} {proc.stderr.read()}"
+            lines.append(line)
+        url = lines[-1].strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1/turns/demo-handoff/view\?token=\S+",
+                            url), url
+        assert "watch the handoff live" in lines[-2]
+        base, token = url.split("/v1/")[0], url.split("token=")[1]
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+        with urllib.request.urlopen(f"{base}/v1/turns/demo-handoff/events?token={token}",
+                                    timeout=30) as stream:
+            body = stream.read().decode()  # until the terminal event closes the stream
+        data = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+        assert data[0]["type"] == "synthesis.started"
+        assert any(d["type"] == "synthesis.chunk" for d in data)
+        assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
+        assert data[-1]["status"] == "completed"
+        texts = [c.get("text") for m in data[-2]["response"]["messages"] for c in m["contents"]]
+        assert "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3." in texts
+        rest = proc.stdout.read()
+        assert "== demo-handoff: completed" in rest and "serving the pages for 20 s" in rest
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+async def test_demo_prints_the_page_on_a_server_already_running(redis_url: str) -> None:
+    """With --serve-url (and that server's Redis and secret) the demo starts
+    no server of its own and the page URL it prints opens the turn there."""
+    serve = await start_local(config(redis_url, "demo"))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "processor.cli", "demo", "--pace", "0.01", "--redis-url",
+            redis_url, "--serve-url", serve.url, "--token-secret", SECRET,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        (url,) = [line.strip() for line in out.decode().splitlines() if "/view?token=" in line]
+        assert url.startswith(f"{serve.url}/v1/turns/demo-handoff/view?token=")
+        token = url.split("token=")[1]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as page:
+                assert page.status == 200
+            async with session.get(f"{serve.url}/v1/turns/demo-handoff?token={token}") as turn:
+                assert turn.status == 200 and (await turn.json())["status"] == "completed"
+        assert "started an embedded redis-server" not in err.decode()
+    finally:
+        await serve.close()

@@ -348,7 +348,8 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.scripts.meta",  # (the namespace's record: the client's too)
                # The pure merge, to fold a running turn's logged updates into its snapshot.
                "processor.engine", "processor.engine.merge", "processor.engine.combine",
-               "processor.engine.turn_state"}
+               "processor.engine.turn_state",
+               "processor.engine.agui"}  # (pure AG-UI, as --agui's)
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []

@@ -8,10 +8,10 @@ import random
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from processor.client.turns import LiveEvent, TurnRef
 from processor.redis_io.connections import RedisOptions, connect
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
-from processor.serve.turns import LiveEvent, TurnRef
 from processor.wire.keys import Namespace
 
 

@@ -1,6 +1,6 @@
 """Event-stream framing (processor/serve/sse.py): what the server frames, a
 reader that follows the HTML standard's rules reads back, however the bytes
-are cut into chunks; and the seq order a stream keeps (processor/serve/turns.py)."""
+are cut into chunks; and the seq order a stream keeps (processor/client/turns.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from processor.client.turns import Cursor, LiveEvent, parse_after
 from processor.serve import sse
-from processor.serve.turns import Cursor, LiveEvent, parse_after
 
 PROPERTY = settings(max_examples=300, deadline=None)
 ids = st.text(alphabet=st.characters(codec="utf-8", blacklist_characters="\r\n\0"), max_size=12)

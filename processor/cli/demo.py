@@ -4,14 +4,27 @@ The producer streams three turns the way Agent Framework agents would: a
 handoff between two agents with a tool call (their updates interleaved), a
 turn the user cancels half-way, and a turn whose model fails. The demo then
 prints each merged response and the events a UI would have seen.
+
+It also serves the turns as ``processor serve`` does (in this process, on
+``--port``, any free one by default, with a fresh token secret) and prints
+the watch page's URL of the handoff before streaming it at ``--pace``
+seconds per update, so the page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
+server's ``PROCESSOR_TOKEN_SECRET``), the page on a server already running
+on namespace ``demo``. ``--linger`` keeps the page served after the turns
+end (by default 30 s on a terminal, none otherwise; Ctrl-C ends it).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
+import os
+import secrets
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from processor.client import Producer
@@ -75,10 +88,10 @@ HANDOFF: list[dict[str, Any]] = [
 ]
 
 
-async def _produce(producer: Producer) -> None:
+async def _produce(producer: Producer, pace: float) -> None:
     for update in HANDOFF:
         await producer.send("demo-handoff", update, ids={"thread_id": "thread-1"})
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(pace)
     await producer.end("demo-handoff")
     for word in ("Let ", "me ", "write ", "a "):
         await producer.send("demo-cancel", _update(word, message_id="m1"))
@@ -123,34 +136,134 @@ def _print_turn(fields: dict[bytes, bytes], events: list[dict[str, Any]]) -> Non
         print(f"   error: {final['error']['code']}: {final['error']['message']}")
 
 
-async def run_demo() -> int:
-    server = start_embedded()
+@dataclass
+class Options:
+    redis_url: str | None = None  # None: an embedded redis-server
+    serve_url: str | None = None  # a processor serve already running on this Redis
+    token_secret: str | None = None  # that server's
+    port: int = 0  # of the serve the demo starts (0: any free port)
+    pace: float = 0.5  # seconds between the handoff's updates
+    linger: float = 0.0  # seconds the page stays served after the turns end
+
+
+class _Serve:
+    """``processor serve`` in this process, on the demo's Redis."""
+
+    def __init__(self, runner: Any, server: Any, url: str, secret: str) -> None:
+        self.runner, self.server, self.url, self.secret = runner, server, url, secret
+
+    @classmethod
+    async def start(cls, client: Any, redis_url: str, port: int) -> _Serve:
+        from aiohttp import web
+
+        from processor.serve.config import ServeConfig
+        from processor.serve.run import bound_port, build
+
+        secret = secrets.token_hex(16)
+        config = ServeConfig(redis=RedisOptions(redis_url), namespace=Namespace(NAMESPACE),
+                             host="127.0.0.1", port=port, token_secret=secret,
+                             cors_origins=(), heartbeat=15.0, client_queue=1000,
+                             write_timeout=10.0, log_level="warning")
+        app, server = build(config, client)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, config.host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise _Problem(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} "
+                           "(choose another with --port, 0 for any)") from None
+        server.hub.start()
+        return cls(runner, server, f"http://127.0.0.1:{bound_port(runner)}", secret)
+
+    async def close(self) -> None:
+        await self.server.hub.close()
+        await self.runner.cleanup()
+
+
+class _Problem(Exception):
+    """A start-up problem, said on one line."""
+
+
+def page_url(serve_url: str, secret: str, response_id: str, ttl: int = 3600) -> str:
+    """The watch page of a turn on ``serve_url``, with a token for it."""
+    from processor.serve.tokens import issue
+
+    token = issue(secret, response_id, int(time.time()) + ttl)
+    return f"{serve_url.rstrip('/')}/v1/turns/{response_id}/view?token={token}"
+
+
+async def run_demo(options: Options | None = None) -> int:
+    options = options or Options()
+    server = start_embedded() if options.redis_url is None else None
+    redis_url = options.redis_url or (server.url if server is not None else "")
+    serve: _Serve | None = None
     try:
-        client = await connect(RedisOptions(server.url))
+        client = await connect(RedisOptions(redis_url))
         workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, progress=True,
                                                limits=Limits(turn_timeout=30)))
                    for _ in range(2)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         await asyncio.gather(*(w.ready.wait() for w in workers))
-        print("2 workers running; producing 3 turns (handoff, cancelled, failing)...")
-        await _produce(Producer(client, namespace=NAMESPACE))
+        if options.serve_url is None:
+            serve = await _Serve.start(client, redis_url, options.port)
+            serve_url, secret = serve.url, serve.secret
+        else:
+            serve_url, secret = options.serve_url, options.token_secret or ""
+        print(f"processor serve at {serve_url}; watch the handoff live (the page follows it "
+              f"as it streams):\n  {page_url(serve_url, secret, 'demo-handoff')}", flush=True)
+        print("2 workers running; producing 3 turns (handoff, cancelled, failing)...",
+              flush=True)
+        await _produce(Producer(client, namespace=NAMESPACE), options.pace)
         merged = await _wait_merged(client, 3)
         raw = await client.xrange(Namespace(NAMESPACE).shard(0).events)
         events = [json.loads(f[b"event"]) for _, f in raw]
         for _, fields in merged:
             _print_turn(fields, events)
+        sys.stdout.flush()
+        if serve is not None and options.linger > 0:
+            print(f"\nserving the pages for {options.linger:g} s more (Ctrl-C ends it)",
+                  flush=True)
+            await asyncio.sleep(options.linger)
         for w in workers:
             w.stop()
         await asyncio.gather(*tasks)
+        if serve is not None:
+            await serve.close()
+            serve = None
         await client.aclose()
         return 0
     finally:
-        server.close()
+        if serve is not None:
+            await serve.close()
+        if server is not None:
+            server.close()
 
 
-def main() -> int:
+def main(args: argparse.Namespace | None = None) -> int:
+    given = vars(args) if args is not None else {}
+    linger = given.get("linger")
+    secret = given.get("token_secret") or os.environ.get("PROCESSOR_TOKEN_SECRET")
+    options = Options(
+        redis_url=given.get("redis_url"), serve_url=given.get("serve_url"),
+        token_secret=secret, port=given.get("port", 0), pace=given.get("pace", 0.5),
+        linger=(30.0 if sys.stdout.isatty() else 0.0) if linger is None else linger)
+    problems = []
+    if options.serve_url and not options.redis_url:
+        problems.append("--serve-url needs --redis-url: the Redis that server reads")
+    if options.serve_url and not secret:
+        problems.append("--serve-url needs the server's --token-secret (or "
+                        "PROCESSOR_TOKEN_SECRET) to make the page's token")
+    if options.pace < 0 or options.linger < 0:
+        problems.append("--pace and --linger must be 0 or more")
+    for problem in problems:
+        print(f"processor demo: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     try:
-        return asyncio.run(run_demo())
-    except TimeoutError as exc:
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(run_demo(options))
+        return 0
+    except (TimeoutError, _Problem) as exc:
         print(f"processor demo: {exc}", file=sys.stderr)
         return 1

@@ -238,11 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run two workers and a simulated producer on an embedded Redis",
-        description="Start a private redis-server, two workers and a producer streaming a "
-        "multi-agent handoff with a tool call, a cancelled turn and a failing turn; print "
-        "the merged responses and events.",
+        description="Start a private redis-server, two workers, processor serve and a "
+        "producer streaming a multi-agent handoff with a tool call (its watch page's URL "
+        "printed first, to see it live), a cancelled turn and a failing turn; print the "
+        "merged responses and events.",
     )
-    demo.set_defaults(func=lambda _args: __import__("processor.cli.demo").cli.demo.main())
+    _demo_options(demo)
+    demo.set_defaults(func=lambda args: __import__("processor.cli.demo").cli.demo.main(args))
 
     from processor.wire.schema import SCHEMAS
 
@@ -272,6 +274,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) not in (_cmd_run, _cmd_serve):
         stopping.release()
     return int(args.func(args) or 0)
+
+
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=0,
+                        help="port of the processor serve the demo starts (default 0: any "
+                        "free port; the page's URL names it)")
+    parser.add_argument("--pace", type=float, default=0.5,
+                        help="seconds between the handoff's updates (default 0.5), so the "
+                        "page shows it streaming")
+    parser.add_argument("--linger", type=float, default=None,
+                        help="seconds to keep serving the pages after the turns end "
+                        "(default 30 on a terminal, else 0)")
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis instead of an embedded one (namespace 'demo')")
+    parser.add_argument("--serve-url", default=None,
+                        help="a processor serve already running on that Redis and namespace "
+                        "'demo' (its secret: --token-secret or PROCESSOR_TOKEN_SECRET); "
+                        "the demo then starts none")
+    parser.add_argument("--token-secret", default=None,
+                        help="the --serve-url server's token secret")
+
 
 
 if __name__ == "__main__":

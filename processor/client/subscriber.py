@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import partial
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
 from processor.client.closing import AsyncClosing
+from processor.client.follow import Followed, follow
 from processor.client.items import Item, MergedItem, decode_item, entry_ms, xread_entries
 from processor.client.retry import RetryPolicy
+from processor.client.source import TurnSource
+from processor.client.turns import TurnRef
 from processor.redis_io.replies import as_text
 from processor.scripts.meta import require
 from processor.wire.ids import response_id_for_turn, shard_of
@@ -187,6 +190,37 @@ class Subscriber(AsyncClosing):
                 if isinstance(item, MergedItem) and _matches(item, target, attempt_id):
                     return item
         raise TimeoutError(f"no merged response for {target!r} within the timeout")
+
+    async def follow(
+        self,
+        response_id: str,
+        after: int | None = None,
+        *,
+        attempt_id: str = "",
+        turn_id: str | None = None,
+        source: TurnSource | None = None,
+    ) -> AsyncIterator[Followed]:
+        """One turn as ``processor serve`` streams it, read from Redis:
+        ``async for item in subscriber.follow("resp_1")``.
+
+        Yields a :class:`~processor.client.turns.Snapshot` (the merge so far,
+        when joining a running turn whose source keeps one), then
+        :class:`~processor.client.turns.LiveEvent` s in seq order, each once
+        (``item.seq``; ``item.data`` is the worker's event JSON), and the
+        turn's :class:`~processor.client.turns.MergedOutput` (its ``response``
+        and ``meta`` JSON; authoritative) just before the terminal
+        ``synthesis`` event, after which the iteration ends. ``after`` resumes
+        after the last seq seen (the same as ``Last-Event-ID``).
+
+        Read directly from Redis with the server's rules and pure pieces
+        (processor/client/follow.py says why not over HTTP). Independent of
+        this subscriber's own positions; ``source`` replaces where the past
+        is read (the server's by default)."""
+        keys = await self.ready()
+        turn = TurnRef(response_id, attempt_id, turn_id)
+        async for item in follow(self.client, keys, turn, after, source=source,
+                                 block_ms=self.block_ms, retry=self.retry):
+            yield item
 
     def _shards_of(self, response_id: str | None, turn_id: str | None) -> set[int]:
         """The shards a turn's merged entry may be on (a synthesis id is ambiguous)."""

@@ -35,12 +35,13 @@ Mapping (docs/design.md, "AG-UI projection"):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from processor.wire.ids import TurnKey
-from processor.wire.models import Content, Message, Meta, Response, Status
+from processor.wire.models import Content, ErrorInfo, Message, Meta, Response, Status
 
 PROTOCOL_VERSION = "1.0"
 #: Roles a TEXT_MESSAGE_START may carry (AG-UI's TextMessageRole).
@@ -53,9 +54,15 @@ _json = msgspec.json.Encoder()
 
 def thread_and_run(meta: Meta) -> tuple[str, str]:
     """The AG-UI ``threadId`` and ``runId`` of a turn, from its correlation ids."""
-    ids = meta.ids
-    thread = ids.get("thread_id") or ids.get("session_id") or meta.response_id
-    return thread, ids.get("run_id") or meta.synthesis_id
+    return thread_and_run_of(meta.ids, meta.response_id, meta.synthesis_id)
+
+
+def thread_and_run_of(ids: Mapping[str, Any], response_id: str,
+                      synthesis_id: str) -> tuple[str, str]:
+    """``threadId`` and ``runId`` from correlation ids (a turn's meta, or any
+    of its events, which all carry them)."""
+    thread = ids.get("thread_id") or ids.get("session_id") or response_id
+    return thread, ids.get("run_id") or synthesis_id
 
 
 def project(response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
@@ -94,15 +101,8 @@ class _Run:
         self.used.update(m.message_id for m in response.messages if m.message_id)
         for message in response.messages:
             self.message(message)
-        usage = _usage(response.usage_details)
-        if status == "error":
-            error = self.meta.error
-            self.emit("RUN_ERROR", message=error.message if error else "the turn failed",
-                      code=error.code if error else None, usage=usage)
-        else:
-            outcome = "cancelled" if status == "cancelled" else "success"
-            self.emit("RUN_FINISHED", threadId=self.thread_id, runId=self.run_id,
-                      outcome={"type": outcome}, usage=usage)
+        self.events.append(ending(self.thread_id, self.run_id, status, self.meta.error,
+                                  _usage(response.usage_details), self.ts))
         return self.events
 
     def message(self, message: Message) -> None:
@@ -165,6 +165,22 @@ class _Run:
                   content=text, role="tool")
 
 
+def ending(thread_id: str, run_id: str, status: Status | str, error: ErrorInfo | None,
+           usage: list[dict[str, int]] | None, ts: int | None) -> dict[str, Any]:
+    """The terminal event of a run: ``RUN_ERROR`` for a failed turn, else
+    ``RUN_FINISHED`` with outcome ``success`` or ``cancelled``."""
+    if status == "error":
+        event: dict[str, Any] = {
+            "type": "RUN_ERROR", "timestamp": ts,
+            "message": error.message if error else "the turn failed",
+            "code": error.code if error else None, "usage": usage}
+    else:
+        outcome = "cancelled" if status == "cancelled" else "success"
+        event = {"type": "RUN_FINISHED", "timestamp": ts, "threadId": thread_id,
+                 "runId": run_id, "outcome": {"type": outcome}, "usage": usage}
+    return {k: v for k, v in event.items() if v is not None}
+
+
 def _usage(details: dict[str, int] | None) -> list[dict[str, int]] | None:
     if not details:
         return None
@@ -180,3 +196,145 @@ def entry_fields(key: TurnKey, events: list[dict[str, Any]]) -> list[list[str]]:
     if key.attempt_id:
         head += ["attempt_id", key.attempt_id]
     return [["type", e["type"], *head, "event", _json.encode(e).decode()] for e in events]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def messages(run: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The AG-UI messages a run's events build, in order: what a
+    ``MESSAGES_SNAPSHOT`` of the run's response holds, with the same ids
+    (text and its calls in one ``assistant`` message, each result a ``tool``
+    message, each reasoning block a ``reasoning`` message)."""
+    out: dict[str, dict[str, Any]] = {}
+    calls: dict[str, dict[str, Any]] = {}  # toolCallId -> its ToolCall in a message
+
+    def assistant(mid: str) -> dict[str, Any]:
+        message = out.get(mid)
+        if message is None or message["role"] != "assistant":
+            if message is not None:  # calls of a user/system message: an assistant one beside it
+                mid = f"{mid}~calls"
+                while mid in out and out[mid]["role"] != "assistant":
+                    mid += "~"
+            message = out.setdefault(mid, {"id": mid, "role": "assistant"})
+        return message
+
+    for event in run:
+        kind = event["type"]
+        if kind == "TEXT_MESSAGE_START":
+            mid = event["messageId"]
+            message = out.setdefault(mid, {"id": mid, "role": event["role"]})
+            message["role"] = event["role"]
+            if "name" in event:
+                message["name"] = event["name"]
+        elif kind == "TEXT_MESSAGE_CONTENT":
+            message = out[event["messageId"]]
+            message["content"] = message.get("content", "") + event["delta"]
+        elif kind == "REASONING_MESSAGE_START":
+            out[event["messageId"]] = {"id": event["messageId"], "role": "reasoning",
+                                       "content": ""}
+        elif kind == "REASONING_MESSAGE_CONTENT":
+            out[event["messageId"]]["content"] += event["delta"]
+        elif kind == "REASONING_ENCRYPTED_VALUE" and event["entityId"] in out:
+            out[event["entityId"]]["encryptedValue"] = event["encryptedValue"]
+        elif kind == "TOOL_CALL_START":
+            call = {"id": event["toolCallId"], "type": "function",
+                    "function": {"name": event["toolCallName"], "arguments": ""}}
+            assistant(event["parentMessageId"]).setdefault("toolCalls", []).append(call)
+            calls[event["toolCallId"]] = call
+        elif kind == "TOOL_CALL_ARGS":
+            calls[event["toolCallId"]]["function"]["arguments"] += event["delta"]
+        elif kind == "TOOL_CALL_RESULT":
+            out[event["messageId"]] = {"id": event["messageId"], "role": "tool",
+                                       "content": event["content"],
+                                       "toolCallId": event["toolCallId"]}
+    return list(out.values())
+
+
+def snapshot_and_end(response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
+    """A finished turn's ``MESSAGES_SNAPSHOT`` (its merged response, the same
+    messages and ids as :func:`project`'s run) and the run's terminal event."""
+    run = project(response, meta, status)
+    return [messages_snapshot(run[1:-1], run[-1].get("timestamp")), run[-1]]
+
+
+def messages_snapshot(run: list[dict[str, Any]], ts: int | None) -> dict[str, Any]:
+    """``MESSAGES_SNAPSHOT`` of the messages a run's events build."""
+    event: dict[str, Any] = {"type": "MESSAGES_SNAPSHOT", "timestamp": ts,
+                             "messages": messages(run)}
+    return {k: v for k, v in event.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- live
+
+
+class LiveRun:
+    """The AG-UI 1.0 projection of a turn's live ``events`` (``processor serve
+    ?format=agui``), one worker event at a time, in seq order.
+
+    Each event maps to at most one AG-UI event, so an SSE id (the seq) never
+    falls inside a group and a resume is exact:
+
+    - ``synthesis.started`` -> ``RUN_STARTED`` (ids as :func:`thread_and_run_of`);
+    - ``synthesis.chunk`` -> ``TEXT_MESSAGE_CHUNK`` (role ``assistant``,
+      ``name`` the author). Chunks of one message in a row are one chunk
+      stream under the message's id; AG-UI closes a chunk stream at any
+      other event and never lets an id be reopened, so a message that goes
+      on after another event (agents interleave) goes on under
+      ``<message id>~<seq of its first chunk there>``;
+    - ``step`` -> nothing for a ``text`` step (its chunk carries the text),
+      else ``CUSTOM`` ``processor.step`` with the worker's event as value:
+      calls and results are streamed only as steps, since their arguments
+      are not complete JSON until the turn is merged;
+    - the terminal ``synthesis`` -> :func:`ending` (the serve side sends the
+      merged response's ``MESSAGES_SNAPSHOT`` just before it).
+
+    Deltas are provisional, like the worker's: the snapshot replaces them.
+    The state after an event depends only on the events before it, so any
+    replica that folds a turn's history (:meth:`fold`) renders the rest
+    with the same ids.
+    """
+
+    def __init__(self) -> None:
+        self.chunk: tuple[str, str] | None = None  # (source key, AG-UI id) of the open chunk stream
+        self.used: set[str] = set()  # AG-UI message ids handed out
+
+    def fold(self, event: Mapping[str, Any]) -> None:
+        """Take in an event the client already has (its output is not needed)."""
+        self.event(event)
+
+    def event(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind, ts = event.get("type"), event.get("ts")
+        if kind == "synthesis.chunk":
+            return [self._chunk(event)]
+        if kind == "step" and event.get("step") == "text":
+            return []
+        self.chunk = None  # any other AG-UI event closes a chunk stream
+        if kind == "synthesis.started":
+            thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
+            return [{"type": "RUN_STARTED", "timestamp": ts, "threadId": thread, "runId": run,
+                     "protocolVersion": PROTOCOL_VERSION}]
+        if kind == "step":
+            return [{"type": "CUSTOM", "timestamp": ts, "name": "processor.step",
+                     "value": dict(event)}]
+        if kind == "synthesis":
+            thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
+            error = event.get("error")
+            info = ErrorInfo(error["code"], error["message"]) if error else None
+            return [ending(thread, run, event.get("status", ""), info, None, ts)]
+        return []  # an event type this projection does not know: nothing to send
+
+    def _chunk(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        mid = event.get("message_id")
+        key = mid if mid else f"{event.get('agent_id') or event.get('author_name') or 'agent'}"
+        if self.chunk is not None and self.chunk[0] == key:
+            agui_id = self.chunk[1]
+        else:
+            agui_id = key if key not in self.used else f"{key}~{event['seq']}"
+            while agui_id in self.used:
+                agui_id += "~"
+            self.used.add(agui_id)
+            self.chunk = (key, agui_id)
+        out = {"type": "TEXT_MESSAGE_CHUNK", "timestamp": event.get("ts"), "messageId": agui_id,
+               "role": "assistant", "name": event.get("author_name"), "delta": event["delta"]}
+        return {k: v for k, v in out.items() if v is not None}

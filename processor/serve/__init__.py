@@ -2,12 +2,15 @@
 
 Stateless: everything is read from Redis, so any number of replicas serve
 any turn. It reads the outputs the workers publish and imports none of the
-worker's modules: only the contract's (keys, ids), the connection helpers
-and ``processor.client``. Nothing imports this package but the command line.
+worker's modules: only the contract's (keys, ids, models), the connection
+helpers, ``processor.client`` (with what a stream is made of and the seq
+order it keeps, ``client.turns``, and where a turn's past is read,
+``client.source``: ``Subscriber.follow`` shares them) and the pure AG-UI
+rendering (``processor.engine.agui``). Nothing imports this package but
+the command line.
 
-- ``tokens``, ``sse``, ``turns``: pure (tokens, event-stream framing, the
-  seq order a stream keeps).
-- ``source``: where a turn's past is read (joins and resumes).
+- ``tokens``, ``sse``, ``formats``: pure (tokens, event-stream framing,
+  native or AG-UI events).
 - ``hub``: the live feed, one reader per shard fanning out to the streams.
 - ``app``: the HTTP routes; ``config`` its options; ``run`` the process.
 """

@@ -33,14 +33,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from processor.client import Producer
-from processor.redis_io.connections import is_redis_failure
-from processor.serve import sse
-from processor.serve.config import ServeConfig
-from processor.serve.hub import Hub, Subscription
-from processor.serve.metrics import ServeMetrics
-from processor.serve.source import TurnSource
-from processor.serve.tokens import Verdict, verify
-from processor.serve.turns import (
+from processor.client.source import TurnSource
+from processor.client.turns import (
     Cursor,
     LiveEvent,
     MergedOutput,
@@ -48,6 +42,12 @@ from processor.serve.turns import (
     TurnRef,
     parse_after,
 )
+from processor.redis_io.connections import is_redis_failure
+from processor.serve import formats, sse
+from processor.serve.config import ServeConfig
+from processor.serve.hub import Hub, Subscription
+from processor.serve.metrics import ServeMetrics
+from processor.serve.tokens import Verdict, verify
 from processor.wire.ids import response_id_for_turn
 
 log = logging.getLogger("processor.serve")
@@ -197,11 +197,12 @@ class EventStream:
     """One open ``text/event-stream`` response, written with a deadline."""
 
     def __init__(self, server: Server, request: web.Request, turn: TurnRef,
-                 cursor: Cursor) -> None:
+                 cursor: Cursor, fmt: formats.Format) -> None:
         self.server = server
         self.request = request
         self.turn = turn
         self.cursor = cursor
+        self.fmt = fmt
         self.merged: MergedOutput | None = None
         self.response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream",
@@ -216,9 +217,9 @@ class EventStream:
     async def write(self, chunks: list[bytes], events: int) -> None:
         if not chunks:
             return
-        try:
-            await asyncio.wait_for(self.response.write(b"".join(chunks)),
-                                   self.server.config.write_timeout)
+        try:  # asyncio.timeout, not wait_for: no task per write
+            async with asyncio.timeout(self.server.config.write_timeout):
+                await self.response.write(b"".join(chunks))
         except TimeoutError:
             raise SlowClient from None
         if events:
@@ -234,11 +235,10 @@ class EventStream:
                 continue
             if not self.cursor.take(item):
                 continue
+            merged = None
             if item.terminal:
                 merged = self.merged or await self._final_merged()
-                if merged is not None:
-                    chunks.append(sse.frame(merged.data()))
-            chunks.append(sse.frame(item.data, id=str(item.seq)))
+            chunks += self.fmt.event(item, merged)
         await self.write(chunks, len(chunks))
 
     async def _final_merged(self) -> MergedOutput | None:
@@ -265,22 +265,20 @@ class EventStream:
     async def gone(self, status: str | None) -> None:
         """A finished turn whose terminal event is no longer in its stream:
         its merged response if still there, then a ``gone`` event."""
-        chunks = [sse.frame(self.merged.data())] if self.merged else []
-        notice = json.dumps({"type": "gone", "response_id": self.turn.response_id,
-                             "status": status})
-        await self.write([*chunks, sse.frame(notice)], len(chunks) + 1)
+        chunks = self.fmt.gone(self.turn, self.merged, status)
+        await self.write(chunks, len(chunks))
 
     async def drop(self) -> None:
         """Tell a slow client where to resume, if it can still be told, and close."""
         self.server.metrics.dropped_clients.inc()
         log.info("slow client dropped", extra={"response_id": self.turn.response_id,
                                                "last_event_id": self.cursor.resume_id})
-        notice = json.dumps({"type": "dropped", "reason": "slow_client",
-                             "response_id": self.turn.response_id,
-                             "last_event_id": self.cursor.resume_id})
+        notice = self.fmt.notice({"type": "dropped", "reason": "slow_client",
+                                  "response_id": self.turn.response_id,
+                                  "last_event_id": self.cursor.resume_id})
         self.response.force_close()  # no keep-alive for a connection that fell behind
         with contextlib.suppress(SlowClient, ConnectionError):
-            await self.write([sse.frame(notice)], 1)
+            await self.write([notice], 1)
             return
         if self.request.transport is not None:
             self.request.transport.abort()
@@ -292,15 +290,19 @@ class Join:
 
     snapshot: Snapshot | None = None
     past: list[LiveEvent | MergedOutput] = field(default_factory=list)
+    folded: list[LiveEvent] = field(default_factory=list)  # the client has them (AG-UI's state)
     gone: bool = False  # finished, and its terminal event is no longer retained
     status: str | None = None  # of a finished turn
     has_all: bool = False  # the client has the terminal event already: 204
 
 
-async def join(server: Server, turn: TurnRef, after: int | None) -> Join:
+async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
     """A finished turn: its merged response and terminal event. A running
     one: a snapshot (a fresh join, when the source has one), else the events
-    after ``after``. A turn not started yet: nothing (the feed brings it)."""
+    after ``after``. A turn not started yet: nothing (the feed brings it).
+    ``whole``: a running turn's history is read from its start, and what the
+    client has (up to ``after`` or the snapshot) comes back in ``folded``
+    (an AG-UI stream's ids depend on the events before)."""
     server.metrics.redis_calls.labels("state").inc()
     state = await server.source.state(turn)
     if state.phase == "finished":
@@ -313,13 +315,16 @@ async def join(server: Server, turn: TurnRef, after: int | None) -> Join:
     if state.phase == "unknown":
         return Join()
     snapshot = await server.source.snapshot(turn) if after is None else None
-    if snapshot is not None:
+    if snapshot is not None and not whole:
         return Join(snapshot=snapshot)
     server.metrics.redis_calls.labels("history").inc()
-    history = await server.source.history(turn, -1 if after is None else after)
+    has = snapshot.seq if snapshot is not None else -1 if after is None else after
+    history = await server.source.history(turn, -1 if whole else has)
     if not history.complete:
         server.metrics.incomplete_history.inc()
-    return Join(past=list(history.events))
+    folded = [event for event in history.events if event.seq <= has]
+    past = [event for event in history.events if event.seq > has]
+    return Join(snapshot=snapshot, past=list(past), folded=folded)
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
@@ -330,6 +335,10 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         after = parse_after(request.headers.get("Last-Event-ID") or request.query.get("after"))
     except ValueError as exc:
         raise refusal(400, "bad_request", str(exc)) from None
+    name = request.query.get("format", "native")
+    if name not in formats.FORMATS:
+        raise refusal(400, "bad_request", f"format must be one of {', '.join(formats.FORMATS)}, "
+                      f"got {name!r}")
     if after is not None:
         server.metrics.resumes.inc()
     try:  # subscribed before the past is read: nothing falls between the two
@@ -337,19 +346,24 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
             server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
     except TimeoutError:
         raise refusal(503, "not_ready", "not reading Redis yet") from None
-    stream = EventStream(server, request, turn, Cursor(-1 if after is None else after))
+    fmt = formats.make(name, fresh=after is None)
+    stream = EventStream(server, request, turn, Cursor(-1 if after is None else after), fmt)
     opened = False
     try:
-        start = await join(server, turn, after)
+        start = await join(server, turn, after, whole=name == "agui")
         if start.has_all:
             return web.Response(status=204)  # EventSource stops reconnecting on 204
         server.metrics.open_streams.inc()
         server.metrics.streams.inc()
         opened = True
         await stream.open()
+        for event in start.folded:
+            fmt.fold(event)
         if start.snapshot is not None:
             stream.cursor.jump(start.snapshot.seq)
-            await stream.write([sse.frame(start.snapshot.data(), id=str(start.snapshot.seq))], 1)
+            first = start.folded[0] if start.folded else None
+            frames = fmt.snapshot(start.snapshot, first)
+            await stream.write(frames, len(frames))
         await stream.send(start.past)
         if start.gone:
             await stream.gone(start.status)

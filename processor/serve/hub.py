@@ -15,7 +15,7 @@ Positions: a reader starts at the streams' ends and never skips an entry
 after that, across Redis failures (it retries from where it was). A stream
 subscribes first and reads the turn's past after its shard's reader has a
 position (:meth:`Hub.subscribe`), so every entry is in the past it reads,
-or in the feed, or both (the :class:`~processor.serve.turns.Cursor` drops
+or in the feed, or both (the :class:`~processor.client.turns.Cursor` drops
 the repeats).
 """
 
@@ -28,11 +28,11 @@ from collections import deque
 from typing import Any
 
 from processor.client.items import xread_entries
+from processor.client.source import entry_field, owned_event, owned_merged
+from processor.client.turns import Item, TurnRef
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text
 from processor.serve.metrics import ServeMetrics
-from processor.serve.source import entry_field, owned_event, owned_merged
-from processor.serve.turns import Item, TurnRef
 from processor.wire.keys import Namespace, Shard
 
 log = logging.getLogger("processor.serve")
@@ -79,8 +79,10 @@ class Subscription:
         (``[]`` when nothing came); None once :attr:`over`."""
         if not self._items and not self.over:
             self._wake.clear()
+            # asyncio.timeout, not wait_for: no task per wait (one per event and stream)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
         if self.over:
             return None
         items = list(self._items)

@@ -13,13 +13,13 @@ from dataclasses import replace
 from aiohttp import web
 
 from processor import logs, stopping
+from processor.client.source import LogSource
 from processor.redis_io.connections import connect_retrying, redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
 from processor.serve.app import Server, make_app
 from processor.serve.config import ServeConfig, unknown_env
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
-from processor.serve.source import LogSource
 
 log = logging.getLogger("processor.serve")
 

@@ -3,7 +3,9 @@
 A client that joins or resumes needs what was published before it came:
 the merge so far (a snapshot), the events after the seq it has, and, once
 the turn has ended, its merged entry and terminal event. The live feed
-(processor/serve/hub.py) gives only what comes after.
+(processor/serve/hub.py, or ``Subscriber.follow``'s own read of the shard)
+gives only what comes after. In the client package: ``processor serve``
+and ``Subscriber.follow`` read a turn's past the same way.
 
 :class:`LogSource` reads it from the turn's live log, which the workers
 append to with each batch's events and updates (docs/serve.md, "Joining
@@ -21,9 +23,9 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine.merge import Turn, UsageOverflow
 from processor.redis_io.replies import as_text
-from processor.serve.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.wire.keys import Namespace
 from processor.wire.models import Update
 

@@ -10,8 +10,9 @@ when the turn has one). What it is sent:
 - :class:`MergedOutput`: the turn's ``merged`` entry (the ``merged`` event),
   sent just before the terminal event: the final response, authoritative.
 
-:class:`Cursor` sends each seq once, in order. Pure: no Redis, no HTTP, so
-that ``processor.client`` can take it over for ``Subscriber.follow``.
+:class:`Cursor` sends each seq once, in order. Pure: no Redis, no HTTP; in
+the client package so that ``processor serve`` and ``Subscriber.follow``
+(processor/client/follow.py) keep one rule (serve sits above the client).
 """
 
 from __future__ import annotations

@@ -1,0 +1,556 @@
+"""``processor serve`` under load: many open SSE clients, on a private
+redis-server with ``processor run --progress`` workers.
+
+    python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
+                                [--seconds 20] [--fractions 0.5,0.25,0.1]
+                                [--rate R]
+                                [--idle 10] [--no-write]
+
+1. Calibrate: the workers' throughput with ``--progress`` (``--calibrate``
+   updates over ``--turns`` turns, XADDed at once; time from the first XADD
+   to the last merged entry, on Redis's clock), unless ``--rate`` is given.
+2. Start one ``processor serve`` (tokens on), open ``--turns`` turns (one
+   update each), then ``--clients`` SSE clients spread evenly over them.
+3. Load: a producer process paces text updates round-robin over the turns
+   at each of ``--fractions`` of the calibrated throughput in turn, for
+   ``--seconds`` each (after a 2 s warm-up); each delta carries ``time.time_ns()`` taken just before
+   its XADD (the clock is the machine's, shared by every process and Redis),
+   and each client notes when its chunk event arrives: p50/p99/max from
+   XADD to arrival, over every (delta, client) pair of the updates sent in
+   the window (waiting until every one has arrived); and, read from the
+   events stream afterwards, XADD to the chunk event's entry (the worker's
+   part of it: the entry id is Redis's clock).
+4. Idle: the producer and the workers stop (the turns stay running, so the
+   streams stay open); serve's process CPU time (``/proc/<pid>/stat``) and
+   Redis calls (``INFO commandstats`` deltas, less this script's INFO) over
+   ``--idle`` s, with every client open, then with a tenth of them: the
+   totals stay the same, so the cost per open client falls as clients come
+   (one reader per shard fans out to every stream).
+
+A client that the server drops as too slow (docs/serve.md, "Scaling and
+limits") reconnects with its last id, as ``EventSource`` does; drops are
+counted. Everything shares the machine's cores: the clients, the producer,
+the workers, redis-server and serve.
+
+Writes its section of docs/benchmarks.md between the serve-bench markers
+(replacing it) unless ``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import redis.asyncio
+
+from processor.embedded import EmbeddedRedis
+from processor.serve.tokens import issue
+from processor.wire.keys import Namespace
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- serve-bench:start -->", "<!-- serve-bench:end -->"
+NAMESPACE = "sbench"
+SECRET = "serve-bench-secret-0123456789"
+MARK = re.compile(rb'"delta":"t(\d+) ')
+WARMUP = 2.0
+
+
+def update(text: str) -> str:
+    return json.dumps({"type": "agent_response_update", "role": "assistant", "message_id": "m",
+                       "author_name": "bench", "contents": [{"type": "text", "text": text}]})
+
+
+def resp(args: list[str]) -> bytes:
+    """One command in the Redis protocol (an array of bulk strings)."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg.encode()
+        out += [f"${len(data)}\r\n".encode(), data, b"\r\n"]
+    return b"".join(out)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def commandstats(client: Any) -> dict[str, int]:
+    info = await client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
+
+
+async def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"serve_bench: timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- producer
+
+
+async def produce(url: str, turns: int, rate: float, seconds: float) -> None:
+    """Paced XADDs of text updates, round-robin over the turns, each delta
+    stamped with the monotonic clock just before it is written (run as a
+    process of its own: ``--produce``)."""
+    ns = Namespace(NAMESPACE, 1)
+    stream = ns.shard(0).updates
+    rids = [f"turn-{i:04d}" for i in range(turns)]
+    parsed = urlparse(url)
+    reader, writer = await asyncio.open_connection(parsed.hostname, parsed.port)
+    answered = 0
+
+    async def replies() -> None:
+        nonlocal answered
+        while True:
+            head = await reader.readline()
+            if not head.startswith(b"$"):
+                raise RuntimeError(f"XADD failed: {head!r}")
+            await reader.readexactly(int(head[1:]) + 2)
+            answered += 1
+
+    reading = asyncio.create_task(replies())
+    started = time.monotonic()
+    sent = 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(elapsed * rate)
+        if due > sent:
+            stamp = time.time_ns()
+            writer.write(b"".join(
+                resp(["XADD", stream, "*", "response_id", rids[i % turns],
+                      "update", update(f"t{stamp} ")]) for i in range(sent, due)))
+            sent = due
+            await writer.drain()
+        await asyncio.sleep(0.002)
+    deadline = time.monotonic() + 30
+    while answered < sent and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    reading.cancel()
+    writer.close()
+    print(json.dumps({"sent": sent, "answered": answered,
+                      "seconds": time.monotonic() - started}), flush=True)
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class Client:
+    """One SSE client of one turn: notes each marked delta's arrival."""
+
+    def __init__(self, bench: Bench, rid: str) -> None:
+        self.bench, self.rid = bench, rid
+        self.last_id: str | None = None
+        self.open = False
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self, session: aiohttp.ClientSession, url: str) -> None:
+        token = issue(SECRET, self.rid, int(time.time()) + 3600)
+        while not self.bench.closing:
+            headers = {"Authorization": f"Bearer {token}"}
+            if self.last_id is not None:
+                headers["Last-Event-ID"] = self.last_id
+            try:
+                async with session.get(f"{url}/v1/turns/{self.rid}/events",
+                                       headers=headers) as response:
+                    if response.status != 200:
+                        if response.status != 503:  # 503: not ready yet, or Redis: retry
+                            self.bench.errors.append(f"{response.status} for {self.rid}")
+                            return
+                        raise ConnectionError
+                    self.open = True
+                    self.bench.opened += 1
+                    await self._read(response)
+            except (aiohttp.ClientError, ConnectionError):
+                pass
+            finally:
+                if self.open:
+                    self.open = False
+                    self.bench.opened -= 1
+            if not self.bench.closing:
+                self.bench.reconnects += 1
+                await asyncio.sleep(0.2)
+
+    async def _read(self, response: aiohttp.ClientResponse) -> None:
+        pending = b""
+        async for chunk in response.content.iter_any():
+            now = time.time_ns()
+            for match in MARK.finditer(chunk):
+                self.bench.arrivals.append((int(match.group(1)), now))
+            if b'"dropped"' in chunk:
+                self.bench.drops += 1
+            pending = (pending + chunk)[-4096:]
+            ids = re.findall(rb"\nid: (\d+)\n|^id: (\d+)\n", pending)
+            if ids:
+                last = ids[-1]
+                self.last_id = (last[0] or last[1]).decode()
+
+
+class Bench:
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[int, int]] = []  # (stamp, arrival) of each delta, ns
+        self.closing = False
+        self.opened = 0
+        self.drops = 0
+        self.reconnects = 0
+        self.errors: list[str] = []
+
+
+# --------------------------------------------------------------------------- run
+
+
+def spawn_workers(url: str, args: argparse.Namespace, log: Any) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(
+        [sys.executable, "-m", "processor.cli", "run", "--redis-url", url, "--namespace",
+         NAMESPACE, "--shards", "1", "--consumer", f"sb{i}", "--progress", "--turn-timeout",
+         "600", "--log-level", "warning"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(args.workers)]
+
+
+async def calibrate(client: Any, ns: Namespace, args: argparse.Namespace) -> float:
+    """The workers' throughput with --progress, in updates/s (Redis's clock)."""
+    shard = ns.shard(0)
+    per_turn = args.calibrate // args.turns
+    before = await client.xlen(shard.merged)
+    first_id = None
+    async with client.pipeline(transaction=False) as pipe:
+        for _ in range(per_turn):
+            for i in range(args.turns):
+                pipe.xadd(shard.updates, {"response_id": f"cal-{i:04d}", "update": update("x ")})
+        for i in range(args.turns):
+            pipe.xadd(shard.updates, {"response_id": f"cal-{i:04d}", "kind": "end"})
+        ids = await pipe.execute()
+    first_id = ids[0]
+
+    async def merged_all() -> bool:
+        return bool(int(await client.xlen(shard.merged)) >= before + args.turns)
+
+    await wait_until(merged_all, 300, "the calibration turns")
+    last = await client.xrevrange(shard.merged, count=1)
+    ms = int(last[0][0].split(b"-")[0]) - int(first_id.split(b"-")[0])
+    return float(per_turn * args.turns / (ms / 1000))
+
+
+async def load(args: argparse.Namespace, bench: Bench, client: Any, ns: Namespace,
+               serve_pid: int, url: str, rate: float) -> dict[str, Any]:
+    """Pace updates at ``rate`` for a warm-up and ``--seconds``; the latency of
+    every update stamped in the window, at each client (waiting until every
+    one has arrived) and in the events stream."""
+    bench.arrivals.clear()
+    drops0 = bench.drops
+    producer = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--produce", url, "--turns", str(args.turns),
+        "--rate", str(rate), "--seconds", str(args.seconds + WARMUP),
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+    await asyncio.sleep(WARMUP)
+    cpu0, own0, window = cpu_seconds(serve_pid), time.process_time(), [time.time_ns(), 0]
+    await asyncio.sleep(args.seconds)
+    window[1] = time.time_ns()
+    cpu = cpu_seconds(serve_pid) - cpu0, time.process_time() - own0
+    printed, _ = await producer.communicate()
+    produced = json.loads(printed.decode().strip().splitlines()[-1])
+    # Until no delta has arrived for 2 s: every one sent is at its clients.
+    count, quiet = -1, 0.0
+    while quiet < 2.0:
+        await asyncio.sleep(0.5)
+        quiet = quiet + 0.5 if len(bench.arrivals) == count else 0.0
+        count = len(bench.arrivals)
+    samples = [(arrived - stamp) / 1e6 for stamp, arrived in bench.arrivals
+               if window[0] <= stamp <= window[1]]
+    sent = produced["sent"] * args.seconds / (args.seconds + WARMUP)
+    figures = {"rate": rate, "achieved": produced["sent"] / produced["seconds"],
+               "samples": samples, "expected": round(sent * args.clients / args.turns),
+               "published": await publish_delays(client, ns, window),
+               "serve_cpu": cpu[0] / args.seconds, "client_cpu": cpu[1] / args.seconds,
+               "drops": bench.drops - drops0}
+    print(f"{rate:,.0f}/s: p50 {percentile(samples, 50):.1f} ms, "
+          f"p99 {percentile(samples, 99):.1f} ms", flush=True)
+    return figures
+
+
+async def publish_delays(client: Any, ns: Namespace, window: list[int]) -> list[float]:
+    """XADD to the chunk event's entry in the events stream (the worker's
+    part of the latency; the entry id is Redis's clock, on this machine), ms,
+    for the updates stamped within ``window``; read after the load."""
+    stream, start, out = ns.shard(0).events, f"{window[0] // 1_000_000}-0", []
+    while True:
+        entries = await client.xrange(stream, min=start, max="+", count=5000)
+        for entry_id, fields in entries:
+            if fields.get(b"type") == b"synthesis.chunk":
+                match = MARK.search(fields[b"event"])
+                if match and window[0] <= int(match.group(1)) <= window[1]:
+                    out.append(int(entry_id.split(b"-")[0]) - int(match.group(1)) / 1e6)
+        if len(entries) < 5000:
+            return out
+        start = "(" + entries[-1][0].decode()
+
+
+async def idle_figures(client: Any, serve_pid: int, seconds: float) -> dict[str, Any]:
+    before, cpu0 = await commandstats(client), cpu_seconds(serve_pid)
+    await asyncio.sleep(seconds)
+    after, cpu1 = await commandstats(client), cpu_seconds(serve_pid)
+    calls = {k: (after.get(k, 0) - before.get(k, 0)) / seconds for k in after}
+    calls["info"] = max(0.0, calls.get("info", 0.0) - 1 / seconds)
+    calls = {k: v for k, v in calls.items() if v > 0}
+    return {"cpu": (cpu1 - cpu0) / seconds, "calls": calls, "total": sum(calls.values())}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    server = EmbeddedRedis().start()
+    client = redis.asyncio.Redis.from_url(server.url)
+    log_dir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    logs = open(log_dir / "workers.log", "wb")  # noqa: SIM115 (closed in finally)
+    workers: list[subprocess.Popen[bytes]] = []
+    serve: subprocess.Popen[bytes] | None = None
+    bench = Bench()
+    try:
+        ns = Namespace(NAMESPACE, 1)
+        workers = spawn_workers(server.url, args, logs)
+
+        async def group_ready() -> bool:
+            try:
+                return bool(await client.xinfo_groups(ns.shard(0).updates))
+            except redis.ResponseError:
+                return False
+
+        await wait_until(group_ready, 60, "the workers' consumer group")
+        fractions = [float(f) for f in args.fractions.split(",")]
+        throughput = 0.0 if args.rate else await calibrate(client, ns, args)
+        print(f"workers (--progress) alone: {throughput:,.0f} updates/s", flush=True)
+
+        serve_log = log_dir / "serve.log"
+        with open(serve_log, "wb") as out:
+            serve = subprocess.Popen(
+                [sys.executable, "-m", "processor.cli", "serve", "--redis-url", server.url,
+                 "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", "0",
+                 "--log-level", "info"],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "PROCESSOR_TOKEN_SECRET": SECRET})
+        port = 0
+        deadline = time.monotonic() + 30
+        while not port:
+            for line in serve_log.read_text(errors="replace").splitlines():
+                if '"msg": "serving"' in line:
+                    port = int(json.loads(line)["port"])
+            if serve.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("serve_bench: processor serve did not start:\n"
+                                 + serve_log.read_text(errors="replace"))
+            await asyncio.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+
+        async def ready() -> bool:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with aiohttp.ClientSession() as probe, \
+                        probe.get(f"{url}/readyz") as answer:
+                    return answer.status == 200
+            return False
+
+        await wait_until(ready, 30, "processor serve to be ready")
+
+        rids = [f"turn-{i:04d}" for i in range(args.turns)]
+        async with client.pipeline(transaction=False) as pipe:
+            for rid in rids:
+                pipe.xadd(ns.shard(0).updates, {"response_id": rid, "update": update("hi ")})
+            await pipe.execute()
+
+        async def all_active() -> bool:
+            return bool(int(await client.zcard(ns.shard(0).active)) >= args.turns)
+
+        await wait_until(all_active, 120, f"{args.turns} running turns")
+
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        clients = [Client(bench, rids[i % args.turns]) for i in range(args.clients)]
+        for c in clients:
+            c.task = asyncio.create_task(c.run(session, url))
+            await asyncio.sleep(0)
+
+        async def all_open() -> bool:
+            if bench.errors:
+                raise SystemExit(f"serve_bench: {bench.errors[:3]}")
+            return bool(bench.opened >= args.clients)
+
+        await wait_until(all_open, 120, f"{args.clients} open streams")
+        print(f"{bench.opened} streams open", flush=True)
+
+        loads = [await load(args, bench, client, ns, serve.pid, server.url, throughput * f)
+                 for f in fractions] if not args.rate else \
+            [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
+
+        # Idle: nothing writes; the turns stay running, the streams open.
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            proc.wait(30)
+        await asyncio.sleep(2)
+        idle_all = await idle_figures(client, serve.pid, args.idle)
+        idle_all["clients"] = bench.opened
+        keep = max(1, args.clients // 10)
+        bench.closing = True  # (no reconnects from here on)
+        for c in clients[keep:]:
+            assert c.task is not None
+            c.task.cancel()
+        await asyncio.gather(*(c.task for c in clients[keep:] if c.task),
+                             return_exceptions=True)
+        await asyncio.sleep(3)  # the server notices the closed streams
+        idle_few = await idle_figures(client, serve.pid, args.idle)
+        idle_few["clients"] = bench.opened
+        for c in clients[:keep]:
+            assert c.task is not None
+            c.task.cancel()
+        await asyncio.gather(*(c.task for c in clients[:keep] if c.task),
+                             return_exceptions=True)
+        await session.close()
+        return {"version": server.version, "throughput": throughput, "loads": loads,
+                "idle": [idle_all, idle_few]}
+    finally:
+        if serve is not None and serve.poll() is None:
+            serve.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                serve.wait(15)
+        for proc in workers:
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(15)
+        logs.close()
+        await client.aclose()
+        server.close()
+
+
+def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]) -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip() or "?"
+    rows = []
+    for f in r["loads"]:
+        samples, pub = f["samples"] or [0.0], f["published"] or [0.0]
+        share = f" ({f['rate'] / r['throughput']:.2f} of it)" if r["throughput"] else ""
+        rows.append(
+            f"| {f['rate']:,.0f}/s{share}, {f['achieved']:,.0f}/s sent | "
+            f"{percentile(samples, 50):.1f} / {percentile(samples, 99):.1f} / "
+            f"{max(samples):.1f} ms | {len(f['samples']):,} of {f['expected']:,} | "
+            f"{percentile(pub, 50):.1f} / {percentile(pub, 99):.1f} ms | "
+            f"{f['serve_cpu'] * 100:.0f}% | {f['client_cpu'] * 100:.0f}% | {f['drops']} |")
+    idle_rows = []
+    for idle in r["idle"]:
+        n = max(1, idle["clients"])
+        idle_rows.append(f"| {idle['clients']:,} | {idle['cpu'] * 1000:.2f} ms/s | "
+                         f"{idle['cpu'] * 1e6 / n:.2f} µs/s | {idle['total']:.2f} | "
+                         f"{idle['total'] / n:.4f} |")
+    commands = ", ".join(f"`{k}` {v:.2f}/s" for k, v in sorted(
+        r["idle"][0]["calls"].items(), key=lambda kv: -kv[1]))
+    command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
+    calibrated = (f"The worker's throughput with `--progress` alone (nothing else running): "
+                  f"{r['throughput']:,.0f} updates/s. " if r["throughput"] else "")
+    return f"""## `processor serve`: open SSE clients
+
+Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
+{args.workers} `processor run --progress` worker(s), one `processor serve` process with \
+tokens on, {args.clients:,} SSE clients over {args.turns} running turns, \
+{args.clients // args.turns} per turn, all in one client process). {calibrated}A producer \
+process paced text updates round-robin over the turns for {args.seconds:g} s after a \
+{WARMUP:g} s warm-up, at each pace below in turn. Latency = the time a chunk event reached a \
+client minus the time just before its update's XADD (the machine's clock), for every \
+(update, client) pair of the updates sent in the window, waiting until all had arrived; the \
+worker's part = the chunk event's entry time in the events stream (Redis's clock) minus the \
+same XADD time. CPU = process CPU time over the window, in share of one core.
+
+| paced | at a client p50 / p99 / max | samples | worker's part p50 / p99 | serve CPU \
+| clients' CPU | dropped as slow |
+|---|---:|---:|---:|---:|---:|---:|
+{chr(10).join(rows)}
+
+Idle (no writes, workers stopped, the turns still running so the streams stay open): serve's \
+process CPU time and Redis calls per second (`INFO commandstats` deltas over {args.idle:g} s, \
+this script's INFO left out), with every client open and with a tenth of them:
+
+| open streams | serve CPU | per open stream | Redis calls/s | per open stream |
+|---:|---:|---:|---:|---:|
+{chr(10).join(idle_rows)}
+
+The Redis calls do not grow with the clients: one `XREAD BLOCK` per shard in flight (the \
+hub's reader, 1 s block) feeds every stream ({commands} with all open). A stream costs \
+memory and a heartbeat every `--heartbeat` s, not Redis calls. A client that cannot keep up \
+is dropped with its resume id once `--client-queue` events wait for it, or a write blocks \
+`--write-timeout` s (`tests/test_serve_stream.py::\
+test_a_client_that_does_not_read_is_dropped_with_its_resume_id`); nothing is buffered \
+without bound; a dropped client here resumes from its last id, as `EventSource` does.
+
+Every process here shares the machine's 2 logical CPUs: the clients' process reading \
+{args.clients:,} streams, the producer, the worker(s), redis-server and serve; load average \
+{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start. \
+Python {platform.python_version()}, {platform.platform()}."""
+
+
+def write_doc(body: str) -> None:
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n"
+    block = f"{START}\n{body}\n{END}"
+    if START in text and END in text:
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
+                      flags=re.DOTALL)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    DOC.write_text(text, encoding="utf-8")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--fractions", default="0.5,0.25,0.1",
+                        help="of the workers' --progress throughput to pace the updates at, "
+                        "one load phase each (default 0.5,0.25,0.1)")
+    parser.add_argument("--rate", type=float, default=0,
+                        help="updates/s to pace at, one phase (skips the calibration)")
+    parser.add_argument("--calibrate", type=int, default=40000,
+                        help="updates the calibration sends")
+    parser.add_argument("--idle", type=float, default=10)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.produce:
+        asyncio.run(produce(args.produce, args.turns, args.rate, args.seconds))
+        return 0
+    load = os.getloadavg()
+    r = asyncio.run(run(args))
+    body = section(args, r, load)
+    print(body)
+    if not args.no_write:
+        write_doc(body)
+        print(f"wrote {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

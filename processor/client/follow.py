@@ -1,0 +1,115 @@
+"""Following one turn from Redis: :func:`follow` (``Subscriber.follow``).
+
+The same rules as ``processor serve``'s event streams (docs/serve.md,
+"Joining and resuming"), from the same pure pieces: the turn's shard's live
+feed is positioned first and its past read second (a
+:class:`~processor.client.source.TurnSource`), and a
+:class:`~processor.client.turns.Cursor` gives each seq once, in order; the
+merged output comes just before the terminal event, which ends it.
+
+Why from Redis and not over HTTP from a serve URL: a Python backend that
+uses this client already holds the Redis connection its producers write
+with, needs no token and no HTTP client (this package does not depend on
+aiohttp), and reads what the server reads (the server itself is one more
+hop over the same keys). A browser or another language uses the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from processor.client.items import xread_entries
+from processor.client.retry import RetryPolicy
+from processor.client.source import (
+    LogSource,
+    TurnSource,
+    entry_field,
+    owned_event,
+    owned_merged,
+)
+from processor.client.turns import Cursor, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.redis_io.replies import as_text
+from processor.wire.keys import Namespace
+
+#: What :func:`follow` yields.
+Followed = Snapshot | LiveEvent | MergedOutput
+
+
+def default_source(client: Any, namespace: Namespace) -> TurnSource:
+    """The past of turns on the keys workers write (the server's source:
+    the turns' live logs)."""
+    return LogSource(client, namespace)
+
+
+async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | None,
+                 *, source: TurnSource | None = None, block_ms: int = 1000,
+                 retry: RetryPolicy | None = None) -> AsyncIterator[Followed]:
+    """The turn's snapshot (a fresh join of a running turn, when the source
+    has one) or its events after ``after``, then its live events, its
+    merged output and its terminal event; then the iteration ends. A finished
+    turn gives its merged output and terminal event (nothing when ``after``
+    is its terminal seq already)."""
+    retry = retry or RetryPolicy()
+    source = source or default_source(client, namespace)
+    shard = turn.shard(namespace)
+    streams = (shard.merged, shard.events)  # merged first: it is in hand when the terminal comes
+    # Positioned first, the past read second: every entry is in one or both.
+    positions: dict[str, str] = {}
+    for stream in streams:
+        last = await retry.run(lambda s=stream: client.xrevrange(s, count=1))  # type: ignore[misc]
+        positions[stream] = as_text(last[0][0]) if last else "0-0"
+    cursor = Cursor(-1 if after is None else after)
+    merged: MergedOutput | None = None
+
+    async def final_merged() -> MergedOutput | None:
+        return merged or (await retry.run(lambda: source.final(turn))).merged
+
+    state = await retry.run(lambda: source.state(turn))
+    past: list[LiveEvent | MergedOutput] = []
+    if state.phase == "finished":
+        final = await retry.run(lambda: source.final(turn))
+        if final.terminal is None:  # no longer retained: the merged output is all there is
+            if final.merged is not None:
+                yield final.merged
+            return
+        if cursor.last >= final.terminal.seq:
+            return  # the caller has it all (the server answers 204)
+        past = [item for item in (final.merged, final.terminal) if item is not None]
+    elif state.phase == "running":
+        snapshot = await retry.run(lambda: source.snapshot(turn)) if after is None else None
+        if snapshot is not None:
+            cursor.jump(snapshot.seq)
+            yield snapshot
+        else:
+            history = await retry.run(lambda: source.history(turn, cursor.last))
+            past = list(history.events)
+    while True:
+        for item in past:
+            if isinstance(item, MergedOutput):
+                merged = item
+                continue
+            if not cursor.take(item):
+                continue
+            if item.terminal:
+                last_merged = await final_merged()
+                if last_merged is not None:
+                    yield last_merged
+            yield item
+            if cursor.ended:
+                return
+        reply = await retry.run(lambda: client.xread(dict(positions), count=1000, block=block_ms))
+        past = []
+        for stream, entries in xread_entries(reply):
+            for entry_id, fields in entries:
+                positions[stream] = as_text(entry_id)
+                found = _owned(turn, stream == shard.merged, fields)
+                if found is not None:
+                    past.append(found)
+
+
+def _owned(turn: TurnRef, merged: bool,
+           fields: Mapping[Any, Any]) -> LiveEvent | MergedOutput | None:
+    if entry_field(fields, "response_id") is None:
+        return None
+    return owned_merged(turn, fields) if merged else owned_event(turn, fields)

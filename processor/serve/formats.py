@@ -1,0 +1,168 @@
+"""How a stream's items are written: the worker's events as they are
+(:class:`Native`), or as AG-UI 1.0 events (:class:`Agui`, ``?format=agui``).
+
+Both send one SSE event per seq at most with that seq as its ``id:``, so a
+resume (``Last-Event-ID``) is the same in both: every seq after it, once.
+What has no seq of its own (the native ``merged``, AG-UI's final
+``MESSAGES_SNAPSHOT``) goes just before the terminal event without an id,
+so a client cut off between the two gets both again. Pure: items in, SSE
+frames out; the AG-UI rendering itself is :mod:`processor.engine.agui`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import msgspec
+
+from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.engine import agui
+from processor.serve import sse
+from processor.wire.models import Counts, Meta, Response, Status
+
+FORMATS = ("native", "agui")
+
+_response = msgspec.json.Decoder(Response)
+_meta = msgspec.json.Decoder(Meta)
+_encode = msgspec.json.Encoder().encode
+
+
+class Format(Protocol):
+    """Frames for one open stream, in the order they are written."""
+
+    def fold(self, event: LiveEvent) -> None:
+        """An event the client already has (before its resume id)."""
+
+    def snapshot(self, snapshot: Snapshot, first: LiveEvent | None) -> list[bytes]:
+        """A running turn's merge so far, for a client that has nothing
+        (``first``: the turn's earliest event known, for its ids)."""
+
+    def event(self, event: LiveEvent, merged: MergedOutput | None) -> list[bytes]:
+        """One event not sent yet (``merged``: the turn's merged output, given
+        with its terminal event when known)."""
+
+    def gone(self, turn: TurnRef, merged: MergedOutput | None, status: str | None) -> list[bytes]:
+        """A finished turn whose terminal event is no longer retained."""
+
+    def notice(self, body: dict[str, Any]) -> bytes:
+        """A notice of the server's (``dropped``) that has no seq."""
+
+
+class Native:
+    """The worker's events exactly as published (docs/serve.md, "The event stream")."""
+
+    def fold(self, event: LiveEvent) -> None:
+        pass
+
+    def snapshot(self, snapshot: Snapshot, first: LiveEvent | None) -> list[bytes]:
+        return [sse.frame(snapshot.data(), id=str(snapshot.seq))]
+
+    def event(self, event: LiveEvent, merged: MergedOutput | None) -> list[bytes]:
+        head = [sse.frame(merged.data())] if merged is not None and event.terminal else []
+        return [*head, sse.frame(event.data, id=str(event.seq))]
+
+    def gone(self, turn: TurnRef, merged: MergedOutput | None, status: str | None) -> list[bytes]:
+        notice = json.dumps({"type": "gone", "response_id": turn.response_id, "status": status})
+        return [*([sse.frame(merged.data())] if merged else []), sse.frame(notice)]
+
+    def notice(self, body: dict[str, Any]) -> bytes:
+        return sse.frame(json.dumps(body))
+
+
+class Agui:
+    """AG-UI 1.0 events (:class:`processor.engine.agui.LiveRun`): ``RUN_STARTED``
+    first (made from the first event sent when the client joins after seq
+    0), deltas as ``TEXT_MESSAGE_CHUNK``, a ``MESSAGES_SNAPSHOT`` for a late
+    join and before the end (the merged response, authoritative), and the
+    outcome on ``RUN_FINISHED`` (``success``, ``cancelled``) or
+    ``RUN_ERROR``. Server notices are ``CUSTOM`` events (``processor.*``)."""
+
+    def __init__(self, fresh: bool) -> None:
+        self.live = agui.LiveRun()
+        self.needs_start = fresh  # the client has no RUN_STARTED yet
+
+    def fold(self, event: LiveEvent) -> None:
+        self.live.fold(_decode(event))
+
+    def snapshot(self, snapshot: Snapshot, first: LiveEvent | None) -> list[bytes]:
+        start = self._start(_decode(first) if first else None, snapshot.turn)
+        meta = _bare_meta(snapshot.turn)
+        run = agui.project(_response.decode(snapshot.response), meta, "completed")
+        body = agui.messages_snapshot(run[1:-1], None)
+        return [*start, _frame(body, snapshot.seq)]
+
+    def event(self, event: LiveEvent, merged: MergedOutput | None) -> list[bytes]:
+        data = _decode(event)
+        frames = self._start(data, None) if data.get("type") != "synthesis.started" else []
+        self.needs_start = False
+        if event.terminal and merged is not None:
+            snapshot, end = _ending(merged)
+            self.live.fold(data)
+            return [*frames, _frame(snapshot), _frame(end, event.seq)]
+        rendered = self.live.event(data)
+        if not rendered:
+            return frames
+        (one,) = rendered  # at most one AG-UI event per seq: an id never falls inside a group
+        return [*frames, _frame(one, event.seq)]
+
+    def gone(self, turn: TurnRef, merged: MergedOutput | None, status: str | None) -> list[bytes]:
+        if merged is not None:
+            snapshot, end = _ending(merged)
+            start = self._start(None, turn, _meta.decode(merged.meta))
+            return [*start, _frame(snapshot), _frame(end)]
+        thread, run = agui.thread_and_run_of({}, turn.response_id, turn.key.synthesis_id())
+        end = agui.ending(thread, run, status or "", None, None, None)
+        return [*self._start(None, turn), _frame(end)]
+
+    def notice(self, body: dict[str, Any]) -> bytes:
+        kind = body.get("type", "notice")
+        return _frame({"type": "CUSTOM", "name": f"processor.{kind}", "value": body})
+
+    def _start(self, first: dict[str, Any] | None, turn: TurnRef | None,
+               meta: Meta | None = None) -> list[bytes]:
+        """``RUN_STARTED`` (without an id) when the client has none yet."""
+        if not self.needs_start:
+            return []
+        self.needs_start = False
+        if meta is not None:
+            thread, run = agui.thread_and_run(meta)
+            ts = meta.started_ms
+        elif first is not None:
+            thread, run = agui.thread_and_run_of(first, first["response_id"],
+                                                 first["synthesis_id"])
+            ts = first.get("ts")
+        else:
+            assert turn is not None
+            thread, run = agui.thread_and_run_of({}, turn.response_id, turn.key.synthesis_id())
+            ts = None
+        body = {"type": "RUN_STARTED", "timestamp": ts, "threadId": thread, "runId": run,
+                "protocolVersion": agui.PROTOCOL_VERSION}
+        return [_frame({k: v for k, v in body.items() if v is not None})]
+
+
+def make(name: str, fresh: bool) -> Format:
+    """The format ``?format=`` names (one of :data:`FORMATS`)."""
+    return Agui(fresh) if name == "agui" else Native()
+
+
+def _decode(event: LiveEvent) -> dict[str, Any]:
+    data: dict[str, Any] = msgspec.json.decode(event.data)
+    return data
+
+
+def _frame(body: dict[str, Any], seq: int | None = None) -> bytes:
+    return sse.frame(_encode(body), id=None if seq is None else str(seq))
+
+
+def _ending(merged: MergedOutput) -> tuple[dict[str, Any], dict[str, Any]]:
+    status: Status = merged.status  # type: ignore[assignment]  # the worker wrote it
+    snapshot, end = agui.snapshot_and_end(_response.decode(merged.response),
+                                          _meta.decode(merged.meta), status)
+    return snapshot, end
+
+
+def _bare_meta(turn: TurnRef) -> Meta:
+    """A meta with only the turn's ids: enough to project a snapshot's messages."""
+    return Meta(turn.response_id, turn.attempt_id or None, turn.key.synthesis_id(), {},
+                Counts(), None, None, None, None)

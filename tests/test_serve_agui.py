@@ -1,0 +1,226 @@
+"""``GET /v1/turns/{id}/events?format=agui`` over real HTTP, against real
+workers (``--progress``) and a private Redis: every stream a client reads
+(live, a late join, a join by snapshot, resumed after a cut anywhere) is an
+AG-UI 1.0 run that the ``ag-ui-protocol`` models and ``ag-ui-validate``
+accept with no rule turned off, ends on the turn's outcome (cancelled
+included), and holds the merged response in its last ``MESSAGES_SNAPSHOT``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import msgspec
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+from agui_checks import check_models
+from serve_harness import (
+    SnapshotSource,
+    bearer,
+    config,
+    merged_text,
+    open_stream,
+    start_local,
+    text_update,
+)
+from worker_harness import Harness
+
+from processor.client import Producer, Subscriber
+from processor.engine import agui
+from processor.serve import sse
+from processor.wire.models import Meta, Response
+
+AGUI = "?format=agui"
+
+
+def _updates() -> list[dict[str, Any]]:
+    """Two agents interleaving their messages, reasoning, a call whose
+    arguments come in pieces (not JSON until joined), and its result."""
+    return [
+        text_update("Hello ", "m1", "alice"),
+        text_update("Hi ", "m2", "bob"),
+        text_update("there. ", "m1", "alice"),
+        {"role": "assistant", "author_name": "alice", "message_id": "m1",
+         "contents": [{"type": "text_reasoning", "text": "look it up"}]},
+        {"role": "assistant", "author_name": "alice", "message_id": "m1",
+         "contents": [{"type": "function_call", "call_id": "c1", "name": "find",
+                       "arguments": "{\"q\": "}]},
+        {"role": "assistant", "author_name": "alice", "message_id": "m1",
+         "contents": [{"type": "function_call", "call_id": "c1", "arguments": "\"x\"}"}]},
+        {"role": "tool", "message_id": "t1",
+         "contents": [{"type": "function_result", "call_id": "c1", "result": "42"}]},
+        text_update("more from bob", "m2", "bob"),
+        text_update("It is 42.", "m1", "alice"),
+    ]
+
+
+def _data(events: list[sse.Event]) -> list[dict[str, Any]]:
+    return [json.loads(e.data) for e in events]
+
+
+def _check_run(events: list[sse.Event], item: Any, outcome: str = "success") -> None:
+    """A whole AG-UI run, as one client read it (over one or more connections)."""
+    data = _data(events)
+    check_models(data)
+    assert_valid_agui(data, max_warnings=0)  # no rule turned off
+    types = [d["type"] for d in data]
+    assert types[0] == "RUN_STARTED" and types.count("RUN_STARTED") == 1, types
+    assert types[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"], types
+    assert data[-1]["outcome"] == {"type": outcome}
+    assert data[0]["threadId"] == data[-1]["threadId"] and data[0]["runId"] == data[-1]["runId"]
+    # The last snapshot is the merged response, as --agui's run of it says it.
+    response = msgspec.json.decode(json.dumps(item.response), type=Response)
+    meta = msgspec.json.decode(json.dumps(item.meta), type=Meta)
+    assert data[-2]["messages"] == agui.messages(agui.project(response, meta, item.status)[1:-1])
+    # ids are seqs, increasing; the snapshot before the end has none.
+    ids = [int(e.id) for e in events if e.id is not None]
+    assert ids == sorted(set(ids)), ids
+    assert events[-2].id is None and events[-1].id is not None
+
+
+def _live_text(data: list[dict[str, Any]]) -> str:
+    return "".join(d["delta"] for d in data if d["type"] == "TEXT_MESSAGE_CHUNK")
+
+
+async def test_a_turn_streams_as_a_valid_agui_run_ending_with_the_merged_response(
+    redis_url, namespace
+) -> None:
+    async with Harness(redis_url, namespace, progress=True) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"{serve.url}/v1/turns/a1/events{AGUI}"
+                stream = await open_stream(session, url, bearer("a1"))
+                for update in _updates():
+                    await producer.send("a1", update)
+                await producer.end("a1")
+                events = await stream.rest()
+                # A late joiner of the finished turn: the start, snapshot and end.
+                late = await (await open_stream(session, url, bearer("a1"))).rest()
+                async with session.get(f"{serve.url}/v1/turns/a1/events?format=xml",
+                                       headers=bearer("a1")) as response:
+                    assert response.status == 400
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("a1", 30)
+        _check_run(events, item)
+        data = _data(events)
+        assert _live_text(data) == "Hello Hi there. more from bobIt is 42."
+        chunk_ids = [d["messageId"] for d in data if d["type"] == "TEXT_MESSAGE_CHUNK"]
+        assert chunk_ids[:2] == ["m1", "m2"] and len(set(chunk_ids)) == len(chunk_ids)
+        steps = [d["value"]["step"] for d in data if d["type"] == "CUSTOM"]
+        assert steps == ["thinking", "tool_call", "tool_call", "tool_result"]
+        _check_run(late, item)
+        assert [d["type"] for d in _data(late)] == ["RUN_STARTED", "MESSAGES_SNAPSHOT",
+                                                    "RUN_FINISHED"]
+        assert merged_text(item.response) == "Hello there. It is 42.Hi more from bob"
+
+
+async def test_a_cancelled_turn_finishes_its_run_cancelled(redis_url, namespace) -> None:
+    async with Harness(redis_url, namespace, progress=True) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        try:
+            async with aiohttp.ClientSession() as session:
+                stream = await open_stream(session, f"{serve.url}/v1/turns/c1/events{AGUI}",
+                                           bearer("c1"))
+                await producer.send("c1", text_update("half an answer"))
+                while json.loads((await stream.event()).data)["type"] != "TEXT_MESSAGE_CHUNK":
+                    pass
+                async with session.post(f"{serve.url}/v1/turns/c1/cancel",
+                                        headers=bearer("c1")) as response:
+                    assert response.status == 202
+                rest = await stream.rest()
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("c1", 30)
+        assert item.status == "cancelled"
+        seen = [e for e in stream.items if isinstance(e, sse.Event)]
+        assert seen[-len(rest):] == rest
+        _check_run(seen, item, outcome="cancelled")
+
+
+async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
+    redis_url, namespace
+) -> None:
+    """Clients cut after each number of events and resumed with their last
+    id (header or ?after=) read the same events as a client never cut."""
+    async with Harness(redis_url, namespace, progress=True) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        url = f"{serve.url}/v1/turns/cut/events{AGUI}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                whole = await open_stream(session, url, bearer("cut"))
+                updates = _updates()
+                for update in updates[:6]:
+                    await producer.send("cut", update)
+                await harness.wait_applied()
+                cut_points = range(1, 8)  # the 7 AG-UI events of the first 6 updates
+                resumed = []
+                for n in cut_points:
+                    cut = await open_stream(session, url, bearer("cut"))
+                    head = await cut.events(n)
+                    cut.close()
+                    last = next(e.id for e in reversed(head) if e.id is not None)
+                    if n % 2:
+                        again = await open_stream(session, url,
+                                                  {**bearer("cut"), "Last-Event-ID": last})
+                    else:
+                        again = await open_stream(session, f"{url}&after={last}", bearer("cut"))
+                    resumed.append((head, again))
+                for update in updates[6:]:
+                    await producer.send("cut", update)
+                await producer.end("cut")
+                reference = await whole.rest()
+                runs = [head + await again.rest() for head, again in resumed]
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("cut", 30)
+        _check_run(reference, item)
+        for n, run in zip(cut_points, runs, strict=True):
+            assert [(e.id, e.data) for e in run] == [(e.id, e.data) for e in reference], n
+
+
+async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
+    redis_url, namespace
+) -> None:
+    async with Harness(redis_url, namespace, progress=True) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        serve.server.source = SnapshotSource(serve.server.source)
+        producer = Producer(harness.client, namespace)
+        url = f"{serve.url}/v1/turns/snap/events{AGUI}"
+        updates = _updates()
+        try:
+            async with aiohttp.ClientSession() as session:
+                for update in updates[:3]:
+                    await producer.send("snap", update)
+                await harness.wait_applied()
+                late = await open_stream(session, url, bearer("snap"))
+                head = await late.events(2)
+                assert [json.loads(e.data)["type"] for e in head] == ["RUN_STARTED",
+                                                                     "MESSAGES_SNAPSHOT"]
+                assert head[0].id is None and head[1].id == "6"  # started + 3 x (step, chunk)
+                assert json.loads(head[1].data)["messages"] == [
+                    {"id": "m1", "role": "assistant", "content": "Hello there. "},
+                    {"id": "m2", "role": "assistant", "content": "Hi "}]
+                for update in updates[3:8]:
+                    await producer.send("snap", update)
+                await harness.wait_applied()
+                head += await late.events(4)
+                late.close()
+                last = next(e.id for e in reversed(head) if e.id is not None)
+                again = await open_stream(session, url, {**bearer("snap"), "Last-Event-ID": last})
+                await producer.send("snap", updates[8])
+                await producer.end("snap")
+                run = head + await again.rest()
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("snap", 30)
+        _check_run(run, item)
+        assert _live_text(_data(run)) == "more from bobIt is 42."
