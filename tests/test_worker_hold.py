@@ -20,6 +20,7 @@ from turn_reference import (
     as_read,
     compare_with_offline,
     end_entry,
+    entry_fields,
     interleave,
     offline_results,
     response_text,
@@ -495,3 +496,38 @@ async def test_a_live_publish_whose_reply_is_lost_says_each_delta_and_update_onc
     assert calls > lost  # (the seam ran)
     compare_with_offline(outputs, offline_results([*updates, end_entry(rid)]))
     assert replay_texts(outputs.turns[TurnKey(rid)].events) == {"m": response_text(outputs, rid)}
+
+
+async def test_a_held_turns_last_events_are_left_out_when_another_speaks_for_it(
+    redis_url: str, namespace: str
+) -> None:
+    """The batch that ends a held turn publishes its last live events with
+    its outcome (finalise_held), under the same token as publish_live: with
+    the turn's `live` mark naming another worker, they are left out and the
+    outcome is still published (its merged event ends any view); with this
+    worker's mark they are there (test_live_progress_replays_...)."""
+    rid = "other-speaker"
+    first = [text_delta(rid, f"d{i} ") for i in range(3)]
+    async with Harness(redis_url, namespace, batch=3, hold_turns=True) as harness:
+        (running,) = await harness.start_workers(1)
+        await harness.add(first)
+
+        async def logged() -> bool:
+            return len(await _logged_updates(harness, rid)) >= 3
+
+        await harness.wait_for(logged, 10, "the live log never had the first batch")
+        turn = harness.ns.shard(0).turn(TurnKey(rid).encode())
+        await harness.client.hset(turn, "live", "someone-else 1")
+        async with harness.client.pipeline(transaction=True) as pipe:  # (read as one batch)
+            for entry in (text_delta(rid, "d3 "), end_entry(rid)):
+                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
+            await pipe.execute()
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+        held = _metric(running.worker, "processor_turns_settled_total", source="held")
+    events = outputs.turns[TurnKey(rid)].events
+    assert replay_texts(events) == {"m": "d0 d1 d2 "}
+    assert response_text(outputs, rid) == "d0 d1 d2 d3 "
+    assert held == 1
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gap-free to the terminal event
