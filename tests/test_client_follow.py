@@ -6,6 +6,7 @@ event, with the exact merged response just before it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -71,10 +72,11 @@ async def test_follow_resumes_after_a_cut_without_gap_or_repeat(redis_url, names
         subscriber = Subscriber(harness.client, namespace)
         head: list[Any] = []
         following = subscriber.follow("f2")  # before the turn starts: from seq 0, live
-        first = await anext(following)
-        head.append(first)
+        first = asyncio.ensure_future(anext(following))
+        await asyncio.sleep(0.5)  # (it has its position: what comes next is live)
         for i in range(3):
             await producer.send("f2", text_update(f"a{i} "))
+        head.append(await first)
         async for item in following:
             head.append(item)
             if len(head) == 4:
