@@ -48,8 +48,9 @@ from processor.service.run import tune_gc
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch
+from processor.worker.batches import ApplyCall, BatchOptions, build_apply
 from processor.worker.budget import HELD_BYTES
+from processor.worker.held.held_batch import decode_batch
 from processor.worker.held.hold import Holds
 from processor.worker.stored.mirror import Mirrors, Version
 from processor.worker.worker import WorkerConfig

@@ -209,8 +209,8 @@ async def test_a_shard_whose_live_owner_stalls_is_read_by_another(
 
 def _has(running: Any, rid: str) -> bool:
     """Whether a worker holds the turn ``rid`` or has stored an entry."""
-    held = any(key.response_id == rid for holds in running.worker._holds.values()
-               for key in holds.turns)
+    held = any(key.response_id == rid for state in running.worker.shards
+               for key in state.held_turns)
     return held or running.worker.metrics.stored._value.get() >= 1
 
 

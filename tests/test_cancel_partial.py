@@ -43,7 +43,7 @@ async def test_a_worker_that_does_not_read_the_shard_leaves_a_held_turn_to_its_h
         shard = holder.shard
         await harness.add([text_delta("c", "never "), text_delta("c", "finished")])
         await holder.step()
-        assert TurnKey("c") in holder.worker._holds[0].turns
+        assert TurnKey("c") in holder.worker.shard(0).held_turns
         await harness.cancel("c")
         other = Worker(harness.client, harness.worker_config(consumer="other"))
         await other.sweep(shard, False)  # a shard it does not read: cancels only
@@ -69,7 +69,7 @@ async def test_a_held_turn_spilled_after_its_cancel_keeps_what_was_held(
         await harness.add([text_delta("s", "kept "), text_delta("s", "whole")])
         await holder.step()
         await harness.cancel("s")
-        await worker._spill_due(shard, True)  # e.g. stopping
+        await worker.held.spill_due(shard, True)  # e.g. stopping
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "s") == "cancelled"

@@ -41,7 +41,8 @@ async def test_stats_shows_what_the_test_pushed(
     open0, open1 = ids_on(0, shards, "open", 2), ids_on(1, shards, "open", 1)
     done1 = ids_on(1, shards, "done", 1)[0]
     async with Harness(url, namespace, shards, cluster=topology == "cluster") as harness:
-        worker = await harness.start_worker()
+        # Without live progress: the events counted are each turn's start and end.
+        worker = await harness.start_worker(progress=False)
         entries = [{"response_id": rid, "update": _update("hi")} for rid in open0 + open1]
         # Poison: one on shard 0, two on shard 1 (in turns that stay open).
         entries += [{"response_id": open0[0], "update": "{bad"},

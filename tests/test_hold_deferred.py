@@ -31,8 +31,8 @@ from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.wire.models import MAX_USAGE_COUNT, Record, Update
-from processor.worker.batches import BatchOptions, decode_batch
-from processor.worker.held.held_batch import Run
+from processor.worker.batches import BatchOptions
+from processor.worker.held.held_batch import Run, decode_batch
 from processor.worker.held.hold import Holds
 
 SHARD = next(iter(Namespace("deferred", 1).all()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from processor.worker.shard_loop import Batch, Handoff
+from processor.worker.runner import Batch, Handoff
 from processor.worker.worker import Worker, WorkerConfig
 
 
@@ -38,12 +38,13 @@ async def test_a_handoff_tells_the_reader_when_its_batch_was_taken() -> None:
 
 async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> None:
     worker = Worker(client=_NoRedis(), config=WorkerConfig(namespace="handoff-unit"))
-    worker._orphans = set()  # nothing to take back before the first read
+    worker.shard(0).orphans = False  # nothing to take back before the first read
+    runner = worker.runner(0)
     reads = 0
     applied: list[Any] = []
     release = asyncio.Event()
 
-    async def read(_shard: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    async def read() -> list[tuple[bytes, dict[bytes, bytes]]]:
         nonlocal reads
         reads += 1
         return [(f"1-{reads}".encode(), {})]
@@ -52,14 +53,14 @@ async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> 
         applied.append(entries)
         await release.wait()
 
-    worker._read = read  # type: ignore[method-assign]
-    worker._prepare = lambda _shard, _entries: None  # type: ignore[method-assign]
+    runner._read = read  # type: ignore[method-assign]
+    runner._prepare = lambda _entries: None  # type: ignore[method-assign]
     async def nothing(*_args: Any) -> None:
         pass
 
-    worker._apply_isolated = apply  # type: ignore[method-assign]
-    worker.sweep = worker.reclaim = nothing  # type: ignore[method-assign]
-    loop = asyncio.create_task(worker._shard_loop(next(iter(worker.namespace.all()))))
+    worker.apply_isolated = apply  # type: ignore[method-assign]
+    worker.sweep = worker.recovery.reclaim = nothing  # type: ignore[method-assign]
+    loop = asyncio.create_task(runner.run())
     try:
         await _turns()
         # The first batch is being applied and the second waits: a reader

@@ -167,9 +167,9 @@ async def test_a_memory_error_in_a_read_fails_that_batch_like_any_error(
     that fails every time is dead-lettered whole after --max-deliveries:
     tests/test_cli_dlq.py, MemoryError included.)"""
     from processor.engine.lifecycle import Limits
-    from processor.worker import shard_loop
+    from processor.worker import runner
 
-    real = shard_loop.read_raw
+    real = runner.read_raw
     failed: list[int] = []
 
     async def out_of_memory(*args: Any, **kw: Any) -> Any:
@@ -179,7 +179,7 @@ async def test_a_memory_error_in_a_read_fails_that_batch_like_any_error(
             raise MemoryError
         return entries
 
-    monkeypatch.setattr(shard_loop, "read_raw", out_of_memory)
+    monkeypatch.setattr(runner, "read_raw", out_of_memory)
     poison = {**text_delta("p", "read twice"), "poison": "1"}
     async with Harness(redis_url, namespace, limits=Limits(turn_timeout=2.0),
                        reclaim_idle_ms=100, max_deliveries=3) as harness:

@@ -93,9 +93,9 @@ async def _dies_before_finalise(harness: Harness) -> None:
         async def no_finalise(*_args: object) -> None:
             return None
 
-        worker.finalise = no_finalise  # type: ignore[method-assign]
+        worker.stored.finalise = no_finalise  # type: ignore[method-assign]
         for shard in harness.shards:
-            await worker._read_once(shard)
+            await worker.runner(shard.index).read_once()
     finally:
         await client.aclose()
 

@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import pytest
+import redis.exceptions
 from strategies import random_turn
 from turn_reference import (
     as_read,
@@ -104,18 +105,19 @@ def _live_texts_match(outputs: Any, response_text_of: Any = None) -> int:
     return chunks
 
 
-@pytest.mark.parametrize("hold", [True, False])
+@pytest.mark.parametrize(("hold", "batch"), [(True, 7), (False, 7), (True, 200)])
 async def test_live_progress_replays_to_the_merged_text_held_or_stored(
-    redis_url: str, namespace: str, hold: bool
+    redis_url: str, namespace: str, hold: bool, batch: int
 ) -> None:
     """Live progress is on by default, holding turns or not: every turn's
     text and reasoning chunks, replayed, are its merged messages' texts, in
     gap-free seqs between synthesis.started and the terminal event, and the
-    merge is processor merge's; held turns stay held (none stored)."""
+    merge is processor merge's; held turns stay held (none stored). Batches
+    of 200 entries move more than SPLIT_TURNS turns: two calls each."""
     turns = _turns(30, seed=11)
     entries = interleave(turns, random.Random(5))
     assert WorkerConfig().progress and WorkerConfig(**HOLD).holding
-    async with Harness(redis_url, namespace, batch=7, hold_turns=hold) as harness:
+    async with Harness(redis_url, namespace, batch=batch, hold_turns=hold) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add(entries)
         await harness.wait_merged(len(turns))
@@ -241,7 +243,7 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         holder = await harness.start_worker(hold_ms=60_000, reclaim_idle_ms=120_000)
         await harness.add(entries)
-        await harness.wait_for(lambda: len(holder.worker._holds[0].turns) == 2, 10,
+        await harness.wait_for(lambda: len(holder.worker.shard(0).held_turns) == 2, 10,
                                "the turns were never held")
         holder.task.cancel()  # a crash: nothing spilled, nothing acked
         await asyncio.gather(holder.task, return_exceptions=True)
@@ -306,7 +308,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("t", "1")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.add([bad, text_delta("t", "2"), end_entry("t")])
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
@@ -324,7 +326,7 @@ async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
     async with Harness(redis_url, namespace, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("c", "1"), text_delta("c", "2")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.cancel("c")
         await harness.wait_merged(1, timeout=30)
         await harness.add([text_delta("c", "3"), end_entry("c")])
@@ -358,7 +360,7 @@ async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace:
                        **HOLD) as harness:
         first = await harness.start_worker()
         await harness.add([text_delta("p", "1"), text_delta("p", "2")])
-        await harness.wait_for(lambda: first.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: first.worker.shard(0).held_turns, 10, "never held")
         await harness.stop_worker(first)
         assert await _pending(harness) == 0  # stored and acked before it left
         await harness.start_worker()
@@ -383,10 +385,10 @@ async def test_a_stored_turn_does_not_wait_for_held_turns(
         await harness.stop_worker(plain)
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("held", "x")])
-        await harness.wait_for(lambda: running.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: running.worker.shard(0).held_turns, 10, "never held")
         await harness.add([text_delta("old", "2"), end_entry("old")])
         await harness.wait_merged(1, timeout=10)
-        still_held = list(running.worker._holds[0].turns)
+        still_held = list(running.worker.shard(0).held_turns)
         await harness.add([end_entry("held")])
         await harness.wait_merged(2)
         outputs = await harness.outputs()
@@ -429,7 +431,7 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
                        reclaim_idle_ms=900, hold_ms=60_000) as harness:
         holder = await harness.start_worker()
         await harness.add([text_delta("long", "1"), text_delta("long", "2")])
-        await harness.wait_for(lambda: holder.worker._holds[0].turns, 10, "never held")
+        await harness.wait_for(lambda: holder.worker.shard(0).held_turns, 10, "never held")
         other = await harness.start_worker()
         await asyncio.sleep(3.0)  # over three reclaim idle times
         reclaimed = _metric(other.worker, "processor_entries_consumed_total", shard="0",
@@ -441,3 +443,55 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
         outputs = await harness.outputs()
         held = _metric(holder.worker, "processor_turns_settled_total", source="held")
     assert reclaimed == 0 and held == 1 and response_text(outputs, "long") == "12"
+
+
+async def _logged_updates(harness: Harness, response_id: str) -> list[dict[str, Any]]:
+    """The updates a turn's live log holds, in order (publish_live.lua)."""
+    log = harness.ns.shard(0).live(TurnKey(response_id).encode())
+    return [update for _id, fields in await harness.client.xrange(log)
+            for update in json.loads(fields[b"updates"])]
+
+
+@pytest.mark.parametrize(("hold", "lost"), [(True, 1), (True, 2), (False, 1), (False, 2)])
+async def test_a_live_publish_whose_reply_is_lost_says_each_delta_and_update_once(
+    redis_url: str, namespace: str, hold: bool, lost: int
+) -> None:
+    """A ``publish_live`` call that ran in Redis but whose reply never came
+    back (the connection cut just after): the worker learns what it did
+    (the call again, which the turn's token makes a no-op that says "ran
+    before") and goes on from there, so every delta is on the events stream
+    once and every update in the turn's live log once, on both paths,
+    whichever call (the turn's first, a later one) loses its reply."""
+    rid = "lost-reply"
+    updates = [text_delta(rid, f"d{i} ") for i in range(9)]
+    async with Harness(redis_url, namespace, batch=3, hold_turns=hold) as harness:
+        (running,) = await harness.start_workers(1)
+        scripts = running.worker.scripts
+        real, calls = scripts.publish_live, 0
+
+        async def reply_lost(**kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            result = await real(**kwargs)
+            if calls == lost:
+                raise redis.exceptions.ConnectionError("reply lost (test)")
+            return result
+
+        scripts.publish_live = reply_lost
+        for i in range(0, len(updates), 3):  # one batch each
+            await harness.add(updates[i:i + 3])
+
+            async def logged(n: int = i + 3) -> bool:
+                return len(await _logged_updates(harness, rid)) >= n
+
+            await harness.wait_for(logged, 10, f"the live log never had {i + 3} updates")
+        got = await _logged_updates(harness, rid)
+        events = (await harness.outputs()).turns[TurnKey(rid)].events
+        await harness.add([end_entry(rid)])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    assert [u["contents"][0]["text"] for u in got] == [f"d{i} " for i in range(9)]
+    assert replay_texts(events) == {"m": "".join(f"d{i} " for i in range(9))}
+    assert calls > lost  # (the seam ran)
+    compare_with_offline(outputs, offline_results([*updates, end_entry(rid)]))
+    assert replay_texts(outputs.turns[TurnKey(rid)].events) == {"m": response_text(outputs, rid)}

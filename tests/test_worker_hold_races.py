@@ -15,7 +15,8 @@ from worker_harness import Harness, Stepped, settled_count
 
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
-from processor.worker.batches import build_apply, decode_batch
+from processor.worker.batches import build_apply
+from processor.worker.held.held_batch import decode_batch
 
 
 async def _cut(*args: Any) -> None:
@@ -37,7 +38,7 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
         worker, shard = stepped.worker, stepped.shard
         await harness.add([text_delta("u", "1")])
         await stepped.step()
-        assert TurnKey("u") in worker._holds[0].turns
+        assert TurnKey("u") in worker.shard(0).held_turns
         await harness.add([text_delta("u", "2"), end_entry("u")])
         # Another consumer stores them:
         others = [stream_entry(e) for e in await stepped.read("other")]
@@ -64,15 +65,15 @@ async def test_entries_reclaimed_but_not_applied_are_waited_for(
         await harness.add([text_delta("u", "1")])
         await stepped.read("dead")  # a worker that died holding it
         await asyncio.sleep(0.2)
-        real = worker._apply_isolated
-        worker._apply_isolated = _cut  # type: ignore[method-assign]
+        real = worker.recovery.apply
+        worker.recovery.apply = _cut
         with pytest.raises(redis.exceptions.ConnectionError):
             await worker.reclaim(shard)
-        worker._apply_isolated = real  # type: ignore[method-assign]
+        worker.recovery.apply = real
         await harness.add([text_delta("u", "2"), end_entry("u")])
         await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
-        await worker._take_back(shard)  # what the loop does before its next read
+        await worker.recovery.take_back(shard)  # what the loop does before its next read
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "u") == "12" and outputs.dlq == []
@@ -89,15 +90,15 @@ async def test_a_spill_cut_by_a_connection_error_is_waited_for(
         worker, shard = stepped.worker, stepped.shard
         await harness.add([text_delta("s", "1")])
         await stepped.step()
-        real = worker._store
-        worker._store = _cut  # type: ignore[method-assign]
+        real = worker.stored.store
+        worker.stored.store = _cut  # type: ignore[method-assign]
         with pytest.raises(redis.exceptions.ConnectionError):
-            await worker._spill(shard, [TurnKey("s")], "due")
-        worker._store = real  # type: ignore[method-assign]
+            await worker.held.spill(shard, [TurnKey("s")], "due")
+        worker.stored.store = real  # type: ignore[method-assign]
         await harness.add([text_delta("s", "2"), end_entry("s")])
         await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
-        await worker._take_back(shard)
+        await worker.recovery.take_back(shard)
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "s") == "12" and outputs.dlq == []
@@ -116,11 +117,11 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         await harness.add([text_delta("a", "1"), text_delta("a", "2"), end_entry("a")])
         entries = await stepped.read()
         call = decode_batch(shard, entries, worker.options, 0)
-        await worker._open_ahead(shard, call)
-        assert TurnKey("a") in worker._holds[0].turns
+        await worker.held.open_ahead(shard, call)
+        assert TurnKey("a") in worker.shard(0).held_turns
         assert await harness.client.exists(shard.turn(TurnKey("a").encode())) == 1
         worker.scripts.open_turns = _cut  # the applier must not open it again
-        holds, looked = worker._holds[0], []
+        holds, looked = worker.shard(0).holds, []
         holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
         await worker.process_batch(shard, entries, {}, call)
         outputs = await harness.outputs()
@@ -142,8 +143,8 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         call = decode_batch(shard, entries, worker.options, 0)
         real = worker.scripts.open_turns
         worker.scripts.open_turns = _cut
-        await worker._open_ahead(shard, call)
-        assert TurnKey("b") not in worker._holds[0].turns
+        await worker.held.open_ahead(shard, call)
+        assert TurnKey("b") not in worker.shard(0).held_turns
         worker.scripts.open_turns = real
         await worker.process_batch(shard, entries, {}, call)
         outputs = await harness.outputs()
@@ -173,6 +174,7 @@ async def test_the_reader_and_the_applier_opening_at_once_open_each_turn_once(
             return await real(keys=keys, args=args)
 
         worker.scripts.open_turns = counted
-        await asyncio.gather(worker._open(shard, first), worker._open_ahead(shard, second))
-    holds = worker._holds[0]
+        await asyncio.gather(worker.held.open_batch(shard, first),
+                             worker.held.open_ahead(shard, second))
+    holds = worker.shard(0).holds
     assert carried == [1] and TurnKey("c") in holds.turns and TurnKey("c") not in holds.old

@@ -157,9 +157,9 @@ def accounted_for(outputs: Any, rid: str, texts: list[str]) -> bool:
 def known_updates(worker: Worker) -> int:
     """Updates this worker has in memory: held, or in its copies."""
     held = sum(h.replay.life.counts.updates + len(h.pending)
-               for holds in worker._holds.values() for h in holds.turns.values())
+               for s in worker.shards for h in s.holds.turns.values())
     copies = sum(m.replay.life.counts.updates
-                 for mirrors in worker._mirrors.values() for m in mirrors.turns.values())
+                 for s in worker.shards for m in s.mirrors.turns.values())
     return held + copies
 
 
@@ -258,7 +258,7 @@ async def test_a_destroyed_group_is_put_back_without_replaying_or_losing_anythin
     async with Harness(redis_url, namespace, 1, worker_ttl=0.5) as harness:
         running = await harness.start_worker()
         await harness.add(first_part)
-        await harness.wait_for(lambda: len(running.worker._holds[0].turns) == 5, 10, "held")
+        await harness.wait_for(lambda: len(running.worker.shard(0).held_turns) == 5, 10, "held")
         await harness.add(published)
         await harness.wait_merged(20)
         shard = harness.ns.shard(0)

@@ -314,7 +314,8 @@ def test_feeding_ahead_keeps_exactly_what_update_keeps(
 async def _storing_worker(harness: Harness) -> Worker:
     """A worker with no loop of its own, handed each batch by the test."""
     worker = Worker(harness.client, harness.worker_config())
-    worker._orphans.clear()  # it knows every entry pending to it
+    for state in worker.shards:  # it knows every entry pending to it
+        state.orphans = False
     await harness.client.xgroup_create(harness.shards[0].updates, harness.group, id="0",
                                        mkstream=True)
     return worker
@@ -356,7 +357,7 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
                 worker.scripts.apply_entries = ran_then_lost
                 with pytest.raises(redis.exceptions.ConnectionError):
                     await worker.process_batch(shard, read, {}, call)
-                assert TurnKey("lost") not in worker._mirrors[0].turns
+                assert TurnKey("lost") not in worker.shard(0).mirrors.turns
                 worker.scripts.apply_entries = real
             await worker.process_batch(shard, read, {}, call)
         await worker.sweep(shard)
@@ -375,7 +376,7 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]
         worker = await _storing_worker(harness)
-        mirrors = worker._mirrors[0]
+        mirrors = worker.shard(0).mirrors
         for part, broken in ((entries[:2], False), (entries[2:], True)):
             read, call = await _read_new(harness, worker, part)
             if broken:

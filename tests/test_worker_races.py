@@ -42,7 +42,7 @@ class Stepper:
         return [i.decode() for i, _ in reply[0][1]]
 
     async def read_and_apply(self) -> None:
-        await self.worker._read_once(self.shard)
+        await self.worker.runner(self.shard.index).read_once()
 
     async def hand_over(self, ids: list[str]) -> None:
         """The ghost's entries go to the worker (as a reclaim would) and are applied."""
@@ -150,7 +150,7 @@ async def test_cancelled_before_start_then_worker_dies(redis_url: str, namespace
         async def no_finalise(*_args: object) -> None:
             return None
 
-        s.worker.finalise = no_finalise  # type: ignore[method-assign]
+        s.worker.stored.finalise = no_finalise  # type: ignore[method-assign]
         await s.read_and_apply()
 
     async with Harness(redis_url, namespace) as harness:

@@ -1,4 +1,4 @@
-"""``Worker._retrying``: every Redis step of a shard loop runs through it. A
+"""``Worker.retrying``: every Redis step of a shard loop runs through it. A
 call that works runs once; a connection error is retried with backoff until
 it works (counted and logged each time); anything else, or any error once the
 worker is stopping, is raised at once."""
@@ -46,7 +46,7 @@ def _retries(worker: Worker) -> float:
 
 async def test_a_call_that_works_runs_once() -> None:
     worker, fn = _worker(), Flaky()
-    assert await worker._retrying(fn, "done") == "done"
+    assert await worker.retrying(fn, "done") == "done"
     assert fn.calls == 1 and _retries(worker) == 0
 
 
@@ -55,7 +55,7 @@ async def test_connection_errors_are_retried_until_it_works() -> None:
     fn = Flaky(RedisConnectionError("down"), RedisConnectionError("down"),
                RedisConnectionError("down"))
     started = asyncio.get_running_loop().time()
-    assert await worker._retrying(fn, "done") == "done"
+    assert await worker.retrying(fn, "done") == "done"
     assert fn.calls == 4 and _retries(worker) == 3
     # Backoff: 0.05 s, 0.05 s, 0.1 s at least (plus up to 0.1 s jitter each).
     assert asyncio.get_running_loop().time() - started >= 0.2
@@ -69,7 +69,7 @@ async def test_other_errors_are_raised_at_once(first: bool) -> None:
         errors.insert(0, RedisConnectionError("down"))
     fn = Flaky(*errors)
     with pytest.raises(ResponseError):
-        await worker._retrying(fn, "done")
+        await worker.retrying(fn, "done")
     assert fn.calls == len(errors)
 
 
@@ -78,7 +78,7 @@ async def test_a_stopping_worker_gives_up_on_a_connection_error() -> None:
     worker.stop()
     fn = Flaky(RedisConnectionError("down"))
     with pytest.raises(RedisConnectionError):
-        await worker._retrying(fn, "done")
+        await worker.retrying(fn, "done")
     assert fn.calls == 1
 
 
@@ -93,6 +93,6 @@ async def test_stopping_while_retrying_gives_up() -> None:
 
     stopper = asyncio.create_task(stop_soon())
     with pytest.raises(RedisConnectionError):
-        await worker._retrying(fn, "done")
+        await worker.retrying(fn, "done")
     await stopper
     assert 2 <= fn.calls < 50

@@ -157,14 +157,15 @@ async def test_a_reader_that_fails_while_stopping_does_not_hang_the_stop(
         worker = running.worker
         await harness.add(simple_turn("before", 3))
         await harness.wait_merged(1)
-        real = worker._read
+        runner = worker.runner(0)
+        real = runner._read
 
         async def stop_then_fail(*args: object) -> object:
-            worker._read = real  # type: ignore[method-assign]
+            runner._read = real  # type: ignore[method-assign]
             worker.stop()
             raise asyncio.CancelledError("stray")
 
-        worker._read = stop_then_fail  # type: ignore[method-assign]
+        runner._read = stop_then_fail  # type: ignore[method-assign]
         await asyncio.wait_for(asyncio.shield(running.task), 10)
         harness.workers.remove(running)
         await running.client.aclose()

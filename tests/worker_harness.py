@@ -35,7 +35,7 @@ from turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import decode_batch
+from processor.worker.held.held_batch import decode_batch
 from processor.worker.worker import Worker, WorkerConfig
 
 
@@ -362,7 +362,8 @@ class Stepped:
         self.shard = harness.shards[0]
         config = {"hold_turns": True, **config}
         self.worker = Worker(harness.client, harness.worker_config(**config))
-        self.worker._orphans.clear()  # it knows every entry pending to it
+        for state in self.worker.shards:  # it knows every entry pending to it
+            state.orphans = False
 
     async def start(self) -> Stepped:
         await self.harness.client.xgroup_create(self.shard.updates, self.harness.group,
@@ -380,6 +381,6 @@ class Stepped:
         """Read a batch and apply it as the shard loop would."""
         entries = await self.read()
         worker, shard = self.worker, self.shard
-        worker._floors[0].read(entries[0][0].decode(), entries[-1][0].decode())
+        worker.shard(0).floor_marks.read(entries[0][0].decode(), entries[-1][0].decode())
         call = decode_batch(shard, entries, worker.options, 0)
         await worker.process_batch(shard, entries, {}, call)

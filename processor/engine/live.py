@@ -108,7 +108,11 @@ def live_events(
     """The events from ``shown`` to ``response``, and what is shown after them.
 
     ``ids``: the turn's correlation ids (its state's, see
-    :func:`processor.events.turn_ids`). ``shown`` is not changed."""
+    :func:`processor.events.turn_ids`). ``shown`` is not changed.
+
+    One pass over each message's contents (run for every turn a batch
+    moved, so kept lean): its text, reasoning and last step kind, and its
+    calls and results only when it has any."""
     base: dict[str, Any] = {
         "synthesis_id": key.synthesis_id(), "response_id": key.response_id, "seq": 0, "ts": ts,
         **{name: ids.get(name) for name in TURN_IDS}, "attempt_id": key.attempt_id or None,
@@ -118,67 +122,66 @@ def live_events(
     # shown: if it comes back, its next chunk follows on from what a reader has.)
     after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
     texts, reasoning = after.texts, after.reasoning
+    was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None
     for message in response.messages:
         mid = message.message_id or ""
-        agent = message.additional_properties.get("agent_id")
-        author = message.author_name
-        changed: list[Event] = []
-        text = message_text(message)
-        if text or mid in shown.texts:
+        contents = message.contents
+        tools = False
+        last: str | None
+        if len(contents) == 1:  # (the usual message)
+            only = contents[0]
+            last = only.type
+            text = (only.text or "") if last == "text" else ""
+            thought = (only.text or "") if last == "text_reasoning" else ""
+            tools = last == "function_call" or last == "function_result"
+            if last not in _STEP_OF:
+                last = None
+        else:
+            last = None
+            text_parts: list[str] = []
+            thought_parts: list[str] = []
+            for content in contents:
+                kind = content.type
+                if kind == "text":
+                    text_parts.append(content.text or "")
+                elif kind == "text_reasoning":
+                    thought_parts.append(content.text or "")
+                elif kind == "function_call" or kind == "function_result":
+                    tools = True
+                if kind in _STEP_OF:
+                    last = kind
+            text, thought = "".join(text_parts), "".join(thought_parts)
+        agent: Any = _UNSET
+        if text or mid in was_texts:
             texts[mid] = text
-            found = _delta(shown.texts.get(mid), text)
+            found = _delta(was_texts.get(mid), text)
             if found is not None:
-                changed.append(SynthesisChunk(**base, message_id=mid, agent_id=agent,
-                                              author_name=author, delta=found[0],
-                                              replace=found[1]))
-        thought = message_text(message, "text_reasoning")
-        if thought or mid in shown.reasoning:
+                agent = message.additional_properties.get("agent_id")
+                events.append(SynthesisChunk(**base, message_id=mid, agent_id=agent,
+                                             author_name=message.author_name, delta=found[0],
+                                             replace=found[1]))
+        if thought or mid in was_reasoning:
             reasoning[mid] = thought
-            found = _delta(shown.reasoning.get(mid), thought)
+            found = _delta(was_reasoning.get(mid), thought)
             if found is not None:
-                changed.append(ReasoningChunk(**base, message_id=mid, agent_id=agent,
-                                              author_name=author, delta=found[0],
-                                              replace=found[1]))
-        calls = results = 0
-        for content in message.contents:
-            kind = content.type
-            if kind == "function_call":
-                where = (mid, calls)
-                calls += 1
-                args = arguments_text(content.arguments)
-                after.calls[where] = args
-                was = shown.calls.get(where)
-                found = _delta(was, args)
-                if found is None and was is None:
-                    found = ("", False)  # a call announced before its arguments
-                if found is not None:
-                    changed.append(ToolCallChunk(
-                        **base, message_id=mid, index=where[1], call_id=content.call_id,
-                        name=content.name, agent_id=agent, author_name=author,
-                        delta=found[0], replace=found[1] or not isinstance(content.arguments,
-                                                                           str | None)))
-            elif kind == "function_result":
-                where = (mid, results)
-                results += 1
-                after.results[where] = content.result
-                if where not in shown.results or shown.results[where] != content.result:
-                    changed.append(ToolResult(**base, message_id=mid, index=where[1],
-                                              call_id=content.call_id, agent_id=agent,
-                                              author_name=author, result=content.result))
-        if changed:
-            events += changed
-        last = next((c.type for c in reversed(message.contents) if c.type in _STEP_OF), None)
+                if agent is _UNSET:
+                    agent = message.additional_properties.get("agent_id")
+                events.append(ReasoningChunk(**base, message_id=mid, agent_id=agent,
+                                             author_name=message.author_name, delta=found[0],
+                                             replace=found[1]))
+        if tools:
+            _tool_events(events, base, message, mid, shown, after)
         if last is not None:
             step, step_message = (mid, last), message
     # Messages no longer in the merge: their text (and reasoning) is gone.
-    for mid, text in shown.texts.items():
+    for mid, text in was_texts.items():
         if mid not in texts and text:
             events.append(SynthesisChunk(**base, message_id=mid, agent_id=None,
                                          author_name=None, delta="", replace=True))
             texts[mid] = ""
-    for mid, thought in shown.reasoning.items():
+    for mid, thought in was_reasoning.items():
         if mid not in reasoning and thought:
             events.append(ReasoningChunk(**base, message_id=mid, agent_id=None,
                                          author_name=None, delta="", replace=True))
@@ -191,6 +194,43 @@ def live_events(
             step_data={"message_id": step[0]}, step_id=None, tool_call_id=None,
             action_id=None, evidence_id=None))
     return events, after
+
+
+_UNSET: Any = object()
+
+
+def _tool_events(events: list[Event], base: dict[str, Any], message: Message, mid: str,
+                 shown: Shown, after: Shown) -> None:
+    """A message's call chunks and results (in its contents' order) that
+    ``shown`` lacks, appended to ``events``; ``after`` records them."""
+    agent = message.additional_properties.get("agent_id")
+    author = message.author_name
+    calls = results = 0
+    for content in message.contents:
+        kind = content.type
+        if kind == "function_call":
+            where = (mid, calls)
+            calls += 1
+            args = arguments_text(content.arguments)
+            after.calls[where] = args
+            was = shown.calls.get(where)
+            found = _delta(was, args)
+            if found is None and was is None:
+                found = ("", False)  # a call announced before its arguments
+            if found is not None:
+                events.append(ToolCallChunk(
+                    **base, message_id=mid, index=where[1], call_id=content.call_id,
+                    name=content.name, agent_id=agent, author_name=author,
+                    delta=found[0], replace=found[1] or not isinstance(content.arguments,
+                                                                       str | None)))
+        elif kind == "function_result":
+            where = (mid, results)
+            results += 1
+            after.results[where] = content.result
+            if where not in shown.results or shown.results[where] != content.result:
+                events.append(ToolResult(**base, message_id=mid, index=where[1],
+                                         call_id=content.call_id, agent_id=agent,
+                                         author_name=author, result=content.result))
 
 
 def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:

@@ -4,62 +4,96 @@ events on the shard's events stream, and one entry of each turn's live log,
 which processor serve reads to join or resume a running turn (docs/serve.md,
 "Joining and resuming").
 
+Exactly once, per turn, whatever happens to the reply: the turn hash's `live`
+field is "<speaker> <n>", the worker (speaker: random per worker process) that
+speaks for the turn and how many of its calls for the turn ran. A call carries
+the speaker and its own n (how many calls for the turn this speaker made
+before it, each known to have run); it runs only when `live` is exactly
+"<speaker> <n>" (or absent, n = 0 and no live log: the turn's first call) and
+then sets it to "<speaker> <n+1>". So a call whose reply was lost is sent
+again, unchanged, and answers -3 ("this very call ran"): the caller commits
+what it said, and nothing is said twice.
+
 For each turn, atomically, unless it ended (its done marker exists) or has
-no hash (published or forgotten meanwhile) (-1), or the caller starts
-speaking for it afresh while its log exists (-2: another worker spoke for
-it, then died or let go; what it said is unknown here, so this one stays
-silent and the turn's merged event ends any view): number its events with the
-turn's next seqs and XADD each to the events stream (includes/publish_event:
-gap-free with everything else the turn publishes), then, if it has events
-or updates, XADD one entry to its log: `seq` the turn's last seq now,
-`events` the numbered events' JSON as one array, `updates` the JSON array of
-the updates this batch merged into the turn (the log folded with the merge
-is the turn's merge at `seq`); and give the log its TTL (--done-ttl plus
---turn-timeout, renewed at each entry: it outlives the turn by about
---done-ttl, as the done marker does).
+no hash (published or forgotten meanwhile) (-1), or `live` is
+"<speaker> <n+1>" (-3: this call ran before), or `live` names another speaker
+or another count, or is absent for n > 0, or is absent for n = 0 while the
+turn's log exists (-2: another worker spoke for the turn, then died or let
+go, or what this one said is no longer there (lost state); what was said is
+unknown here, so this one stays silent and the turn's merged event ends any
+view): advance `live`, number its events with the turn's next seqs and XADD
+each to the events stream (gap-free with everything else the turn
+publishes; the stream capped once per call), then, if it has events or updates, XADD one
+entry to its log: `seq` the turn's last seq now, `events` the numbered
+events' JSON as one array, `updates` the JSON array of the updates this
+batch merged into the turn (the log folded with the merge is the turn's
+merge at `seq`); and give the log its TTL (--done-ttl plus --turn-timeout,
+renewed at each entry: it outlives the turn by about --done-ttl, as the done
+marker does).
 
 KEYS[1]                    events stream
 KEYS[1 + 3*(t-1) + 1..3]   per turn t: turn hash, done hash, live log
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
-ARGV[4]                    the turns: one msgpack array, per turn t an array
-                           { events (an array of event field arrays, each
-                           JSON with "seq":0), updates (JSON array text),
-                           fresh ('1': the caller's first publish of it) }
+ARGV[4] speaker            ARGV[5] the turns: one msgpack array, per turn t an
+                           array { events (an array of event field arrays,
+                           each JSON with "seq":0), updates (JSON array text),
+                           n (the speaker's calls for the turn before this one) }
 
 Returns one integer per turn: the number of events published, -1 when
-the turn ended or has no hash, -2 when it was fresh and has a log.
+the turn ended or has no hash, -2 when another speaks (or spoke) for it,
+-3 when this very call ran before.
 ]==]
 
 local events = KEYS[1]
 local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
+local speaker = ARGV[4] .. ' '
 
---- includes/publish_event
-
-local turns = cmsgpack.unpack(ARGV[4])
-local results = {}
+local turns = cmsgpack.unpack(ARGV[5])
+local results, published = {}, 0
 for t = 1, nturns do
   local k = 1 + 3 * (t - 1)
   local tkey, dkey, log = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local found, updates, fresh = turns[t][1], turns[t][2], turns[t][3]
-  if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then
+  local found, updates, n = turns[t][1], turns[t][2], turns[t][3]
+  -- (A hash with a `live` mark is a turn not published yet: the publish
+  -- deletes the hash with the done marker's creation, in one step.)
+  local mark = redis.call('HGET', tkey, 'live')
+  if mark == false and (redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0) then
     results[t] = -1
-  elseif fresh == '1' and redis.call('EXISTS', log) == 1 then
+  elseif mark == speaker .. (n + 1) then
+    results[t] = -3
+  elseif (mark == false and (n ~= 0 or redis.call('EXISTS', log) == 1))
+      or (mark ~= false and mark ~= speaker .. n) then
     results[t] = -2
   else
-    local jsons = {}
-    for i, fields in ipairs(found) do
-      publish_event(tkey, events, events_max, fields)
-      jsons[i] = fields[#fields]
+    redis.call('HSET', tkey, 'live', speaker .. (n + 1))
+    local count, jsons, seq = #found, {}, nil
+    if count > 0 then
+      -- The turn's next seqs, taken at once (gap-free with everything else
+      -- the turn publishes: includes/publish_event takes one at a time). Each
+      -- event's JSON (its last field) has the placeholder "seq":0.
+      seq = redis.call('HINCRBY', tkey, 'seq', count) - count
+      for i, fields in ipairs(found) do
+        local json = fields[#fields]
+        local s, e = string.find(json, '"seq":0,', 1, true)
+        json = string.sub(json, 1, s - 1) .. '"seq":' .. (seq + i - 1) .. ',' .. string.sub(json, e + 1)
+        fields[#fields] = json
+        redis.call('XADD', events, '*', unpack(fields))
+        jsons[i] = json
+      end
+      seq = seq + count - 1
+      published = published + count
     end
-    if #jsons > 0 or updates ~= '[]' then
-      local seq = tonumber(redis.call('HGET', tkey, 'seq') or '1') - 1
+    if count > 0 or updates ~= '[]' then
+      seq = seq or tonumber(redis.call('HGET', tkey, 'seq') or '1') - 1
       redis.call('XADD', log, '*', 'seq', seq, 'events', '[' .. table.concat(jsons, ',') .. ']',
                  'updates', updates)
       redis.call('EXPIRE', log, ttl)
     end
-    results[t] = #jsons
+    results[t] = count
   end
 end
+-- The events stream's cap, once per call (as an XADD MAXLEN ~ would keep it).
+if published > 0 then redis.call('XTRIM', events, 'MAXLEN', '~', events_max) end
 return results

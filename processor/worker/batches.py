@@ -7,13 +7,19 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from processor.engine import events as ev
 from processor.engine.lifecycle import Limits
-from processor.engine.render import Compaction, Settled, encode_stored, event_fields
+from processor.engine.render import (
+    Compaction,
+    Settled,
+    encode_stored,
+    event_fields,
+    event_type,
+)
 from processor.ingest.decode import EntryError, decode_stream_entry
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text
@@ -22,7 +28,6 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import TURN_IDS, Event
 from processor.wire.stream_ids import id_order
-from processor.worker.held.held_batch import HeldBatch, group_batch
 from processor.worker.stored.mirror import Applied, Version
 
 _pack = msgspec.msgpack.Encoder()
@@ -71,8 +76,6 @@ class ApplyCall:
     # delivered before (processor.worker.stored.mirror need not check their order).
     newest: bool = False
     now_ms: int = 0  # when it was built: the time of its synthesis.started events
-    held: HeldBatch | None = None  # decode_batch's: the batch grouped for holding
-    opened: bool = False  # its new turns were opened (held path: open_turns answered)
     # The first entry id of the XREADGROUP > read these entries came from ("":
     # not such a read): a cancel this call finds first cuts the turn there.
     read_from: str = ""
@@ -193,18 +196,6 @@ def build_dead_letters(
 
 
 _new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__
-
-
-def decode_batch(
-    shard: Shard, entries: list[tuple[Any, dict[Any, Any]]], options: BatchOptions, now_ms: int
-) -> ApplyCall:
-    """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
-    :func:`~processor.worker.held.held_batch.group_batch`): its ``held`` has each turn's
-    entries of this shard, and the entries left to ``apply_entries`` (it
-    dead-letters them; its call is built when needed). Not a call to send
-    as it is."""
-    held = group_batch(entries, shard.index, options.shards, options.limits.max_entry_bytes)
-    return ApplyCall([], [], [], newest=True, now_ms=now_ms, held=held)
 
 
 def _entry_args(
@@ -415,21 +406,35 @@ def lost_turns_of(
 
 
 #: One turn's live progress of a batch: its events (seq 0), its updates as
-#: one JSON array text, and whether it is the caller's first publish of the
-#: turn (``publish_live.lua``).
-LiveTurn = tuple[TurnKey, list[Event], bytes, bool]
+#: one JSON array text, and how many of the caller's calls for the turn ran
+#: before this one (``publish_live.lua``: 0 is the first).
+LiveTurn = tuple[TurnKey, list[Event], bytes, int]
 
 
-def build_publish_live(shard: Shard, turns: list[LiveTurn], options: BatchOptions) -> ScriptCall:
-    """``publish_live``'s KEYS/ARGV for the turns' events and updates."""
+#: Each event class's ``type`` tag (:func:`~processor.engine.render.event_type`).
+_TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
+
+
+def build_publish_live(
+    shard: Shard, turns: list[LiveTurn], options: BatchOptions, speaker: str
+) -> ScriptCall:
+    """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
+    ``speaker`` (the worker's token in the turns' ``live`` field)."""
     call = ScriptCall(keys=[shard.events])
     packed = []
-    for key, found, updates, fresh in turns:
+    encode = ev.encode_event
+    for key, found, updates, spoken in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([[event_fields(key, e) for e in found], msgpack_str(updates),
-                       "1" if fresh else "0"])
-    call.args = [options.events_maxlen, options.live_ttl, len(turns), _pack.encode(packed)]
+        # event_fields of each event, the turn's part made once
+        same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
+        if key.attempt_id:
+            same += ["attempt_id", key.attempt_id]
+        fields = [["type", _TAGS.get(e.__class__) or event_type(e), *same,
+                   "event", encode(e).decode()] for e in found]
+        packed.append([fields, msgpack_str(updates), spoken])
+    call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
+                 _pack.encode(packed)]
     return call
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 #: pending to the worker and read again, fewer at a time.
 READ_BYTES = 8 << 20
 #: Reads a shard keeps in memory between read and ack: the batch being
-#: applied and the one read ahead (shard_loop.Handoff holds one).
+#: applied and the one read ahead (runner.Handoff holds one).
 READS_IN_FLIGHT = 2
 #: Entries of held turns (--hold-turns), over all shards: past it the
 #: oldest held turns spill to the stored path, which keeps them in Redis.

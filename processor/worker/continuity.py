@@ -22,9 +22,9 @@
   then the record and the groups are written again and work goes on. Turns
   it did not know of cannot be told apart from new ones: a documented limit.
 
-A mixin of :class:`~processor.worker.worker.Worker`. What concerns one shard's
-turns runs in that shard's applier, between steps, like every other state
-change of the shard (:meth:`_lose_shard_now`).
+:class:`Continuity` is one part of :class:`~processor.worker.worker.Worker`.
+What concerns one shard's turns runs in that shard's applier, between
+steps, like every other state change of the shard (:meth:`Continuity.lose_shard_now`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -43,11 +43,11 @@ from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.meta import Meta, create, read
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
-from processor.wire.stream_ids import id_order
-from processor.worker.batches import ApplyCall, BatchOptions, LostOutcome, build_publish_lost
-from processor.worker.held.hold import Floor, Holds
-from processor.worker.metrics import DeadLetterLog, Metrics
-from processor.worker.stored.mirror import Mirror, Mirrors, Version
+from processor.worker.batches import ApplyCall, LostOutcome, build_publish_lost
+from processor.worker.membership import Membership
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Apply, Shell
+from processor.worker.stored.mirror import Mirror, Version
 
 log = logging.getLogger("processor.worker")
 
@@ -69,41 +69,30 @@ def is_nogroup(exc: BaseException) -> bool:
 
 
 class Continuity:
-    """A vanished group and a lost namespace state, for :class:`~processor.worker.worker.Worker`."""
+    """A vanished group and a lost namespace state, for the worker's shards
+    (one of the parts :class:`~processor.worker.worker.Worker` is made of)."""
 
-    client: Any
-    config: Any  # WorkerConfig
-    metrics: Metrics
-    namespace: Namespace
-    options: BatchOptions
-    scripts: Any
-    meta: Meta | None
-    fatal: str | None
-    membership: Any  # Membership
-    dead_letters: DeadLetterLog
-    _holds: dict[int, Holds]
-    _mirrors: dict[int, Mirrors]
-    _floors: dict[int, Floor]
-    _orphans: set[int]
-    _opening: dict[int, asyncio.Lock]
-    _reclaim_cursor: dict[int, str]
-    _stopping: asyncio.Event
-    _retrying: Callable[..., Awaitable[Any]]
-    ensure_groups: Callable[[], Awaitable[None]]
-
-    if TYPE_CHECKING:  # the other mixins' and Worker's
-        def stop(self) -> None: ...
-        def _held_ids(self, shard: Shard) -> set[str]: ...
-        async def _apply_isolated(self, shard: Shard, entries: list[Any],
-                                  deliveries: dict[str, int], call: Any = None) -> None: ...
-
-    def _init_continuity(self) -> None:
-        self._generation = 0  # one more each time the namespace's state was found lost
-        self._lost_shards: set[int] = set()  # shards whose known turns are still to publish
+    def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
+                 membership: Membership, apply: Apply, stop: Callable[[], None],
+                 stopping: asyncio.Event, ensure_groups: Callable[[], Awaitable[None]]) -> None:
+        self.client = shell.client
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.metrics = shell.metrics
+        self.dead_letters = shell.dead_letters
+        self.namespace = namespace
+        self.shards = shards
+        self.membership = membership
+        self.apply = apply  # the worker's: a batch, or one by one if the batch fails
+        self.stop = stop  # the worker's
+        self._stopping = stopping
+        self.ensure_groups = ensure_groups  # the worker's
+        self.meta: Meta | None = None  # the namespace's record (scripts.meta), read by run()
+        self.fatal: str | None = None  # why the worker stopped by itself (run() returned)
+        self.generation = 0  # one more each time the namespace's state was found lost
         self._loss_lock = asyncio.Lock()
         self._regroup_lock = asyncio.Lock()
-        self._unapplied: dict[int, list[list[Any]]] = {}  # batches read, not yet applied
-        self._last_read: dict[int, str] = {}  # the newest entry read per shard
         self.state_lost_at: float | None = None  # monotonic time the state was found lost
         self.state_lost_why = ""
         # After a loss, the groups come back only at this (monotonic) time:
@@ -120,31 +109,9 @@ class Continuity:
         return (f"the namespace's state in Redis was lost {age:.0f}s ago "
                 f"({self.state_lost_why}); turns in flight were published as state_lost")
 
-    # ------------------------------------------------------------ what is in flight
-
-    def _read_batch(self, shard: Shard, entries: list[Any]) -> None:
-        """A batch read (or taken over) and not yet applied."""
-        if entries:
-            self._unapplied.setdefault(shard.index, []).append(entries)
-
-    def _batch_done(self, shard: Shard, entries: list[Any]) -> None:
-        batches = self._unapplied.get(shard.index, [])
-        for i, batch in enumerate(batches):
-            if batch is entries:
-                del batches[i]
-                return
-
-    def _pending_here(self, shard: Shard) -> list[str]:
-        """Every entry this consumer has pending on ``shard`` as far as it
-        knows: those it holds and those it read and has not applied yet."""
-        ids = set(self._held_ids(shard))
-        for batch in self._unapplied.get(shard.index, []):
-            ids.update(as_text(entry[0]) for entry in batch)
-        return sorted(ids, key=id_order)
-
     # ------------------------------------------------------------ the record
 
-    async def _watch_namespace(self) -> None:
+    async def watch_namespace(self) -> None:
         """Read the namespace's record once a beat period until stopping
         (:meth:`_check_namespace`), and put the groups back when due after a
         loss. A failed step is tried again at the next."""
@@ -168,7 +135,7 @@ class Continuity:
         """The namespace's state lost (:meth:`_state_lost`), or the record
         now saying another shard count than this worker serves (resharded
         while it ran: it stops, :attr:`fatal`)."""
-        if not await self._namespace_lost("the namespace's record changed"):
+        if not await self.namespace_lost("the namespace's record changed"):
             meta = self.meta
             if meta is not None:
                 self._refuse_changed(meta)
@@ -182,7 +149,7 @@ class Continuity:
         log.error("namespace changed under this worker: stopping", extra={"error": self.fatal})
         self.stop()
 
-    async def _namespace_lost(self, why: str) -> bool:
+    async def namespace_lost(self, why: str) -> bool:
         """Whether the namespace's state is gone: its record is missing or
         has another epoch than the one this worker started with (then
         :meth:`_state_lost` has dealt with it). One ``HGETALL``."""
@@ -199,7 +166,7 @@ class Continuity:
 
     async def _state_lost(self, why: str) -> None:
         """The namespace's state is gone: say so once, and have every shard's
-        applier publish the turns it knew (:meth:`_lose_shard_now`); then a
+        applier publish the turns it knew (:meth:`lose_shard_now`); then a
         new record (a new epoch: other workers learn of it too).
 
         The groups come back two beat periods later, from the watcher, not at
@@ -225,29 +192,32 @@ class Continuity:
                              "epoch": before.epoch})
             self.metrics.state_lost.inc()
             self.state_lost_at, self.state_lost_why = time.monotonic(), found
-            self._generation += 1
-            self._lost_shards = {shard.index for shard in self.namespace.all()}
+            self.generation += 1
+            for state in self.shards.values():
+                state.lost = True
             cfg = self.config
             self.meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
             self._refuse_changed(self.meta)
             self._regroup_at = time.monotonic() + 2 * self.membership.beat_period
 
-    async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]:
+    async def lose_shard_now(self, shard: Shard) -> set[TurnKey]:
         """In ``shard``'s applier: if the namespace's state was found lost
         and this shard's known turns are not published yet, publish them
         (returns the turns published)."""
-        if shard.index not in self._lost_shards:
+        state = self.shards[shard.index]
+        if not state.lost:
             return set()
         published = await self._lose_shard(shard)
-        self._lost_shards.discard(shard.index)
+        state.lost = False
         return published
 
     async def _lose_shard(self, shard: Shard) -> set[TurnKey]:
         """Publish every turn of ``shard`` this worker knew in flight as
         ``state_lost`` with what it had, then forget everything it kept of
         the shard (the reader opens nothing meanwhile)."""
-        holds, mirrors = self._holds[shard.index], self._mirrors[shard.index]
-        async with self._opening[shard.index]:
+        state = self.shards[shard.index]
+        holds, mirrors = state.holds, state.mirrors
+        async with state.opening:
             now = int(time.time() * 1000)
             agui = self.config.agui
             turns: list[LostOutcome] = []
@@ -285,15 +255,7 @@ class Continuity:
                 (key, copy) for key, copy in mirrors.turns.items()
                 if key not in published and key not in holds.turns])
             held_turns = sum(1 for _, ids, _ in turns if ids)
-            holds.turns.clear()
-            holds.old.clear()
-            holds.bytes, holds.last = 0, (0, 0)
-            for key in list(mirrors.turns):
-                mirrors.drop(key)
-            self._floors[shard.index] = Floor()
-            self._orphans.add(shard.index)  # (whatever is pending to it now is taken back)
-            self._last_read.pop(shard.index, None)
-            self._reclaim_cursor.pop(shard.index, None)
+            state.forget()  # (whatever is pending to it now is taken back)
         if turns:
             log.warning("published the turns this worker knew in flight as state_lost",
                         extra={"shard": shard.index, "turns": len(published),
@@ -325,31 +287,31 @@ class Continuity:
         self.dead_letters.note(STATE_LOST, shard.index, len(copies), [],
                                [key.response_id for key, _ in copies])
 
-    async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
+    async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
                           versions: dict[TurnKey, Version]) -> str | None:
         """What an ``apply_entries`` reply says of the namespace's state,
-        checked (:meth:`_namespace_lost`) only when Redis answered as only a
+        checked (:meth:`namespace_lost`) only when Redis answered as only a
         loss (or a rare race) makes it: ``"fenced"`` when not one entry of
         the call was acked (all were pending to this consumer in a group
         that was since replaced), ``"vanished"`` when a turn this worker had
         a copy of had no state before the call; None otherwise."""
         given = len(call.entries) // 8
         fenced = given > 0 and sum(int(counts[i + 1]) for i in range(0, len(counts) - 1, 2)) == 0
-        if not fenced and not self._mirrors[shard.index].vanished(versions):
+        if not fenced and not self.shards[shard.index].mirrors.vanished(versions):
             return None
-        if not await self._namespace_lost("Redis answered for turns this worker knew as if "
+        if not await self.namespace_lost("Redis answered for turns this worker knew as if "
                                           "their state were gone"):
             return None
         return "fenced" if fenced else "vanished"
 
-    async def _after_loss(self, shard: Shard, entries: list[Any],
+    async def after_loss(self, shard: Shard, entries: list[Any],
                           merged: set[str] | frozenset[str] = frozenset()) -> None:
         """A batch read before the namespace's state was found lost: what is
         pending to this consumer now (read from the new streams) is applied;
         the rest, which Redis no longer has, goes to the DLQ with its fields
         (``state_lost``): not merged, not silently gone (``merged``: ids that
         are in a turn published as state_lost already)."""
-        await self._lose_shard_now(shard)
+        await self.lose_shard_now(shard)
         cfg = self.config
         first, last = as_text(entries[0][0]), as_text(entries[-1][0])
         try:
@@ -365,7 +327,7 @@ class Continuity:
         gone = [stream_entry(e) for e in entries
                 if as_text(e[0]) not in pending and as_text(e[0]) not in merged]
         if keep:
-            await self._apply_isolated(shard, keep, pending)
+            await self.apply(shard, keep, pending)
         if gone:
             await self._dead_letter_lost_state(shard, gone, STATE_LOST_DETAIL)
 
@@ -390,7 +352,7 @@ class Continuity:
 
     # ------------------------------------------------------------ the group
 
-    async def _group_vanished(self, shard: Shard) -> bool:
+    async def group_vanished(self, shard: Shard) -> bool:
         """Redis answered NOGROUP on ``shard``: True when the namespace's
         whole state is gone (:meth:`_state_lost`); else the group is put
         back and this consumer's pending entries restored
@@ -398,11 +360,11 @@ class Continuity:
         async with self._regroup_lock:
             if self._regroup_at is not None:  # the state was lost: back when due
                 return True
-            if await self._namespace_lost(f"the consumer group of {shard.updates} is gone"):
+            if await self.namespace_lost(f"the consumer group of {shard.updates} is gone"):
                 return True
             cfg = self.config
-            last = self._last_read.get(shard.index, "0")
-            ids = self._pending_here(shard)
+            state = self.shards[shard.index]
+            last, ids = state.last_read, state.pending_here()
             status, delivered, claimed = await self.scripts.recreate_group(
                 keys=[shard.updates], args=[cfg.group, last, cfg.consumer, *ids])
             status = as_text(status)

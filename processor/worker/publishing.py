@@ -1,110 +1,165 @@
 """The worker's side of live progress (``--progress``, on by default;
 :mod:`processor.engine.live` decides what to say): after each batch, one
-``publish_live`` call for the turns the batch moved, from the held path
-(the held turn's merge) and from the stored path (the worker's own copy of
-the turn, :mod:`processor.worker.stored.mirror`). A mixin of
-:class:`~processor.worker.Worker`, run inside its shard loops, before the
-batch's finalise (so a turn's last deltas come before its outcome).
+``publish_live`` call for the turns the batch moved (two for a held batch of
+many turns), from the held path (the held turn's merge) and from the stored
+path (the worker's own copy of the turn, :mod:`processor.worker.stored.mirror`).
+:class:`LivePublisher` is one part of :class:`~processor.worker.worker.Worker`,
+given to both paths and run inside its shard runners, before the batch's
+finalise (so a turn's last deltas come before its outcome).
 
 What a turn's live events have said (:class:`~processor.engine.live.Shown`) lives
-with the turn: on its :class:`~processor.hold.Held` while held, on its copy
-while stored. A held turn that spills hands it over, with how many of its
-updates its log holds already, to the stored path's first publish of it. A
-stored turn without a copy (stored by several workers, or past
-``--mirror-turns``) publishes no deltas: its stream goes on with its
-outcome, whose ``merged`` event is authoritative.
+with the turn: on its :class:`~processor.worker.held.hold.Held` while held, on
+its copy while stored. A held turn that spills hands it over, with how many
+of its updates its log holds already and how many calls for it ran (kept in
+the shard's :class:`~processor.worker.shard_state.ShardState`), to the stored
+path's first publish of it. A stored turn without a copy (stored by several
+workers, or past ``--mirror-turns``) publishes no deltas: its stream goes on
+with its outcome, whose ``merged`` event is authoritative.
+
+Exactly once: a call is retried, unchanged, until its outcome is known
+(the worker's ``retrying``, as every step of the shard loop); each turn's
+token in the call (how many of this worker's calls for it ran, under this
+worker's random ``speaker`` id) makes a call that ran but whose reply was
+lost answer "ran before" (-3) instead of saying it again, and what it said
+is then committed. A call whose outcome stays unknown (a non-transient
+error, or the worker stopping while Redis is away) silences its turns: they
+say nothing more, and their ``merged`` event ends any view.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import msgspec
 
 from processor.engine.live import Shown, live_events
+from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import Update
-from processor.worker.batches import BatchOptions, LiveTurn, build_publish_live, updates_json
+from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Holds
-from processor.worker.stored.mirror import Applied, Mirrors
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Retrying, Shell
+from processor.worker.stored.mirror import Applied
 
 log = logging.getLogger("processor.worker")
 
 _json = msgspec.json.Encoder()
 
+#: ``publish_live``'s answers for a turn besides its count of events: ended
+#: (or no hash), another speaks for it, this very call ran before.
+ENDED, SILENT, RAN_BEFORE = -1, -2, -3
 
-class Publishing:
-    """Live progress, for :class:`~processor.worker.Worker`."""
+#: A batch that moved at least this many held turns publishes them in two
+#: calls, the first sent while the second half is diffed.
+SPLIT_TURNS = 16
 
-    config: Any  # WorkerConfig
-    options: BatchOptions
-    scripts: Any
-    _holds: dict[int, Holds]
-    _mirrors: dict[int, Mirrors]
 
-    def _handed(self, shard: Shard) -> dict[TurnKey, tuple[Shown, int]]:
-        """Spilled turns' live state, until the stored path's first publish of them."""
-        handed: dict[int, dict[TurnKey, tuple[Shown, int]]] = self.__dict__.setdefault(
-            "_live_handed", {})
-        return handed.setdefault(shard.index, {})
+class LivePublisher:
+    """Live progress of the worker's shards, for its held and stored paths."""
 
-    def _hand_over(self, shard: Shard, key: TurnKey, shown: Shown, logged: int) -> None:
+    def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
+                 retrying: Retrying) -> None:
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.shards = shards
+        self.retrying = retrying
+        # This worker's id in its turns' `live` tokens (publish_live.lua):
+        # random, so that no other worker, nor this one restarted, has it.
+        self.speaker = secrets.token_hex(8)
+
+    def hand_over(self, shard: Shard, key: TurnKey, shown: Shown | Literal[False],
+                  logged: int, spoken: int) -> None:
         """A held turn spills: its live state goes with it to the stored path."""
         if self.config.progress:
-            self._handed(shard)[key] = (shown, logged)
+            self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
-    async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
-        """The live progress of the held turns a batch fed."""
-        holds = self._holds[shard.index]
+    async def publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None:
+        """The live progress of the held turns a batch fed. A batch of many
+        turns goes in two calls: the first half's is sent as soon as it is
+        made, so that redis-server runs it while the second half is diffed."""
+        holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
+        sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
-        after: dict[TurnKey, tuple[Shown, int]] = {}
-        for key in keys:
-            held = holds.turns.get(key)
-            if held is None or not held.catch_up():
-                continue  # (a broken turn spills: the stored path goes on)
-            life = held.replay.life
-            found, shown = live_events(key, life.turn.state.ids, held.shown, life.response(), now)
-            if found or held.fresh:
-                turns.append((key, found, updates_json(held.fresh), False))
-                after[key] = (shown, len(held.fresh))
-        if not turns or await self._publish(shard, turns) is None:
-            return
-        for key, (shown, n) in after.items():
-            held = holds.turns.get(key)
-            if held is not None:
-                held.shown = shown
-                del held.fresh[:n]
-                held.logged += n
+        after: list[tuple[Shown, int]] = []
+        half = len(keys) // 2 if len(keys) >= SPLIT_TURNS else -1
+        try:
+            for i, key in enumerate(keys):
+                if i == half and turns:
+                    sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
+                    turns, after = [], []
+                    await handed_over()
+                held = holds.turns.get(key)
+                if held is None or held.shown is False or not held.catch_up():
+                    continue  # (a broken turn spills: the stored path goes on)
+                life = held.replay.life
+                found, shown = live_events(key, life.turn.state.ids, held.shown,
+                                           life.response(), now)
+                if found or held.fresh:
+                    turns.append((key, found, updates_json(held.fresh), held.spoken))
+                    after.append((shown, len(held.fresh)))
+            if turns:
+                sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
+            for publishing, turns, after in sent:
+                self._commit_held(holds, turns, after, await publishing)
+        finally:
+            for publishing, _, _ in sent:
+                publishing.cancel()  # (a no-op once done)
 
-    async def _publish_live_stored(self, shard: Shard, applied: list[Applied],
-                                   fresh: set[TurnKey]) -> None:
+    @staticmethod
+    def _commit_held(holds: Holds, turns: list[LiveTurn], after: list[tuple[Shown, int]],
+                     results: list[int]) -> None:
+        """What a call said of held turns, now known (``results``: its answers)."""
+        for (key, *_), (shown, n), result in zip(turns, after, results, strict=True):
+            held = holds.turns.get(key)
+            if held is None:
+                continue
+            if result < 0 and result != RAN_BEFORE:
+                held.shown = False  # (ended, another speaks for it, or unknown)
+                held.fresh.clear()
+                continue
+            held.shown = shown
+            del held.fresh[:n]
+            held.logged += n
+            held.spoken += 1
+
+    async def publish_live_stored(self, shard: Shard, applied: list[Applied],
+                                  fresh: set[TurnKey]) -> None:
         """The live progress of the turns an ``apply_entries`` call stored,
         from this worker's copies of them (``fresh``: the copies that are
         the state the call left)."""
-        handed = self._handed(shard)
+        state = self.shards[shard.index]
+        handed = state.live_handed
         by_turn: dict[TurnKey, list[Update | None]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry.record.update)
-        mirrors = self._mirrors[shard.index].turns
+        mirrors = state.mirrors.turns
         now = int(time.time() * 1000)
         turns: list[LiveTurn] = []
-        after: dict[TurnKey, Shown] = {}
+        after: dict[TurnKey, tuple[Shown | Literal[False], int]] = {}
         for key, records in by_turn.items():
             hand = handed.pop(key, None)
             mirror = mirrors.get(key) if key in fresh else None
             if mirror is None:
                 continue
             updates = [u for u in records if u is not None]
-            shown, first = mirror.shown, False
-            if shown is False:  # another worker spoke for it (publish_live answered -2)
+            shown, spoken, first = mirror.shown, mirror.spoken, False
+            if shown is False:  # silent (publish_live answered -2, or unknown)
                 continue
             if shown is None:
                 if hand is not None:  # a spilled turn: its log has the first `logged`
-                    shown, logged = hand
+                    shown, logged, spoken = hand
+                    if shown is False:
+                        after[key] = (False, spoken)
+                        continue
                     updates = updates[logged:]
                 elif mirror.version == len(records):  # the copy began with this call
                     shown, first = Shown(), True
@@ -115,28 +170,37 @@ class Publishing:
                                              now)
             if found or updates or first:
                 turns.append((key, found, updates_json([_json.encode(u) for u in updates]),
-                              first))
-            after[key] = shown_after
-        results = await self._publish(shard, turns) if turns else []
-        if results is None:
-            return
-        silent = {turn[0] for turn, result in zip(turns, results, strict=True)
-                  if int(result) == -2}
-        for key, shown in after.items():
+                              spoken))
+            after[key] = (shown_after, spoken)
+        said = dict(zip([turn[0] for turn in turns],
+                        await self._publish(shard, turns) if turns else [], strict=True))
+        for key, (now_shown, spoken) in after.items():
             mirror = mirrors.get(key)
-            if mirror is not None:
-                mirror.shown = False if key in silent else shown
+            if mirror is None:
+                continue
+            result = said.get(key)
+            if result is None:  # (nothing to say: nothing sent)
+                mirror.shown, mirror.spoken = now_shown, spoken
+            elif result >= 0 or result == RAN_BEFORE:
+                mirror.shown, mirror.spoken = now_shown, spoken + 1
+            else:
+                mirror.shown = False
 
-    async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[Any] | None:
-        """One ``publish_live`` call: its answer, or None if it failed. Best
-        effort: the batch is applied whatever happens here, and what a failed
-        call did not say is in the next one's diff (what was shown stays as
-        it was)."""
-        call = build_publish_live(shard, turns, self.options)
-        try:
+    async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[int]:
+        """One ``publish_live`` call, retried unchanged until its outcome is
+        known: its answer per turn (``publish_live.lua``). One whose outcome
+        stays unknown answers :data:`SILENT` for each turn (the caller
+        silences them: saying anything more of them might repeat what the
+        call said). The batch is applied whatever happens here."""
+        call = build_publish_live(shard, turns, self.options, self.speaker)
+
+        async def publish() -> list[Any]:
             results: list[Any] = await self.scripts.publish_live(keys=call.keys, args=call.args)
+            return results
+
+        try:
+            return [int(result) for result in await self.retrying(publish)]
         except Exception as exc:
-            log.warning("live progress not published", extra={
-                "shard": shard.index, "turns": len(turns), "error": repr(exc)})
-            return None
-        return results
+            log.warning("live progress not published: its turns go silent until their end",
+                        extra={"shard": shard.index, "turns": len(turns), "error": repr(exc)})
+            return [SILENT] * len(turns)

@@ -1,14 +1,15 @@
 """What a worker does about entries that are pending but not being applied:
 its own, delivered by a read whose reply was lost (take-back), and a dead
 worker's, idle in the group's pending list (reclaim); and leaving the group
-cleanly. A mixin of :class:`~processor.worker.worker.Worker`: these run inside its
-shard loops, between batches, and apply through the same transitions."""
+cleanly. :class:`Recovery` is one part of :class:`~processor.worker.worker.Worker`:
+these run inside its shard runners, between batches, and apply through the
+same transitions."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -24,15 +25,15 @@ from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import id_order
 from processor.worker.batches import (
     ENTRY_LOST,
-    ApplyCall,
-    BatchOptions,
     build_dead_letter_lost,
     build_dead_letters,
     lost_turns_of,
 )
 from processor.worker.budget import read_count
 from processor.worker.membership import Membership
-from processor.worker.metrics import Metrics
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Apply, Retrying, Shell
+from processor.worker.stored.storing import StoredPath
 
 log = logging.getLogger("processor.worker")
 
@@ -43,34 +44,26 @@ LOST_MARK_CHUNK = 1000
 
 
 class Recovery:
-    """Take-back, reclaim and leaving, for :class:`~processor.worker.worker.Worker`."""
+    """Take-back, reclaim and leaving, for the worker's shards (one of the
+    parts :class:`~processor.worker.worker.Worker` is made of)."""
 
-    client: Any
-    config: Any  # WorkerConfig
-    metrics: Metrics
-    namespace: Namespace
-    options: BatchOptions
-    scripts: Any
-    _orphans: set[int]
-    _claimed: set[int]  # shards with entries reclaimed and being applied
-    _reclaim_cursor: dict[int, str]
-    # Worker's: apply entries (a batch, or one by one if the batch fails).
-    _apply_isolated: Callable[..., Awaitable[None]]
-    membership: Membership
-    _held_ids: Callable[[Shard], set[str]]  # Holding's
-    _retrying: Callable[..., Awaitable[Any]]  # Worker's
-    _read_budget: int  # bytes of one read's reply (processor.worker.budget)
-    _read_counts: dict[int, int]
+    def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
+                 membership: Membership, stored: StoredPath, apply: Apply, retrying: Retrying,
+                 read_budget: int) -> None:
+        self.client = shell.client
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.metrics = shell.metrics
+        self.namespace = namespace
+        self.shards = shards
+        self.membership = membership
+        self.stored = stored  # (dead letters decided here go through apply_entries)
+        self.apply = apply  # the worker's: a batch, or one by one if the batch fails
+        self.retrying = retrying  # the worker's
+        self.read_budget = read_budget  # bytes of one read's reply (processor.worker.budget)
 
-    if TYPE_CHECKING:  # Continuity's: batches being applied, restored if the group vanishes
-        async def _store(  # Storing's
-            self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-            call: ApplyCall | None = None, read_from: str = "",
-        ) -> None: ...
-        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
-        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
-
-    async def _take_back(self, shard: Shard) -> None:
+    async def take_back(self, shard: Shard) -> None:
         """Apply what this consumer was delivered but never received, now,
         rather than after --reclaim-idle-ms (a Redis restart or a dropped
         connection would otherwise hold the shard's watermark, so every turn
@@ -80,13 +73,13 @@ class Recovery:
         failure: applying them again is what a reclaim would do)."""
         cfg = self.config
         start = "0"
-        count = self._read_counts.get(shard.index, cfg.batch)
+        count = self.shards[shard.index].read_count
         while True:
             # Delivery counts before payloads: an entry over --max-deliveries
             # (one whose reading or applying keeps failing, a MemoryError
             # among them) is dead-lettered unread.
             await self._dead_letter_redelivered(shard, start, count)
-            budget = ReadBudget(self._read_budget)
+            budget = ReadBudget(self.read_budget)
             try:
                 with bounded(budget):
                     reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
@@ -100,10 +93,10 @@ class Recovery:
             found = [entry for _stream, entries in reply or [] for entry in entries]
             if not found:
                 break
-            count = read_count(self._read_budget, cfg.batch, budget.bytes, len(found))
+            count = read_count(self.read_budget, cfg.batch, budget.bytes, len(found))
             start = as_text(found[-1][0])
             # Held entries (held turns) are pending on purpose, not orphans.
-            held = self._held_ids(shard)
+            held = self.shards[shard.index].held_ids()
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [as_text(i) for i, f in found if not f]
             if gone:  # deleted while pending: their data is gone
@@ -111,13 +104,13 @@ class Recovery:
             if entries:
                 log.info("took back undelivered entries",
                          extra={"shard": shard.index, "count": len(entries)})
-                self._read_batch(shard, entries)
+                self.shards[shard.index].read_batch(entries)
                 try:
-                    await self._apply_isolated(shard, entries,
+                    await self.apply(shard, entries,
                                                await self._deliveries(shard, entries))
                 finally:
-                    self._batch_done(shard, entries)
-        self._orphans.discard(shard.index)
+                    self.shards[shard.index].batch_done(entries)
+        self.shards[shard.index].orphans = False
 
     async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
         """This consumer's pending entries after ``start`` ("0": all), oldest
@@ -130,14 +123,14 @@ class Recovery:
         """Dead-letter, unread, this consumer's pending entries after ``start``
         delivered more than --max-deliveries times (held ones excepted)."""
         cfg = self.config
-        held = self._held_ids(shard)
+        held = self.shards[shard.index].held_ids()
         over = [(as_text(p["message_id"]), int(p["times_delivered"]))
                 for p in await self._pending_after(shard, start, count)
                 if int(p["times_delivered"]) > cfg.max_deliveries
                 and as_text(p["message_id"]) not in held]
         if over:
             detail = "delivered {} times without being acked (limit {})"
-            await self._store(shard, [], {}, build_dead_letters(shard, [
+            await self.stored.store(shard, [], {}, build_dead_letters(shard, [
                 (i, "max_deliveries", detail.format(n, cfg.max_deliveries), n)
                 for i, n in over], self.options))
 
@@ -152,7 +145,7 @@ class Recovery:
         detail = f"the entry is over {limit} bytes, the worker's read budget: not read"
         log.warning("entry past the read budget, dead-lettered unread",
                     extra={"shard": shard.index, "entry_id": entry_id})
-        await self._store(shard, [], {}, build_dead_letters(
+        await self.stored.store(shard, [], {}, build_dead_letters(
             shard, [(entry_id, "too_large", detail, n)], self.options))
 
     async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
@@ -171,23 +164,23 @@ class Recovery:
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
         try:
-            with bounded(ReadBudget(self._read_budget)):  # (processor.worker.budget)
+            with bounded(ReadBudget(self.read_budget)):  # (processor.worker.budget)
                 reply = await self.client.xautoclaim(
                     shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
-                    start_id=self._reclaim_cursor.get(shard.index, "0-0"),
-                    count=self._read_counts.get(shard.index, cfg.batch),
+                    start_id=self.shards[shard.index].reclaim_cursor,
+                    count=self.shards[shard.index].read_count,
                 )
         except ReplyTooLarge:
             # Claimed for this consumer, the reply cut: taken back, bounded
             # and delivery counts first, before the next read.
-            self._orphans.add(shard.index)
+            self.shards[shard.index].orphans = True
             return
         except Exception:
             # Claimed for this consumer, maybe, and the reply lost (an outage,
             # or a MemoryError reading it): taken back before the next read.
-            self._orphans.add(shard.index)
+            self.shards[shard.index].orphans = True
             raise
-        self._reclaim_cursor[shard.index] = as_text(reply[0])
+        self.shards[shard.index].reclaim_cursor = as_text(reply[0])
         entries = [(i, f) for i, f in reply[1] if f is not None]
         # Entries deleted from the stream while pending (a trim): Redis 7 takes
         # them out of the pending list and lists their ids apart, to this
@@ -195,9 +188,9 @@ class Recovery:
         # leaves it pending to this consumer, whose take-back names it.
         removed = [as_text(i) for i in reply[2]] if len(reply) > 2 else []
         if removed:
-            await self._retrying(self._entries_lost, shard, [], removed, "reclaim")
+            await self.retrying(self._entries_lost, shard, [], removed, "reclaim")
         if any(f is None for _i, f in reply[1]):
-            self._orphans.add(shard.index)
+            self.shards[shard.index].orphans = True
         await self._apply_claimed(shard, entries)
 
     async def _claim_departed(self, shard: Shard) -> None:
@@ -217,19 +210,19 @@ class Recovery:
                 continue
             pending = await self.client.xpending_range(
                 shard.updates, cfg.group, min="-", max="+",
-                count=self._read_counts.get(shard.index, cfg.batch), consumername=name)
+                count=self.shards[shard.index].read_count, consumername=name)
             ids = [p["message_id"] for p in pending]
             if not ids:
                 continue
             try:
-                with bounded(ReadBudget(self._read_budget)):
+                with bounded(ReadBudget(self.read_budget)):
                     claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
                                                        min_idle_time=0, message_ids=ids)
             except ReplyTooLarge:
-                self._orphans.add(shard.index)  # claimed, the reply cut: taken back
+                self.shards[shard.index].orphans = True  # claimed, the reply cut: taken back
                 return
             except Exception:
-                self._orphans.add(shard.index)
+                self.shards[shard.index].orphans = True
                 raise
             entries = [(i, f) for i, f in claimed if f]
             await self._lost_in_claim(shard, [as_text(i) for i in ids], claimed)
@@ -246,7 +239,7 @@ class Recovery:
         acked by another consumer meanwhile is still there, or trimmed, which
         only an entry older than every pending one can be)."""
         if any(not f for _i, f in claimed):  # (6.2: taken back, where it is named)
-            self._orphans.add(shard.index)
+            self.shards[shard.index].orphans = True
             return
         got = {as_text(i) for i, _ in claimed}
         missing = [i for i in ids if i not in got]
@@ -258,30 +251,30 @@ class Recovery:
             found = await pipe.execute()
         removed = [i for i, there in zip(missing, found, strict=True) if not there]
         if removed:
-            await self._retrying(self._entries_lost, shard, [], removed, "departed worker")
+            await self.retrying(self._entries_lost, shard, [], removed, "departed worker")
 
     async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
         """Apply entries this consumer just claimed from another."""
         if not entries:
             return
         # Pending to this consumer now, neither held nor applied until applied
-        # below: no floor for the watermark meanwhile (holding._floor); if
+        # below: no floor for the watermark meanwhile (ShardState.floor); if
         # applying them fails, they are taken back before the next read.
-        self._claimed.add(shard.index)
+        self.shards[shard.index].claimed = True
         try:
             deliveries = await self._deliveries(shard, entries)
             self.metrics.read(shard.index, len(entries), "reclaim")
             log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
-            self._read_batch(shard, entries)
+            self.shards[shard.index].read_batch(entries)
             try:
-                await self._apply_isolated(shard, entries, deliveries)
+                await self.apply(shard, entries, deliveries)
             finally:
-                self._batch_done(shard, entries)
+                self.shards[shard.index].batch_done(entries)
         except BaseException:
-            self._orphans.add(shard.index)
+            self.shards[shard.index].orphans = True
             raise
         finally:
-            self._claimed.discard(shard.index)
+            self.shards[shard.index].claimed = False
 
     async def _entries_lost(self, shard: Shard, pending: list[str], removed: list[str],
                             where: str) -> None:
@@ -330,7 +323,7 @@ class Recovery:
                     found[key] = (int(as_text(started)), as_text(ended) if ended else "")
         return found
 
-    async def _leave(self) -> None:
+    async def leave(self) -> None:
         """Remove this consumer from each group once it holds no pending entry."""
         for shard in self.namespace.all():
             try:

@@ -1,6 +1,6 @@
 """``processor run``: one worker consuming every shard of a namespace.
 
-The imperative shell. Per shard, a loop (:mod:`processor.worker.shard_loop`) reads
+The imperative shell. Per shard, a runner (:mod:`processor.worker.runner`) reads
 batches with XREADGROUP, one ahead, decodes them (:mod:`processor.worker.batches`),
 holds them (:mod:`processor.worker.held.holding`) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from processor.engine.lifecycle import Limits
 from processor.engine.render import Reason
 from processor.redis_io.connections import is_transient, until_done
 from processor.redis_io.replies import as_text, stream_entry
@@ -33,76 +29,30 @@ from processor.scripts import Scripts, library
 from processor.scripts.meta import Meta, check, create
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
-from processor.wire.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE, Namespace, Shard
-from processor.worker.batches import (
-    ApplyCall,
-    BatchOptions,
-    parse_member,
-)
+from processor.wire.keys import Namespace, Shard
+from processor.worker.batches import ApplyCall, parse_member
 from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
+from processor.worker.config import WorkerConfig, default_consumer
 from processor.worker.continuity import Continuity, is_nogroup
-from processor.worker.held.hold import Floor, Holds
-from processor.worker.held.holding import Holding
+from processor.worker.held.held_batch import HeldCall
+from processor.worker.held.hold import Holds
+from processor.worker.held.holding import HeldPath
 from processor.worker.inbox import Admitter
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
-from processor.worker.publishing import Publishing
+from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
-from processor.worker.shard_loop import ShardLoop
+from processor.worker.runner import ShardRunner
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Shell
 from processor.worker.stored.mirror import Mirrors
-from processor.worker.stored.storing import Storing
+from processor.worker.stored.storing import StoredPath
+
+__all__ = ["CANCEL_CYCLE_S", "Worker", "WorkerConfig", "cancel_slice", "default_consumer"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("processor.worker")
-
-
-def default_consumer() -> str:
-    """A consumer name unique to this process: host, pid and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class WorkerConfig:
-    """Everything ``processor run`` can be told (see ``processor run --help``)."""
-
-    namespace: str = DEFAULT_NAMESPACE
-    shards: int = 1
-    group: str = DEFAULT_GROUP
-    consumer: str = field(default_factory=default_consumer)
-    limits: Limits = field(default_factory=Limits)
-    progress: bool = True  # live progress events and each turn's live log (processor.engine.live)
-    agui: bool = False
-    batch: int = defaults.BATCH
-    block_ms: int = defaults.BLOCK_MS
-    sweep_interval: float = defaults.SWEEP_INTERVAL
-    reclaim_idle_ms: int = defaults.RECLAIM_IDLE_MS
-    max_deliveries: int = defaults.MAX_DELIVERIES
-    affinity: bool = True
-    worker_ttl: float = defaults.WORKER_TTL
-    cancel_slice: int = defaults.CANCEL_SLICE
-    merged_maxlen: int = defaults.MERGED_MAXLEN
-    events_maxlen: int = defaults.EVENTS_MAXLEN
-    dlq_maxlen: int = defaults.DLQ_MAXLEN
-    done_ttl: int = defaults.DONE_TTL
-    compact_threshold: int = defaults.COMPACT_THRESHOLD
-    mirror_turns: int = defaults.MIRROR_TURNS
-    hold_turns: bool = defaults.HOLD_TURNS
-    hold_ms: int = defaults.HOLD_MS
-
-    @property
-    def holding(self) -> bool:
-        """Whether batches read with XREADGROUP > are held (--hold-turns;
-        processor.worker.held.holding)"""
-        return self.hold_turns
-
-    def batch_options(self) -> BatchOptions:
-        return BatchOptions(
-            group=self.group, shards=self.shards, limits=self.limits,
-            max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
-            dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
-            done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
-            compact_threshold=self.compact_threshold,
-            live_ttl=self.done_ttl + max(1, int(self.limits.turn_timeout)),
-        )
 
 
 # Every active turn's cancel key is read at least once per this many seconds,
@@ -118,8 +68,18 @@ def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     return max(configured, -(-active // sweeps_per_cycle))
 
 
-class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
-    """One consumer in each shard's group. ``await run()``; ``stop()`` drains."""
+class Worker:
+    """One consumer in each shard's group. ``await run()``; ``stop()`` drains.
+
+    Made of parts it owns (docs/design.md, *The worker: parts it owns*): its
+    :class:`~processor.worker.membership.Membership`, one
+    :class:`~processor.worker.shard_state.ShardState` and one
+    :class:`~processor.worker.runner.ShardRunner` per shard, and the paths
+    the runners run: :class:`~processor.worker.stored.storing.StoredPath`,
+    :class:`~processor.worker.held.holding.HeldPath` (given the stored path),
+    :class:`~processor.worker.recovery.Recovery`,
+    :class:`~processor.worker.continuity.Continuity` and, given to both paths,
+    :class:`~processor.worker.publishing.LivePublisher`."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
@@ -129,41 +89,65 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
         self.namespace = Namespace(config.namespace, config.shards)
         self.scripts = Scripts(client)
         self._stopping = asyncio.Event()
-        self._cursor: dict[int, int] = {}
-        self._active: dict[int, int] = {}  # active turns per shard, as last swept
-        self._reclaim_cursor: dict[int, str] = {}
-        # Shards where this consumer may hold entries it never received: a
-        # read whose reply a connection error lost (and, at start, a previous
-        # process with the same consumer name). See _take_back.
-        self._orphans: set[int] = {s.index for s in self.namespace.all()}
-        self._claimed: set[int] = set()  # reclaimed entries being applied (recovery.py)
+        self.dead_letters = DeadLetterLog()  # dead letters in the log, rate-limited
+        shell = Shell(client, config, self.options, self.scripts, self.metrics,
+                      self.dead_letters)
         # Byte budgets (processor.worker.budget): the worker's, shared by its shards.
-        self._read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
-        self._read_counts: dict[int, int] = {}
-        # Two caches of turns, each with its own budgets: the copies of stored
-        # turns (--mirror-turns, COPY_BYTES; 0 turns = always read back) and the
-        # held turns (HELD_TURNS, HELD_BYTES).
+        self.read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
+        # Two caches of turns per shard, each with its own budgets: the copies
+        # of stored turns (--mirror-turns, COPY_BYTES; 0 turns = always read
+        # back) and the held turns (HELD_TURNS, HELD_BYTES).
         mirror_budget, held_budget = COPY_BYTES // config.shards, HELD_BYTES // config.shards
-        self._mirrors = {s.index: Mirrors(config.limits, config.mirror_turns, mirror_budget)
-                         for s in self.namespace.all()}
-        self._holds = {s.index: Holds(config.limits, defaults.HELD_TURNS, held_budget)
-                       for s in self.namespace.all()}
-        self._floors = {s.index: Floor() for s in self.namespace.all()}
-        self._opening = {s.index: asyncio.Lock() for s in self.namespace.all()}
-        # Per shard: cancelled turns whose finalise answered "not yet" (storing.py).
-        self._waiting_cancels: dict[int, set[TurnKey]] = {
-            s.index: set() for s in self.namespace.all()}
+        self._shards: dict[int, ShardState] = {
+            s.index: ShardState(s, Holds(config.limits, defaults.HELD_TURNS, held_budget),
+                                Mirrors(config.limits, config.mirror_turns, mirror_budget),
+                                config.batch, config.hold_turns)
+            for s in self.namespace.all()}
         self.membership = Membership(client, self.scripts.beat_worker, self.namespace,
                                      config.group, config.consumer, config.worker_ttl,
                                      config.affinity, self.metrics)
         self.ready = asyncio.Event()  # set once every group exists
-        self.meta: Meta | None = None  # the namespace's record (scripts.meta), read by run()
-        self.fatal: str | None = None  # why the worker stopped by itself (run() returned)
-        self.dead_letters = DeadLetterLog()  # dead letters in the log, rate-limited
         self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
                                  self.membership, self.metrics, self.dead_letters,
                                  config.dlq_maxlen)
-        self._init_continuity()
+        self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
+                                     self.apply_isolated, self.stop, self._stopping,
+                                     self.ensure_groups)
+        self.live = LivePublisher(shell, self._shards, self.retrying)
+        self.stored = StoredPath(shell, self._shards, self.continuity, self.live)
+        self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity,
+                             self.live)
+        self.recovery = Recovery(shell, self.namespace, self._shards, self.membership,
+                                 self.stored, self.apply_isolated, self.retrying,
+                                 self.read_budget)
+        self._runners = {i: ShardRunner(self, state) for i, state in self._shards.items()}
+
+    def shard(self, index: int) -> ShardState:
+        """Shard ``index``'s state in this worker."""
+        return self._shards[index]
+
+    @property
+    def shards(self) -> list[ShardState]:
+        """Every shard's state in this worker, by index."""
+        return list(self._shards.values())
+
+    def runner(self, index: int) -> ShardRunner:
+        """Shard ``index``'s runner."""
+        return self._runners[index]
+
+    @property
+    def meta(self) -> Meta | None:
+        """The namespace's record (scripts.meta), read by :meth:`run`."""
+        return self.continuity.meta
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the worker stopped by itself (:meth:`run` returned)."""
+        return self.continuity.fatal
+
+    def readiness(self) -> str | None:
+        """What ``/readyz`` adds: the namespace's state lost, for a while after."""
+        return self.continuity.readiness()
 
     def stop(self) -> None:
         """Stop reading; batches already read are applied and acked first."""
@@ -178,21 +162,22 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
         :class:`~processor.scripts.meta.Mismatch` at once when the namespace's record
         (written by the first worker or ``processor init``) has another
         shard count than this worker's."""
-        self.meta = await self._retrying(self._open_namespace)
-        await self._retrying(self.ensure_groups)
-        await self._retrying(self.load_library)
-        await self._retrying(self.membership.beat)
+        self.continuity.meta = await self.retrying(self._open_namespace)
+        await self.retrying(self.ensure_groups)
+        await self.retrying(self.load_library)
+        await self.retrying(self.membership.beat)
         self.ready.set()
         log.info("worker started", extra={"consumer": self.config.consumer,
                                           "shards": self.config.shards,
                                           "reads": sorted(self.membership.owned)})
         try:
-            await asyncio.gather(self.membership.run(self._stopping), self._watch_namespace(),
+            await asyncio.gather(self.membership.run(self._stopping),
+                                 self.continuity.watch_namespace(),
                                  self.admitter.run(self._stopping),
-                                 *(self._shard_loop(s) for s in self.namespace.all()))
+                                 *(runner.run() for runner in self._runners.values()))
         finally:
             await self.membership.leave()
-            await self._leave()
+            await self.recovery.leave()
 
     async def _open_namespace(self) -> Meta:
         """The namespace's record, written now with this worker's shards and
@@ -224,24 +209,25 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
                       "it is loaded (processor init as a user allowed FUNCTION LOAD)",
                       extra={"library": library.library_name(), "error": str(exc)})
 
-    async def _retrying(self, fn: Any, *args: Any) -> Any:
+    async def retrying(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on
         connection errors (Redis restarting, failing over, unreachable),
         each counted and logged (:func:`~processor.redis_io.connections.until_done`).
         Once stopping, it gives up: what was read stays pending for another
         worker to reclaim, and a SIGTERM never waits for Redis to return."""
-        return await until_done(fn, *args, give_up=lambda: self.stopping,
-                                on_retry=self._redis_down)
+        result: T = await until_done(fn, *args, give_up=lambda: self.stopping,
+                                     on_retry=self._redis_down)
+        return result
 
     def _redis_down(self, exc: BaseException | None) -> None:
         self.metrics.redis_error(exc)
         log.warning("redis unavailable, retrying", extra={"error": repr(exc)})
 
-    # ------------------------------------------------------------ shard loop
+    # ------------------------------------------------------------ transitions
 
-    async def _apply_isolated(
+    async def apply_isolated(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | None = None,
+        call: ApplyCall | HeldCall | None = None,
     ) -> None:
         """Apply a batch; if it fails (not a connection error), apply its entries
         one by one, so that one entry that always fails stays pending alone
@@ -253,8 +239,8 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
                 raise
             if self.config.hold_turns:
                 # Some may stay pending, neither held nor applied: no floor
-                # (_floor) until they are taken back before the next read.
-                self._orphans.add(shard.index)
+                # (ShardState.floor) until they are taken back before the next read.
+                self._shards[shard.index].orphans = True
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
                               extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
@@ -262,40 +248,39 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
             log.exception("batch failed, applying its entries one by one",
                           extra={"shard": shard.index, "count": len(entries)})
             for entry in entries:
-                await self._apply_isolated(shard, [entry], deliveries)
-
-    # ------------------------------------------------------------ transitions
+                await self.apply_isolated(shard, [entry], deliveries)
 
     async def process_batch(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | None = None,
+        call: ApplyCall | HeldCall | None = None,
     ) -> None:
         """Apply a batch (``call``: its script call, if already built): hold
         it (:mod:`processor.worker.held.holding`) or store it."""
-        if call is not None and call.held is not None:  # (Holding._holding)
-            await self._apply_held(shard, entries, call, call.held)
+        if isinstance(call, HeldCall):  # grouped for holding (ShardRunner._prepare)
+            await self.held.apply_held(shard, entries, call)
         elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)
-            await self._store(shard, list(map(stream_entry, entries)), deliveries, call)
+            await self.stored.store(shard, list(map(stream_entry, entries)), deliveries, call)
         else:
-            await self._store(shard, entries, deliveries, call)
+            await self.stored.store(shard, entries, deliveries, call)
 
     async def sweep(self, shard: Shard, whole: bool = True) -> None:
         """Finalise turns made ready, timed out or cancelled while no entry
         came; with ``whole=False`` (a shard this worker does not read) only
         the cancelled ones."""
         cfg = self.config
-        start = self._cursor.get(shard.index, 0)
+        state = self._shards[shard.index]
+        start = state.cursor
         # Sized from the active count the last sweep saw (this one learns it).
-        size = cancel_slice(self._active.get(shard.index, 0), cfg.cancel_slice,
+        size = cancel_slice(state.active, cfg.cancel_slice,
                             cfg.sweep_interval)
         _now, ready, expired, active, count = await self.scripts.sweep_shard(
             keys=[shard.updates, shard.active, shard.closing],
             args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
                   self.options.ready_limit if whole else 0, start, size, cfg.consumer,
-                  self._floor(shard)],
+                  state.floor()],
         )
-        self._active[shard.index] = int(count)
-        self._cursor[shard.index] = 0 if start + size >= count else start + len(active)
+        state.active = int(count)
+        state.cursor = 0 if start + size >= count else start + len(active)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         if active:
             turns = [TurnKey.decode(as_text(tk)) for tk in active]
@@ -304,9 +289,9 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
                 todo.setdefault(key, "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
-        await self._publish_held_ends(shard, todo)
+        await self.held.publish_held_ends(shard, todo)
         if todo:
-            await self.finalise(shard, todo)
+            await self.stored.finalise(shard, todo)
 
     async def _cancelled(
         self, shard: Shard, turns: list[TurnKey]
@@ -318,14 +303,15 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
         for key in turns:
             keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
         ready, waiting = await self.scripts.cancelled_turns(
-            keys=keys, args=[self.config.group, self.config.consumer, self._floor(shard)])
+            keys=keys,
+            args=[self.config.group, self.config.consumer, self._shards[shard.index].floor()])
         return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
 
     async def retry_cancels(self, shard: Shard) -> None:
         """Finalise the cancelled turns a finalise left waiting for an entry up
         to their cut (docs/design.md, *Cancellation*), as soon as they can be:
         the next step after the entry is applied, not the next sweep."""
-        waiting = self._waiting_cancels[shard.index]
+        waiting = self._shards[shard.index].waiting_cancels
         if not waiting:
             return
         turns = list(waiting)
@@ -333,7 +319,16 @@ class Worker(ShardLoop, Recovery, Holding, Storing, Publishing, Continuity):
         waiting.intersection_update(still)
         if ready:
             todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
-            await self._publish_held_ends(shard, todo)
+            await self.held.publish_held_ends(shard, todo)
             if todo:
-                await self.finalise(shard, todo)
+                await self.stored.finalise(shard, todo)
 
+    async def finalise(
+        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey] | None = None
+    ) -> None:
+        """Merge and publish finished turns (:meth:`StoredPath.finalise`)."""
+        await self.stored.finalise(shard, todo, fresh)
+
+    async def reclaim(self, shard: Shard) -> None:
+        """Take over entries idle in any consumer's pending list (:meth:`Recovery.reclaim`)."""
+        await self.recovery.reclaim(shard)

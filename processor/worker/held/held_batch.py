@@ -35,7 +35,9 @@ from processor.ingest.decode import (
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey, shard_of
+from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
+from processor.worker.batches import BatchOptions
 from processor.worker.stored.mirror import Applied
 
 #: An entry as read: ``[id, [name, value, ...]]`` (connections.read_raw), or
@@ -111,6 +113,26 @@ class HeldBatch:
     turns: dict[TurnKey, list[Part]] = field(default_factory=dict)  # first-seen order
     # For apply_entries, in batch order, in the usual shape (stream_entry)
     failed: list[tuple[Any, dict[Any, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class HeldCall:
+    """A batch read with XREADGROUP > grouped for holding (:func:`decode_batch`):
+    ``held`` has each turn's entries of this shard, and the entries left to
+    ``apply_entries`` (it dead-letters them; their call is built when needed)."""
+
+    held: HeldBatch
+    now_ms: int = 0  # when it was read: the time of its synthesis.started events
+    opened: bool = False  # its new turns were opened (open_turns answered)
+
+
+def decode_batch(
+    shard: Shard, entries: list[Entry], options: BatchOptions, now_ms: int
+) -> HeldCall:
+    """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
+    :func:`group_batch`)."""
+    return HeldCall(group_batch(entries, shard.index, options.shards,
+                                options.limits.max_entry_bytes), now_ms)
 
 
 def group_batch(entries: list[Entry], shard: int, shards: int,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -29,7 +29,7 @@ from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
-from processor.worker.stored.mirror import Applied
+from processor.worker.stored.mirror import Applied, TurnCopy
 
 _json = msgspec.json.Encoder()
 
@@ -38,9 +38,10 @@ _json = msgspec.json.Encoder()
 OLD_TURNS = 10_000
 
 
-@dataclass
-class Held:
-    """What this worker holds of one turn.
+@dataclass(kw_only=True)
+class Held(TurnCopy):
+    """What this worker holds of one turn (a :class:`~processor.worker.stored.mirror.TurnCopy`
+    never stored: version 0).
 
     Its plain updates may wait in ``pending`` (their JSON texts, not
     decoded yet: the last ``len(pending)`` of ``entries`` and ``ids``)
@@ -51,8 +52,6 @@ class Held:
     (the stored path dead-letters it in its place)."""
 
     key: TurnKey
-    replay: Replay
-    started: str  # ms, as open_turns wrote it into the turn's hash
     since: float  # monotonic seconds when it was opened
     refreshed: float = 0.0  # when its entries' idle time was last reset (0: never)
     entries: list[Entry] = field(default_factory=list)
@@ -64,12 +63,14 @@ class Held:
     # what the turn's limits leave once everything pending is fed.
     room_updates: int = 0
     room_bytes: int = 0
-    # Live progress (processor.engine.live): what its events said so far, the
-    # updates held since its last live log entry (JSON texts), and how many
-    # updates its log holds.
-    shown: Shown = field(default_factory=Shown)
+    # Live progress (processor.engine.live): what its events said so far
+    # (False: silent, see processor.worker.publishing), the updates held since
+    # its last live log entry (JSON texts), how many updates its log holds,
+    # and how many publish_live calls for it ran (the call's token).
+    shown: Shown | Literal[False] = field(default_factory=Shown)
     fresh: list[bytes] = field(default_factory=list)
     logged: int = 0
+    spoken: int = 0
 
     def __post_init__(self) -> None:
         self._reroom()
@@ -78,11 +79,6 @@ class Held:
     def ended(self) -> bool:
         """Whether an entry ended it (end, error, a limit): ready to publish."""
         return self.replay.life.outcome is not None
-
-    def turn_hash(self) -> dict[bytes, bytes]:
-        """The turn's hash as open_turns left it
-        (what :func:`~processor.engine.render.render` reads)."""
-        return {b"ver": b"0", b"started": self.started.encode()}
 
     def take_run(self, run: Run) -> None:
         """Hold a run of plain updates: all of them wait when the turn has
@@ -235,7 +231,8 @@ class Holds:
         """open_turns' answer: True for each turn now held, False for the others."""
         for key, held in statuses.items():
             if held:
-                self.turns[key] = Held(key, Replay(TurnLife(key, self.limits)), started, now)
+                self.turns[key] = Held(replay=Replay(TurnLife(key, self.limits)), started=started,
+                                       key=key, since=now)
             else:
                 self.old.add(key)
 

@@ -2,16 +2,17 @@
 docs/design.md *Held turns*): opening the turns a batch starts, feeding
 their entries to this worker's memory only, publishing them with
 ``finalise_held`` and spilling them to ``apply_entries`` whenever holding
-stops being safe. A mixin of :class:`~processor.worker.worker.Worker`, run inside
-its shard loops; every path out of holding ends in the stored path, which
-decides nothing differently."""
+stops being safe. :class:`HeldPath` is one part of
+:class:`~processor.worker.worker.Worker`, run inside its shard runners; every
+path out of holding ends in the stored path
+(:class:`~processor.worker.stored.storing.StoredPath`, which it is given),
+which decides nothing differently."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from processor.engine.render import Reason, render, take_late
 from processor.redis_io.replies import as_text, stream_entry
@@ -19,15 +20,18 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (
     ApplyCall,
-    BatchOptions,
     HeldOutcome,
     build_finalise_held,
     build_open,
     parse_opened,
 )
-from processor.worker.held.held_batch import Entry, HeldBatch
-from processor.worker.held.hold import Floor, Holds
-from processor.worker.metrics import Metrics
+from processor.worker.continuity import Continuity
+from processor.worker.held.held_batch import Entry, HeldCall
+from processor.worker.membership import Membership
+from processor.worker.publishing import LivePublisher
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Shell
+from processor.worker.stored.storing import StoredPath
 
 log = logging.getLogger("processor.worker")
 
@@ -37,94 +41,61 @@ log = logging.getLogger("processor.worker")
 REFRESH_SHARE = 1 / 3
 
 
-class Holding:
-    """Held turns, for :class:`~processor.worker.worker.Worker`."""
+class HeldPath:
+    """The held path of a worker's shards; given the stored path, which it
+    hands whatever stops being held (and which never calls this)."""
 
-    client: Any
-    config: Any  # WorkerConfig
-    membership: Any  # Membership
-    metrics: Metrics
-    options: BatchOptions
-    scripts: Any
-    _holds: dict[int, Holds]
-    _opening: dict[int, asyncio.Lock]  # per shard: one open_turns at a time
-    _floors: dict[int, Floor]
-    _orphans: set[int]
-    _claimed: set[int]
+    def __init__(self, shell: Shell, shards: Mapping[int, ShardState], membership: Membership,
+                 stored: StoredPath, continuity: Continuity, live: LivePublisher) -> None:
+        self.client = shell.client
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.metrics = shell.metrics
+        self.shards = shards
+        self.membership = membership
+        self.stored = stored
+        self.continuity = continuity
+        self.live = live  # live progress (processor.worker.publishing)
+        stored.before_finalise = self.spill_ready
 
-    if TYPE_CHECKING:  # Storing's: apply entries through apply_entries, and finalise
-        async def _store(
-            self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-            call: ApplyCall | None = None, read_from: str = "",
-        ) -> None: ...
-        def _log_late(self, shard: Shard, key: TurnKey,
-                      late: list[tuple[str, str, str]]) -> None: ...
-        async def _namespace_lost(self, why: str) -> bool: ...  # Continuity's
-        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
-        async def _publish_live_held(self, shard: Shard, keys: list[TurnKey]) -> None: ...
-        def _hand_over(self, shard: Shard, key: TurnKey, shown: Any, logged: int) -> None: ...
-
-    def _holds_on(self, shard: Shard) -> bool:
+    def holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
         holding is on (``WorkerConfig.holding``) and no other worker reads
         the shard (``Membership.sole_reader``). On a shared shard a turn's
         entries reach several workers, each would hold a part of it and
         spill it when refused at its finalise, which costs more than storing
         every entry. Such a shard's turns are stored."""
-        return bool(self.config.holding) and self.membership.sole_reader(shard.index)
+        return self.config.holding and self.membership.sole_reader(shard.index)
 
-    def _floor(self, shard: Shard) -> str:
-        """The ``floor`` this consumer gives the watermark (includes/watermark.lua):
-        none without --hold-turns, nor while it may have pending entries it
-        neither holds nor has applied (a lost reply or a failed apply: it
-        takes them back first; entries it reclaimed, until applied)."""
-        if not self.config.hold_turns or self._unknown_pending(shard):
-            return ""
-        return self._floors[shard.index].value()
-
-    def _unknown_pending(self, shard: Shard) -> bool:
-        """Whether entries may be pending to this consumer on ``shard`` that it
-        neither holds nor has applied (taken back before its next read)."""
-        return shard.index in self._orphans or shard.index in self._claimed
-
-    def _held_ids(self, shard: Shard) -> set[str]:
-        """The ids of every entry this worker holds on ``shard``."""
-        return {i for held in self._holds[shard.index].turns.values() for i in held.ids}
-
-    def _holding(self, call: ApplyCall | None) -> bool:
-        """Whether a batch goes the held path: the shard loop grouped it for
-        holding (``decode_batch``), having read it with XREADGROUP > (in id
-        order, delivered once) from a shard it holds turns on (:meth:`_holds_on`)."""
-        return call is not None and call.held is not None
-
-    async def _apply_held(self, shard: Shard, entries: list[Entry], call: ApplyCall,
-                          batch: HeldBatch) -> None:
-        """Hold what can be held of a batch (``batch``: ``call``'s, grouped
-        for holding), store the rest, publish what ended."""
-        holds = self._holds[shard.index]
-        await self._open(shard, call)  # what the reader did not open already (_open_ahead)
-        routed = holds.route(entries, batch)
-        self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
+    async def apply_held(self, shard: Shard, entries: list[Entry], call: HeldCall) -> None:
+        """Hold what can be held of a batch (``call``: grouped for holding),
+        store the rest, publish what ended."""
+        state = self.shards[shard.index]
+        holds = state.holds
+        await self.open_batch(shard, call)  # what the reader did not open already (open_ahead)
+        routed = holds.route(entries, call.held)
+        state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
         if routed.stored:
-            await self._store(shard, routed.stored, {}, None, as_text(entries[0][0]))
+            await self.stored.store(shard, routed.stored, {}, None, as_text(entries[0][0]))
         if routed.broken:  # the stored path dead-letters what broke them
-            await self._spill(shard, routed.broken, "dead letter")
+            await self.spill(shard, routed.broken, "dead letter")
         if self.config.progress and routed.held:  # before any of them is published
-            await self._publish_live_held(shard, routed.held)
+            await self.live.publish_live_held(shard, routed.held)
         ended: dict[TurnKey, Reason] = {
             key: "closing" for key in routed.held if (held := holds.turns.get(key)) and held.ended}
         if ended:
             await self._finalise_held(shard, ended)
 
-    async def _open(self, shard: Shard, call: ApplyCall) -> None:
+    async def open_batch(self, shard: Shard, call: HeldCall) -> None:
         """``open_turns`` for the batch's turns this worker knows nothing of.
-        The reader and the applier may both open (:meth:`_open_ahead`): one
+        The reader and the applier may both open (:meth:`open_ahead`): one
         at a time, so that no turn is opened twice."""
-        async with self._opening[shard.index]:
+        async with self.shards[shard.index].opening:
             if call.opened:  # (the reader's: the applier need not look again)
                 return
-            holds = self._holds[shard.index]
-            fresh = holds.to_open(call.held) if call.held is not None else {}
+            holds = self.shards[shard.index].holds
+            fresh = holds.to_open(call.held)
             if fresh:
                 opened = build_open(shard, fresh, self.options, call.now_ms,
                                     self.config.consumer)
@@ -134,16 +105,16 @@ class Holding:
                              time.monotonic())
             call.opened = True
 
-    async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None:
+    async def open_ahead(self, shard: Shard, call: ApplyCall | HeldCall | None) -> None:
         """Open a held batch's new turns as soon as it is read, while the
         applier is still busy with the batch before: the round trip then
         overlaps the applier's Python instead of stalling it (redis-server
         answers the reader's XREADGROUP first). Best effort: whatever this
-        does not open, the applier opens (:meth:`_apply_held`)."""
-        if call is None or not self._holding(call):
+        does not open, the applier opens (:meth:`apply_held`)."""
+        if not isinstance(call, HeldCall):
             return
         try:
-            await self._open(shard, call)
+            await self.open_batch(shard, call)
         except Exception:  # the applier tries again, and its failures count
             log.debug("opening ahead failed", exc_info=True, extra={"shard": shard.index})
 
@@ -153,15 +124,16 @@ class Holding:
         """Publish held turns, ended (``closing``), cancelled or timed out,
         with what is held of them; spill any that finalise_held refuses.
         Returns the turns published."""
-        holds, now = self._holds[shard.index], int(time.time() * 1000)
-        if self._unknown_pending(shard):
+        state = self.shards[shard.index]
+        holds, now = state.holds, int(time.time() * 1000)
+        if state.unknown_pending():
             # One of them may be a held turn's: finalise_held's argument needs
             # every entry pending here held (and a cancel, the newest entry
             # routed). The stored path waits for them.
             waits = [key for key, reason in todo.items() if reason != "timeout"]
-            await self._spill(shard, waits, "unknown pending")
+            await self.spill(shard, waits, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason == "timeout"}
-        routed = self._floors[shard.index].routed_to
+        routed = state.floor_marks.routed_to
         settled: list[HeldOutcome] = []
         broken: list[TurnKey] = []
         for key, reason in todo.items():
@@ -176,7 +148,7 @@ class Holding:
             if outcome is not None:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else ""))
         if broken:
-            await self._spill(shard, broken, "dead letter")
+            await self.spill(shard, broken, "dead letter")
         if not settled:
             return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer)
@@ -190,57 +162,57 @@ class Holding:
                 acked += len(ids)
                 reasons += [reason for _, reason, _ in late]
                 if late:
-                    self._log_late(shard, key, [(reason, i, "") for i, reason, _ in late])
+                    self.stored.log_late(shard, key, [(reason, i, "") for i, reason, _ in late])
             else:
                 refused.append(key)
         if published:
             self.metrics.held_published(len(published), acked, reasons)
         if refused:
-            await self._spill(shard, refused, "refused")
+            await self.spill(shard, refused, "refused")
         return published
 
-    async def _spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
+    async def spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
         """Hand held turns to apply_entries: their entries are stored and
         acked there (the XACK fence skips any that were applied already), and
         the turns go on as any stored turn."""
-        holds = self._holds[shard.index]
+        holds = self.shards[shard.index].holds
         if not any(key in holds.turns for key in keys):
             return
         # A turn refused at its publish, or held too long, may be one whose
         # state Redis lost: then it is published from memory (continuity.py).
-        if await self._namespace_lost("spilling held turns"):
-            await self._lose_shard_now(shard)
+        if await self.continuity.namespace_lost("spilling held turns"):
+            await self.continuity.lose_shard_now(shard)
             return
         entries: list[Entry] = []
         for key in keys:
             held = holds.take(key)
             if held is not None:
                 holds.old.add(key)
-                self._hand_over(shard, key, held.shown, held.logged)
+                self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
         if entries:
             self.metrics.spilled.inc(len(keys))
             log.info("spilled held turns", extra={"shard": shard.index, "turns": len(keys),
                                                   "entries": len(entries), "why": why})
             try:
-                await self._store(shard, entries, {}, None)
+                await self.stored.store(shard, entries, {}, None)
             except BaseException:
                 # No longer held, maybe not applied: taken back before the
-                # next read, and no floor until then (_floor).
-                self._orphans.add(shard.index)
+                # next read, and no floor until then (ShardState.floor).
+                self.shards[shard.index].orphans = True
                 raise
 
-    async def _spill_due(self, shard: Shard, everything: bool = False) -> None:
+    async def spill_due(self, shard: Shard, everything: bool = False) -> None:
         """Spill the turns held too long or over the bounds (all of them
         with ``everything``: stopping, or the shard read by another worker),
         and reset the idle time of what stays held."""
-        holds = self._holds[shard.index]
+        holds = self.shards[shard.index].holds
         if not holds.turns:
             return
         now = time.monotonic()
         keys = list(holds.turns) if everything else holds.due(now, self.config.hold_ms / 1000)
         if keys:
-            await self._spill(shard, keys, "all" if everything else "due")
+            await self.spill(shard, keys, "all" if everything else "due")
         every = self.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
         if ids := holds.stale(now, every):
             await self._refresh(shard, ids)
@@ -257,21 +229,21 @@ class Holding:
             await self.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
                                      ids[i:i + 1000], justid=True)
 
-    async def _publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
+    async def publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Of a sweep's turns, publish the held ones that were cancelled or
         timed out from what is held (removed from ``todo``)."""
-        holds = self._holds[shard.index].turns
+        holds = self.shards[shard.index].holds.turns
         held: dict[TurnKey, Reason] = {key: why for key, why in todo.items()
                                        if why != "closing" and key in holds}
         if held:
             for key in await self._finalise_held(shard, held):
                 del todo[key]
 
-    async def _spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
+    async def spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Spill the turns about to be finalised on the stored path that this
         worker still holds entries of: another consumer stored the rest (and
         its end), and the watermark skips this worker's own held entries
         (includes/watermark.lua), so they must be stored first."""
-        held = [key for key in todo if key in self._holds[shard.index].turns]
+        held = [key for key in todo if key in self.shards[shard.index].holds.turns]
         if held:
-            await self._spill(shard, held, "stored elsewhere")
+            await self.spill(shard, held, "stored elsewhere")

@@ -24,9 +24,10 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Literal, NamedTuple
 
 from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.live import Shown
 from processor.engine.render import Replay
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record
@@ -60,20 +61,36 @@ MIRROR_BYTES = COPY_BYTES
 
 
 @dataclass
-class Mirror:
+class TurnCopy:
+    """A turn merged in this worker's memory: the replay of the entries it
+    fed, and what rendering it needs of the turn's hash (its version and
+    start). Two kinds, which share this: a :class:`Mirror` follows a
+    stored turn (its version is the one ``apply_entries`` left, its live
+    progress may not have begun here), a :class:`~processor.worker.held.hold.Held`
+    turn was never stored (version 0), keeps its entries, pending, to spill
+    them, and its live progress from its first entry on."""
+
     replay: Replay
-    version: int
-    started: str
+    started: str  # ms, as the turn's hash has it
+    version: int = 0
+
+    def turn_hash(self) -> dict[bytes, bytes]:
+        """The turn's hash as this copy knows it: its version and start, and
+        nothing dropped or dead-lettered (either moves the version past a mirror)."""
+        return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+
+
+@dataclass
+class Mirror(TurnCopy):
+    """This worker's copy of a stored turn it applied every record of."""
+
     last_id: tuple[int, int] = (0, 0)
     # What the turn's live events said so far (processor.engine.live; set by the
     # worker that publishes them from this copy; False: another worker spoke
-    # for the turn first, this one stays silent).
-    shown: Any = None
-
-    def turn_hash(self) -> dict[bytes, bytes]:
-        """The turn's hash as this mirror knows it: its version and start, and
-        nothing dropped or dead-lettered (either moves the version past a mirror)."""
-        return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+    # for the turn first, or what this one said is unknown: it stays silent),
+    # and how many of this worker's publish_live calls for it ran.
+    shown: Shown | Literal[False] | None = None
+    spoken: int = 0
 
     def matches(self, turn_hash: dict[str, str]) -> bool:
         """Whether ``turn_hash`` (as read from Redis, as text) is the state this mirror replays."""
@@ -89,7 +106,7 @@ class _Fed:
     def __init__(self, key: TurnKey, mirror: Mirror | None, limits: Limits) -> None:
         self.known = mirror is not None  # followed before this batch
         if mirror is None:
-            mirror = Mirror(Replay(TurnLife(key, limits)), 0, "")
+            mirror = Mirror(Replay(TurnLife(key, limits)), "")
         self.mirror = mirror
         self.version = mirror.version  # before this batch
         self.bytes = mirror.replay.life.bytes  # of its entries, before this batch
@@ -158,7 +175,7 @@ class Mirrors:
         if not _confirms(version, started, mirror.version if mirror else 0, len(entries)):
             return None
         if mirror is None:
-            mirror = Mirror(Replay(TurnLife(key, self.limits)), 0, version.started)
+            mirror = Mirror(Replay(TurnLife(key, self.limits)), version.started)
         if newest:  # the last one is enough: a later reclaim must come after it
             mirror.last_id = id_order(entries[-1].entry_id) if entries else mirror.last_id
         elif not self._in_order(mirror, entries):

@@ -2,16 +2,19 @@
 each batch stored with one ``apply_entries`` call, this worker's copies of
 its turns fed meanwhile (:mod:`processor.worker.stored.mirror`), and the turns that call
 or a sweep made ready published with ``finalise_turns``, from a copy or
-from a replay of the stored records (:mod:`processor.engine.render`). A mixin of
-:class:`~processor.worker.worker.Worker`; held turns (:mod:`processor.worker.held.holding`)
-end here whenever holding them stops being safe."""
+from a replay of the stored records (:mod:`processor.engine.render`).
+:class:`StoredPath` is one part of :class:`~processor.worker.worker.Worker`;
+held turns (:mod:`processor.worker.held.holding`) end here whenever holding
+them stops being safe. The held path calls this one, never the reverse
+(an import-linter contract): what the stored path needs of other parts is
+a protocol here (:class:`StoredShard`, :class:`Losses`, :data:`BeforeFinalise`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from processor.engine.render import Reason, Settled, render, replay_render, text_hash
 from processor.redis_io.connections import handed_over
@@ -20,46 +23,82 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (
     ApplyCall,
-    BatchOptions,
     build_apply,
     build_finalise,
     parse_member,
     parse_versions,
 )
 from processor.worker.budget import FINALISE_BYTES
-from processor.worker.metrics import DeadLetterLog, Metrics, dead_letter_summary
-from processor.worker.shard_loop import now_ms
+from processor.worker.metrics import dead_letter_summary
+from processor.worker.shell import Shell, now_ms
 from processor.worker.stored.compaction import compact_turns
 from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
 
 log = logging.getLogger("processor.worker")
 
 
-class Storing:
-    """The stored path, for :class:`~processor.worker.worker.Worker`."""
+class StoredShard(Protocol):
+    """What the stored path keeps and reads of a shard
+    (:class:`~processor.worker.shard_state.ShardState`)."""
 
-    client: Any
-    config: Any  # WorkerConfig
-    metrics: Metrics
-    options: BatchOptions
-    scripts: Any
-    _mirrors: dict[int, Mirrors]
-    _waiting_cancels: dict[int, set[TurnKey]]
+    @property
+    def mirrors(self) -> Mirrors: ...
 
-    dead_letters: DeadLetterLog
+    @property
+    def waiting_cancels(self) -> set[TurnKey]: ...
 
-    if TYPE_CHECKING:  # Holding's and Continuity's methods, for the type checker
-        def _floor(self, shard: Shard) -> str: ...
-        async def _spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None: ...
-        async def _lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
-                              versions: dict[TurnKey, Version]) -> str | None: ...
-        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
-        async def _publish_live_stored(self, shard: Shard, applied: list[Applied],
-                                       fresh: set[TurnKey]) -> None: ...
-        async def _after_loss(self, shard: Shard, entries: list[Any],
-                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
+    def floor(self) -> str: ...
 
-    async def _store(
+
+class Losses(Protocol):
+    """What the stored path asks when Redis may have lost the namespace's
+    state (:class:`~processor.worker.continuity.Continuity`)."""
+
+    async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
+                         versions: dict[TurnKey, Version]) -> str | None: ...
+
+    async def lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
+
+    async def after_loss(self, shard: Shard, entries: list[Any],
+                         merged: set[str] | frozenset[str] = frozenset()) -> None: ...
+
+
+class LiveProgress(Protocol):
+    """Live progress of the turns a batch stored
+    (:class:`~processor.worker.publishing.LivePublisher`)."""
+
+    async def publish_live_stored(self, shard: Shard, applied: list[Applied],
+                                  fresh: set[TurnKey]) -> None: ...
+
+
+#: Called with the turns a finalise is about to publish, before it reads
+#: them: the held path spills those it holds entries of
+#: (:meth:`~processor.worker.held.holding.HeldPath.spill_ready`). The stored
+#: path never calls the held path otherwise.
+BeforeFinalise = Callable[[Shard, dict[TurnKey, Reason]], Awaitable[None]]
+
+
+async def _nothing_held(_shard: Shard, _todo: dict[TurnKey, Reason]) -> None:
+    return None
+
+
+class StoredPath:
+    """The stored path of a worker's shards."""
+
+    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], losses: Losses,
+                 live: LiveProgress) -> None:
+        self.client = shell.client
+        self.config = shell.config
+        self.options = shell.options
+        self.scripts = shell.scripts
+        self.metrics = shell.metrics
+        self.dead_letters = shell.dead_letters
+        self.shards = shards
+        self.losses = losses
+        self.live = live
+        self.before_finalise: BeforeFinalise = _nothing_held
+
+    async def store(
         self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
         call: ApplyCall | None = None, read_from: str = "",
     ) -> None:
@@ -70,24 +109,24 @@ class Storing:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
             call.read_from = read_from
         applying = self.scripts.apply_entries(
-            keys=call.keys, args=call.argv(self.config.consumer, self._floor(shard)))
+            keys=call.keys, args=call.argv(self.config.consumer, self.shards[shard.index].floor()))
         if call.newest:
             cancelled, ready, counts, full, versions, fresh, lost = await self._follow_ahead(
                 shard, call, applying)
         else:
             cancelled, ready, counts, full, versions = await applying
-            lost = await self._lost_under(shard, call, counts, parse_versions(versions))
+            lost = await self.losses.lost_under(shard, call, counts, parse_versions(versions))
             fresh = set() if lost else self._follow(shard, call.applied, versions, call.newest)
         self.metrics.applied(counts)
         self._log_dead_letters(shard, call, counts)
         if lost is not None:  # the namespace's state found lost under this call
-            merged = await self._lose_shard_now(shard)
+            merged = await self.losses.lose_shard_now(shard)
             if lost == "fenced":  # nothing of it applied: what Redis no longer has, to the DLQ
-                await self._after_loss(shard, entries,
+                await self.losses.after_loss(shard, entries,
                                        {a.entry_id for a in call.applied if a.key in merged})
                 return
         if self.config.progress and call.applied:  # before any of them is published
-            await self._publish_live_stored(shard, call.applied, fresh)
+            await self.live.publish_live_stored(shard, call.applied, fresh)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -104,10 +143,10 @@ class Storing:
         the script (:meth:`~processor.worker.stored.mirror.Mirrors.feed_ahead`), and kept
         only where its versions confirm them, exactly as :meth:`_follow`
         would keep them. Last, what the reply says of the namespace's state
-        (:meth:`~processor.worker.continuity.Continuity._lost_under`), checked
+        (:meth:`~processor.worker.continuity.Continuity.lost_under`), checked
         before the copies are settled: a lost turn is published from its copy."""
         applied = call.applied
-        mirrors = self._mirrors[shard.index]
+        mirrors = self.shards[shard.index].mirrors
         sent = asyncio.ensure_future(applying)
         ahead = Ahead()
         try:
@@ -127,7 +166,7 @@ class Storing:
             raise
         versions = parse_versions(reply[4])
         try:
-            lost = await self._lost_under(shard, call, reply[2], versions)
+            lost = await self.losses.lost_under(shard, call, reply[2], versions)
         except BaseException:
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
@@ -146,7 +185,7 @@ class Storing:
     ) -> set[TurnKey]:
         """Keep this worker's copies of the batch's turns (:mod:`processor.worker.stored.mirror`);
         returns the turns whose copy is the state this very call left."""
-        mirrors = self._mirrors[shard.index]
+        mirrors = self.shards[shard.index].mirrors
         try:
             return mirrors.update(applied, parse_versions(versions), newest)
         except Exception:  # a copy is only a shortcut: without it the finalise reads back
@@ -169,8 +208,8 @@ class Storing:
     ) -> None:
         """Merge and publish finished turns; re-read any that changed meanwhile.
         ``fresh``: turns whose copy the apply call that made them ready confirmed."""
-        await self._spill_ready(shard, todo)
-        self._waiting_cancels[shard.index].difference_update(
+        await self.before_finalise(shard, todo)
+        self.shards[shard.index].waiting_cancels.difference_update(
             key for key, reason in todo.items() if reason == "cancel")
         for _ in range(5):
             with self.metrics.timed(self.metrics.finalise_seconds):
@@ -196,7 +235,7 @@ class Storing:
             keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
         if not keys:
             return {}
-        mirrors = self._mirrors[shard.index]
+        mirrors = self.shards[shard.index].mirrors
         copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
         # A closing turn whose copy the apply call just confirmed needs no read:
         # its hash is the copy's version and start, with nothing dropped or
@@ -262,17 +301,17 @@ class Storing:
         if not settled:
             return again
         call = build_finalise(shard, settled, self.options, self.config.consumer,
-                              self._floor(shard))
+                              self.shards[shard.index].floor())
         results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
         self.metrics.finalised(settled, results)
         for (key, _, outcome), result in zip(settled, results, strict=True):
             if int(result) == 1 and outcome.dead_letters:
-                self._log_late(shard, key, dead_letter_summary(outcome.dead_letters))
+                self.log_late(shard, key, dead_letter_summary(outcome.dead_letters))
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
                       if r == -1})
         # A cancel that must wait for an entry up to its cut: retried after
         # each step of the shard loop (Worker.retry_cancels), not a sweep later.
-        self._waiting_cancels[shard.index].update(
+        self.shards[shard.index].waiting_cancels.update(
             key for (key, _, _), r in zip(settled, results, strict=True)
             if r == 2 and todo[key] == "cancel")
         return again
@@ -296,7 +335,7 @@ class Storing:
             ids, turns = known.get(reason, ([], []))
             self.dead_letters.note(reason, shard.index, count, ids, turns)
 
-    def _log_late(self, shard: Shard, key: TurnKey, late: list[tuple[str, str, str]]) -> None:
+    def log_late(self, shard: Shard, key: TurnKey, late: list[tuple[str, str, str]]) -> None:
         """Log the entries a finalise dead-lettered (found after the turn's end)."""
         by_reason: dict[str, list[str]] = {}
         for reason, entry_id, _ in late:

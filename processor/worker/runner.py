@@ -1,8 +1,10 @@
-"""The per-shard loop of a worker: a reader task that reads (and decodes)
-one batch ahead, and an applier that applies batches in the order they were
-read, then sweeps and reclaims. One failing step never stops the loop: it
-is counted, logged and retried later (its entries stay pending). A mixin of
-:class:`~processor.worker.worker.Worker`, which supplies the transitions."""
+"""The per-shard loop of a worker (:class:`ShardRunner`, one per shard): a
+reader task that reads (and decodes) one batch ahead, and an applier that
+applies batches in the order they were read, then sweeps and reclaims. One
+failing step never stops the loop: it is counted, logged and retried later
+(its entries stay pending). The transitions are the worker's and its parts'
+(:class:`~processor.worker.worker.Worker`); the shard's state is its
+:class:`~processor.worker.shard_state.ShardState`."""
 
 from __future__ import annotations
 
@@ -22,18 +24,19 @@ from processor.redis_io.connections import (
     read_raw,
 )
 from processor.redis_io.replies import as_text, stream_entry
-from processor.wire.ids import TurnKey
-from processor.wire.keys import Shard
-from processor.worker.batches import ApplyCall, BatchOptions, build_apply, decode_batch
+from processor.worker.batches import ApplyCall, build_apply
 from processor.worker.budget import read_count
 from processor.worker.continuity import is_nogroup
-from processor.worker.held.hold import Floor
-from processor.worker.membership import Membership
-from processor.worker.metrics import Metrics
+from processor.worker.held.held_batch import HeldCall, decode_batch
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import now_ms
+
+if TYPE_CHECKING:  # (the worker owns its runners)
+    from processor.worker.worker import Worker
 
 log = logging.getLogger("processor.worker")
 
-#: How a step of the shard loop went (:meth:`ShardLoop._guarded`).
+#: How a step of the shard loop went (:meth:`ShardRunner._guarded`).
 Step = Literal["done", "failed", "vanished"]
 DONE: Step = "done"
 FAILED: Step = "failed"
@@ -53,7 +56,7 @@ class Batch:
     read before the namespace's state was found lost, continuity.py)."""
 
     entries: list[tuple[Any, Any]]
-    call: ApplyCall | None
+    call: ApplyCall | HeldCall | None
     generation: int = 0
 
 
@@ -101,111 +104,91 @@ async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None])
     return batches.get_nowait()
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class ShardRunner:
+    """Reading ahead, applying, sweeping and reclaiming one shard: one per
+    shard of a :class:`~processor.worker.worker.Worker`, which owns it and
+    whose parts (held, stored, recovery, continuity) it runs."""
 
+    def __init__(self, worker: Worker, state: ShardState) -> None:
+        self.worker = worker
+        self.state = state
+        self.shard = state.shard
+        self.client = worker.client
+        self.config = worker.config
+        self.metrics = worker.metrics
+        self.membership = worker.membership
+        self.options = worker.options
+        self.held = worker.held
+        self.recovery = worker.recovery
+        self.continuity = worker.continuity
 
-class ShardLoop:
-    """Reading ahead, applying, sweeping and reclaiming one shard."""
+    @property
+    def stopping(self) -> bool:
+        return self.worker.stopping
 
-    client: Any
-    config: Any  # WorkerConfig
-    metrics: Metrics
-    membership: Membership
-    options: BatchOptions
-    _orphans: set[int]
-    _floors: dict[int, Floor]
-    # Worker's and Recovery's.
-    _retrying: Callable[..., Awaitable[Any]]
-    _apply_isolated: Callable[..., Awaitable[None]]
-    ensure_groups: Callable[[], Awaitable[None]]
-    sweep: Callable[[Shard, bool], Awaitable[None]]
-    _generation: int  # Continuity's
-    _last_read: dict[int, str]
-    _read_budget: int  # bytes of one read's reply on a shard (processor.worker.budget)
-    _read_counts: dict[int, int]  # per shard: the COUNT of its next read
-    _lost_shards: set[int]
-
-    if TYPE_CHECKING:  # the other mixin's methods and Worker's property, for the type checker
-        async def _take_back(self, shard: Shard) -> None: ...
-        async def reclaim(self, shard: Shard) -> None: ...
-        async def _spill_due(self, shard: Shard, everything: bool = False) -> None: ...
-        async def _open_ahead(self, shard: Shard, call: ApplyCall | None) -> None: ...
-        async def retry_cancels(self, shard: Shard) -> None: ...
-        def _holds_on(self, shard: Shard) -> bool: ...
-        async def _group_vanished(self, shard: Shard) -> bool: ...
-        async def _lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
-        async def _after_loss(self, shard: Shard, entries: list[Any],
-                              merged: set[str] | frozenset[str] = frozenset()) -> None: ...
-        def _read_batch(self, shard: Shard, entries: list[Any]) -> None: ...
-        def _batch_done(self, shard: Shard, entries: list[Any]) -> None: ...
-
-        @property
-        def stopping(self) -> bool:  # stop() was called
-            ...
-
-    async def _shard_loop(self, shard: Shard) -> None:
+    async def run(self) -> None:
         """Read ahead while applying: a reader task reads and decodes the next
         batch while this one waits for the current batch's scripts, so the
         worker's Python and redis-server work at the same time. Applying,
         finalising, sweeping and reclaiming stay one after the other here."""
         batches = Handoff()
-        reader = asyncio.create_task(self._read_ahead(shard, batches))
+        reader = asyncio.create_task(self._read_ahead(batches))
         try:
-            await self._apply_loop(shard, batches, reader)
+            await self._apply_loop(batches, reader)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read_ahead(self, shard: Shard, batches: Handoff) -> None:
+    async def _read_ahead(self, batches: Handoff) -> None:
         """Read and decode batches until stopping (the applier then applies
         what was read, and stops once this task is done and the queue empty)."""
+        shard, state, retrying = self.shard, self.state, self.worker.retrying
         while not self.stopping:
             try:
-                if shard.index in self._orphans:
+                if state.orphans:
                     await batches.join()  # nothing read earlier is still waiting to be applied
-                    await self._retrying(self._take_back, shard)
-                generation = self._generation
-                entries = await self._retrying(self._read, shard)
-                call = self._prepare(shard, entries)
-                await self._open_ahead(shard, call)
+                    await retrying(self.recovery.take_back, shard)
+                generation = self.continuity.generation
+                entries = await retrying(self._read)
+                call = self._prepare(entries)
+                await self.held.open_ahead(shard, call)
                 await batches.put(Batch(entries, call, generation))
                 await batches.taken()  # one batch ahead of the applier, no more
             except asyncio.CancelledError as exc:
                 if _cancelling() or self.stopping:
                     raise
-                await self._step_failed(shard, exc, "read was cancelled from inside")
+                await self._step_failed(exc, "read was cancelled from inside")
             except Exception as exc:
                 if self.stopping:
                     break
-                await self._step_failed(shard, exc, "read failed")
+                await self._step_failed(exc, "read failed")
 
-    def _prepare(self, shard: Shard, entries: list[tuple[Any, Any]]) -> ApplyCall | None:
+    def _prepare(self, entries: list[tuple[Any, Any]]) -> ApplyCall | HeldCall | None:
         """Decode a batch into its script call ahead of applying it; None (decode
         again when applying, entry by entry if need be) if that fails."""
         if not entries:
             return None
+        shard = self.shard
         try:
-            if self._holds_on(shard):  # grouped for holding (processor.worker.held.held_batch)
+            if self.held.holds_on(shard):  # grouped for holding (processor.worker.held.held_batch)
                 return decode_batch(shard, entries, self.options, now_ms())
             if entries[0][1].__class__ is not dict:  # read for holding, which just stopped
                 entries = list(map(stream_entry, entries))
             call = build_apply(shard, entries, {}, self.options, now_ms())
         except Exception:
-            log.exception("could not prepare a batch", extra={"shard": shard.index})
+            log.exception("could not prepare a batch", extra={"shard": self.shard.index})
             return None
         call.newest = True  # read with XREADGROUP >
         call.read_from = as_text(entries[0][0])
         return call
 
-    async def _apply_loop(
-        self, shard: Shard, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]
-    ) -> None:
+    async def _apply_loop(self, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> None:
+        shard, worker, retrying = self.shard, self.worker, self.worker.retrying
         next_sweep = next_reclaim = 0.0
         read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
-                await self._step(shard, batch)
+                await self._step(batch)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
                 if reads and not read_before:
@@ -213,29 +196,30 @@ class ShardLoop:
                 read_before = reads
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
-                await self._guarded(shard, self._retrying, self._spill_due, shard,
-                                    not self._holds_on(shard))
-                await self._guarded(shard, self._retrying, self.retry_cancels, shard)
+                await self._guarded(retrying, self.held.spill_due, shard,
+                                    not self.held.holds_on(shard))
+                await self._guarded(retrying, worker.retry_cancels, shard)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
                     # a beat even while the shard's readers are dead; its
                     # readers finalise the rest, from their own copies.
-                    await self._guarded(shard, self._retrying, self.sweep, shard, reads)
+                    await self._guarded(retrying, worker.sweep, shard, reads)
                     next_sweep = now + (self.config.sweep_interval if reads
                                         else self.membership.beat_period)
                 if reads and now >= next_reclaim:
-                    await self._guarded(shard, self._retrying, self.reclaim, shard)
+                    await self._guarded(retrying, self.recovery.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
             finally:
                 batches.task_done()
         # Stopping: what is held goes to apply_entries (stored, acked) before
         # leaving; if Redis is gone, it stays pending for a reclaim.
-        await self._guarded(shard, self._spill_due, shard, True)
+        await self._guarded(self.held.spill_due, shard, True)
 
-    async def _step(self, shard: Shard, batch: Batch) -> None:
-        if shard.index in self._lost_shards:  # the namespace's state found lost:
-            await self._guarded(shard, self._retrying, self._lose_shard_now, shard)
+    async def _step(self, batch: Batch) -> None:
+        shard, state, retrying = self.shard, self.state, self.worker.retrying
+        if state.lost:  # the namespace's state found lost:
+            await self._guarded(retrying, self.continuity.lose_shard_now, shard)
         if batch.entries:
             self.metrics.read(shard.index, len(batch.entries))
             # On a connection error the same batch is applied again: the XACK
@@ -245,20 +229,20 @@ class ShardLoop:
             # state lost, what Redis no longer has goes to the DLQ.
             try:
                 for _ in range(3):
-                    if batch.generation != self._generation:
-                        await self._guarded(shard, self._retrying, self._after_loss, shard,
+                    if batch.generation != self.continuity.generation:
+                        await self._guarded(retrying, self.continuity.after_loss, shard,
                                             batch.entries)
                         break
-                    done = await self._guarded(shard, self._retrying, self._apply_isolated,
+                    done = await self._guarded(retrying, self.worker.apply_isolated,
                                                shard, batch.entries, {}, batch.call)
                     if done is not VANISHED:
                         break
             finally:
-                self._floors[shard.index].routed(as_text(batch.entries[0][0]),
-                                                as_text(batch.entries[-1][0]))
-                self._batch_done(shard, batch.entries)
+                state.floor_marks.routed(as_text(batch.entries[0][0]),
+                                         as_text(batch.entries[-1][0]))
+                state.batch_done(batch.entries)
 
-    async def _guarded(self, shard: Shard, fn: Any, *args: Any) -> Step:
+    async def _guarded(self, fn: Callable[..., Awaitable[object]], *args: Any) -> Step:
         """One step of the shard loop; a failure is logged and counted, never
         fatal. A stream or group found missing is put back (continuity.py):
         :data:`VANISHED`, so that the caller may run the step again."""
@@ -267,11 +251,11 @@ class ShardLoop:
             return DONE
         except ResponseError as exc:
             if not is_nogroup(exc):
-                return await self._failed(shard, exc)
+                return await self._failed(exc)
             try:
-                await self._retrying(self._group_vanished, shard)
+                await self.worker.retrying(self.continuity.group_vanished, self.shard)
             except Exception as again:
-                return await self._failed(shard, again)
+                return await self._failed(again)
             return VANISHED
         except asyncio.CancelledError as exc:
             if _cancelling():
@@ -281,46 +265,48 @@ class ShardLoop:
             # step like any other, not a reason to stop serving the shard.
             # What it interrupted is finished by a later sweep or reclaim.
             if not self.stopping:
-                await self._step_failed(shard, exc, "shard loop step was cancelled from inside")
+                await self._step_failed(exc, "shard loop step was cancelled from inside")
             return FAILED
         except Exception as exc:
-            return await self._failed(shard, exc)
+            return await self._failed(exc)
 
-    async def _failed(self, shard: Shard, exc: Exception) -> Step:
+    async def _failed(self, exc: Exception) -> Step:
         """A step failed (inside its ``except``)."""
         if self.stopping:
             log.warning("stopping without finishing a step", exc_info=True,
-                        extra={"shard": shard.index})
+                        extra={"shard": self.shard.index})
             return FAILED
         # A bug or an unexpected reply must not stop the worker: what
         # was not applied stays pending, is reclaimed and, if it keeps
         # failing, dead-lettered after max_deliveries.
-        await self._step_failed(shard, exc, "shard loop step failed")
+        await self._step_failed(exc, "shard loop step failed")
         return FAILED
 
-    async def _step_failed(self, shard: Shard, exc: BaseException, message: str) -> None:
+    async def _step_failed(self, exc: BaseException, message: str) -> None:
         """Count and log a failed step (inside its ``except``), then pause before the next."""
         self.metrics.step_failed(exc)
-        log.exception(message, extra={"shard": shard.index})
+        log.exception(message, extra={"shard": self.shard.index})
         await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
 
-    async def _read_once(self, shard: Shard) -> None:
+    async def read_once(self) -> None:
         """Read and apply one batch, without reading ahead (a single step)."""
-        if shard.index in self._orphans:
-            await self._retrying(self._take_back, shard)
-        entries = await self._retrying(self._read, shard)
+        shard, state, retrying = self.shard, self.state, self.worker.retrying
+        if state.orphans:
+            await retrying(self.recovery.take_back, shard)
+        entries = await retrying(self._read)
         if entries:
             self.metrics.read(shard.index, len(entries))
             try:
-                await self._retrying(self._apply_isolated, shard, entries, {})
+                await retrying(self.worker.apply_isolated, shard, entries, {})
             finally:
-                self._floors[shard.index].routed(as_text(entries[0][0]), as_text(entries[-1][0]))
-                self._batch_done(shard, entries)
+                state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
+                state.batch_done(entries)
 
-    async def _read(self, shard: Shard) -> list[Any]:
+    async def _read(self) -> list[Any]:
         """The shard's next batch, ``(id, {name: value})`` each, or with
         --hold-turns as the reply holds each (``[id, [name, value, ...]]``,
         connections.read_raw: the held path groups those directly)."""
+        shard, state = self.shard, self.state
         if not self.membership.reads(shard.index):
             # Another worker reads this shard (shard affinity): wait as long
             # as an idle read would, so the loop's cancel sweeps keep their pace.
@@ -329,11 +315,11 @@ class ShardLoop:
         cfg = self.config
         # Bounded in bytes (processor.worker.budget): as many entries as fit the
         # budget at the size of the last ones; a reply past it is cut.
-        count = self._read_counts.get(shard.index, cfg.batch)
-        budget = ReadBudget(self._read_budget)
+        count = state.read_count
+        budget = ReadBudget(self.worker.read_budget)
         try:
             with bounded(budget):
-                if self._holds_on(shard):  # as the reply holds them: grouped (held_batch)
+                if self.held.holds_on(shard):  # as the reply holds them: grouped (held_batch)
                     entries = await read_raw(self.client, cfg.group, cfg.consumer,
                                              shard.updates, count, cfg.block_ms)
                 else:
@@ -346,8 +332,8 @@ class ShardLoop:
             # Delivered to this consumer, never received: taken back (bounded
             # too) before the next read, one entry first, then as many as fit
             # at its size (each cut read delivers its entries once more).
-            self._orphans.add(shard.index)
-            self._read_counts[shard.index] = 1
+            state.orphans = True
+            state.read_count = 1
             log.info("read past its byte budget, cut: reading fewer entries",
                      extra={"shard": shard.index, "count": count, "budget": exc.limit})
             return []
@@ -357,22 +343,22 @@ class ShardLoop:
             # The group (or the stream) vanished under this worker: put back
             # where it was, or the namespace's whole state is gone (continuity.py),
             # and its groups come back a little later: wait as an idle read would.
-            if await self._group_vanished(shard):
+            if await self.continuity.group_vanished(shard):
                 await asyncio.sleep(cfg.block_ms / 1000)
             return []
         except Exception:
             # Redis may have delivered the batch and the reply be lost (an
             # outage, or a MemoryError reading it): taken back, delivery
             # counts first, before the next read.
-            self._orphans.add(shard.index)
+            state.orphans = True
             raise
         if entries:
-            self._read_counts[shard.index] = read_count(self._read_budget, cfg.batch,
-                                                        budget.bytes, len(entries))
+            state.read_count = read_count(self.worker.read_budget, cfg.batch,
+                                          budget.bytes, len(entries))
             last = as_text(entries[-1][0])
-            self._last_read[shard.index] = last
-            self._read_batch(shard, entries)  # until applied (_step): restored if the group goes
+            state.last_read = last
+            state.read_batch(entries)  # until applied (_step): restored if the group goes
             if cfg.hold_turns:
-                self._floors[shard.index].read(as_text(entries[0][0]), last)
+                state.floor_marks.read(as_text(entries[0][0]), last)
         return entries
 

@@ -1,0 +1,118 @@
+"""What a worker keeps of one shard: one :class:`ShardState` per shard,
+made by the worker and read and changed only by that shard's loop (its
+reader and its applier, :mod:`processor.worker.runner`) and the paths it
+runs (held, stored, recovery, continuity). Plain data and the small
+questions asked of it; no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from processor.engine.live import Shown
+from processor.redis_io.replies import as_text
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.wire.stream_ids import id_order
+from processor.worker.held.hold import Floor, Holds
+from processor.worker.stored.mirror import Mirrors
+
+
+@dataclass(eq=False)
+class ShardState:
+    """One shard's state in this worker."""
+
+    shard: Shard
+    holds: Holds  # the held turns (processor.worker.held)
+    mirrors: Mirrors  # the copies of stored turns (processor.worker.stored.mirror)
+    read_count: int  # the COUNT of the shard's next read (processor.worker.budget)
+    hold_turns: bool = False  # --hold-turns: a floor is given the watermark
+    floor_marks: Floor = field(default_factory=Floor)  # what the floor is computed from
+    opening: asyncio.Lock = field(default_factory=asyncio.Lock)  # one open_turns at a time
+    cursor: int = 0  # where the next sweep's slice of active turns starts
+    active: int = 0  # active turns, as last swept
+    reclaim_cursor: str = "0-0"  # where the next XAUTOCLAIM starts
+    last_read: str = "0"  # the newest entry read ("0": none)
+    # Entries may be pending to this consumer that it never received: a
+    # read whose reply a connection error lost (and, at start, a previous
+    # process with the same consumer name). Taken back before the next read.
+    orphans: bool = True
+    claimed: bool = False  # reclaimed entries being applied (recovery.py)
+    lost: bool = False  # the namespace's state was lost: known turns still to publish
+    # Cancelled turns whose finalise answered "not yet" (stored path).
+    waiting_cancels: set[TurnKey] = field(default_factory=set)
+    unapplied: list[list[Any]] = field(default_factory=list)  # batches read, not yet applied
+    # Spilled turns' live state (what their events said, False: silent; how
+    # many of their updates their log holds; how many publish_live calls for
+    # them ran), until the stored path's first publish of them
+    # (processor.worker.publishing).
+    live_handed: dict[TurnKey, tuple[Shown | Literal[False], int, int]] = field(
+        default_factory=dict)
+
+    @property
+    def index(self) -> int:
+        return self.shard.index
+
+    @property
+    def held_turns(self) -> list[TurnKey]:
+        """The turns held now, oldest first."""
+        return list(self.holds.turns)
+
+    @property
+    def copied_turns(self) -> list[TurnKey]:
+        """The stored turns this worker has a copy of now, oldest first."""
+        return list(self.mirrors.turns)
+
+    def unknown_pending(self) -> bool:
+        """Whether entries may be pending to this consumer here that it
+        neither holds nor has applied (taken back before its next read)."""
+        return self.orphans or self.claimed
+
+    def floor(self) -> str:
+        """The ``floor`` this consumer gives the watermark (includes/watermark.lua):
+        none without --hold-turns, nor while it may have pending entries it
+        neither holds nor has applied (a lost reply or a failed apply: it
+        takes them back first; entries it reclaimed, until applied)."""
+        if not self.hold_turns or self.unknown_pending():
+            return ""
+        return self.floor_marks.value()
+
+    def held_ids(self) -> set[str]:
+        """The ids of every entry this worker holds here."""
+        return {i for held in self.holds.turns.values() for i in held.ids}
+
+    def read_batch(self, entries: list[Any]) -> None:
+        """A batch read (or taken over) and not yet applied."""
+        if entries:
+            self.unapplied.append(entries)
+
+    def batch_done(self, entries: list[Any]) -> None:
+        batches = self.unapplied
+        for i, batch in enumerate(batches):
+            if batch is entries:
+                del batches[i]
+                return
+
+    def pending_here(self) -> list[str]:
+        """Every entry this consumer has pending here as far as it knows:
+        those it holds and those it read and has not applied yet."""
+        ids = self.held_ids()
+        for batch in self.unapplied:
+            ids.update(as_text(entry[0]) for entry in batch)
+        return sorted(ids, key=id_order)
+
+    def forget(self) -> None:
+        """Forget everything kept of the shard's turns and reads (the
+        namespace's state was lost: continuity.py); whatever is pending to
+        this consumer now is taken back before the next read."""
+        holds, mirrors = self.holds, self.mirrors
+        holds.turns.clear()
+        holds.old.clear()
+        holds.bytes, holds.last = 0, (0, 0)
+        for key in list(mirrors.turns):
+            mirrors.drop(key)
+        self.floor_marks = Floor()
+        self.orphans = True
+        self.last_read = "0"
+        self.reclaim_cursor = "0-0"

@@ -1,0 +1,51 @@
+"""What every part of a worker is given (:class:`Shell`): its Redis client,
+settings, scripts, metrics and dead-letter log, made once by
+:class:`~processor.worker.worker.Worker` and shared by the paths it is
+composed of (held, stored, recovery, continuity) and its shard runners."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from processor.scripts import Scripts
+from processor.wire.keys import Shard
+from processor.worker.batches import BatchOptions
+from processor.worker.config import WorkerConfig
+from processor.worker.metrics import DeadLetterLog, Metrics
+
+T = TypeVar("T")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, eq=False)
+class Shell:
+    """The worker's I/O and settings, shared by its parts."""
+
+    # A redis-py asyncio client (Redis or RedisCluster, processor.redis_io.connections.connect).
+    client: Any
+    config: WorkerConfig
+    options: BatchOptions
+    scripts: Scripts
+    metrics: Metrics
+    dead_letters: DeadLetterLog
+
+
+class Apply(Protocol):
+    """Apply entries read from a shard, a batch or one by one if the batch
+    fails (:meth:`processor.worker.worker.Worker.apply_isolated`)."""
+
+    def __call__(self, shard: Shard, entries: list[tuple[Any, Any]],
+                 deliveries: dict[str, int]) -> Awaitable[None]: ...
+
+
+class Retrying(Protocol):
+    """Run a step until it succeeds, through connection errors
+    (:meth:`processor.worker.worker.Worker.retrying`)."""
+
+    def __call__(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]: ...
