@@ -21,14 +21,13 @@ import aiohttp
 from aiohttp import web
 from worker_harness import ROOT
 
-from processor.client.source import History, TurnSource, TurnState
-from processor.client.turns import Snapshot, TurnRef
 from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
 from processor.serve.run import bound_port, build
 from processor.serve.tokens import issue
+from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 
 SECRET = "test-secret-0123456789"
@@ -223,33 +222,15 @@ def check_stream(events: list[sse.Event], first_seq: int = 0) -> list[dict[str, 
     return data
 
 
-class SnapshotSource:
-    """The server's source, plus a snapshot of a running turn: its text so far
-    per message, at the last seq it has (the per-turn log's snapshot in
-    miniature)."""
+async def wait_logged(harness: Any, rid: str, count: int) -> None:
+    """Until the turn's live log holds ``count`` updates (the worker published them)."""
+    log = harness.ns.shard_for(rid).live(TurnKey(rid).encode())
 
-    def __init__(self, inner: TurnSource) -> None:
-        self.inner = inner
+    async def logged() -> int:
+        return sum(len(json.loads(f[b"updates"])) for _, f in await harness.client.xrange(log))
 
-    async def state(self, turn: TurnRef) -> TurnState:
-        return await self.inner.state(turn)
-
-    async def history(self, turn: TurnRef, after: int) -> History:
-        return await self.inner.history(turn, after)
-
-    async def final(self, turn: TurnRef) -> Any:
-        return await self.inner.final(turn)
-
-    async def snapshot(self, turn: TurnRef) -> Snapshot | None:
-        events = (await self.inner.history(turn, -1)).events
-        if not events:
-            return None
-        texts: dict[str, str] = {}
-        for event in events:
-            data = json.loads(event.data)
-            if data["type"] == "synthesis.chunk":
-                texts[data["message_id"]] = texts.get(data["message_id"], "") + data["delta"]
-        response = {"type": "agent_response", "response_id": turn.response_id, "messages": [
-            {"type": "message", "role": "assistant", "message_id": mid,
-             "contents": [{"type": "text", "text": text}]} for mid, text in texts.items()]}
-        return Snapshot(turn, events[-1].seq, json.dumps(response).encode())
+    for _ in range(1500):
+        if await logged() >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{rid}: {await logged()} updates logged, not {count}")

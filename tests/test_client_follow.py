@@ -1,20 +1,21 @@
 """``Subscriber.follow``: one turn read from Redis with the server's rules,
-against a real worker (``--progress``): joined mid-turn, resumed after a
-cut, of a finished turn; it ends after exactly one terminal event, with the
-exact merged response just before it."""
+against a real worker: joined mid-turn (a snapshot, then the live events),
+resumed after a cut (the events after its seq, from the turn's live log),
+of a finished and of a cancelled turn; it ends after exactly one terminal
+event, with the exact merged response just before it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from typing import Any
 
-from serve_harness import SnapshotSource, merged_text, text_update
+from serve_harness import merged_text, text_update, wait_logged
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
-from processor.client.source import StreamScanSource
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot
 
 
@@ -34,26 +35,30 @@ def _chunks(data: list[dict[str, Any]]) -> str:
     return "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
 
 
-async def test_follow_joins_mid_turn_and_ends_with_the_merged_response(
+async def test_follow_joins_mid_turn_with_a_snapshot_and_ends_with_the_merged_response(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace, progress=True) as harness:
+    async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         subscriber = Subscriber(harness.client, namespace)
         for i in range(3):
             await producer.send("f1", text_update(f"early {i} "))
-        await harness.wait_applied()
+        await wait_logged(harness, "f1", 3)
         items: list[Any] = []
         async for item in subscriber.follow("f1"):
             items.append(item)
-            if len(items) == 7:  # started + 3 x (step, chunk): the past; the rest is live
+            if len(items) == 1:  # the snapshot: the rest is live
                 await producer.send("f1", text_update("later"))
                 await producer.end("f1")
         merged = (await subscriber.wait_for("f1", 30)).response
-        data = _check(items, merged)
+        snapshot = items[0]
+        assert isinstance(snapshot, Snapshot)
+        assert merged_text(json.loads(snapshot.response)) == "early 0 early 1 early 2 "
+        data = _check(items[1:], merged, first_seq=snapshot.seq + 1)
         assert data[-1]["status"] == "completed"
-        assert _chunks(data) == merged_text(merged) == "early 0 early 1 early 2 later"
+        assert merged_text(json.loads(snapshot.response)) + _chunks(data) == merged_text(merged)
+        assert merged_text(merged) == "early 0 early 1 early 2 later"
         # A finished turn: its merged output and terminal; nothing after the terminal seq.
         done = [item async for item in subscriber.follow("f1")]
         assert done == items[-2:]
@@ -61,61 +66,55 @@ async def test_follow_joins_mid_turn_and_ends_with_the_merged_response(
 
 
 async def test_follow_resumes_after_a_cut_without_gap_or_repeat(redis_url, namespace) -> None:
-    async with Harness(redis_url, namespace, progress=True) as harness:
+    async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         subscriber = Subscriber(harness.client, namespace)
-        whole: list[Any] = []
         head: list[Any] = []
+        following = subscriber.follow("f2")  # before the turn starts: from seq 0, live
+        first = asyncio.ensure_future(anext(following))
+        await asyncio.sleep(0.5)  # (it has its position: what comes next is live)
         for i in range(3):
             await producer.send("f2", text_update(f"a{i} "))
-        await harness.wait_applied()
-        async for item in subscriber.follow("f2"):
+        head.append(await first)
+        async for item in following:
             head.append(item)
             if len(head) == 4:
                 break  # the cut: the generator is closed here
+        await following.aclose()
         for i in range(3):
             await producer.send("f2", text_update(f"b{i} "))
-        await harness.wait_applied()
-        rest: list[Any] = []
-        async for item in subscriber.follow("f2", after=head[-1].seq):
-            rest.append(item)
-            if len(rest) == 6:
-                await producer.end("f2")
-        async for item in subscriber.follow("f2"):  # (the turn has ended: its end only)
-            whole.append(item)
+        await wait_logged(harness, "f2", 6)
+        resumed = subscriber.follow("f2", after=head[-1].seq)  # from the live log, then live
+        rest: list[Any] = [await anext(resumed)]
+        await producer.end("f2")
+        rest += [item async for item in resumed]
         merged = (await subscriber.wait_for("f2", 30)).response
         data = _check(head + rest, merged)
+        assert data[0]["type"] == "synthesis.started"
         assert _chunks(data) == merged_text(merged) == "a0 a1 a2 b0 b1 b2 "
-        assert whole == rest[-2:]
 
 
-async def test_follow_of_a_cancelled_turn_and_with_a_snapshot_source(
+async def test_follow_of_a_cancelled_turn_ends_cancelled_with_its_partial_merge(
     redis_url, namespace
 ) -> None:
-    """A source with snapshots gives one first (then only later events), and a
-    cancelled turn ends ``cancelled`` with its partial merge."""
-    async with Harness(redis_url, namespace, progress=True) as harness:
+    async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         subscriber = Subscriber(harness.client, namespace)
         await producer.send("f3", text_update("half "))
-        await harness.wait_applied()
-        keys = await subscriber.ready()
-        source = SnapshotSource(StreamScanSource(harness.client, keys, 5000))
+        await wait_logged(harness, "f3", 1)
         items: list[Any] = []
-        async for item in subscriber.follow("f3", source=source):
+        async for item in subscriber.follow("f3"):
             items.append(item)
             if len(items) == 1:
                 await producer.send("f3", text_update("an answer"))
-                await harness.wait_applied()
-                await producer.cancel("f3", "stop")
-        assert isinstance(items[0], Snapshot) and items[0].seq == 2
-        assert json.loads(items[0].response)["messages"][0]["contents"][0]["text"] == "half "
+                await producer.cancel("f3", "stop")  # (before or after that update applies)
+        assert isinstance(items[0], Snapshot)
         merged = (await subscriber.wait_for("f3", 30)).response
-        data = _check(items[1:], merged, first_seq=3)
+        data = _check(items[1:], merged, first_seq=items[0].seq + 1)
         assert data[-1]["status"] == "cancelled"
-        assert merged_text(merged) == "half an answer"
+        assert merged_text(merged) in ("half ", "half an answer")
 
 
 def test_the_client_loads_no_http_library_and_nothing_of_serve() -> None:

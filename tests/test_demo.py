@@ -59,8 +59,7 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
                                     timeout=30) as stream:
             body = stream.read().decode()  # until the terminal event closes the stream
         data = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
-        assert data[0]["type"] == "synthesis.started"
-        assert any(d["type"] == "synthesis.chunk" for d in data)
+        assert data[0]["type"] in ("synthesis.started", "snapshot")  # (a join mid-turn)
         assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
         assert data[-1]["status"] == "completed"
         texts = [c.get("text") for m in data[-2]["response"]["messages"] for c in m["contents"]]

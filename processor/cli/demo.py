@@ -35,6 +35,10 @@ from processor.wire.keys import Namespace
 from processor.worker.worker import Worker, WorkerConfig
 
 NAMESPACE = "demo"
+#: One shard per worker: each reads its shard alone, so it holds its turns and
+#: is the one voice of their live progress (two workers on one shard share it:
+#: every turn stored, and live deltas of a turn two workers store stop).
+SHARDS = 2
 
 
 def _update(text: str | None = None, *, kind: str = "text", **fields: Any) -> dict[str, Any]:
@@ -102,12 +106,14 @@ async def _produce(producer: Producer, pace: float) -> None:
 
 
 async def _wait_merged(client: Any, count: int, timeout: float = 10.0) -> list[Any]:
-    stream = Namespace(NAMESPACE).shard(0).merged
+    shards = Namespace(NAMESPACE, SHARDS).all()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        entries: list[Any] = await client.xrange(stream)
+        entries: list[Any] = []
+        for shard in shards:
+            entries += await client.xrange(shard.merged)
         if len(entries) >= count:
-            return entries
+            return sorted(entries, key=lambda e: [int(p) for p in e[0].split(b"-")])
         await asyncio.sleep(0.05)
     raise TimeoutError(f"only {len(entries)} of {count} turns merged in {timeout:g}s")
 
@@ -200,8 +206,8 @@ async def run_demo(options: Options | None = None) -> int:
     serve: _Serve | None = None
     try:
         client = await connect(RedisOptions(redis_url))
-        workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, progress=True,
-                                               limits=Limits(turn_timeout=30)))
+        workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, shards=SHARDS,
+                                               progress=True, limits=Limits(turn_timeout=30)))
                    for _ in range(2)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         await asyncio.gather(*(w.ready.wait() for w in workers))
@@ -216,8 +222,8 @@ async def run_demo(options: Options | None = None) -> int:
               flush=True)
         await _produce(Producer(client, namespace=NAMESPACE), options.pace)
         merged = await _wait_merged(client, 3)
-        raw = await client.xrange(Namespace(NAMESPACE).shard(0).events)
-        events = [json.loads(f[b"event"]) for _, f in raw]
+        events = [json.loads(f[b"event"]) for shard in Namespace(NAMESPACE, SHARDS).all()
+                  for _, f in await client.xrange(shard.events)]
         for _, fields in merged:
             _print_turn(fields, events)
         sys.stdout.flush()

@@ -282,10 +282,11 @@ class LiveRun:
       other event and never lets an id be reopened, so a message that goes
       on after another event (agents interleave) goes on under
       ``<message id>~<seq of its first chunk there>``;
-    - ``step`` -> nothing for a ``text`` step (its chunk carries the text),
-      else ``CUSTOM`` ``processor.step`` with the worker's event as value:
-      calls and results are streamed only as steps, since their arguments
-      are not complete JSON until the turn is merged;
+    - ``step`` -> nothing for a ``text`` step (its chunk carries the text);
+      any other event (``step``, ``reasoning.chunk``, ``tool_call.chunk``,
+      ``tool_result``, types to come) -> ``CUSTOM`` ``processor.<type>`` with
+      the worker's event as value: calls are not streamed as ``TOOL_CALL_*``
+      since their arguments are not complete JSON until the turn is merged;
     - the terminal ``synthesis`` -> :func:`ending` (the serve side sends the
       merged response's ``MESSAGES_SNAPSHOT`` just before it).
 
@@ -314,15 +315,13 @@ class LiveRun:
             thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
             return [{"type": "RUN_STARTED", "timestamp": ts, "threadId": thread, "runId": run,
                      "protocolVersion": PROTOCOL_VERSION}]
-        if kind == "step":
-            return [{"type": "CUSTOM", "timestamp": ts, "name": "processor.step",
-                     "value": dict(event)}]
         if kind == "synthesis":
             thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
             error = event.get("error")
             info = ErrorInfo(error["code"], error["message"]) if error else None
             return [ending(thread, run, event.get("status", ""), info, None, ts)]
-        return []  # an event type this projection does not know: nothing to send
+        return [{"type": "CUSTOM", "timestamp": ts, "name": f"processor.{kind}",
+                 "value": dict(event)}]
 
     def _chunk(self, event: Mapping[str, Any]) -> dict[str, Any]:
         mid = event.get("message_id")
