@@ -76,6 +76,10 @@ async def wait_until(predicate: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+#: Commands listed by name in the idle table (the busiest); the rest are summed.
+TOP_COMMANDS = 6
+
+
 async def commandstats(client: Any) -> dict[str, int]:
     info = await client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
@@ -227,7 +231,11 @@ def report(args: argparse.Namespace, runs: list[tuple[float, dict[str, Any]]],
     table = "\n".join(lines)
     idle, base = figures["idle"], figures["baseline"]
     commands = sorted(set(idle) | set(base), key=lambda k: -idle.get(k, 0))
-    rows = "\n".join(f"| `{k}` | {base.get(k, 0):.1f} | {idle.get(k, 0):.1f} |" for k in commands)
+    top, rest = commands[:TOP_COMMANDS], commands[TOP_COMMANDS:]
+    rows = "\n".join(f"| `{k}` | {base.get(k, 0):.1f} | {idle.get(k, 0):.1f} |" for k in top)
+    if rest:
+        rows += (f"\n| {len(rest)} others | {sum(base.get(k, 0) for k in rest):.1f} | "
+                 f"{sum(idle.get(k, 0) for k in rest):.1f} |")
     evals = idle.get("evalsha", 0.0)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip() or "?"
