@@ -30,7 +30,7 @@ response (``tests/test_live.py`` checks it over random turns).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -113,10 +113,7 @@ def live_events(
     One pass over each message's contents (run for every turn a batch
     moved, so kept lean): its text, reasoning and last step kind, and its
     calls and results only when it has any."""
-    base: dict[str, Any] = {
-        "synthesis_id": key.synthesis_id(), "response_id": key.response_id, "seq": 0, "ts": ts,
-        **{name: ids.get(name) for name in TURN_IDS}, "attempt_id": key.attempt_id or None,
-    }
+    made = _Made(key, ids, ts)
     events: list[Event] = []
     # (Calls and results of a message no longer in the merge stay known as
     # shown: if it comes back, its next chunk follows on from what a reader has.)
@@ -159,47 +156,93 @@ def live_events(
             found = _delta(was_texts.get(mid), text)
             if found is not None:
                 agent = message.additional_properties.get("agent_id")
-                events.append(SynthesisChunk(**base, message_id=mid, agent_id=agent,
-                                             author_name=message.author_name, delta=found[0],
-                                             replace=found[1]))
+                events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
+                                       agent_id=agent, author_name=message.author_name,
+                                       delta=found[0], replace=found[1]))
         if thought or mid in was_reasoning:
             reasoning[mid] = thought
             found = _delta(was_reasoning.get(mid), thought)
             if found is not None:
                 if agent is _UNSET:
                     agent = message.additional_properties.get("agent_id")
-                events.append(ReasoningChunk(**base, message_id=mid, agent_id=agent,
-                                             author_name=message.author_name, delta=found[0],
-                                             replace=found[1]))
+                events.append(_replace(made.proto(ReasoningChunk), message_id=mid,
+                                       agent_id=agent, author_name=message.author_name,
+                                       delta=found[0], replace=found[1]))
         if tools:
-            _tool_events(events, base, message, mid, shown, after)
+            _tool_events(events, made, message, mid, shown, after)
         if last is not None:
             step, step_message = (mid, last), message
     # Messages no longer in the merge: their text (and reasoning) is gone.
     for mid, text in was_texts.items():
         if mid not in texts and text:
-            events.append(SynthesisChunk(**base, message_id=mid, agent_id=None,
-                                         author_name=None, delta="", replace=True))
+            events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
+                                   replace=True))
             texts[mid] = ""
     for mid, thought in was_reasoning.items():
         if mid not in reasoning and thought:
-            events.append(ReasoningChunk(**base, message_id=mid, agent_id=None,
-                                         author_name=None, delta="", replace=True))
+            events.append(_replace(made.proto(ReasoningChunk), message_id=mid, delta="",
+                                   replace=True))
             reasoning[mid] = ""
     if step is not None and step != shown.step and step_message is not None:
         after.step = step
-        events.insert(0, Step(
-            **base, agent_id=step_message.additional_properties.get("agent_id"),
-            agent_name=step_message.author_name, step=_STEP_OF[step[1]], content="",
-            step_data={"message_id": step[0]}, step_id=None, tool_call_id=None,
-            action_id=None, evidence_id=None))
+        events.insert(0, _replace(
+            made.proto(Step), agent_id=step_message.additional_properties.get("agent_id"),
+            agent_name=step_message.author_name, step=_STEP_OF[step[1]],
+            step_data={"message_id": step[0]}))
     return events, after
 
 
 _UNSET: Any = object()
 
+_replace = msgspec.structs.replace
+_E = TypeVar("_E", SynthesisChunk, ReasoningChunk, ToolCallChunk, ToolResult, Step)
 
-def _tool_events(events: list[Event], base: dict[str, Any], message: Message, mid: str,
+#: One blank event per kind of live event (every turn-level field at its
+#: default): a turn's events are copies of it (``msgspec.structs.replace``
+#: with a few fields is several times cheaper than building a Struct of
+#: sixteen fields from keywords, and the diff runs for every turn a batch moves).
+_BLANK: dict[type, Any] = {
+    SynthesisChunk: SynthesisChunk(synthesis_id="", response_id="", seq=0, ts=0, message_id=None,
+                                   agent_id=None, author_name=None, delta=""),
+    ReasoningChunk: ReasoningChunk(synthesis_id="", response_id="", seq=0, ts=0, message_id="",
+                                   agent_id=None, author_name=None, delta=""),
+    ToolCallChunk: ToolCallChunk(synthesis_id="", response_id="", seq=0, ts=0, message_id="",
+                                 index=0, call_id=None, name=None, agent_id=None,
+                                 author_name=None, delta=""),
+    ToolResult: ToolResult(synthesis_id="", response_id="", seq=0, ts=0, message_id="", index=0,
+                           call_id=None, agent_id=None, author_name=None, result=None),
+    Step: Step(synthesis_id="", response_id="", seq=0, ts=0, agent_id=None, agent_name=None,
+               step="text", content="", step_data={}, step_id=None, tool_call_id=None,
+               action_id=None, evidence_id=None),
+}
+
+
+class _Made:
+    """A turn's event of each kind with its turn-level fields (``seq`` 0),
+    made from :data:`_BLANK` when first needed: its events copy it."""
+
+    __slots__ = ("base", "protos")
+
+    def __init__(self, key: TurnKey, ids: dict[str, str], ts: int) -> None:
+        base: dict[str, Any] = {"synthesis_id": key.synthesis_id(),
+                                "response_id": key.response_id, "ts": ts}
+        for name in TURN_IDS:
+            value = ids.get(name)
+            if value is not None and name != "attempt_id":
+                base[name] = value
+        if key.attempt_id:
+            base["attempt_id"] = key.attempt_id
+        self.base = base
+        self.protos: dict[type, Any] = {}
+
+    def proto(self, cls: type[_E]) -> _E:
+        made: _E | None = self.protos.get(cls)
+        if made is None:
+            made = self.protos[cls] = _replace(_BLANK[cls], **self.base)
+        return made
+
+
+def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                  shown: Shown, after: Shown) -> None:
     """A message's call chunks and results (in its contents' order) that
     ``shown`` lacks, appended to ``events``; ``after`` records them."""
@@ -218,19 +261,19 @@ def _tool_events(events: list[Event], base: dict[str, Any], message: Message, mi
             if found is None and was is None:
                 found = ("", False)  # a call announced before its arguments
             if found is not None:
-                events.append(ToolCallChunk(
-                    **base, message_id=mid, index=where[1], call_id=content.call_id,
-                    name=content.name, agent_id=agent, author_name=author,
-                    delta=found[0], replace=found[1] or not isinstance(content.arguments,
-                                                                       str | None)))
+                events.append(_replace(
+                    made.proto(ToolCallChunk), message_id=mid, index=where[1],
+                    call_id=content.call_id, name=content.name, agent_id=agent,
+                    author_name=author, delta=found[0],
+                    replace=found[1] or not isinstance(content.arguments, str | None)))
         elif kind == "function_result":
             where = (mid, results)
             results += 1
             after.results[where] = content.result
             if where not in shown.results or shown.results[where] != content.result:
-                events.append(ToolResult(**base, message_id=mid, index=where[1],
-                                         call_id=content.call_id, agent_id=agent,
-                                         author_name=author, result=content.result))
+                events.append(_replace(made.proto(ToolResult), message_id=mid, index=where[1],
+                                       call_id=content.call_id, agent_id=agent,
+                                       author_name=author, result=content.result))
 
 
 def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:
