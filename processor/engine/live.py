@@ -221,24 +221,29 @@ class _Made:
     """A turn's event of each kind with its turn-level fields (``seq`` 0),
     made from :data:`_BLANK` when first needed: its events copy it."""
 
-    __slots__ = ("base", "protos")
+    __slots__ = ("ids", "protos", "response_id", "synthesis_id", "ts")
 
     def __init__(self, key: TurnKey, ids: dict[str, str], ts: int) -> None:
-        base: dict[str, Any] = {"synthesis_id": key.synthesis_id(),
-                                "response_id": key.response_id, "ts": ts}
-        for name in TURN_IDS:
-            value = ids.get(name)
-            if value is not None and name != "attempt_id":
-                base[name] = value
+        self.synthesis_id, self.response_id, self.ts = key.synthesis_id(), key.response_id, ts
+        named: dict[str, Any] = {}  # (the turn-level ids it has: most turns have none)
+        if ids:
+            for name in TURN_IDS:
+                value = ids.get(name)
+                if value is not None and name != "attempt_id":
+                    named[name] = value
         if key.attempt_id:
-            base["attempt_id"] = key.attempt_id
-        self.base = base
+            named["attempt_id"] = key.attempt_id
+        self.ids = named
         self.protos: dict[type, Any] = {}
 
     def proto(self, cls: type[_E]) -> _E:
         made: _E | None = self.protos.get(cls)
         if made is None:
-            made = self.protos[cls] = _replace(_BLANK[cls], **self.base)
+            made = _replace(_BLANK[cls], synthesis_id=self.synthesis_id,
+                            response_id=self.response_id, ts=self.ts)
+            if self.ids:
+                made = _replace(made, **self.ids)
+            self.protos[cls] = made
         return made
 
 
