@@ -47,6 +47,9 @@ DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- inbox-bench:start -->", "<!-- inbox-bench:end -->"
 MODES = {"stream": False, "inbox": True}  # name -> Producer(inbox=...)
 
+#: Commands listed by name in the idle table (the busiest); the rest are summed.
+TOP_COMMANDS = 6
+
 
 def update(i: int) -> dict[str, Any]:
     return {"type": "agent_response_update", "role": "assistant", "message_id": "m",
@@ -221,8 +224,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any], load: tuple[float,
     per_shard = args.workers * args.shards
     # The busiest commands by name; the inbox's own (blpop) always; the rest summed.
     ordered = sorted(idle.items(), key=lambda kv: -kv[1])
-    shown = [kv for i, kv in enumerate(ordered) if i < 6 or kv[0] == "blpop"]
-    rest = [v for kv in ordered if kv not in shown for v in [kv[1]]]
+    shown = [kv for i, kv in enumerate(ordered) if i < TOP_COMMANDS or kv[0] == "blpop"]
+    rest = [v for k, v in ordered[TOP_COMMANDS:] if k != "blpop"]
     idle_rows = "\n".join(f"| `{k}` | {v:.2f} |" for k, v in shown)
     if rest:
         idle_rows += f"\n| {len(rest)} others | {sum(rest):.2f} |"

@@ -30,8 +30,10 @@ from typing import Any
 from processor.client import Producer
 from processor.engine.lifecycle import Limits
 from processor.redis_io.connections import RedisOptions, connect
+from processor.redis_io.replies import as_text
 from processor.service.run import start_embedded
 from processor.wire.keys import Namespace
+from processor.wire.stream_ids import id_order
 from processor.worker.worker import Worker, WorkerConfig
 
 NAMESPACE = "demo"
@@ -113,7 +115,7 @@ async def _wait_merged(client: Any, count: int, timeout: float = 10.0) -> list[A
         for shard in shards:
             entries += await client.xrange(shard.merged)
         if len(entries) >= count:
-            return sorted(entries, key=lambda e: [int(p) for p in e[0].split(b"-")])
+            return sorted(entries, key=lambda e: id_order(as_text(e[0])))
         await asyncio.sleep(0.05)
     raise TimeoutError(f"only {len(entries)} of {count} turns merged in {timeout:g}s")
 
