@@ -1,12 +1,12 @@
 """``processor serve`` under load: many open SSE clients, on a private
-redis-server with ``processor run --progress`` workers.
+redis-server with ``processor run`` workers (live progress on, the default).
 
     python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
                                 [--seconds 20] [--fractions 0.5,0.25,0.1]
                                 [--rate R]
                                 [--idle 10] [--no-write]
 
-1. Calibrate: the workers' throughput with ``--progress`` (``--calibrate``
+1. Calibrate: the workers' throughput alone (``--calibrate``
    updates over ``--turns`` turns, XADDed at once; time from the first XADD
    to the last merged entry, on Redis's clock), unless ``--rate`` is given.
 2. Start one ``processor serve`` (tokens on), open ``--turns`` turns (one
@@ -225,14 +225,14 @@ class Bench:
 def spawn_workers(url: str, args: argparse.Namespace, log: Any) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen(
         [sys.executable, "-m", "processor.cli", "run", "--redis-url", url, "--namespace",
-         NAMESPACE, "--shards", "1", "--consumer", f"sb{i}", "--progress", "--turn-timeout",
+         NAMESPACE, "--shards", "1", "--consumer", f"sb{i}", "--turn-timeout",
          "600", "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(ROOT)}) for i in range(args.workers)]
 
 
 async def calibrate(client: Any, ns: Namespace, args: argparse.Namespace) -> float:
-    """The workers' throughput with --progress, in updates/s (Redis's clock)."""
+    """The workers' throughput alone, in updates/s (Redis's clock)."""
     shard = ns.shard(0)
     per_turn = args.calibrate // args.turns
     before = await client.xlen(shard.merged)
@@ -340,7 +340,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(group_ready, 60, "the workers' consumer group")
         fractions = [float(f) for f in args.fractions.split(",")]
         throughput = 0.0 if args.rate else await calibrate(client, ns, args)
-        print(f"workers (--progress) alone: {throughput:,.0f} updates/s", flush=True)
+        print(f"workers alone: {throughput:,.0f} updates/s", flush=True)
 
         serve_log = log_dir / "serve.log"
         with open(serve_log, "wb") as out:
@@ -465,20 +465,21 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
     commands = ", ".join(f"`{k}` {v:.2f}/s" for k, v in sorted(
         r["idle"][0]["calls"].items(), key=lambda kv: -kv[1]))
     command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
-    calibrated = (f"The worker's throughput with `--progress` alone (nothing else running): "
+    calibrated = (f"The worker's throughput alone (nothing else running): "
                   f"{r['throughput']:,.0f} updates/s. " if r["throughput"] else "")
     return f"""## `processor serve`: open SSE clients
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
-{args.workers} `processor run --progress` worker(s), one `processor serve` process with \
-tokens on, {args.clients:,} SSE clients over {args.turns} running turns, \
-{args.clients // args.turns} per turn, all in one client process). {calibrated}A producer \
-process paced text updates round-robin over the turns for {args.seconds:g} s after a \
-{WARMUP:g} s warm-up, at each pace below in turn. Latency = the time a chunk event reached a \
-client minus the time just before its update's XADD (the machine's clock), for every \
-(update, client) pair of the updates sent in the window, waiting until all had arrived; the \
-worker's part = the chunk event's entry time in the events stream (Redis's clock) minus the \
-same XADD time. CPU = process CPU time over the window, in share of one core.
+{args.workers} `processor run` worker(s) (live progress on, the default), one \
+`processor serve` process with tokens on, {args.clients:,} SSE clients over \
+{args.turns} running turns, {args.clients // args.turns} per turn, all in one client \
+process). {calibrated}A producer process paced text updates round-robin over the turns \
+for {args.seconds:g} s after a {WARMUP:g} s warm-up, at each pace below in turn. \
+Latency = the time a chunk event reached a client minus the time just before its \
+update's XADD (the machine's clock), for every (update, client) pair of the updates \
+sent in the window, waiting until all had arrived; the worker's part = the chunk event's \
+entry time in the events stream (Redis's clock) minus the same XADD time. CPU = process CPU \
+time over the window, in share of one core.
 
 | paced | at a client p50 / p99 / max | samples | worker's part p50 / p99 | serve CPU \
 | clients' CPU | dropped as slow |
@@ -525,7 +526,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--fractions", default="0.5,0.25,0.1",
-                        help="of the workers' --progress throughput to pace the updates at, "
+                        help="of the workers' throughput alone to pace the updates at, "
                         "one load phase each (default 0.5,0.25,0.1)")
     parser.add_argument("--rate", type=float, default=0,
                         help="updates/s to pace at, one phase (skips the calibration)")
