@@ -6,11 +6,16 @@ redis-server with ``processor run`` workers (live progress on, the default).
                                 [--rate R]
                                 [--idle 10] [--no-write]
 
-1. Calibrate: the workers' throughput alone (``--calibrate``
-   updates over ``--turns`` turns, XADDed at once; time from the first XADD
-   to the last merged entry, on Redis's clock), unless ``--rate`` is given.
-2. Start one ``processor serve`` (tokens on), open ``--turns`` turns (one
-   update each), then ``--clients`` SSE clients spread evenly over them.
+1. Calibrate, unless ``--rate`` is given: the workers' throughput alone
+   on fresh turns (``--calibrate`` updates over ``--turns`` turns, XADDed
+   at once; from the first XADD to the last merged entry, on Redis's
+   clock), for reference.
+2. Start one ``processor serve`` (tokens on) and open ``--turns`` turns (one
+   update each); once they are held past ``--hold-ms`` (stored, as under
+   the load), the workers' throughput on them: ``--calibrate`` updates
+   XADDed at once round-robin, then one stamped update per turn, to the
+   last one's chunk event. The paces are shares of this one. Then
+   ``--clients`` SSE clients spread evenly over the turns.
 3. Load: a producer process paces text updates round-robin over the turns
    at each of ``--fractions`` of the calibrated throughput in turn, for
    ``--seconds`` each (after a 2 s warm-up); each delta carries ``time.time_ns()`` taken just before
@@ -60,6 +65,7 @@ import redis.asyncio
 
 from processor.embedded import EmbeddedRedis
 from processor.serve.tokens import issue
+from processor.wire.defaults import HOLD_MS
 from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +73,15 @@ DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- serve-bench:start -->", "<!-- serve-bench:end -->"
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
-MARK = re.compile(rb'"delta":"t(\d+) ')
+#: A delta's stamp: a chunk coalesces the updates a batch merged into its
+#: turn, each update's text one stamp ("t<time_ns> "), all of them counted.
+MARK = re.compile(rb'"delta":"([^"]*)"')
+STAMP = re.compile(rb"t(\d{19}) ")
+
+
+def stamps(data: bytes) -> list[int]:
+    """The stamps of the chunk deltas in ``data`` (not of a snapshot's text)."""
+    return [int(stamp) for delta in MARK.findall(data) for stamp in STAMP.findall(delta)]
 WARMUP = 2.0
 
 
@@ -198,8 +212,8 @@ class Client:
         pending = b""
         async for chunk in response.content.iter_any():
             now = time.time_ns()
-            for match in MARK.finditer(chunk):
-                self.bench.arrivals.append((int(match.group(1)), now))
+            for stamp in stamps(chunk):
+                self.bench.arrivals.append((stamp, now))
             if b'"dropped"' in chunk:
                 self.bench.drops += 1
             pending = (pending + chunk)[-4096:]
@@ -255,6 +269,43 @@ async def calibrate(client: Any, ns: Namespace, args: argparse.Namespace) -> flo
     return float(per_turn * args.turns / (ms / 1000))
 
 
+async def calibrate_running(client: Any, ns: Namespace, args: argparse.Namespace,
+                            rids: list[str]) -> float:
+    """The workers' throughput alone on the load's own pattern, in updates/s
+    (Redis's clock): ``--calibrate`` text updates XADDed at once round-robin
+    over the running turns (held longer than --hold-ms by now, so stored,
+    as they are under the load), then one stamped update per turn; from the
+    first XADD to the last stamped update's chunk event."""
+    shard = ns.shard(0)
+    per_turn = args.calibrate // len(rids)
+    async with client.pipeline(transaction=False) as pipe:
+        for _ in range(per_turn):
+            for rid in rids:
+                pipe.xadd(shard.updates, {"response_id": rid, "update": update("c ")})
+        marks: set[int] = set()
+        for rid in rids:
+            stamp = time.time_ns()
+            marks.add(stamp)
+            pipe.xadd(shard.updates, {"response_id": rid, "update": update(f"t{stamp} ")})
+        ids = await pipe.execute()
+    first, last, start = int(ids[0].split(b"-")[0]), 0, ids[0]
+    seen: set[int] = set()
+    deadline = time.monotonic() + 300
+    while seen != marks:
+        if time.monotonic() > deadline:
+            raise SystemExit("serve_bench: timed out waiting for the calibration updates")
+        for entry_id, fields in await client.xrange(shard.events, min=start, max="+",
+                                                    count=5000):
+            start = b"(" + entry_id
+            if fields.get(b"type") == b"synthesis.chunk":
+                for stamp in stamps(fields[b"event"]):
+                    if stamp in marks:
+                        seen.add(stamp)
+                        last = int(entry_id.split(b"-")[0])
+        await asyncio.sleep(0.05)
+    return float((per_turn + 1) * len(rids) / ((last - first) / 1000))
+
+
 async def load(args: argparse.Namespace, bench: Bench, client: Any, ns: Namespace,
                serve_pid: int, url: str, rate: float) -> dict[str, Any]:
     """Pace updates at ``rate`` for a warm-up and ``--seconds``; the latency of
@@ -301,9 +352,9 @@ async def publish_delays(client: Any, ns: Namespace, window: list[int]) -> list[
         entries = await client.xrange(stream, min=start, max="+", count=5000)
         for entry_id, fields in entries:
             if fields.get(b"type") == b"synthesis.chunk":
-                match = MARK.search(fields[b"event"])
-                if match and window[0] <= int(match.group(1)) <= window[1]:
-                    out.append(int(entry_id.split(b"-")[0]) - int(match.group(1)) / 1e6)
+                for stamp in stamps(fields[b"event"]):
+                    if window[0] <= stamp <= window[1]:
+                        out.append(int(entry_id.split(b"-")[0]) - stamp / 1e6)
         if len(entries) < 5000:
             return out
         start = "(" + entries[-1][0].decode()
@@ -340,7 +391,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(group_ready, 60, "the workers' consumer group")
         fractions = [float(f) for f in args.fractions.split(",")]
         throughput = 0.0 if args.rate else await calibrate(client, ns, args)
-        print(f"workers alone: {throughput:,.0f} updates/s", flush=True)
+        running = 0.0
+        print(f"workers alone on fresh turns: {throughput:,.0f} updates/s", flush=True)
 
         serve_log = log_dir / "serve.log"
         with open(serve_log, "wb") as out:
@@ -381,6 +433,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             return bool(int(await client.zcard(ns.shard(0).active)) >= args.turns)
 
         await wait_until(all_active, 120, f"{args.turns} running turns")
+        if not args.rate:
+            await asyncio.sleep(HOLD_MS / 1000 + 1)  # (stored from here on, as under the load)
+            running = await calibrate_running(client, ns, args, rids)
+            print(f"workers alone on the running turns: {running:,.0f} updates/s", flush=True)
 
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
@@ -398,7 +454,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(all_open, 120, f"{args.clients} open streams")
         print(f"{bench.opened} streams open", flush=True)
 
-        loads = [await load(args, bench, client, ns, serve.pid, server.url, throughput * f)
+        loads = [await load(args, bench, client, ns, serve.pid, server.url, running * f)
                  for f in fractions] if not args.rate else \
             [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
 
@@ -426,7 +482,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(c.task for c in clients[:keep] if c.task),
                              return_exceptions=True)
         await session.close()
-        return {"version": server.version, "throughput": throughput, "loads": loads,
+        return {"version": server.version, "throughput": throughput, "running": running,
+                "loads": loads,
                 "idle": [idle_all, idle_few]}
     finally:
         if serve is not None and serve.poll() is None:
@@ -449,7 +506,7 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
     rows = []
     for f in r["loads"]:
         samples, pub = f["samples"] or [0.0], f["published"] or [0.0]
-        share = f" ({f['rate'] / r['throughput']:.2f} of it)" if r["throughput"] else ""
+        share = f" ({f['rate'] / r['running']:.2f} of it)" if r["running"] else ""
         rows.append(
             f"| {f['rate']:,.0f}/s{share}, {f['achieved']:,.0f}/s sent | "
             f"{percentile(samples, 50):.1f} / {percentile(samples, 99):.1f} / "
@@ -465,8 +522,13 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
     commands = ", ".join(f"`{k}` {v:.2f}/s" for k, v in sorted(
         r["idle"][0]["calls"].items(), key=lambda kv: -kv[1]))
     command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
-    calibrated = (f"The worker's throughput alone (nothing else running): "
-                  f"{r['throughput']:,.0f} updates/s. " if r["throughput"] else "")
+    calibrated = (
+        f"The worker's throughput alone (nothing else running), on the load's pattern "
+        f"(`--calibrate` updates XADDed at once round-robin over the {args.turns} running "
+        f"turns, held past `--hold-ms` by then and so stored, as under the load; from the "
+        f"first XADD to the last one's chunk event): {r['running']:,.0f} updates/s; "
+        f"on fresh turns XADDed whole (held): {r['throughput']:,.0f} updates/s. The paces "
+        f"below are shares of the first. " if r["running"] else "")
     return f"""## `processor serve`: open SSE clients
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
