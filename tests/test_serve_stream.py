@@ -186,10 +186,16 @@ async def test_a_finished_turn_gives_its_merged_response_and_end_then_nothing(
                 data = payloads(events)
                 assert [d["type"] for d in data] == ["merged", "synthesis"]
                 assert data[0]["response"] == merged and events[1].id == str(data[1]["seq"])
-                # A client resuming from before the end gets the same; one that has the
+                # A client resuming from before the end gets the events it missed (read
+                # back from the terminal event), then the same end; one that has the
                 # terminal event gets 204, which tells EventSource not to reconnect.
-                again = await open_stream(session, url, {**bearer("done"), "Last-Event-ID": "1"})
-                assert payloads(await again.rest()) == data
+                again = await open_stream(session, url, {**bearer("done"), "Last-Event-ID": "0"})
+                resumed = await again.rest()
+                assert [e.id for e in resumed if e.id is not None] == [
+                    str(seq) for seq in range(1, data[1]["seq"] + 1)]
+                assert payloads(resumed)[-2:] == data
+                assert "".join(d["delta"] for d in payloads(resumed)
+                               if d["type"] == "synthesis.chunk") == "all of it"
                 async with session.get(url, headers={**bearer("done"),
                                                      "Last-Event-ID": events[1].id}) as response:
                     assert response.status == 204

@@ -68,14 +68,15 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
     state = await retry.run(lambda: source.state(turn))
     past: list[LiveEvent | MergedOutput] = []
     if state.phase == "finished":
-        final = await retry.run(lambda: source.final(turn))
+        final = await retry.run(lambda: source.final(turn, after))
         if final.terminal is None:  # no longer retained: the merged output is all there is
             if final.merged is not None:
                 yield final.merged
             return
         if cursor.last >= final.terminal.seq:
             return  # the caller has it all (the server answers 204)
-        past = [item for item in (final.merged, final.terminal) if item is not None]
+        past = [*(final.missed if final.complete else []),
+                *(item for item in (final.merged, final.terminal) if item is not None)]
     elif state.phase == "running":
         snapshot = await retry.run(lambda: source.snapshot(turn)) if after is None else None
         if snapshot is not None:

@@ -54,10 +54,16 @@ class History:
 
 @dataclass(frozen=True, slots=True)
 class Final:
-    """The outputs of a finished turn; either is None once no longer retained."""
+    """The outputs of a finished turn; either is None once no longer
+    retained. Asked with ``after`` (a resume): ``missed``, the turn's events
+    with a seq between ``after`` and the terminal event's, in seq order, all
+    of them (``complete``) or none when the source could not reach back to
+    ``after + 1`` (trimmed from the stream, or past the look-back)."""
 
     merged: MergedOutput | None
     terminal: LiveEvent | None
+    missed: list[LiveEvent] = field(default_factory=list)
+    complete: bool = True
 
 
 class TurnSource(Protocol):
@@ -71,7 +77,7 @@ class TurnSource(Protocol):
 
     async def history(self, turn: TurnRef, after: int) -> History: ...
 
-    async def final(self, turn: TurnRef) -> Final: ...
+    async def final(self, turn: TurnRef, after: int | None = None) -> Final: ...
 
 
 def entry_field(fields: Mapping[Any, Any], name: str) -> Any:
@@ -170,7 +176,7 @@ class LogSource:
         complete = not found or found[0].seq == after + 1
         return History(found, complete)
 
-    async def final(self, turn: TurnRef) -> Final:
+    async def final(self, turn: TurnRef, after: int | None = None) -> Final:
         shard, tk = turn.shard(self.namespace), turn.key.encode()
         merged_id, terminal_id = await self.client.hmget(shard.done(tk), "merged_id",
                                                          "terminal_id")
@@ -183,7 +189,45 @@ class LogSource:
         if terminal_id and terminal_entries:
             event = owned_event(turn, terminal_entries[0][1])
             terminal = event if event is not None and event.terminal else None
-        return Final(merged, terminal)
+        if terminal is None or after is None or after >= terminal.seq - 1:
+            return Final(merged, terminal)
+        missed = await self._missed(turn, as_text(terminal_id), after, terminal.seq)
+        return Final(merged, terminal, missed or [], missed is not None)
+
+    async def _missed(self, turn: TurnRef, terminal_id: str, after: int,
+                      last: int) -> list[LiveEvent] | None:
+        """The turn's events with a seq in (``after``, ``last``), read back
+        from its terminal event's entry in the shard's events stream (the
+        log went with the turn's state); None if not all of them are within
+        :data:`LOOK_BACK` entries. A turn's events are in the stream in seq
+        order, so the look-back stops at the first one at or below ``after + 1``."""
+        events = turn.shard(self.namespace).events
+        found: dict[int, LiveEvent] = {}
+        top, read = "(" + terminal_id, 0
+        while read < LOOK_BACK:
+            entries = await self.client.xrevrange(events, max=top, min="-", count=LOOK_BACK_PAGE)
+            read += len(entries)
+            for _, fields in entries:
+                event = owned_event(turn, fields)
+                if event is None:
+                    continue
+                if after < event.seq < last:
+                    found[event.seq] = event
+                if event.seq <= after + 1:
+                    read = LOOK_BACK  # (reached: nothing older is missed)
+            if len(entries) < LOOK_BACK_PAGE:
+                break
+            top = "(" + as_text(entries[-1][0])
+        if len(found) != last - after - 1:
+            return None
+        return [found[seq] for seq in sorted(found)]
+
+
+#: How many entries of the shard's events stream a resume of a turn that
+#: finished meanwhile reads back from its terminal event, at most, for the
+#: events the client missed (pages of :data:`LOOK_BACK_PAGE`).
+LOOK_BACK = 10_000
+LOOK_BACK_PAGE = 500
 
 
 _update = msgspec.json.Decoder(Update)

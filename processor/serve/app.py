@@ -307,10 +307,14 @@ async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = F
     state = await server.source.state(turn)
     if state.phase == "finished":
         server.metrics.redis_calls.labels("final").inc()
-        final = await server.source.final(turn)
+        # A native resume gets the events it missed before the end (AG-UI's
+        # MESSAGES_SNAPSHOT replaces them); the merged event makes the end
+        # exact if they are no longer there.
+        final = await server.source.final(turn, None if whole else after)
         if final.terminal is not None and after is not None and after >= final.terminal.seq:
             return Join(has_all=True)
-        past = [item for item in (final.merged, final.terminal) if item is not None]
+        missed: list[LiveEvent | MergedOutput] = list(final.missed) if final.complete else []
+        past = missed + [item for item in (final.merged, final.terminal) if item is not None]
         return Join(past=past, gone=final.terminal is None, status=state.status)
     if state.phase == "unknown":
         return Join()
