@@ -531,3 +531,85 @@ async def test_a_held_turns_last_events_are_left_out_when_another_speaks_for_it(
     assert held == 1
     seqs = [e["seq"] for e in events]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gap-free to the terminal event
+
+
+async def test_an_entry_after_the_end_of_a_turn_whose_finalise_is_in_flight_is_late(
+    redis_url: str, namespace: str
+) -> None:
+    """A batch's finalise runs while the next batch is merged (HeldPath.settle).
+    An entry of a turn whose finalise is still in flight, in that next
+    batch, waits for the finalise: it is then dead-lettered as late
+    (``turn_closed``), not fed to the published turn and left pending; the
+    batch's other turn goes on held. Here the finalise's reply is held back
+    until the late entry has been delivered."""
+    async with Harness(redis_url, namespace, batch=10, hold_turns=True) as harness:
+        (running,) = await harness.start_workers(1)
+        # (A first turn: the loop's first reclaim, which commits first, is behind it.)
+        await harness.add([text_delta("w", "0"), end_entry("w")])
+        await harness.wait_merged(1)
+        scripts = running.worker.scripts
+        real, entered, release = scripts.finalise_held, asyncio.Event(), asyncio.Event()
+
+        async def held_back(**kwargs: Any) -> Any:
+            result = await real(**kwargs)
+            if not entered.is_set():
+                entered.set()
+                await release.wait()
+            return result
+
+        scripts.finalise_held = held_back
+        async with harness.client.pipeline(transaction=True) as pipe:  # (read as one batch)
+            for entry in (text_delta("a", "1"), end_entry("a")):
+                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
+            await pipe.execute()
+        await asyncio.wait_for(entered.wait(), 10)
+        async with harness.client.pipeline(transaction=True) as pipe:
+            for entry in (text_delta("a", "late"), text_delta("b", "2"), end_entry("b")):
+                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
+            await pipe.execute()
+
+        async def delivered() -> bool:  # (the first batch is acked: its finalise ran)
+            pending = await harness.client.xpending(harness.ns.shard(0).updates, harness.group)
+            return int(pending["pending"]) == 3
+
+        await harness.wait_for(delivered, 10, "the second batch was never read")
+        await asyncio.sleep(0.2)  # (the applier reaches the second batch meanwhile)
+        release.set()
+        await harness.wait_merged(3)
+        await harness.wait_drained(10)  # (left pending, it would wait for a reclaim: 30 s)
+        outputs = await harness.outputs()
+        held = _metric(running.worker, "processor_turns_settled_total", source="held")
+    assert response_text(outputs, "a") == "1" and response_text(outputs, "b") == "2"
+    assert [(d["response_id"], d["reason"]) for d in outputs.dlq] == [("a", "turn_closed")]
+    assert held == 3
+
+
+async def test_a_batch_finalise_that_fails_leaves_its_turns_to_spill_and_finish_stored(
+    redis_url: str, namespace: str
+) -> None:
+    """The batch's finalise runs on its own (HeldPath._settle): one that
+    fails with an error that is not a connection error is counted and
+    logged, its turns stay held, spill when due (``--hold-ms``) and are
+    published once by the stored path."""
+    async with Harness(redis_url, namespace, hold_ms=300, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        scripts = running.worker.scripts
+        real, calls = scripts.finalise_held, 0
+
+        async def fails_once(**kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise redis.exceptions.ResponseError("finalise failed (test)")
+            return await real(**kwargs)
+
+        scripts.finalise_held = fails_once
+        entries = [text_delta("f", "1"), text_delta("f", "2"), end_entry("f")]
+        await harness.add(entries)
+        await harness.wait_merged(1)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+        failed = _metric(running.worker, "processor_step_failures_total")
+    compare_with_offline(outputs, offline_results(entries))
+    assert calls == 1 and spilled == 1 and failed == 1

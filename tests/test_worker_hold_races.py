@@ -124,6 +124,7 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         holds, looked = worker.shard(0).holds, []
         holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
         await worker.process_batch(shard, entries, {}, call)
+        await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "a") == "12" and outputs.dlq == [] and looked == []
     events = [e["type"] for e in outputs.turns[TurnKey("a")].events]
@@ -147,6 +148,7 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         assert TurnKey("b") not in worker.shard(0).held_turns
         worker.scripts.open_turns = real
         await worker.process_batch(shard, entries, {}, call)
+        await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "b") == "1" and outputs.dlq == []
     assert settled_count(worker, "held") == 1

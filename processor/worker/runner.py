@@ -138,6 +138,7 @@ class ShardRunner:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+            self.held.abandon(self.shard)
 
     async def _read_ahead(self, batches: Handoff) -> None:
         """Read and decode batches until stopping (the applier then applies
@@ -147,6 +148,7 @@ class ShardRunner:
             try:
                 if state.orphans:
                     await batches.join()  # nothing read earlier is still waiting to be applied
+                    await self.held.settle(shard)  # (nor finalised)
                     await retrying(self.recovery.take_back, shard)
                 generation = self.continuity.generation
                 entries = await retrying(self._read)
@@ -208,6 +210,7 @@ class ShardRunner:
                     next_sweep = now + (self.config.sweep_interval if reads
                                         else self.membership.beat_period)
                 if reads and now >= next_reclaim:
+                    await self._guarded(self.held.settle, shard)
                     await self._guarded(retrying, self.recovery.reclaim, shard)
                     next_reclaim = now + self.config.reclaim_idle_ms / 2000
             finally:
@@ -218,6 +221,8 @@ class ShardRunner:
 
     async def _step(self, batch: Batch) -> None:
         shard, state, retrying = self.shard, self.state, self.worker.retrying
+        if state.lost or batch.generation != self.continuity.generation:
+            await self._guarded(self.held.settle, shard)  # (what it finalises, known first)
         if state.lost:  # the namespace's state found lost:
             await self._guarded(retrying, self.continuity.lose_shard_now, shard)
         if batch.entries:
@@ -298,6 +303,7 @@ class ShardRunner:
             self.metrics.read(shard.index, len(entries))
             try:
                 await retrying(self.worker.apply_isolated, shard, entries, {})
+                await self.held.settle(shard)
             finally:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
                 state.batch_done(entries)

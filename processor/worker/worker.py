@@ -116,7 +116,7 @@ class Worker:
         self.live = LivePublisher(shell, self._shards, self.retrying)
         self.stored = StoredPath(shell, self._shards, self.continuity, self.live)
         self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity,
-                             self.live)
+                             self.live, self.retrying)
         self.recovery = Recovery(shell, self.namespace, self._shards, self.membership,
                                  self.stored, self.apply_isolated, self.retrying,
                                  self.read_budget)

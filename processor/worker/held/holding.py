@@ -10,9 +10,11 @@ which decides nothing differently."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from processor.engine.render import Reason, render, take_late
 from processor.redis_io.replies import as_text, stream_entry
@@ -30,7 +32,7 @@ from processor.worker.held.held_batch import Entry, HeldCall
 from processor.worker.membership import Membership
 from processor.worker.publishing import LivePublisher, Rendered
 from processor.worker.shard_state import ShardState
-from processor.worker.shell import Shell
+from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.storing import StoredPath
 
 log = logging.getLogger("processor.worker")
@@ -41,12 +43,24 @@ log = logging.getLogger("processor.worker")
 REFRESH_SHARE = 1 / 3
 
 
+@dataclass
+class Finalising:
+    """A batch's ``finalise_held`` call, sent and not committed yet: its
+    turns (still held until then), what it settles, and its reply."""
+
+    keys: set[TurnKey]
+    settled: list[HeldOutcome]
+    reply: asyncio.Future[list[int]]
+    commit: asyncio.Future[None] | None = None  # (its commit, run once the reply is in)
+
+
 class HeldPath:
     """The held path of a worker's shards; given the stored path, which it
     hands whatever stops being held (and which never calls this)."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState], membership: Membership,
-                 stored: StoredPath, continuity: Continuity, live: LivePublisher) -> None:
+                 stored: StoredPath, continuity: Continuity, live: LivePublisher,
+                 retrying: Retrying) -> None:
         self.client = shell.client
         self.config = shell.config
         self.options = shell.options
@@ -57,7 +71,9 @@ class HeldPath:
         self.stored = stored
         self.continuity = continuity
         self.live = live  # live progress (processor.worker.publishing)
+        self.retrying = retrying
         stored.before_finalise = self.spill_ready
+        self._finalising: dict[int, Finalising] = {}  # per shard: the batch finalise in flight
 
     def holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
@@ -74,6 +90,9 @@ class HeldPath:
         state = self.shards[shard.index]
         holds = state.holds
         await self.open_batch(shard, call)  # what the reader did not open already (open_ahead)
+        going = self._finalising.get(shard.index)
+        if going is not None and not going.keys.isdisjoint(call.held.turns):
+            await self.settle(shard)  # (an entry after a turn's end: it is late once published)
         routed = holds.route(entries, call.held)
         state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
         if routed.stored:
@@ -85,8 +104,9 @@ class HeldPath:
             ended: dict[TurnKey, Reason] = {
                 key: "closing" for key in routed.held
                 if (held := holds.turns.get(key)) and held.ended}
+            await self.settle(shard)  # (one finalise in flight per shard)
             if ended:
-                await self._finalise_held(shard, ended, rendered)
+                await self._finalise_held(shard, ended, rendered, defer=True)
 
         if self.config.progress and routed.held:  # its last events go with its outcome
             await self.live.publish_live_held(shard, routed.held, finalise)
@@ -125,27 +145,37 @@ class HeldPath:
             log.debug("opening ahead failed", exc_info=True, extra={"shard": shard.index})
 
     async def _finalise_held(
-        self, shard: Shard, todo: dict[TurnKey, Reason], rendered: Rendered | None = None
+        self, shard: Shard, todo: dict[TurnKey, Reason], rendered: Rendered | None = None,
+        defer: bool = False,
     ) -> list[TurnKey]:
         """Publish held turns, ended (``closing``), cancelled or timed out,
         with what is held of them; spill any that finalise_held refuses.
         ``rendered``: their merged responses as the batch's live step
         rendered them, used for a turn that holds nothing more since (so
-        it is not rendered twice). Returns the turns published."""
+        it is not rendered twice). Returns the turns published.
+
+        With ``defer`` (a batch's ended turns) the call is sent and this
+        returns at once: redis-server runs it while the worker merges the
+        next batch, and :meth:`settle` commits it before anything next
+        reads or changes the held turns (the next finalise, a spill, a
+        sweep's, a take-back or a reclaim; the next batch first if it has
+        an entry of one of them)."""
         state = self.shards[shard.index]
         if state.unknown_pending():
             # One of them may be a held turn's: finalise_held's argument needs
             # every entry pending here held (and a cancel, the newest entry
             # routed). The stored path waits for them.
             waits = [key for key, reason in todo.items() if reason != "timeout"]
-            await self.spill(shard, waits, "unknown pending")
+            await self._spill(shard, waits, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason == "timeout"}
         holds, now = state.holds, int(time.time() * 1000)
         routed = state.floor_marks.routed_to
         settled: list[HeldOutcome] = []
         broken: list[TurnKey] = []
         for key, reason in todo.items():
-            held = holds.turns[key]
+            held = holds.turns.get(key)
+            if held is None:  # (spilled meanwhile, or the shard's state forgotten)
+                continue
             if not held.catch_up():
                 broken.append(key)
                 continue
@@ -160,12 +190,62 @@ class HeldPath:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else "",
                                 known[2] if known else [], known[3] if known else 0))
         if broken:
-            await self.spill(shard, broken, "dead letter")
+            await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
         call = build_finalise_held(shard, settled, self.options, self.config.consumer,
                                    self.live.speaker)
-        results = await self.scripts.finalise_held(keys=call.keys, args=call.args)
+
+        async def finalise() -> list[int]:
+            results: list[int] = await self.scripts.finalise_held(keys=call.keys, args=call.args)
+            return results
+
+        reply = asyncio.ensure_future(self.retrying(finalise))
+        if defer:
+            going = Finalising({key for key, *_ in settled}, settled, reply)
+            going.commit = asyncio.ensure_future(self._settle(shard, going))
+            self._finalising[shard.index] = going
+            return []
+        return await self._commit(shard, settled, await reply)
+
+    async def settle(self, shard: Shard) -> None:
+        """Until the shard's batch finalise in flight, if any, is committed
+        (see :meth:`_finalise_held`; but in the commit's own spills)."""
+        going = self._finalising.get(shard.index)
+        if going is not None and going.commit is not None \
+                and asyncio.current_task() is not going.commit:
+            await asyncio.shield(going.commit)
+
+    async def _settle(self, shard: Shard, going: Finalising) -> None:
+        """Commit a batch finalise once its reply is in (a task of its own,
+        started with the call). One that failed (not a connection error:
+        those it retries) leaves its turns held and ended: they spill when
+        due (``--hold-ms``), and the stored path publishes them; a spill of
+        refused turns that failed leaves their entries to be taken back."""
+        try:
+            await self._commit(shard, going.settled, await going.reply)
+        except Exception as exc:  # (a task of its own: nothing above it would log this)
+            self.metrics.step_failed(exc)
+            log.warning("finalising held turns failed: what is still held spills when due",
+                        exc_info=True, extra={"shard": shard.index, "turns": len(going.keys)})
+        finally:
+            if self._finalising.get(shard.index) is going:
+                del self._finalising[shard.index]
+
+    def abandon(self, shard: Shard) -> None:
+        """Stop the shard's finalise in flight (its runner stops: what it
+        held stays pending, for a reclaim)."""
+        going = self._finalising.pop(shard.index, None)
+        if going is not None:
+            going.reply.cancel()
+            if going.commit is not None:
+                going.commit.cancel()
+
+    async def _commit(self, shard: Shard, settled: list[HeldOutcome],
+                      results: list[int]) -> list[TurnKey]:
+        """What a finalise_held call did: the turns it published are let go,
+        those it refused spill. Returns the turns published."""
+        holds = self.shards[shard.index].holds
         self.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
         published, refused, acked, reasons = [], [], 0, []
         for (key, ids, late, *_), result in zip(settled, results, strict=True):
@@ -181,13 +261,18 @@ class HeldPath:
         if published:
             self.metrics.held_published(len(published), acked, reasons)
         if refused:
-            await self.spill(shard, refused, "refused")
+            await self._spill(shard, refused, "refused")
         return published
 
     async def spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
         """Hand held turns to apply_entries: their entries are stored and
         acked there (the XACK fence skips any that were applied already), and
-        the turns go on as any stored turn."""
+        the turns go on as any stored turn (the finalise in flight committed
+        first: :meth:`settle`)."""
+        await self.settle(shard)
+        await self._spill(shard, keys, why)
+
+    async def _spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
         holds = self.shards[shard.index].holds
         if not any(key in holds.turns for key in keys):
             return
@@ -249,6 +334,7 @@ class HeldPath:
         held: dict[TurnKey, Reason] = {key: why for key, why in todo.items()
                                        if why != "closing" and key in holds}
         if held:
+            await self.settle(shard)
             for key in await self._finalise_held(shard, held):
                 del todo[key]
 
