@@ -209,18 +209,23 @@ class Client:
                 await asyncio.sleep(0.2)
 
     async def _read(self, response: aiohttp.ClientResponse) -> None:
-        pending = b""
+        """Whole frames only (a read can end inside one): each stamp counted
+        when the frame that holds it has arrived."""
+        buffer = b""
         async for chunk in response.content.iter_any():
             now = time.time_ns()
-            for stamp in stamps(chunk):
+            buffer += chunk
+            end = buffer.rfind(b"\n\n")
+            if end < 0:
+                continue
+            frames, buffer = buffer[:end + 2], buffer[end + 2:]
+            for stamp in stamps(frames):
                 self.bench.arrivals.append((stamp, now))
-            if b'"dropped"' in chunk:
+            if b'"dropped"' in frames:
                 self.bench.drops += 1
-            pending = (pending + chunk)[-4096:]
-            ids = re.findall(rb"\nid: (\d+)\n|^id: (\d+)\n", pending)
+            ids = re.findall(rb"(?:^|\n)id: (\d+)\n", frames)
             if ids:
-                last = ids[-1]
-                self.last_id = (last[0] or last[1]).decode()
+                self.last_id = ids[-1].decode()
 
 
 class Bench:
