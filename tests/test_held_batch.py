@@ -90,6 +90,22 @@ def one_by_one(entries: list[Any], shard: int, shards: int, limit: int) -> dict[
     return found
 
 
+def test_a_turn_whose_first_run_fails_keeps_the_order_of_its_first_entry_left() -> None:
+    """Hypothesis found it: a turn whose first plain entry is over the entry
+    limit (its run fails its check: the entry goes to apply_entries) starts
+    where its next entry is, after a turn that came between, as entry by
+    entry; the turns' order was the failed entry's."""
+    over = {b"response_id": b"t2", b"update": delta("x" * 300).encode()}
+    fields = [over, {b"response_id": b"t1", b"update": delta("a").encode()},
+              {b"response_id": b"t2", b"update": delta("b").encode()}]
+    entries = as_read([(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)])
+    decode._recent_keys.clear()
+    group_each(entries, 0, 1, 400)  # (every response id seen lately: the one-step path)
+    batch = group_batch(entries, 0, 1, 400)
+    assert [key.response_id for key in batch.turns] == ["t1", "t2"]
+    assert canonical(batch) == canonical(group_each(entries, 0, 1, 400))
+
+
 @settings(max_examples=120, deadline=None)
 @given(case=batches(), known=st.booleans())
 def test_runs_are_what_each_entry_on_its_own_gives(

@@ -238,8 +238,12 @@ def _check_runs(batch: HeldBatch, shard: int, shards: int, max_entry_bytes: int)
         parts[:] = _split(batch, parts, base, max_entry_bytes)
         regrouped = True
     if regrouped:
-        for key in [k for k, parts in batch.turns.items() if not parts]:
-            del batch.turns[key]
+        # Turns in the order of their first entry still theirs, as entry by
+        # entry (a turn whose first run failed may now start later).
+        kept = sorted(((key, parts) for key, parts in batch.turns.items() if parts),
+                      key=lambda turn: entry_order(_first_entry(turn[1][0])))
+        batch.turns.clear()
+        batch.turns.update(kept)
         batch.failed.sort(key=entry_order)
 
 
@@ -275,6 +279,10 @@ def _ours(key: TurnKey, parts: list[Part], shard: int, shards: int) -> bool:
         elif entry_shard(stream_entry(part[0])[1], shards) != shard:
             return False
     return True
+
+
+def _first_entry(part: Part) -> Entry:
+    return part.entries[0] if isinstance(part, Run) else part[0]
 
 
 def part_entries(part: Part) -> list[tuple[Any, dict[Any, Any]]]:
