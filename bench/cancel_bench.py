@@ -31,7 +31,6 @@ import math
 import os
 import platform
 import random
-import re
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
+from report import write_section
 
 from processor.embedded import EmbeddedRedis
 from processor.wire.ids import shard_of
@@ -46,7 +46,7 @@ from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- cancel-bench:start -->", "<!-- cancel-bench:end -->"
+SECTION = "cancel-bench"  # (its markers in docs/benchmarks.md: write_section)
 NAMESPACE = "cbench"
 
 
@@ -274,17 +274,6 @@ The machine (2 logical CPUs) was shared with other jobs during the run (load ave
 Python {platform.python_version()}, {platform.platform()}."""
 
 
-def write_doc(section: str) -> None:
-    text = DOC.read_text(encoding="utf-8")
-    block = f"{START}\n{section}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
-                      flags=re.DOTALL)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    DOC.write_text(text, encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1000)
@@ -307,7 +296,7 @@ def main() -> int:
     section = report(args, runs, load)
     print(section)
     if not args.no_write:
-        write_doc(section)
+        write_section(DOC, SECTION, section)
         print(f"\nwritten to {DOC.relative_to(ROOT)}")
     return 0
 

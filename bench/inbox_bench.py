@@ -28,7 +28,6 @@ import contextlib
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 import psutil
 import redis.asyncio
+from report import write_section
 
 from processor.client import Producer
 from processor.embedded import EmbeddedRedis
@@ -44,7 +44,7 @@ from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- inbox-bench:start -->", "<!-- inbox-bench:end -->"
+SECTION = "inbox-bench"  # (its markers in docs/benchmarks.md: write_section)
 MODES = {"stream": False, "inbox": True}  # name -> Producer(inbox=...)
 
 #: Commands listed by name in the idle table (the busiest); the rest are summed.
@@ -274,17 +274,6 @@ The machine (2 logical CPUs) was shared with other jobs during the run (load ave
 Python {platform.python_version()}, {platform.platform()}."""
 
 
-def write_doc(section: str) -> None:
-    text = DOC.read_text(encoding="utf-8")
-    block = f"{START}\n{section}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
-                      flags=re.DOTALL)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    DOC.write_text(text, encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=2000)
@@ -301,7 +290,7 @@ def main() -> int:
     section = report(args, asyncio.run(run(args)), load)
     print(section)
     if not args.no_write:
-        write_doc(section)
+        write_section(DOC, SECTION, section)
         print(f"\nwritten to {DOC.relative_to(ROOT)}")
     return 0
 

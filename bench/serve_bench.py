@@ -62,6 +62,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import redis.asyncio
+from report import write_section
 
 from processor.embedded import EmbeddedRedis
 from processor.serve.tokens import issue
@@ -70,7 +71,7 @@ from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- serve-bench:start -->", "<!-- serve-bench:end -->"
+SECTION = "serve-bench"  # (its markers in docs/benchmarks.md: write_section)
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
 #: A delta's stamp: a chunk coalesces the updates a batch merged into its
@@ -575,17 +576,6 @@ Every process here shares the machine's 2 logical CPUs: the clients' process rea
 Python {platform.python_version()}, {platform.platform()}."""
 
 
-def write_doc(body: str) -> None:
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{body}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
-                      flags=re.DOTALL)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    DOC.write_text(text, encoding="utf-8")
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -615,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     body = section(args, r, load)
     print(body)
     if not args.no_write:
-        write_doc(body)
+        write_section(DOC, SECTION, body)
         print(f"wrote {DOC.relative_to(ROOT)}")
     return 0
 
