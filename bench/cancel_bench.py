@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import random
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
+from measures import idle_rates, percentile
 from report import write_section
 
 from processor.embedded import EmbeddedRedis
@@ -80,22 +80,6 @@ async def wait_until(predicate: Any, timeout: float, what: str) -> None:
 TOP_COMMANDS = 6
 
 
-async def commandstats(client: Any) -> dict[str, int]:
-    info = await client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
-
-
-async def idle_rates(client: Any, seconds: float) -> dict[str, float]:
-    """Calls per second of each command over ``seconds`` of no traffic (the
-    INFO calls of this function itself are left out)."""
-    before = await commandstats(client)
-    await asyncio.sleep(seconds)
-    after = await commandstats(client)
-    rates = {k: (after.get(k, 0) - before.get(k, 0)) / seconds for k in after}
-    rates["info"] = max(0.0, rates.get("info", 0.0) - 1 / seconds)
-    return {k: v for k, v in rates.items() if v > 0}
-
-
 class Terminals:
     """Follows the events streams: the terminal events' (entry ms, status)."""
 
@@ -116,12 +100,6 @@ class Terminals:
                         ms = int(entry_id.split(b"-")[0])
                         self.seen.setdefault(event["response_id"], []).append(
                             (ms, event["status"]))
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import platform
 import subprocess
@@ -36,6 +35,7 @@ from typing import Any
 
 import psutil
 import redis.asyncio
+from measures import idle_rates, percentile
 from report import write_section
 
 from processor.client import Producer
@@ -152,22 +152,6 @@ async def latency(client: Any, producer: Producer, ns: Namespace, prefix: str,
     return [merged_ms[rid] - ends[rid] for rid in rids]
 
 
-async def commandstats(client: Any) -> dict[str, int]:
-    info = await client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
-
-
-async def idle_rates(client: Any, seconds: float) -> dict[str, float]:
-    """Calls per second of each command over ``seconds`` with no traffic (this
-    function's own INFO calls left out)."""
-    before = await commandstats(client)
-    await asyncio.sleep(seconds)
-    after = await commandstats(client)
-    rates = {k: (after.get(k, 0) - before.get(k, 0)) / seconds for k in after}
-    rates["info"] = max(0.0, rates.get("info", 0.0) - 1 / seconds)
-    return {k: v for k, v in rates.items() if v > 0}
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = EmbeddedRedis().start()
     client = redis.asyncio.Redis.from_url(server.url)
@@ -202,12 +186,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await client.aclose()
         server.close()
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
 
 
 def report(args: argparse.Namespace, figures: dict[str, Any], load: tuple[float, ...]) -> str:

@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import re
@@ -62,6 +61,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import redis.asyncio
+from measures import idle_rates, percentile
 from report import write_section
 
 from processor.embedded import EmbeddedRedis
@@ -100,21 +100,10 @@ def resp(args: list[str]) -> bytes:
     return b"".join(out)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered), math.ceil(q / 100 * len(ordered))) - 1)]
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def commandstats(client: Any) -> dict[str, int]:
-    info = await client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
 
 
 async def wait_until(predicate: Any, timeout: float, what: str) -> None:
@@ -367,12 +356,9 @@ async def publish_delays(client: Any, ns: Namespace, window: list[int]) -> list[
 
 
 async def idle_figures(client: Any, serve_pid: int, seconds: float) -> dict[str, Any]:
-    before, cpu0 = await commandstats(client), cpu_seconds(serve_pid)
-    await asyncio.sleep(seconds)
-    after, cpu1 = await commandstats(client), cpu_seconds(serve_pid)
-    calls = {k: (after.get(k, 0) - before.get(k, 0)) / seconds for k in after}
-    calls["info"] = max(0.0, calls.get("info", 0.0) - 1 / seconds)
-    calls = {k: v for k, v in calls.items() if v > 0}
+    cpu0 = cpu_seconds(serve_pid)
+    calls = await idle_rates(client, seconds)
+    cpu1 = cpu_seconds(serve_pid)
     return {"cpu": (cpu1 - cpu0) / seconds, "calls": calls, "total": sum(calls.values())}
 
 
