@@ -208,6 +208,11 @@ def merged_text(response: dict[str, Any]) -> str:
                    if c["type"] == "text")
 
 
+def chunk_text(data: list[dict[str, Any]], kind: str = "synthesis.chunk") -> str:
+    """The deltas of the text chunks among ``data`` (decoded events), joined."""
+    return "".join(d["delta"] for d in data if d["type"] == kind)
+
+
 def check_stream(events: list[sse.Event], first_seq: int = 0) -> list[dict[str, Any]]:
     """The events of one turn as a stream must have them: every live event's
     id is its seq, gap-free from ``first_seq``; the merged response comes

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
-from serve_harness import merged_text, text_update, wait_logged
+from serve_harness import chunk_text, merged_text, text_update, wait_logged
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
@@ -29,10 +29,6 @@ def _check(items: list[Any], merged: dict[str, Any], first_seq: int = 0) -> list
     assert [isinstance(i, MergedOutput) for i in items].count(True) == 1
     assert json.loads(items[-2].response) == merged
     return [json.loads(e.data) for e in events]
-
-
-def _chunks(data: list[dict[str, Any]]) -> str:
-    return "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
 
 
 async def test_follow_joins_mid_turn_with_a_snapshot_and_ends_with_the_merged_response(
@@ -57,7 +53,7 @@ async def test_follow_joins_mid_turn_with_a_snapshot_and_ends_with_the_merged_re
         assert merged_text(json.loads(snapshot.response)) == "early 0 early 1 early 2 "
         data = _check(items[1:], merged, first_seq=snapshot.seq + 1)
         assert data[-1]["status"] == "completed"
-        assert merged_text(json.loads(snapshot.response)) + _chunks(data) == merged_text(merged)
+        assert merged_text(json.loads(snapshot.response)) + chunk_text(data) == merged_text(merged)
         assert merged_text(merged) == "early 0 early 1 early 2 later"
         # A finished turn: its merged output and terminal; nothing after the terminal seq.
         done = [item async for item in subscriber.follow("f1")]
@@ -92,7 +88,7 @@ async def test_follow_resumes_after_a_cut_without_gap_or_repeat(redis_url, names
         merged = (await subscriber.wait_for("f2", 30)).response
         data = _check(head + rest, merged)
         assert data[0]["type"] == "synthesis.started"
-        assert _chunks(data) == merged_text(merged) == "a0 a1 a2 b0 b1 b2 "
+        assert chunk_text(data) == merged_text(merged) == "a0 a1 a2 b0 b1 b2 "
 
 
 async def test_follow_of_a_cancelled_turn_ends_cancelled_with_its_partial_merge(

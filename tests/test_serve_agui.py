@@ -78,10 +78,6 @@ def _check_run(events: list[sse.Event], item: Any, outcome: str = "success") -> 
     assert events[-2].id is None and events[-1].id is not None
 
 
-def _live_text(data: list[dict[str, Any]]) -> str:
-    return "".join(d["delta"] for d in data if d["type"] == "TEXT_MESSAGE_CHUNK")
-
-
 async def test_a_turn_streams_as_a_valid_agui_run_ending_with_the_merged_response(
     redis_url, namespace
 ) -> None:

@@ -17,6 +17,7 @@ from merging import merge_entries
 from serve_harness import (
     bearer,
     check_stream,
+    chunk_text,
     config,
     merged_text,
     open_stream,
@@ -25,12 +26,12 @@ from serve_harness import (
     start_local,
     text_update,
     token,
+    wait_logged,
 )
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.serve import sse
-from processor.wire.ids import TurnKey
 
 
 async def _merged(harness: Harness, rid: str) -> dict[str, Any]:
@@ -74,31 +75,16 @@ async def test_a_turn_streams_live_with_seq_ids_then_its_merged_response_and_end
             await serve.close()
         data = check_stream(events)
         assert data[0]["type"] == "synthesis.started"
-        chunks = "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
+        chunks = chunk_text(data)
         merged = await _merged(harness, "r1")
         assert chunks == merged_text(merged) == "part 0; part 1; part 2; part 3; "
         assert data[-2]["response"] == merged and data[-2]["status"] == "completed"
         assert data[-1]["status"] == "completed"
 
 
-async def _logged_updates(harness: Harness, rid: str, count: int) -> None:
-    """Until the turn's live log holds ``count`` updates (the worker published them)."""
-    log = harness.ns.shard_for(rid).live(TurnKey(rid).encode())
-
-    async def logged() -> int:
-        return sum(len(json.loads(f[b"updates"])) for _, f in await harness.client.xrange(log))
-
-    for _ in range(1500):
-        if await logged() >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{rid}: {await logged()} updates logged, not {count}")
-
-
 async def _until_text(stream: Any, into: list[sse.Event], text: str) -> None:
     """Read events into ``into`` until their text chunks end with ``text``."""
-    while not "".join(d["delta"] for d in payloads(into)
-                      if d["type"] == "synthesis.chunk").endswith(text):
+    while not chunk_text(payloads(into)).endswith(text):
         into.append(await stream.event())
 
 
@@ -117,7 +103,7 @@ async def test_a_client_joining_mid_turn_gets_one_snapshot_then_the_live_events(
         try:
             for update in early:
                 await producer.send("late", update)
-            await _logged_updates(harness, "late", 3)
+            await wait_logged(harness, "late", 3)
             async with aiohttp.ClientSession() as session:
                 joining = asyncio.ensure_future(open_stream(
                     session, f"{serve.url}/v1/turns/late/events", bearer("late")))
@@ -135,7 +121,7 @@ async def test_a_client_joining_mid_turn_gets_one_snapshot_then_the_live_events(
         data = check_stream(events, first_seq=snapshot["seq"])
         assert [d["type"] for d in data].count("snapshot") == 1
         merged = await _merged(harness, "late")
-        chunks = "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
+        chunks = chunk_text(data)
         assert merged_text(snapshot["response"]) + chunks == merged_text(merged)
         assert merged_text(merged) == "".join(f"early {i} " for i in range(3)) + "".join(
             f"later {i} " for i in range(5)) + "last"
@@ -156,7 +142,7 @@ async def test_a_snapshot_is_the_merge_of_the_updates_so_far(redis_url, namespac
         try:
             for update in updates:
                 await producer.send("snap", update)
-            await _logged_updates(harness, "snap", 3)
+            await wait_logged(harness, "snap", 3)
             async with aiohttp.ClientSession() as session:
                 stream = await open_stream(session, f"{serve.url}/v1/turns/snap/events",
                                            bearer("snap"))
@@ -194,8 +180,7 @@ async def test_a_finished_turn_gives_its_merged_response_and_end_then_nothing(
                 assert [e.id for e in resumed if e.id is not None] == [
                     str(seq) for seq in range(1, data[1]["seq"] + 1)]
                 assert payloads(resumed)[-2:] == data
-                assert "".join(d["delta"] for d in payloads(resumed)
-                               if d["type"] == "synthesis.chunk") == "all of it"
+                assert chunk_text(payloads(resumed)) == "all of it"
                 async with session.get(url, headers={**bearer("done"),
                                                      "Last-Event-ID": events[1].id}) as response:
                     assert response.status == 204
@@ -228,7 +213,7 @@ async def test_a_stream_resumes_on_another_replica_without_gap_or_repeat(
                 first.close()  # the connection is gone; more is written meanwhile
                 for i in range(3):
                     await producer.send("moved", text_update(f"b{i} "))
-                await _logged_updates(harness, "moved", 6)
+                await wait_logged(harness, "moved", 6)
                 last = events[-1].id
                 assert last is not None and int(last) >= 2
                 second = await open_stream(session, replicas[1].url + path,
@@ -247,7 +232,7 @@ async def test_a_stream_resumes_on_another_replica_without_gap_or_repeat(
             for replica in replicas:
                 replica.terminate()
         data = check_stream(events + resumed)
-        chunks = "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
+        chunks = chunk_text(data)
         assert chunks == merged_text(await _merged(harness, "moved")) == "a0 a1 a2 b0 b1 b2 "
 
 
@@ -309,7 +294,7 @@ async def test_a_client_that_does_not_read_is_dropped_with_its_resume_id(
             piece = "x" * 150_000
             for i in range(40):  # 6 MB of chunk events, one per update (logged before the next)
                 await producer.send("slow", text_update(f"{i}:{piece}"))
-                await _logged_updates(harness, "slow", i + 1)
+                await wait_logged(harness, "slow", i + 1)
             await _until(lambda: _sample(serve, 'processor_serve_dropped_clients_total') == 1, 60)
             received = b""  # the server closes a dropped client's connection
             while chunk := await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 30):
@@ -333,7 +318,7 @@ async def test_a_client_that_does_not_read_is_dropped_with_its_resume_id(
         finally:
             await serve.close()
         data = check_stream(events[:-1] + rest)
-        chunks = "".join(d["delta"] for d in data if d["type"] == "synthesis.chunk")
+        chunks = chunk_text(data)
         assert chunks == merged_text(await _merged(harness, "slow"))
 
 
