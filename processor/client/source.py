@@ -203,8 +203,8 @@ class LogSource:
         order, so the look-back stops at the first one at or below ``after + 1``."""
         events = turn.shard(self.namespace).events
         found: dict[int, LiveEvent] = {}
-        top, read = "(" + terminal_id, 0
-        while read < LOOK_BACK:
+        top, read, reached = "(" + terminal_id, 0, False
+        while not reached and read < LOOK_BACK:
             entries = await self.client.xrevrange(events, max=top, min="-", count=LOOK_BACK_PAGE)
             read += len(entries)
             for _, fields in entries:
@@ -213,8 +213,7 @@ class LogSource:
                     continue
                 if after < event.seq < last:
                     found[event.seq] = event
-                if event.seq <= after + 1:
-                    read = LOOK_BACK  # (reached: nothing older is missed)
+                reached = reached or event.seq <= after + 1  # (nothing older is missed)
             if len(entries) < LOOK_BACK_PAGE:
                 break
             top = "(" + as_text(entries[-1][0])
