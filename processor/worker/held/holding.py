@@ -200,13 +200,13 @@ class HeldPath:
             results: list[int] = await self.scripts.finalise_held(keys=call.keys, args=call.args)
             return results
 
-        if not defer:  # (its caller's step retries it)
-            return await self._commit(shard, settled, await finalise())
-        going = Finalising({key for key, *_ in settled}, settled,
-                           asyncio.ensure_future(self.retrying(finalise)))
-        going.commit = asyncio.ensure_future(self._settle(shard, going))
-        self._finalising[shard.index] = going
-        return []
+        reply = asyncio.ensure_future(self.retrying(finalise))
+        if defer:
+            going = Finalising({key for key, *_ in settled}, settled, reply)
+            going.commit = asyncio.ensure_future(self._settle(shard, going))
+            self._finalising[shard.index] = going
+            return []
+        return await self._commit(shard, settled, await reply)
 
     async def settle(self, shard: Shard) -> None:
         """Until the shard's batch finalise in flight, if any, is committed
