@@ -27,6 +27,10 @@ def test_demo_prints_three_turns_with_their_outcomes() -> None:
     assert "== demo-cancel: cancelled" in out
     assert "== demo-error: error" in out
     assert "producer_error: model quota exceeded" in out
+    # The handoff streamed live: its text came in chunks before its end (the
+    # workers read one shard each before the producer starts).
+    handoff = out[out.index("== demo-handoff"):].split("\n== ")[0]
+    assert "synthesis.chunk" in handoff and "tool_call.chunk" in handoff, handoff
     # Bob's two deltas joined in one message although Alice spoke between them.
     assert "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3." in out
     assert "started an embedded redis-server" in proc.stderr

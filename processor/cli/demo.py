@@ -201,6 +201,21 @@ def page_url(serve_url: str, secret: str, response_id: str, ttl: int = 3600) -> 
     return f"{serve_url.rstrip('/')}/v1/turns/{response_id}/view?token={token}"
 
 
+async def _one_reader_per_shard(workers: list[Worker], timeout: float = 15) -> None:
+    """Until the workers know each other and each shard has one reader
+    (shard affinity, after their beats), and the reads begun before then
+    are over. A turn produced earlier is read by both workers, stored
+    rather than held, and publishes no live deltas (docs/serve.md)."""
+    names = sorted(w.config.consumer for w in workers)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(w.membership.live == names for w in workers) and all(
+                sum(w.membership.sole_reader(s) for w in workers) == 1 for s in range(SHARDS)):
+            await asyncio.sleep(2 * workers[0].config.block_ms / 1000)
+            return
+        await asyncio.sleep(0.05)
+
+
 async def run_demo(options: Options | None = None) -> int:
     options = options or Options()
     server = start_embedded() if options.redis_url is None else None
@@ -213,6 +228,7 @@ async def run_demo(options: Options | None = None) -> int:
                    for _ in range(2)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         await asyncio.gather(*(w.ready.wait() for w in workers))
+        await _one_reader_per_shard(workers)
         if options.serve_url is None:
             serve = await _Serve.start(client, redis_url, options.port)
             serve_url, secret = serve.url, serve.secret
