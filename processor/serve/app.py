@@ -32,13 +32,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from processor.client import Producer
+from processor.client import Producer, joining
+from processor.client.joining import Join
 from processor.client.source import TurnSource
 from processor.client.turns import (
     Cursor,
     LiveEvent,
     MergedOutput,
-    Snapshot,
     TurnRef,
     parse_after,
 )
@@ -284,51 +284,13 @@ class EventStream:
             self.request.transport.abort()
 
 
-@dataclass
-class Join:
-    """What a stream sends before the live feed (docs/serve.md, "Joining and resuming")."""
-
-    snapshot: Snapshot | None = None
-    past: list[LiveEvent | MergedOutput] = field(default_factory=list)
-    folded: list[LiveEvent] = field(default_factory=list)  # the client has them (AG-UI's state)
-    gone: bool = False  # finished, and its terminal event is no longer retained
-    status: str | None = None  # of a finished turn
-    has_all: bool = False  # the client has the terminal event already: 204
-
-
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
-    """A finished turn: its merged response and terminal event. A running
-    one: a snapshot (a fresh join, when the source has one), else the events
-    after ``after``. A turn not started yet: nothing (the feed brings it).
-    ``whole``: a running turn's history is read from its start, and what the
-    client has (up to ``after`` or the snapshot) comes back in ``folded``
-    (an AG-UI stream's ids depend on the events before)."""
-    server.metrics.redis_calls.labels("state").inc()
-    state = await server.source.state(turn)
-    if state.phase == "finished":
-        server.metrics.redis_calls.labels("final").inc()
-        # A native resume gets the events it missed before the end (AG-UI's
-        # MESSAGES_SNAPSHOT replaces them); the merged event makes the end
-        # exact if they are no longer there.
-        final = await server.source.final(turn, None if whole else after)
-        if final.terminal is not None and after is not None and after >= final.terminal.seq:
-            return Join(has_all=True)
-        missed: list[LiveEvent | MergedOutput] = list(final.missed) if final.complete else []
-        past = missed + [item for item in (final.merged, final.terminal) if item is not None]
-        return Join(past=past, gone=final.terminal is None, status=state.status)
-    if state.phase == "unknown":
-        return Join()
-    snapshot = await server.source.snapshot(turn) if after is None else None
-    if snapshot is not None and not whole:
-        return Join(snapshot=snapshot)
-    server.metrics.redis_calls.labels("history").inc()
-    has = snapshot.seq if snapshot is not None else -1 if after is None else after
-    history = await server.source.history(turn, -1 if whole else has)
-    if not history.complete:
+    """What the stream sends before the live feed (:func:`processor.client.joining.join`)."""
+    start = await joining.join(server.source, turn, after, whole=whole,
+                               count=lambda kind: server.metrics.redis_calls.labels(kind).inc())
+    if start.incomplete:
         server.metrics.incomplete_history.inc()
-    folded = [event for event in history.events if event.seq <= has]
-    past = [event for event in history.events if event.seq > has]
-    return Join(snapshot=snapshot, past=list(past), folded=folded)
+    return start
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
