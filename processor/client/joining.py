@@ -27,6 +27,13 @@ from dataclasses import dataclass, field
 from processor.client.source import TurnSource
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 
+#: The SSE id of a ``gone`` notice (a finished turn whose terminal event is no
+#: longer retained: its seq is unknown): the largest resume id. A client that
+#: resumes with it has everything there is (204), so ``EventSource``, which
+#: reconnects after every end, stops there instead of getting ``gone`` again
+#: every second.
+GONE_ID = 10**18 - 1
+
 #: Told the kind of each read (``state``, ``history``, ``final``): the server's metrics.
 Count = Callable[[str], None]
 
@@ -62,7 +69,10 @@ async def join(source: TurnSource, turn: TurnRef, after: int | None, *, whole: b
     ``after``. A turn not started yet: nothing (the feed brings it).
     ``whole``: a running turn's history is read from its start, and what
     the client has (up to ``after`` or the snapshot) comes back in
-    ``folded`` (an AG-UI stream's ids depend on the events before)."""
+    ``folded`` (an AG-UI stream's ids depend on the events before).
+    Resumed with :data:`GONE_ID`: nothing (the client had a ``gone`` notice)."""
+    if after is not None and after >= GONE_ID:
+        return Join(has_all=True)
     count("state")
     state = await source.state(turn)
     if state.phase == "running":
