@@ -304,6 +304,9 @@ async def test_a_client_that_does_not_read_is_dropped_with_its_resume_id(
             sock.close()
         head, _, body = received.partition(b"\r\n\r\n")
         assert b" 200 " in head.split(b"\r\n")[0] and b"chunked" in head.lower()
+        # ended as a broken connection (no last chunk): every client resumes,
+        # also one that takes a clean end for the turn's (fetch-event-source)
+        assert not body.endswith(b"0\r\n\r\n")
         events = [e for e in sse.Parser().feed(_unchunk(body)) if isinstance(e, sse.Event)]
         notice = json.loads(events[-1].data)
         assert notice["type"] == "dropped" and notice["reason"] == "slow_client"

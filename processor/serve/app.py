@@ -288,11 +288,20 @@ class EventStream:
                                   "response_id": self.turn.response_id,
                                   "last_event_id": self.cursor.resume_id})
         self.response.force_close()  # no keep-alive for a connection that fell behind
+        told = False
         with contextlib.suppress(SlowClient, ConnectionError):
             await self.write([notice], 1)
+            told = True
+        transport = self.request.transport
+        if transport is None:
             return
-        if self.request.transport is not None:
-            self.request.transport.abort()
+        # Ended without the last chunk, as :meth:`cut` does (a client that took
+        # a clean end for the turn's end would not resume): closed once what
+        # was written (the notice) is out, or at once if it could not be written.
+        if told:
+            transport.close()
+        else:
+            transport.abort()
 
 
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
