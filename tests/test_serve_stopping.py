@@ -7,7 +7,8 @@ with a truncated turn and no terminal event) and ``eventsource`` (npm).
 Each runs in Node.js (tests/js) against a ``processor serve`` subprocess
 that is stopped mid-turn and started again on the same port while the
 worker goes on: the client ends with every seq once, in order, the merged
-response and the terminal event."""
+response and the terminal event. A stream that a Redis failure ends is cut
+the same way."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
+import redis.exceptions
 from node_clients import run
 from serve_harness import (
     ServeProcess,
+    bearer,
     check_followed,
+    config,
     free_port,
+    open_stream,
     spawn_serve,
+    start_local,
     text_update,
     token,
     wait_logged,
@@ -30,6 +37,7 @@ from serve_harness import (
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
+from processor.serve.app import EventStream
 
 
 async def _open_streams(serve: ServeProcess) -> float:
@@ -122,3 +130,26 @@ async def test_eventsource_resumes_exactly_across_a_serve_restart(
     assert len(result["requests"]) >= 2 and result["requests"][0] is None
 
 
+
+
+async def test_a_stream_that_redis_fails_ends_as_a_broken_connection(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the terminal event (or ``gone``) ends a stream cleanly: one that a
+    Redis failure ends is cut, so that a client with default handlers resumes."""
+
+    async def redis_fails(self: EventStream, subscription: Any) -> None:
+        raise redis.exceptions.ConnectionError("Redis went away")
+
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        monkeypatch.setattr(EventStream, "follow", redis_fails)
+        try:
+            async with aiohttp.ClientSession() as session:
+                stream = await open_stream(session, f"{serve.url}/v1/turns/r/events",
+                                           bearer("r"))
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await stream.rest(10)
+        finally:
+            await serve.close()

@@ -365,6 +365,7 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         server.metrics.redis_errors.inc()
         log.warning("stream ended by a redis failure", extra={
             "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+        stream.cut()  # the client resumes (on another replica, or once Redis is back)
     finally:
         server.hub.unsubscribe(subscription)
         if opened:
