@@ -312,6 +312,8 @@ async def test_live_progress_goes_on_after_a_dead_lettered_entry(
     merged_text = "".join(c["text"] for c in message["contents"] if c["type"] == "text")
     assert merged_text == "before after-bad and more"
     assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
+    # (finalised from the worker's copy, which counts the dead letter as the hash does)
+    assert json.loads(turn.merged[0]["meta"])["counts"]["dlq"] == 1
     assert replay_texts(turn.events, "synthesis.chunk") == {message["message_id"]: merged_text}
     # and live, before the turn ended (not only with its outcome)
     [running] = live_before_end.values()
