@@ -32,13 +32,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from processor.client import Producer
+from processor.client import Producer, joining
+from processor.client.joining import Join
 from processor.client.source import TurnSource
 from processor.client.turns import (
     Cursor,
     LiveEvent,
     MergedOutput,
-    Snapshot,
     TurnRef,
     parse_after,
 )
@@ -256,11 +256,22 @@ class EventStream:
             if items is None:
                 if subscription.dropped:
                     raise SlowClient
-                return  # the server is stopping: the client reconnects to another
+                self.cut()  # the server is stopping: the client reconnects to another
+                return
             if items:
                 await self.send(items)
             else:
                 await self.write([sse.comment("ping")], 0)
+
+    def cut(self) -> None:
+        """End the stream as a broken connection ends, without the chunked
+        body's last chunk: every client takes it for a fault and reconnects
+        with its last id, also one that takes a clean end for the end of the
+        turn (``@microsoft/fetch-event-source``'s default handlers resolve
+        their promise then). ``EventSource`` reconnects either way."""
+        self.response.force_close()
+        if self.request.transport is not None:
+            self.request.transport.abort()
 
     async def gone(self, status: str | None) -> None:
         """A finished turn whose terminal event is no longer in its stream:
@@ -277,58 +288,29 @@ class EventStream:
                                   "response_id": self.turn.response_id,
                                   "last_event_id": self.cursor.resume_id})
         self.response.force_close()  # no keep-alive for a connection that fell behind
+        told = False
         with contextlib.suppress(SlowClient, ConnectionError):
             await self.write([notice], 1)
+            told = True
+        transport = self.request.transport
+        if transport is None:
             return
-        if self.request.transport is not None:
-            self.request.transport.abort()
-
-
-@dataclass
-class Join:
-    """What a stream sends before the live feed (docs/serve.md, "Joining and resuming")."""
-
-    snapshot: Snapshot | None = None
-    past: list[LiveEvent | MergedOutput] = field(default_factory=list)
-    folded: list[LiveEvent] = field(default_factory=list)  # the client has them (AG-UI's state)
-    gone: bool = False  # finished, and its terminal event is no longer retained
-    status: str | None = None  # of a finished turn
-    has_all: bool = False  # the client has the terminal event already: 204
+        # Ended without the last chunk, as :meth:`cut` does (a client that took
+        # a clean end for the turn's end would not resume): closed once what
+        # was written (the notice) is out, or at once if it could not be written.
+        if told:
+            transport.close()
+        else:
+            transport.abort()
 
 
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
-    """A finished turn: its merged response and terminal event. A running
-    one: a snapshot (a fresh join, when the source has one), else the events
-    after ``after``. A turn not started yet: nothing (the feed brings it).
-    ``whole``: a running turn's history is read from its start, and what the
-    client has (up to ``after`` or the snapshot) comes back in ``folded``
-    (an AG-UI stream's ids depend on the events before)."""
-    server.metrics.redis_calls.labels("state").inc()
-    state = await server.source.state(turn)
-    if state.phase == "finished":
-        server.metrics.redis_calls.labels("final").inc()
-        # A native resume gets the events it missed before the end (AG-UI's
-        # MESSAGES_SNAPSHOT replaces them); the merged event makes the end
-        # exact if they are no longer there.
-        final = await server.source.final(turn, None if whole else after)
-        if final.terminal is not None and after is not None and after >= final.terminal.seq:
-            return Join(has_all=True)
-        missed: list[LiveEvent | MergedOutput] = list(final.missed) if final.complete else []
-        past = missed + [item for item in (final.merged, final.terminal) if item is not None]
-        return Join(past=past, gone=final.terminal is None, status=state.status)
-    if state.phase == "unknown":
-        return Join()
-    snapshot = await server.source.snapshot(turn) if after is None else None
-    if snapshot is not None and not whole:
-        return Join(snapshot=snapshot)
-    server.metrics.redis_calls.labels("history").inc()
-    has = snapshot.seq if snapshot is not None else -1 if after is None else after
-    history = await server.source.history(turn, -1 if whole else has)
-    if not history.complete:
+    """What the stream sends before the live feed (:func:`processor.client.joining.join`)."""
+    start = await joining.join(server.source, turn, after, whole=whole,
+                               count=lambda kind: server.metrics.redis_calls.labels(kind).inc())
+    if start.incomplete:
         server.metrics.incomplete_history.inc()
-    folded = [event for event in history.events if event.seq <= has]
-    past = [event for event in history.events if event.seq > has]
-    return Join(snapshot=snapshot, past=list(past), folded=folded)
+    return start
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
@@ -383,6 +365,7 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         server.metrics.redis_errors.inc()
         log.warning("stream ended by a redis failure", extra={
             "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+        stream.cut()  # the client resumes (on another replica, or once Redis is back)
     finally:
         server.hub.unsubscribe(subscription)
         if opened:

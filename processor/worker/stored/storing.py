@@ -116,7 +116,7 @@ class StoredPath:
         else:
             cancelled, ready, counts, full, versions = await applying
             lost = await self.losses.lost_under(shard, call, counts, parse_versions(versions))
-            fresh = set() if lost else self._follow(shard, call.applied, versions, call.newest)
+            fresh = set() if lost else self._follow(shard, call, versions)
         self.metrics.applied(counts)
         self._log_dead_letters(shard, call, counts)
         if lost is not None:  # the namespace's state found lost under this call
@@ -173,24 +173,23 @@ class StoredPath:
         if lost is not None:
             return (*reply, set(), lost)  # (the copies are published, then dropped)
         try:
-            fresh = mirrors.confirm(ahead, versions)
+            fresh = mirrors.confirm(ahead, versions, call.dead_by_turn())
         except Exception:
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             mirrors.forget(ahead)
             fresh = set()
         return (*reply, fresh, None)
 
-    def _follow(
-        self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
-    ) -> set[TurnKey]:
+    def _follow(self, shard: Shard, call: ApplyCall, versions: list[Any]) -> set[TurnKey]:
         """Keep this worker's copies of the batch's turns (:mod:`processor.worker.stored.mirror`);
         returns the turns whose copy is the state this very call left."""
         mirrors = self.shards[shard.index].mirrors
         try:
-            return mirrors.update(applied, parse_versions(versions), newest)
+            return mirrors.update(call.applied, parse_versions(versions), call.newest,
+                                  call.dead_by_turn())
         except Exception:  # a copy is only a shortcut: without it the finalise reads back
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
-            for entry in applied:
+            for entry in call.applied:
                 mirrors.drop(entry.key)
             return set()
 
