@@ -10,11 +10,13 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from cli_tools import ROOT
 
 from processor.service.config import OPTIONS
+from processor.wire.keys import Namespace
 from processor.wire.schema import SCHEMAS
 
 #: Every command that talks to Redis, with the arguments it needs (after the
@@ -137,3 +139,72 @@ def test_schema_help_lists_the_schema_names() -> None:
     assert proc.returncode == 0, proc.stderr
     for name in SCHEMAS:
         assert re.search(rf"\b{name}\b", proc.stdout), name
+
+
+# --------------------------------------------------------------------------- usage of a command
+
+
+@pytest.mark.parametrize("argv", [["run", "--redis-ulr", "redis://h"], ["init", "--bogus"],
+                                  ["dlq", "list", "--bogus"], ["schema", "a", "b"]])
+def test_a_bad_option_shows_the_usage_of_its_command(argv: list[str]) -> None:
+    """argparse reports an unknown option of a command with the top-level
+    usage by default (``usage: processor [-h] ...``), which does not show the
+    option meant; the command's own usage does, and the error names it."""
+    proc = _run(*argv)
+    assert proc.returncode == 2, proc.stderr
+    command = " ".join(argv[:2] if argv[0] == "dlq" else argv[:1])
+    usage, *_, error = proc.stderr.strip().splitlines()
+    assert usage.startswith(f"usage: processor {command} "), proc.stderr
+    assert error.startswith(f"processor {command}: error: unrecognized arguments: "), error
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_typo_of_an_option_names_the_option_meant() -> None:
+    proc = _run("run", "--redis-ulr", "redis://h")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "processor run: error: unrecognized arguments: --redis-ulr redis://h "
+        "(did you mean --redis-url?)")
+
+
+# --------------------------------------------------------------------------- a closed stdout
+
+
+def _closed_stdout(*argv: str, stdin: bytes = b"",
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run a command whose stdout is a pipe nobody reads any more (``| head``
+    having exited): every write to it fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "processor.cli", *argv], stdout=write_end,
+                              stderr=subprocess.PIPE, input=stdin, timeout=60, check=False,
+                              env=env or _env(), cwd=ROOT)
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_stdout_ends_a_command_quietly(redis_url: str, namespace: str,
+                                                redis_client: Any) -> None:
+    """``processor schema | head -c 300`` used to end in a BrokenPipeError
+    traceback: every command that writes to stdout now stops quietly, exit 0,
+    as the operator tools already did."""
+    entry = json.dumps({"response_id": "t1", "update": json.dumps(
+        {"contents": [{"type": "text", "text": "hi"}]})})
+    for argv, stdin in [(["schema"], b""), (["schema", "merged_entry"], b""),
+                        (["merge", "-"], f"{entry}\n{entry}\n".encode()),
+                        (["token", "t1", "--secret", "x" * 32], b""),
+                        (["--help"], b""), (["run", "--help"], b"")]:
+        proc = _closed_stdout(*argv, stdin=stdin)
+        assert (proc.returncode, proc.stderr.decode()) == (0, ""), argv
+    tools = ["--redis-url", redis_url, "--namespace", namespace]
+    init = _run("init", *tools)
+    assert init.returncode == 0, init.stderr
+    event = {"type": "synthesis.started", "seq": 0, "response_id": "t1",
+             "synthesis_id": "t1:synthesis"}
+    redis_client.xadd(Namespace(namespace).shard(0).events, {"event": json.dumps(event)})
+    for argv in [["stats"], ["stats", "--json"], ["tail", "--no-follow"],
+                 ["tail", "--no-follow", "--json"], ["dlq", "list"], ["init"]]:
+        proc = _closed_stdout(*argv, *tools)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        err = proc.stderr.decode()  # (tail's count and where to resume: a note)
+        assert "Traceback" not in err and "rror" not in err, (argv, err)
