@@ -58,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"processor run: {problem}", file=sys.stderr)
     if problems:
         return 2
-    logs.setup(values["log_level"])
+    logs.setup(values["log_level"], fmt=values["log_format"])
     from processor.service.run import run_worker
 
     return asyncio.run(run_worker(values, config.given(args)))
@@ -110,7 +110,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
-    logs.setup(values["log_level"])
+    logs.setup(values["log_level"], fmt=values["log_format"])
     return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
