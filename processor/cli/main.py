@@ -327,9 +327,10 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", type=float, default=0.5,
                         help="seconds between the handoff's updates (default 0.5), so the "
                         "page shows it streaming")
-    parser.add_argument("--linger", type=float, default=None,
+    parser.add_argument("--linger", type=float, default=None, metavar="SECONDS",
                         help="seconds to keep serving the pages after the turns end "
-                        "(default 30 on a terminal, else 0)")
+                        "(default: until Ctrl-C when stdout is a terminal, else 0: exit "
+                        "once the turns are printed)")
     parser.add_argument("--redis-url", default=None,
                         help="use this Redis instead of an embedded one (namespace 'demo')")
     parser.add_argument("--serve-url", default=None,
