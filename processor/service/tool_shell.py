@@ -94,10 +94,10 @@ def run_tool(
         return fail(prog, str(exc), 1)
     except NamespaceError as exc:  # --shards disagrees with the record, or a bad record
         return fail(prog, str(exc), 2 if isinstance(exc, Mismatch) else 1)
-    except BrokenPipeError:
-        if not stdout_closed():
-            raise
-        return 0
+    except BrokenPipeError as exc:
+        if stdout_closed():  # the reader went away (| head): quietly
+            return 0
+        return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
     except TRANSIENT as exc:
         return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
     except RedisError as exc:  # an error reply: NOPERM for a user without the command, ...
