@@ -43,7 +43,7 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
     while the demo runs, and the stream ends with the merged handoff."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "processor.cli", "demo", "--port", "0", "--pace", "0.2",
-         "--linger", "20"],
+         "--linger", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -69,7 +69,7 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
         texts = [c.get("text") for m in data[-2]["response"]["messages"] for c in m["contents"]]
         assert "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3." in texts
         rest = proc.stdout.read()
-        assert "== demo-handoff: completed" in rest and "serving the pages for 20 s" in rest
+        assert "== demo-handoff: completed" in rest and "serving the pages for 5 s" in rest
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
