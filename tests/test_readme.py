@@ -132,6 +132,9 @@ def test_the_content_shapes_merge_as_the_table_says() -> None:
     assert [c["type"] for m in tools for c in m["contents"]] == ["function_result"]
     texts = {c["type"]: c["text"] for c in merged if "text" in c}
     assert texts == {c["type"]: c["text"] for c in shapes if "text" in c}
+    answer = next(m for m in response["messages"]
+                  if any(c["type"] == "text" for c in m["contents"]))
+    assert [c["type"] for c in answer["contents"]][:2] == ["text_reasoning", "text"], answer
     usage = next(c["usage_details"] for c in shapes if c["type"] == "usage")
     assert response["usage_details"] == usage
     # The failing row: a call Producer.error takes, then the turn ends as it says.
@@ -147,7 +150,8 @@ def test_the_content_shapes_merge_as_the_table_says() -> None:
     error = json.loads(msgspec.json.encode(result.meta))["error"]
     assert result.status == "error" and error["code"] == "producer_error", error
     assert kwargs["code"] in json.dumps(error), error  # (the producer's code is kept)
-    assert texts["text"] in json.dumps(json.loads(msgspec.json.encode(result.response)))
+    partial = json.loads(msgspec.json.encode(result.response))  # what came before the error
+    assert partial["messages"][0]["contents"] == [shapes[0]], partial
 
 
 def test_set_up_commands_are_the_ones_ci_runs() -> None:
