@@ -163,10 +163,10 @@ def test_init_on_a_terminal_says_each_attempt_in_one_human_line_then_gives_up() 
                            "(gave up after 1 s): Error "), last
     assert "s3cret" not in "\n".join(lines)
     # --log-format json keeps JSON on a terminal, --log-format text gives text off one.
-    status, lines = _on_terminal("init", "--redis-url", UNREACHABLE, "--connect-timeout", "0.3",
+    status, lines = _on_terminal("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1",
                                  "--log-format", "json")
     assert status == 1 and json.loads(lines[0])["msg"] == "redis unreachable, retrying", lines
-    proc = _run("init", "--redis-url", UNREACHABLE, "--connect-timeout", "0.3",
+    proc = _run("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1",
                 "--log-format", "text")
     assert proc.returncode == 1 and HUMAN_RETRY.fullmatch(proc.stderr.splitlines()[0]), proc.stderr
     proc = _run("init", "--redis-url", UNREACHABLE, "--log-format", "yaml")
