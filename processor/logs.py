@@ -1,7 +1,11 @@
-"""Structured JSON log lines on stderr.
+"""Log lines on stderr: structured JSON, or one human line each on a terminal.
 
 A line carries ts, level, logger, msg and any ``extra=`` fields (turn and
-correlation ids, shard, counts). Update text is user data: it is never
+correlation ids, shard, counts). ``--log-format`` chooses: ``json`` (one
+object a line, for log collectors), ``text`` (``12:00:01 warning redis
+unreachable, retrying (url=..., error=...)``, for a person) or ``auto``,
+the default: text when stderr is a terminal, JSON otherwise (a container's
+log, a pipe, a file). Update text is user data: it is never
 passed to a log call, except the merged text of a published turn when the
 debug flag ``--log-payloads`` is on (:func:`turn_fields`). Anything that
 looks like a Redis URL has its password masked, whatever logger wrote it.
@@ -57,13 +61,50 @@ class JsonFormatter(logging.Formatter):
         return redact_text(json.dumps(line, default=str))
 
 
-def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None) -> None:
-    """Send the ``processor`` loggers to stderr as JSON lines; ``payloads``
-    lets published turns' text into debug lines (``--log-payloads``)."""
+class TextFormatter(logging.Formatter):
+    """One line for a person: local time, level, message, then the extras as
+    ``key=value`` in parentheses (and a traceback's lines after it, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        line = f"{stamp} {record.levelname.lower()} {record.getMessage()}"
+        extras = [f"{key}={value}" for key, value in vars(record).items()
+                  if key not in _STANDARD and not key.startswith("_")]
+        if extras:
+            line += f" ({', '.join(extras)})"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return redact_text(line)
+
+
+#: The values of ``--log-format``.
+FORMATS = ("auto", "json", "text")
+
+
+def formatter(fmt: str, stream: TextIO) -> logging.Formatter:
+    """The formatter ``--log-format`` names; ``auto`` is text on a terminal, else JSON."""
+    if fmt == "auto":
+        fmt = "text" if _isatty(stream) else "json"
+    return TextFormatter() if fmt == "text" else JsonFormatter()
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or not a file
+        return False
+
+
+def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None,
+          fmt: str = "auto") -> None:
+    """Send the ``processor`` loggers to stderr (JSON lines, or text on a
+    terminal: :func:`formatter`); ``payloads`` lets published turns' text
+    into debug lines (``--log-payloads``)."""
     global _payloads
     _payloads = payloads
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(fmt, stream))
     root = logging.getLogger("processor")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -150,7 +150,7 @@ async def get_turn(request: web.Request) -> web.Response:
     if state.phase == "running":
         snapshot = await server.source.snapshot(turn)
         return _json(202, {"status": "running",
-                           "snapshot": msgspec.Raw(snapshot.data()) if snapshot else None})
+                           "snapshot": msgspec.Raw(snapshot.data) if snapshot else None})
     raise refusal(404, "unknown_turn", "no such turn: not started yet, never sent, or finished "
                   "longer ago than the workers remember (--done-ttl)")
 

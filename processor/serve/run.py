@@ -97,7 +97,7 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 def main(config: ServeConfig) -> int:
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, fmt=config.log_format)
     try:
         return asyncio.run(serve(config))
     except socket.gaierror as exc:
