@@ -94,17 +94,19 @@ async def test_the_reason_reaches_the_terminal_event_and_meta(
         await harness.start_workers(1)
         await harness.cancel("early", reason="before it began")  # found by apply_entries
         await harness.add([text_delta(rid, "kept") for rid in
-                           ("early", "stop", "big", "empty", "done")] + [end_entry("done")])
+                           ("early", "stop", "big", "empty", "hash", "done")] + [end_entry("done")])
         await harness.wait_merged(2)  # early and done
         await harness.wait_applied()
         await harness.cancel("stop", reason=STOP)  # found by a sweep
         shard = harness.ns.shard_for("big")
         await harness.client.set(shard.cancel("big"), big, ex=600)
         await harness.client.set(harness.ns.shard_for("empty").cancel("empty"), b"", ex=600)
-        await harness.wait_merged(5)
+        await harness.client.hset(harness.ns.shard_for("hash").cancel("hash"), "a", "b")
+        await harness.wait_merged(6)
         outputs = await harness.outputs()
     expected = {"early": "before it began", "stop": STOP,
-                "big": "\ufffd\ufffd" + "z" * (REASON_BYTES - 2), "empty": None, "done": None}
+                "big": "\ufffd\ufffd" + "z" * (REASON_BYTES - 2), "empty": None, "hash": None,
+                "done": None}
     for rid, reason in expected.items():
         final = outputs.turns[TurnKey(rid)].events[-1]
         assert final["type"] == "synthesis" and "cancel_reason" in final

@@ -342,6 +342,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
+               "processor.wire.cancels",  # (a cancel's bounds: the client's too)
                "processor.wire.models", "processor.service", "processor.service.options",
                "processor.service.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)

@@ -30,7 +30,7 @@ from processor.client.entries import CORRELATION_IDS as CORRELATION_IDS
 from processor.client.entries import Encoding as Encoding
 from processor.client.entries import Sent
 from processor.client.entries import encode_update as encode_update
-from processor.client.errors import TurnEnded
+from processor.client.errors import CancelNotTaken, TurnEnded
 from processor.client.items import EntryItem, EventItem, Item, MergedItem
 from processor.client.producer import AUTO_IDEMPOTENCY_TTL as AUTO_IDEMPOTENCY_TTL
 from processor.client.producer import Producer
@@ -42,6 +42,7 @@ from processor.scripts.library import LibraryNotLoaded
 from processor.scripts.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
+    "CancelNotTaken",
     "CancelWatch",
     "EntryItem",
     "EventItem",

@@ -52,8 +52,14 @@ async def cancel_reasons(client: Any, shard: Shard,
         for key in keys:
             pipe.getrange(shard.cancel(key.response_id), 0, REASON_BYTES - 1)
         raw = await pipe.execute(raise_on_error=False)
-    return {key: None if isinstance(value, Exception) else reason_of(value)
-            for key, value in zip(keys, raw, strict=True)}
+    reasons: dict[TurnKey, str | None] = {}
+    for key, value in zip(keys, raw, strict=True):
+        if isinstance(value, Exception):
+            if not str(value).startswith("WRONGTYPE"):
+                raise value  # (a refused right, a lost connection: the finalise retries)
+            value = None  # an administrator's key of another type cancels, with no reason
+        reasons[key] = reason_of(value)
+    return reasons
 
 
 class StoredShard(Protocol):
