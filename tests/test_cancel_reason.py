@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
-
+from agui_checks import check_models
 from hypothesis import given
 from hypothesis import strategies as st
 from turn_reference import end_entry, text_delta
 from worker_harness import Harness
 
+from processor.engine import agui
 from processor.engine.lifecycle import Limits
 from processor.engine.offline import merge_lines
 from processor.wire.cancels import REASON_BYTES, reason_of
@@ -113,3 +115,23 @@ async def test_the_reason_reaches_the_terminal_event_and_meta(
 
         assert (final["cancel_reason"], _meta(outputs, rid)["cancel_reason"]) == (reason, reason)
         assert final["status"] == ("completed" if rid == "done" else "cancelled")
+
+
+def test_agui_run_finished_carries_the_reason_in_its_metadata() -> None:
+    """AG-UI 1.0's cancelled outcome has no field for a reason; every event
+    may carry ``metadata``: the stored run (``--agui``) and the live
+    projection of the terminal event both put it there, as AG-UI's own
+    models read it (no field AG-UI does not define)."""
+    lines = [json.dumps(text_delta("a", "kept")),
+             json.dumps({"kind": "cancel", "response_id": "a", "reason": STOP}),
+             json.dumps(text_delta("c", "done")), json.dumps(end_entry("c"))]
+    results = {r.response_id: r for r in merge_lines(lines).results()}
+    for rid, reason in (("a", STOP), ("c", None)):
+        result = results[rid]
+        stored = agui.project(result.response, result.meta, result.status)[-1]
+        final = msgspec.json.decode(msgspec.json.encode(result.events[-1]))
+        live = agui.LiveRun().event(final)[-1]
+        for event in (stored, live):
+            check_models([event])
+            assert event["type"] == "RUN_FINISHED"
+            assert event.get("metadata") == ({"cancel_reason": reason} if reason else None)
