@@ -49,11 +49,15 @@ def reason_of(raw: bytes | str | None) -> str | None:
     :data:`REASON_BYTES` bytes of its key's value (``GETRANGE key 0 1023``;
     None: the key was gone). At most :data:`REASON_BYTES` characters:
     invalid UTF-8 is replaced (U+FFFD), a character the cut split in two is
-    left out, and an empty value is no reason (None)."""
+    left out, and an empty value is no reason (None). ``raw`` is what
+    ``GETRANGE key 0 1023`` gave (longer is cut here as that would)."""
     if raw is None:
         return None
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
-    text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw[:REASON_BYTES],
-                                                                   final=False)
+    head = raw[:REASON_BYTES]
+    # A value of exactly REASON_BYTES may have been cut there: an incomplete
+    # character at its end is left out rather than replaced.
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(
+        head, final=len(head) < REASON_BYTES)
     return text or None

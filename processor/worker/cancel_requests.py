@@ -77,6 +77,7 @@ class CancelRequests:
         self.metrics = metrics
         self.cancel_turn = Function(client, "cancel_turn")
         self._logged: tuple[str, float] | None = None  # the last failure logged, when
+        self._refused, self._refused_logged = 0, -LOG_EVERY_S  # refused since logged, when
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -108,7 +109,12 @@ class CancelRequests:
             key, reason, ttl = parse_request(self.namespace, data)
         except Refused as exc:
             self.metrics.cancel_requests.labels("refused").inc()
-            log.warning("cancel request refused", extra={"why": str(exc)})
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refused_logged >= LOG_EVERY_S:  # (a flood logs once a minute)
+                log.warning("cancel requests refused", extra={"why": str(exc),
+                                                              "count": self._refused})
+                self._refused, self._refused_logged = 0, now
             return "refused"
         reply = await self.cancel_turn(keys=[key], args=[reason, ttl, self.namespace.cancels])
         outcome = as_text(reply[0])
