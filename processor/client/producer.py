@@ -38,9 +38,10 @@ T = TypeVar("T")
 #: How long an auto-generated idempotency key lives: it only guards the built-in retry.
 AUTO_IDEMPOTENCY_TTL = 600
 #: A cancel asked of the workers (:meth:`Producer.cancel`): how long to wait for
-#: its key by default, how often to look, and how often to ask again.
+#: its key by default, how often to look (the first pause, doubling up to the
+#: second: a worker usually sets it within a few ms), and how often to ask again.
 CANCEL_WAIT_S = 5.0
-CANCEL_POLL_S = 0.02
+CANCEL_POLL_S = (0.002, 0.05)
 CANCEL_ASK_EVERY_S = 1.0
 
 
@@ -236,7 +237,7 @@ class Producer:
         if outcome != "asked":
             return outcome
         deadline = time.monotonic() + wait
-        asked = time.monotonic()
+        asked, pause = time.monotonic(), CANCEL_POLL_S[0]
         while not await self.retry.run(lambda: self.client.exists(key)):
             now = time.monotonic()
             if now >= deadline:
@@ -244,7 +245,8 @@ class Producer:
             if now - asked >= CANCEL_ASK_EVERY_S:  # (a worker between two subscriptions)
                 await self.retry.run(lambda: self._cancel_turn(keys=[key], args=args))
                 asked = now
-            await asyncio.sleep(min(CANCEL_POLL_S, max(0.0, deadline - now)))
+            await asyncio.sleep(min(pause, max(0.0, deadline - now)))
+            pause = min(pause * 2, CANCEL_POLL_S[1])
         return "asked"
 
     async def cancelled(self, response_id: str | None, *, turn_id: str | None = None) -> bool:
