@@ -23,12 +23,14 @@ ACL users) sets the key here:
 KEYS[1] the turn's cancellation key ({ns:s}:cancel:<response_id>)
 
 ARGV[1] reason (1 to 1024 bytes)   ARGV[2] TTL in seconds (1 to 86400)
-ARGV[3] the namespace's cancel channel ({ns:0}:cancels)
+ARGV[3] the namespace's cancel channel ({ns:0}:cancels); '' = never ask
+        (a worker carrying out a request: it must set the key itself)
 
 Returns { 'set' | 'kept', the key's TTL now in ms (-1: none) }, or
 { 'asked', the number of clients the request reached on this node } (a
 worker sets the key; the caller waits for it: processor/client/producer.py).
-Errors: CANCELARG (a reason, TTL or key out of bounds; nothing changed).
+Errors: CANCELARG (a reason, TTL or key out of bounds; nothing changed),
+CANCELNOPERM (this caller may not set the key and ARGV[3] is '').
 ]==]
 
 local key, reason, channel = KEYS[1], ARGV[1], ARGV[3]
@@ -52,6 +54,9 @@ if redis.acl_check_cmd then  -- (Redis 7.0+; before, no ACL users run this)
 end
 if not may_set then
   if left == -1 or left >= ms then return { 'kept', left } end  -- nothing to ask
+  if channel == '' then
+    return redis.error_reply('CANCELNOPERM this user may not set cancellation keys')
+  end
   local request = cjson.encode({ key, reason, ttl })
   return { 'asked', redis.call('PUBLISH', channel, request) }
 end

@@ -27,6 +27,8 @@ import logging
 import time
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from processor.redis_io.connections import is_redis_failure, is_transient
 from processor.redis_io.replies import as_text
 from processor.scripts.library import Function
@@ -116,13 +118,15 @@ class CancelRequests:
                                                               "count": self._refused})
                 self._refused, self._refused_logged = 0, now
             return "refused"
-        reply = await self.cancel_turn(keys=[key], args=[reason, ttl, self.namespace.cancels])
-        outcome = as_text(reply[0])
-        if outcome == "asked":  # (this worker's user may not SET cancel keys either)
+        try:  # (no channel: a worker whose user may not set the key must not ask again)
+            reply = await self.cancel_turn(keys=[key], args=[reason, ttl, ""])
+        except ResponseError as exc:
+            if "CANCELNOPERM" not in str(exc):
+                raise
             self.metrics.cancel_requests.labels("refused").inc()
-            log.error("cannot set a requested cancel key: this worker's Redis user may not "
-                      "SET cancellation keys (deploy/redis/users.acl grants it to processor)")
+            self._failed(exc)  # (an error, once a minute: the ACL misses a grant)
             return "refused"
+        outcome = as_text(reply[0])
         self.metrics.cancel_requests.labels(outcome).inc()
         if self._logged is not None:
             log.info("taking cancel requests again")
