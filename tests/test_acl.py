@@ -420,6 +420,34 @@ async def test_a_cancel_they_ask_for_is_set_by_a_worker_bounded_and_never_shorte
     assert acl_log(acl_server) == []
 
 
+async def test_serve_answers_503_when_no_worker_can_take_a_cancel(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """``POST .../cancel`` as the serve user: 503 ``cancel_not_taken`` saying
+    what to do, before any worker loaded the library and then with no worker
+    running; nothing written."""
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        init_namespace_sync(admin, NAMESPACE)
+    serve = spawn_serve(url_for(acl_server, "serve"), NAMESPACE, tmp_path)
+    try:
+        await serve.wait_serving()
+        async with aiohttp.ClientSession(serve.url) as session:
+            async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                assert response.status == 503
+                body = await response.json()
+                assert body["error"] == "cancel_not_taken" and "processor init" in body["detail"]
+            with redis.Redis(**acl_server.client_kwargs()) as admin:
+                admin.function_load(library_text(), replace=True)
+            async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                assert response.status == 503
+                assert "no worker set the cancellation key" in (await response.json())["detail"]
+        assert serve.terminate() == 0
+    finally:
+        serve.kill()
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert not admin.exists(Namespace(NAMESPACE).shard(0).cancel("s1"))
+
+
 async def _pttl_above(harness: Harness, key: str, ms: int) -> bool:
     return int(await harness.client.pttl(key)) > ms
 
