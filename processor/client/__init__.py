@@ -9,7 +9,9 @@ user); it also sets and reads cancellation keys
 shard (section 5), resumable from the positions it reports, and waits for the
 merged response of one turn. A send to a turn that has ended raises
 :class:`TurnEnded`; one on a Redis 7 where no worker or ``processor init``
-has loaded the producers' functions yet, :class:`LibraryNotLoaded`.
+has loaded the producers' functions yet, :class:`LibraryNotLoaded`. A cancel
+asked of the workers (a user that may not set cancel keys) that none carried
+out in time raises :class:`CancelNotTaken`.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
 ``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.redis_io.connections.connect`),
