@@ -97,10 +97,22 @@ async def test_cancel_ends_the_stream_cancelled_with_the_partial_merge(
                 async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
                                         json={"reason": 5}) as response:
                     assert response.status == 400
+                # 513 characters, 1,026 bytes: past the function's bound (1 KiB).
+                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                        json={"reason": "é" * 513}) as response:
+                    assert response.status == 400
+                    assert "1 to 1024 bytes" in (await response.json())["detail"]
+                # A second cancel keeps the first one's reason.
+                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                        json={"reason": "again"}) as response:
+                    assert response.status == 202
+                assert await harness.client.get(key) == b"user pressed stop"
         finally:
             await serve.close()
         assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
         assert data[-2]["status"] == data[-1]["status"] == "cancelled"
+        assert data[-1]["cancel_reason"] == "user pressed stop"  # the native stream passes it
+        assert data[-2]["meta"]["cancel_reason"] == "user pressed stop"
         assert data[-2]["response"]["messages"][0]["contents"] == [
             {"type": "text", "text": "half an answer"}]
 
@@ -342,6 +354,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
+               "processor.wire.cancels",  # (a cancel's bounds: the client's too)
                "processor.wire.models", "processor.service", "processor.service.options",
                "processor.service.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)

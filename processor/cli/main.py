@@ -215,18 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
         "is live (docs/cluster.md)")
     init.set_defaults(func=_cmd_init)
 
+    from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, MAX_TTL
+
     cancel = sub.add_parser(
         "cancel",
         help="cancel a turn (sets its cancellation key)",
-        description="SET {ns:s}:cancel:<RESPONSE_ID> with a TTL: cancels every attempt of "
-        "the ResponseId, including turns not started yet. A turn (without attempt id) that "
-        "has already ended, within the workers' --done-ttl, is left alone: it says so and "
-        "exits 0.",
+        description="Set {ns:s}:cancel:<RESPONSE_ID> with a TTL (the cancel_turn Redis "
+        "Function: a cancel already set keeps its reason, and its TTL if longer): cancels "
+        "every attempt of the ResponseId, including turns not started yet. A user that may not "
+        "set cancel keys (the serve and producer ACL users) asks the workers and waits for the "
+        "key. A turn (without attempt id) that has already ended, within the workers' "
+        "--done-ttl, is left alone: it says so and exits 0.",
     )
     cancel.add_argument("response_id", metavar="RESPONSE_ID")
-    cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")
+    cancel.add_argument("--reason", default=DEFAULT_REASON,
+                        help="stored as the key's value: 1 to 1024 bytes (the turn's "
+                        "cancel_reason)")
     cancel.add_argument(
-        "--ttl", type=int, default=3600, help="seconds the key lives (default 3600)"
+        "--ttl", type=int, default=DEFAULT_TTL,
+        help=f"seconds the key lives (default {DEFAULT_TTL}, at most {MAX_TTL})"
     )
     cancel.add_argument(
         "--turn-id",

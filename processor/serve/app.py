@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from processor.client import Producer, joining
+from processor.client import CancelNotTaken, LibraryNotLoaded, Producer, joining
 from processor.client.joining import Join
 from processor.client.source import TurnSource
 from processor.client.turns import (
@@ -48,6 +48,7 @@ from processor.serve.config import ServeConfig
 from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 from processor.serve.tokens import Verdict, verify
+from processor.wire.cancels import REASON_BYTES, check_reason
 from processor.wire.ids import response_id_for_turn
 
 log = logging.getLogger("processor.serve")
@@ -58,8 +59,8 @@ REDIS_WAIT = 5.0
 RETRY_MS = 1000
 #: Seconds /readyz waits for Redis's answer.
 READY_TIMEOUT = 2.0
-#: The longest cancellation reason taken (the worker reads at most 1 KiB of it).
-MAX_REASON = 1024
+#: The longest cancellation reason taken, in bytes of UTF-8 (cancel_turn.lua's bound).
+MAX_REASON = REASON_BYTES
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
@@ -168,15 +169,17 @@ async def cancel_turn(request: web.Request) -> web.Response:
                 from None
         given = body.get("reason") if isinstance(body, dict) else None
         if given is not None:
-            if not isinstance(given, str) or not given or len(given) > MAX_REASON:
-                raise refusal(400, "bad_request", f"reason must be text of 1 to {MAX_REASON} "
-                              "characters")
+            try:
+                check_reason(given)
+            except ValueError as exc:
+                raise refusal(400, "bad_request", f"reason: {exc}") from None
             reason = given
     server.metrics.redis_calls.labels("cancel").inc()
-    if turn.turn_id:
-        await server.producer.cancel(None, reason, turn_id=turn.turn_id)
-    else:
-        await server.producer.cancel(turn.response_id, reason)
+    try:  # (the serve ACL user asks the workers: cancel_turn.lua)
+        await server.producer.cancel(turn.response_id if not turn.turn_id else None, reason,
+                                     turn_id=turn.turn_id or None)
+    except (CancelNotTaken, LibraryNotLoaded) as exc:
+        raise refusal(503, "cancel_not_taken", str(exc)) from None
     log.info("turn cancelled", extra={"response_id": turn.response_id})
     return _json(202, {"cancelled": turn.response_id})
 

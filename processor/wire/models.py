@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from processor.wire.cancels import REASON_BYTES
+
 # ---------------------------------------------------------------- inputs
 
 EntryKind = Literal["update", "end", "error"]
@@ -203,6 +205,11 @@ class Counts(msgspec.Struct):
     messages: int = 0
 
 
+#: A cancel's reason as the outputs carry it: at most 1,024 characters
+#: (processor.wire.cancels.reason_of: the first 1 KiB of the key's value).
+CancelReason = Annotated[str, msgspec.Meta(max_length=REASON_BYTES)]
+
+
 class ErrorInfo(msgspec.Struct):
     code: str
     message: str
@@ -221,6 +228,10 @@ class Meta(msgspec.Struct):
     started_ms: int | None
     finished_ms: int | None
     error: ErrorInfo | None = None
+    #: A cancelled turn's reason (its cancel key's value, at most 1 KiB of it
+    #: read: docs/contract.md §6); null for any other turn, or a cancel key
+    #: that had no value left to read.
+    cancel_reason: CancelReason | None = None
 
 
 class Agent(msgspec.Struct):
@@ -326,6 +337,7 @@ class Synthesis(_EventBase, tag="synthesis", kw_only=True):
     counts: Counts
     agents: list[Agent]
     error: ErrorInfo | None = None
+    cancel_reason: CancelReason | None = None  # as Meta.cancel_reason
 
 
 Event = (SynthesisStarted | SynthesisChunk | ReasoningChunk | ToolCallChunk | ToolResult | Step
