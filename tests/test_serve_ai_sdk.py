@@ -132,6 +132,8 @@ async def test_a_client_joining_a_running_turn_or_after_its_end_gets_the_same_me
             await producer.end("mid")
             during = await joined
             after = await _client(f"{api}?token={token('mid')}", "mid")
+            chat = await node_clients.run("ai_sdk_client.mjs", api, "mid", token("mid"),
+                                          "--chat", "2")
         finally:
             await serve.close()
         item = await _merged(harness, "mid")
@@ -139,6 +141,12 @@ async def test_a_client_joining_a_running_turn_or_after_its_end_gets_the_same_me
         types = _check(after, item, "mid")
         assert types[-1] == "finish" and "reset-step" not in types
         assert during["message"]["parts"] == after["message"]["parts"]
+        # useChat's own resume (its Chat, resumeStream() on mount and again when the
+        # page comes back): one assistant message, replayed in place, not twice.
+        assert chat["status"] == "ready" and chat["error"] is None
+        [message] = chat["messages"]
+        assert message["id"] == "mid:synthesis" and message["role"] == "assistant"
+        assert message["parts"] == after["message"]["parts"]
 
 
 async def test_a_cancelled_turn_ends_aborted_with_its_partial_message(
@@ -187,6 +195,22 @@ async def test_nothing_to_resume_is_204_and_the_stream_needs_the_turns_token(
             out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
                                          token("nope"))
             assert out == {"resumed": False, "message": None, "chunks": [], "errors": []}
+            chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
+                                          token("nope"), "--chat", "1")
+            assert chat == {"status": "ready", "error": None, "messages": []}
+            # A failed turn: the message as merged, then useChat's status is 'error'.
+            await producer.send("bad", text_update("half"))
+            await producer.error("bad", "model down")
+            failed = await _merged(harness, "bad")
+            out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
+                                         token("bad"))
+            assert _check(out, failed, "bad")[-1] == "error"
+            assert out["chunks"][-1] == {"type": "error", "errorText": "model down"}
+            assert out["errors"] == ["Error: model down"]  # readUIMessageStream's onError
+            chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
+                                          token("bad"), "--chat", "1")
+            assert chat["status"] == "error" and "model down" in chat["error"]
+            assert chat["messages"][0]["parts"] == out["message"]["parts"]
             await producer.send("done", text_update("finished"))
             await producer.end("done")
             await _merged(harness, "done")
