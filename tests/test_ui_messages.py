@@ -215,3 +215,9 @@ def test_tool_calls_stream_their_input_and_get_their_output() -> None:
     # An unknown event type, a step, or a result for no known call: nothing.
     assert ui.event({"type": "step", "step": "text"}) == []
     assert ui.event({**result, "call_id": "nope", "index": 1}) == []
+    # Nor an event without the fields its type needs (not a crash).
+    assert ui.event({**call, "delta": None}) == []
+    assert ui.event({**result, "index": "0"}) == []
+    assert ui.event({"type": "synthesis.chunk", "message_id": 7, "delta": "x"}) == []
+    ui.event(_text("m1", "Hi"))
+    assert ui.event({**_text("m1", ""), "delta": 5}) == []

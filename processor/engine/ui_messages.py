@@ -166,7 +166,7 @@ class TurnParts:
         """Take in a live event (:mod:`processor.engine.live`); its message, or
         None for an event that changes no part."""
         kind = event.get("type")
-        if kind not in LIVE_KINDS:
+        if kind not in LIVE_KINDS or not _well_formed(kind, event):
             return None
         mid = event.get("message_id") or ""
         held = self.messages.get(mid)
@@ -229,6 +229,17 @@ class TurnParts:
                 done, value = _input(made.args, output is not None, final)
                 out[i] = ToolPart(made.id, made.name, made.args, done, value, output, made.meta)
         return out
+
+
+def _well_formed(kind: str, event: Mapping[str, Any]) -> bool:
+    """Whether a live event has the fields its kind needs (docs/contract.md
+    §5.2): one that does not is left out, not a crash of the stream."""
+    if kind != "tool_result" and not isinstance(event.get("delta"), str):
+        return False
+    if kind in ("tool_call.chunk", "tool_result") and not isinstance(event.get("index"), int):
+        return False
+    return all(isinstance(event.get(name), str | None) for name in (
+        "message_id", "author_name", "agent_id", "call_id", "name"))
 
 
 def _input(args: str, answered: bool, final: bool) -> tuple[bool, bytes]:
@@ -393,7 +404,8 @@ class UiStream:
         head = self._start()
         kind = event.get("type")
         part = _TEXT_KINDS.get(kind)  # type: ignore[arg-type]
-        if part is not None and not event.get("replace") and event.get("delta"):
+        delta = event.get("delta")
+        if part is not None and not event.get("replace") and isinstance(delta, str) and delta:
             fast = self._append(part, event)
             if fast is not None:
                 return [*head, *fast]
