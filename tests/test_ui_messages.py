@@ -151,18 +151,18 @@ def test_every_client_ends_with_the_merged_response_however_it_joined(
 def test_a_turn_that_only_grows_streams_in_appends_until_its_end(
     entries: list[dict[str, Any]], cuts: list[int]
 ) -> None:
-    """One agent, keyed messages one after the other: nothing is rewritten
-    live (no ``reset-step`` before the end), and the end rewrites only when
-    a message's first reasoning and first text came in one batch (the live
-    events of a batch give text before reasoning)."""
+    """One agent, keyed messages one after the other: nothing is ever
+    rewritten (no ``reset-step``, live or at the end): the message only
+    grows, deltas and new parts at its end. (A message's reasoning and text
+    in one batch come reasoning first when it began first, as merged.)"""
     batches = _batches(entries, cuts)
     live, reader = UiStream("r:synthesis"), Reader()
     for batch in batches:
         for event in batch.events:
             _read(reader, live.event(event))
-    assert "reset-step" not in reader.types
     merged = batches[-1].response
     _read(reader, live.end(Ending("completed"), merged, merged.finish_reason))
+    assert "reset-step" not in reader.types
     assert comparable(reader.message["parts"]) == comparable(
         expected_parts(json.loads(_json.encode(merged))))
 
