@@ -462,13 +462,13 @@ async def _started(subscription: Subscription, wait: float) -> list[LiveEvent | 
     """What the feed brings of a turn not started yet within ``wait`` seconds
     (nothing: it did not start)."""
     deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
-        items = await subscription.take(left)
+    while True:  # (once at least: it may have started since the join read its state)
+        left = deadline - time.monotonic()
+        items = await subscription.take(max(0.0, left))
         if items is None:
             return []
-        if items:
+        if items or left <= 0:
             return items
-    return []
 
 
 # --------------------------------------------------------------------------- page
