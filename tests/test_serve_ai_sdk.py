@@ -239,3 +239,36 @@ async def test_nothing_to_resume_is_204_and_the_stream_needs_the_turns_token(
         assert chunks[3]["delta"] == "finished"
         assert json.loads(json.dumps(chunks[0])) == {"type": "start",
                                                      "messageId": "done:synthesis"}
+
+
+async def test_a_stream_cut_by_a_stopping_server_breaks_rather_than_ends(
+    redis_url, namespace
+) -> None:
+    """A server that stops mid-turn breaks the connection: the client sees a
+    failed read (useChat: a disconnect, resumable), not a clean end that
+    would look like a finished message with its text cut short."""
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        closed = False
+        try:
+            await producer.send("cut", text_update("the first half"))
+            await wait_logged(harness, "cut", 1)
+            client = asyncio.ensure_future(node_clients.run(
+                "ai_sdk_client.mjs", f"{serve.url}/v1/turns", "cut", token("cut")))
+            while not serve.server.hub.followers("cut"):
+                await asyncio.sleep(0.02)
+            sent = "processor_serve_events_sent_total"
+            while not serve.server.metrics.registry.get_sample_value(sent):  # the snapshot is out
+                await asyncio.sleep(0.02)
+            await serve.close()
+            closed = True
+            out = await client
+        finally:
+            if not closed:
+                await serve.close()
+        assert out["resumed"] and out["errors"], out
+        types = [c["type"] for c in out["chunks"]]
+        assert types[:2] == ["start", "start-step"] and "finish" not in types
+        assert out["message"]["parts"][1]["text"] == "the first half"

@@ -455,6 +455,11 @@ async def turn_ui_stream(request: web.Request) -> web.StreamResponse:
         server.hub.unsubscribe(subscription)
         if opened:
             server.metrics.open_streams.dec()
+    if not stream.cursor.ended and request.transport is not None:
+        # Cut before its end (the server stopping, a slow client, Redis): a
+        # broken connection, not a clean end, so that useChat takes it as a
+        # disconnect (resumable) and not as a finished, truncated message.
+        request.transport.abort()
     return stream.response
 
 
