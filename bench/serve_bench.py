@@ -5,6 +5,7 @@ redis-server with ``processor run`` workers (live progress on, the default).
                                 [--seconds 20] [--fractions 0.5,0.25,0.1]
                                 [--rate R]
                                 [--idle 10] [--no-write]
+                                [--format native|agui|ai-sdk]
 
 1. Calibrate, unless ``--rate`` is given: the workers' throughput alone
    on fresh turns (``--calibrate`` updates over ``--turns`` turns, XADDed
@@ -37,8 +38,12 @@ limits") reconnects with its last id, as ``EventSource`` does; drops are
 counted. Everything shares the machine's cores: the clients, the producer,
 the workers, redis-server and serve.
 
+``--format``: what the clients read, the native event stream (default),
+its AG-UI form (``/events?format=agui``) or the AI SDK's UI message
+stream (``/stream``; a reconnect there is a fresh join, not a resume).
+
 Writes its section of docs/benchmarks.md between the serve-bench markers
-(replacing it) unless ``--no-write``.
+(``serve-bench-<format>`` for the other formats) unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "serve-bench"  # (its markers in docs/benchmarks.md: write_section)
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
+#: Where each ``--format``'s clients read a turn (after ``/v1/turns/<id>``).
+PATHS = {"native": "/events", "agui": "/events?format=agui", "ai-sdk": "/stream"}
 #: A delta's stamp: a chunk coalesces the updates a batch merged into its
 #: turn, each update's text one stamp ("t<time_ns> "), all of them counted.
 MARK = re.compile(rb'"delta":"([^"]*)"')
@@ -165,8 +172,8 @@ async def produce(url: str, turns: int, rate: float, seconds: float) -> None:
 class Client:
     """One SSE client of one turn: notes each marked delta's arrival."""
 
-    def __init__(self, bench: Bench, rid: str) -> None:
-        self.bench, self.rid = bench, rid
+    def __init__(self, bench: Bench, rid: str, path: str = PATHS["native"]) -> None:
+        self.bench, self.rid, self.path = bench, rid, path
         self.last_id: str | None = None
         self.open = False
         self.task: asyncio.Task[None] | None = None
@@ -178,7 +185,7 @@ class Client:
             if self.last_id is not None:
                 headers["Last-Event-ID"] = self.last_id
             try:
-                async with session.get(f"{url}/v1/turns/{self.rid}/events",
+                async with session.get(f"{url}/v1/turns/{self.rid}{self.path}",
                                        headers=headers) as response:
                     if response.status != 200:
                         if response.status != 503:  # 503: not ready yet, or Redis: retry
@@ -433,7 +440,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
         session = aiohttp.ClientSession(connector=connector, timeout=timeout)
-        clients = [Client(bench, rids[i % args.turns]) for i in range(args.clients)]
+        clients = [Client(bench, rids[i % args.turns], PATHS[args.format])
+                   for i in range(args.clients)]
         for c in clients:
             c.task = asyncio.create_task(c.run(session, url))
             await asyncio.sleep(0)
@@ -521,11 +529,13 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
         f"first XADD to the last one's chunk event): {r['running']:,.0f} updates/s; "
         f"on fresh turns XADDed whole (held): {r['throughput']:,.0f} updates/s. The paces "
         f"below are shares of the first. " if r["running"] else "")
-    return f"""## `processor serve`: open SSE clients
+    title = "" if args.format == "native" else \
+        f" ({args.format}: `/v1/turns/<id>{PATHS[args.format]}`)"
+    return f"""## `processor serve`: open SSE clients{title}
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
 {args.workers} `processor run` worker(s) (live progress on, the default), one \
-`processor serve` process with tokens on, {args.clients:,} SSE clients over \
+`processor serve` process with tokens on, {args.clients:,} {args.format} SSE clients over \
 {args.turns} running turns, {args.clients // args.turns} per turn, all in one client \
 process). {calibrated}A producer process paced text updates round-robin over the turns \
 for {args.seconds:g} s after a {WARMUP:g} s warm-up, at each pace below in turn. \
@@ -577,6 +587,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="updates the calibration sends")
     parser.add_argument("--idle", type=float, default=10)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--format", choices=sorted(PATHS), default="native",
+                        help="what the clients read (default: the native event stream)")
     parser.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -591,7 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     body = section(args, r, load)
     print(body)
     if not args.no_write:
-        write_section(DOC, SECTION, body)
+        if args.format == "native":
+            write_section(DOC, SECTION, body)
+        else:
+            write_section(DOC, f"{SECTION}-{args.format}", body, after=SECTION)
         print(f"wrote {DOC.relative_to(ROOT)}")
     return 0
 

@@ -110,3 +110,26 @@ def test_nothing_new_says_nothing_and_a_batch_is_one_chunk_per_message() -> None
         ("Step", None), ("SynthesisChunk", "abc")]
     again, _ = live_events(key, {}, shown, turn.finish(), 6)
     assert again == []
+
+
+def test_a_message_whose_reasoning_began_first_gets_its_reasoning_chunk_first() -> None:
+    """In one batch, a message's chunks come in its contents' order
+    (reasoning, then text), as a UI that adds parts in arrival order
+    (the AI SDK's) must show them: else the merged order differs."""
+    entries = [{"response_id": "r", "update": {"message_id": "m1", "role": "assistant",
+                                               "contents": [{"type": kind, "text": text}]}}
+               for kind, text in (("text_reasoning", "hmm"), ("text", "Hi"))]
+    key, records = decoded(entries)
+    turn = Turn(key)
+    for record in records:
+        turn.apply(record)
+    events, _ = live_events(key, {}, Shown(), turn.finish(), 5)
+    assert [type(e).__name__ for e in events] == ["Step", "ReasoningChunk", "SynthesisChunk"]
+    turn.apply(decoded([{"response_id": "r", "update": {
+        "message_id": "m2", "role": "assistant", "contents": [
+            {"type": "text", "text": "a"}, {"type": "function_call", "call_id": "c"},
+            {"type": "text_reasoning", "text": "b"}]}}])[1][0])
+    events, _ = live_events(key, {}, Shown(), turn.finish(), 6)
+    assert [(type(e).__name__, getattr(e, "message_id", None)) for e in events[1:]] == [
+        ("ReasoningChunk", "m1"), ("SynthesisChunk", "m1"),
+        ("SynthesisChunk", "m2"), ("ReasoningChunk", "m2"), ("ToolCallChunk", "m2")]

@@ -362,7 +362,10 @@ def test_serve_imports_no_worker_module() -> None:
                # The pure merge, to fold a running turn's logged updates into its snapshot.
                "processor.engine", "processor.engine.merge", "processor.engine.combine",
                "processor.engine.turn_state",
-               "processor.engine.agui"}  # (pure AG-UI, as --agui's)
+               "processor.engine.agui",  # (pure AG-UI, as --agui's)
+               # The pure AI SDK UI message stream, and the one rule it shares with
+               # live progress: how a call's chunks spell its arguments.
+               "processor.engine.ui_messages", "processor.engine.live"}
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []

@@ -58,6 +58,7 @@ class Join:
     # The turn's past did not reach back to what the client has: it gets a
     # snapshot (running) or the merged output (finished) in its place.
     incomplete: bool = False
+    unknown: bool = False  # not started yet, never sent, or forgotten
 
 
 async def join(source: TurnSource, turn: TurnRef, after: int | None, *, whole: bool = False,
@@ -87,7 +88,7 @@ async def join(source: TurnSource, turn: TurnRef, after: int | None, *, whole: b
             return found  # the log was read while the turn ran: it is so
     if state.phase == "finished":
         return await _finished(source, turn, after, whole, state.status, count)
-    return Join()
+    return Join(unknown=state.phase == "unknown")
 
 
 async def _running(source: TurnSource, turn: TurnRef, after: int | None, whole: bool,

@@ -5,9 +5,11 @@ batch (the real merge, :meth:`processor.engine.merge.Turn.finish`) with what the
 turn's live events have said so far (:class:`Shown`), and returns the
 events that bring a reader from one to the other, coalesced: per message
 at most one text chunk, one reasoning chunk, one chunk per function call
-and one event per new or changed function result, plus a ``step`` when
-the turn's latest activity moved. Ids and order are the merged
-response's, so a reader that applies the events holds exactly the merge:
+and one event per new or changed function result (a message's reasoning
+chunk before its text chunk when its reasoning began first, as in its
+contents), plus a ``step`` when the turn's latest activity moved. Ids and
+order are the merged response's, so a reader that applies the events
+holds exactly the merge:
 
 - ``synthesis.chunk`` / ``reasoning.chunk`` / ``tool_call.chunk``: the
   ``delta`` is appended to what the earlier chunks of the same message
@@ -126,6 +128,7 @@ def live_events(
         mid = message.message_id or ""
         contents = message.contents
         tools = False
+        thought_first = False  # its reasoning begins before its text: its chunk goes first
         last: str | None
         if len(contents) == 1:  # (the usual message)
             only = contents[0]
@@ -144,6 +147,8 @@ def live_events(
                 if kind == "text":
                     text_parts.append(content.text or "")
                 elif kind == "text_reasoning":
+                    if content.text and not thought_first and not any(text_parts):
+                        thought_first = True
                     thought_parts.append(content.text or "")
                 elif kind == "function_call" or kind == "function_result":
                     tools = True
@@ -151,6 +156,7 @@ def live_events(
                     last = kind
             text, thought = "".join(text_parts), "".join(thought_parts)
         agent: Any = _UNSET
+        at = len(events)
         if text or mid in was_texts:
             texts[mid] = text
             found = _delta(was_texts.get(mid), text)
@@ -168,6 +174,8 @@ def live_events(
                 events.append(_replace(made.proto(ReasoningChunk), message_id=mid,
                                        agent_id=agent, author_name=message.author_name,
                                        delta=found[0], replace=found[1]))
+                if thought_first and len(events) > at + 1:
+                    events.insert(at, events.pop())  # in the message's order
         if tools:
             _tool_events(events, made, message, mid, shown, after)
         if last is not None:

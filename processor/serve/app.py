@@ -43,7 +43,7 @@ from processor.client.turns import (
     parse_after,
 )
 from processor.redis_io.connections import is_redis_failure
-from processor.serve import formats, sse
+from processor.serve import formats, sse, ui_format
 from processor.serve.config import ServeConfig
 from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
@@ -376,6 +376,91 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     return stream.response
 
 
+# --------------------------------------------------------------------------- AI SDK
+
+#: The longest ``?wait=`` a UI message stream takes, in seconds.
+MAX_WAIT = 60.0
+
+
+async def turn_ui_stream(request: web.Request) -> web.StreamResponse:
+    """The turn as the AI SDK's UI message stream (docs/serve.md, "The AI
+    SDK"): what ``DefaultChatTransport.reconnectToStream`` asks for with
+    ``api`` set to ``/v1/turns``. A turn the server does not know: 204 (the
+    AI SDK's "nothing to resume"), at once or, with ``?wait=<seconds>``, if
+    it has not started by then. Every connection is a fresh join."""
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT:  # (also NaN)
+        raise refusal(400, "bad_request", f"wait must be 0 to {MAX_WAIT:g} seconds")
+    try:  # subscribed before the past is read: nothing falls between the two
+        subscription = await asyncio.wait_for(
+            server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
+    except TimeoutError:
+        raise refusal(503, "not_ready", "not reading Redis yet") from None
+    fmt = ui_format.UiMessages(turn)
+    stream = EventStream(server, request, turn, Cursor(), fmt)
+    stream.response.headers[ui_format.HEADER[0]] = ui_format.HEADER[1]
+    opened = False
+    try:
+        start = await join(server, turn, None)
+        early: list[LiveEvent | MergedOutput] = []
+        if start.unknown:
+            early = await _started(subscription, wait)
+            if not early:
+                return web.Response(status=204)  # useChat: no stream to resume
+        server.metrics.open_streams.inc()
+        server.metrics.streams.inc()
+        opened = True
+        await stream.open()
+        if start.snapshot is not None:
+            stream.cursor.jump(start.snapshot.seq)
+            frames = fmt.snapshot(start.snapshot, None)
+            await stream.write(frames, len(frames))
+        await stream.send([*start.past, *early])
+        if start.gone:
+            await stream.gone(start.status)
+            return stream.response
+        await stream.follow(subscription)
+    except SlowClient:
+        await stream.drop()
+    except ConnectionError:
+        pass
+    except Exception as exc:
+        if not opened or not is_redis_failure(exc):
+            raise
+        server.metrics.redis_errors.inc()
+        log.warning("stream ended by a redis failure", extra={
+            "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        server.hub.unsubscribe(subscription)
+        if opened:
+            server.metrics.open_streams.dec()
+    if not stream.cursor.ended and request.transport is not None:
+        # Cut before its end (the server stopping, a slow client, Redis): a
+        # broken connection, not a clean end, so that useChat takes it as a
+        # disconnect (resumable) and not as a finished, truncated message.
+        request.transport.abort()
+    return stream.response
+
+
+async def _started(subscription: Subscription, wait: float) -> list[LiveEvent | MergedOutput]:
+    """What the feed brings of a turn not started yet within ``wait`` seconds
+    (nothing: it did not start)."""
+    deadline = time.monotonic() + wait
+    while True:  # (once at least: it may have started since the join read its state)
+        left = deadline - time.monotonic()
+        items = await subscription.take(max(0.0, left))
+        if items is None:
+            return []
+        if items or left <= 0:
+            return items
+
+
 # --------------------------------------------------------------------------- page
 
 _SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
@@ -534,6 +619,7 @@ def make_app(server: Server) -> web.Application:
     app.on_response_prepare.append(cors_headers)
     app.router.add_get("/v1/turns/{response_id}", get_turn)
     app.router.add_get("/v1/turns/{response_id}/events", turn_events)
+    app.router.add_get("/v1/turns/{response_id}/stream", turn_ui_stream)
     app.router.add_post("/v1/turns/{response_id}/cancel", cancel_turn)
     app.router.add_get("/v1/turns/{response_id}/view", view)
     app.router.add_get("/healthz", healthz)
