@@ -21,6 +21,13 @@ response's, so a reader that applies the events holds exactly the merge:
 - ``step``: what the turn does now (``thinking``, ``tool_call``,
   ``tool_result``, ``text``), the message in ``step_data.message_id``.
 
+Every event of a message also says where the message stands in the
+merge: its ``role`` and ``previous_message_id`` (the nearest message
+before it that has live events, None when there is none), so a reader
+that places each message after its previous one holds the merged order
+(a message can land above one shown before it: the merge groups messages
+by their agent run).
+
 So, for every turn: per message, the text of its chunks since its last
 ``replace`` one, concatenated, is that message's text in the merged
 response (``tests/test_live.py`` checks it over random turns).
@@ -122,8 +129,10 @@ def live_events(
     was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None
+    previous: str | None = None
     for message in response.messages:
         mid = message.message_id or ""
+        role = message.role
         contents = message.contents
         tools = False
         last: str | None
@@ -158,7 +167,8 @@ def live_events(
                 agent = message.additional_properties.get("agent_id")
                 events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
                                        agent_id=agent, author_name=message.author_name,
-                                       delta=found[0], replace=found[1]))
+                                       delta=found[0], replace=found[1], role=role,
+                                       previous_message_id=previous))
         if thought or mid in was_reasoning:
             reasoning[mid] = thought
             found = _delta(was_reasoning.get(mid), thought)
@@ -167,11 +177,14 @@ def live_events(
                     agent = message.additional_properties.get("agent_id")
                 events.append(_replace(made.proto(ReasoningChunk), message_id=mid,
                                        agent_id=agent, author_name=message.author_name,
-                                       delta=found[0], replace=found[1]))
+                                       delta=found[0], replace=found[1], role=role,
+                                       previous_message_id=previous))
         if tools:
-            _tool_events(events, made, message, mid, shown, after)
+            _tool_events(events, made, message, mid, previous, shown, after)
         if last is not None:
             step, step_message = (mid, last), message
+        if text or thought or tools:  # (a reader knows it: it had events)
+            previous = mid
     # Messages no longer in the merge: their text (and reasoning) is gone.
     for mid, text in was_texts.items():
         if mid not in texts and text:
@@ -248,11 +261,13 @@ class _Made:
 
 
 def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
-                 shown: Shown, after: Shown) -> None:
+                 previous: str | None, shown: Shown, after: Shown) -> None:
     """A message's call chunks and results (in its contents' order) that
-    ``shown`` lacks, appended to ``events``; ``after`` records them."""
+    ``shown`` lacks, appended to ``events``; ``after`` records them.
+    ``previous``: the id of the message before it in the merge."""
     agent = message.additional_properties.get("agent_id")
     author = message.author_name
+    role = message.role
     calls = results = 0
     for content in message.contents:
         kind = content.type
@@ -270,7 +285,8 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                     made.proto(ToolCallChunk), message_id=mid, index=where[1],
                     call_id=content.call_id, name=content.name, agent_id=agent,
                     author_name=author, delta=found[0],
-                    replace=found[1] or not isinstance(content.arguments, str | None)))
+                    replace=found[1] or not isinstance(content.arguments, str | None),
+                    role=role, previous_message_id=previous))
         elif kind == "function_result":
             where = (mid, results)
             results += 1
@@ -278,7 +294,8 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
             if where not in shown.results or shown.results[where] != content.result:
                 events.append(_replace(made.proto(ToolResult), message_id=mid, index=where[1],
                                        call_id=content.call_id, agent_id=agent,
-                                       author_name=author, result=content.result))
+                                       author_name=author, result=content.result, role=role,
+                                       previous_message_id=previous))
 
 
 def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:
@@ -292,3 +309,28 @@ def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") ->
         mid = str(event.get("message_id"))
         out[mid] = event["delta"] if event.get("replace") else out.get(mid, "") + event["delta"]
     return out
+
+
+def replay_order(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """The messages a reader holds after ``events`` (decoded JSON), in order,
+    each with its role: each event of a message with a role places it just
+    after its ``previous_message_id`` (first when None; where it was, or
+    last when new, when that message is not known). Messages emptied since
+    (an empty ``replace`` chunk) are still listed. The reference a UI
+    follows for its messages' order (the tests check it)."""
+    order: list[str] = []
+    roles: dict[str, str | None] = {}
+    for event in events:
+        if "previous_message_id" not in event or event.get("role") is None:
+            continue
+        mid = str(event.get("message_id"))
+        roles[mid] = event["role"]
+        before = event["previous_message_id"]
+        if before is not None and before not in order:
+            if mid not in order:
+                order.append(mid)
+            continue
+        if mid in order:
+            order.remove(mid)
+        order.insert(0 if before is None else order.index(before) + 1, mid)
+    return [(mid, roles[mid]) for mid in order]
