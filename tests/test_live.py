@@ -87,6 +87,40 @@ def test_a_reader_of_the_live_events_holds_exactly_the_merge(
     assert {k: v for k, v in _results(events).items() if k in results} == results
 
 
+def _held_tools(events: list[dict[str, Any]]) -> tuple[dict[tuple[str, int], str],
+                                                       dict[tuple[str, int], Any]]:
+    """The calls' arguments and the results a reader holds, dropping a
+    message's when a chunk with ``role`` None says it left the merge."""
+    calls: dict[tuple[str, int], str] = {}
+    results: dict[tuple[str, int], Any] = {}
+    for e in events:
+        if e["type"] in ("synthesis.chunk", "reasoning.chunk") and e["role"] is None \
+                and e["replace"] and not e["delta"]:
+            calls = {k: v for k, v in calls.items() if k[0] != e["message_id"]}
+            results = {k: v for k, v in results.items() if k[0] != e["message_id"]}
+        elif e["type"] == "tool_call.chunk":
+            where = (e["message_id"], e["index"])
+            calls[where] = e["delta"] if e["replace"] else calls.get(where, "") + e["delta"]
+        elif e["type"] == "tool_result":
+            results[(e["message_id"], e["index"])] = e["result"]
+    return calls, results
+
+
+@settings(max_examples=300, deadline=None)
+@given(turns(), st.lists(st.integers(0, 60), max_size=8))
+def test_a_reader_drops_the_calls_and_results_of_a_message_that_left_the_merge(
+    entries: list[dict[str, Any]], cuts: list[int]
+) -> None:
+    """What a reader holds of calls and results is the merge's, no more: a
+    message folded into another is dropped (its calls would show twice)."""
+    events, response = _run(entries, cuts)
+    calls = {(m.message_id, i): arguments_text(c.arguments) for m in response.messages
+             for i, c in enumerate(c for c in m.contents if c.type == "function_call")}
+    results = {(m.message_id, i): c.result for m in response.messages
+               for i, c in enumerate(c for c in m.contents if c.type == "function_result")}
+    assert _held_tools(events) == (calls, results)
+
+
 def _has_live_content(message: Any) -> bool:
     return bool(message_text(message) or message_text(message, "text_reasoning") or any(
         c.type in ("function_call", "function_result") for c in message.contents))

@@ -16,7 +16,9 @@ response's, so a reader that applies the events holds exactly the merge:
   ``replace``), an id-less run folded into the keyed message after it, a
   keyed update rejoining its message: the next chunk of that message then
   replaces. A message that is no longer in the merge (folded into the next
-  one) gets a ``replace`` chunk with an empty text.
+  one) gets a ``replace`` chunk with an empty text and ``role`` None (and
+  one for its reasoning, if it had any): a reader drops it, calls and
+  results included.
 - ``tool_result``: a function result, whole, when it appears or changes.
 - ``step``: what the turn does now (``thinking``, ``tool_call``,
   ``tool_result``, ``text``), the message in ``step_data.message_id``.
@@ -122,8 +124,8 @@ def live_events(
     calls and results only when it has any."""
     made = _Made(key, ids, ts)
     events: list[Event] = []
-    # (Calls and results of a message no longer in the merge stay known as
-    # shown: if it comes back, its next chunk follows on from what a reader has.)
+    # (Calls and results are copied: a message's are known until it leaves
+    # the merge, below.)
     after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
     texts, reasoning = after.texts, after.reasoning
     was_texts, was_reasoning = shown.texts, shown.reasoning
@@ -196,6 +198,8 @@ def live_events(
             events.append(_replace(made.proto(ReasoningChunk), message_id=mid, delta="",
                                    replace=True))
             reasoning[mid] = ""
+    if shown.calls or shown.results:
+        _gone_tools(events, made, response, was_texts, after)
     if step is not None and step != shown.step and step_message is not None:
         after.step = step
         events.insert(0, _replace(
@@ -296,6 +300,25 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                                        call_id=content.call_id, agent_id=agent,
                                        author_name=author, result=content.result, role=role,
                                        previous_message_id=previous))
+
+
+def _gone_tools(events: list[Event], made: _Made, response: Response,
+                was_texts: dict[str, str], after: Shown) -> None:
+    """Messages with calls or results shown that are no longer in the merge
+    (folded into another): forgotten, and, unless their text's empty
+    ``replace`` chunk says so already, an empty ``replace`` text chunk
+    (``role`` None) tells a reader the message is gone. Should one come
+    back, its calls and results are sent again from the start."""
+    present = {m.message_id or "" for m in response.messages}
+    gone = dict.fromkeys(mid for mid, _ in (*after.calls, *after.results) if mid not in present)
+    if not gone:
+        return
+    after.calls = {k: v for k, v in after.calls.items() if k[0] not in gone}
+    after.results = {k: v for k, v in after.results.items() if k[0] not in gone}
+    for mid in gone:
+        if not was_texts.get(mid):
+            events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
+                                   replace=True))
 
 
 def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:
