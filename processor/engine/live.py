@@ -18,7 +18,10 @@ response's, so a reader that applies the events holds exactly the merge:
   replaces. A message that is no longer in the merge (folded into the next
   one) gets a ``replace`` chunk with an empty text and ``role`` None (and
   one for its reasoning, if it had any): a reader drops it, calls and
-  results included.
+  results included. So does a message that has fewer calls or results
+  than were shown (the merge moved one elsewhere); then everything it has
+  is sent again, each chunk with ``replace`` (so a reader that does not
+  drop messages still holds every text, reasoning and call right).
 - ``tool_result``: a function result, whole, when it appears or changes.
 - ``step``: what the turn does now (``thinking``, ``tool_call``,
   ``tool_result``, ``text``), the message in ``step_data.message_id``.
@@ -77,6 +80,9 @@ class Shown(msgspec.Struct, gc=False):
     calls: dict[tuple[str, int], str] = msgspec.field(default_factory=dict)
     results: dict[tuple[str, int], Any] = msgspec.field(default_factory=dict)
     step: tuple[str, str] | None = None
+    #: Messages with calls or results that left the merge (a reader dropped
+    #: them; their calls and results are kept for a reader that did not).
+    dropped: frozenset[str] = frozenset()
 
 
 def message_text(message: Message, kind: str = "text") -> str:
@@ -126,12 +132,14 @@ def live_events(
     events: list[Event] = []
     # (Calls and results are copied: a message's are known until it leaves
     # the merge, below.)
-    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
+    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step,
+                  dropped=shown.dropped)
     texts, reasoning = after.texts, after.reasoning
     was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None
     previous: str | None = None
+    had_tools = bool(shown.calls or shown.results)
     for message in response.messages:
         mid = message.message_id or ""
         role = message.role
@@ -162,9 +170,21 @@ def live_events(
                     last = kind
             text, thought = "".join(text_parts), "".join(thought_parts)
         agent: Any = _UNSET
+        # A message with fewer calls or results than shown (the merge moved
+        # one to another message): a reader drops it and gets it anew; so
+        # does one back in the merge after it left.
+        fresh = had_tools and (mid in shown.dropped or _shrunk(message, mid, shown))
+        if fresh:
+            if mid in shown.dropped:
+                after.dropped = after.dropped - {mid}
+            else:
+                events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
+                                       replace=True))
+            after.calls = {k: v for k, v in after.calls.items() if k[0] != mid}
+            after.results = {k: v for k, v in after.results.items() if k[0] != mid}
         if text or mid in was_texts:
             texts[mid] = text
-            found = _delta(was_texts.get(mid), text)
+            found = (_again if fresh else _delta)(was_texts.get(mid), text)
             if found is not None:
                 agent = message.additional_properties.get("agent_id")
                 events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
@@ -173,7 +193,7 @@ def live_events(
                                        previous_message_id=previous))
         if thought or mid in was_reasoning:
             reasoning[mid] = thought
-            found = _delta(was_reasoning.get(mid), thought)
+            found = (_again if fresh else _delta)(was_reasoning.get(mid), thought)
             if found is not None:
                 if agent is _UNSET:
                     agent = message.additional_properties.get("agent_id")
@@ -182,7 +202,8 @@ def live_events(
                                        delta=found[0], replace=found[1], role=role,
                                        previous_message_id=previous))
         if tools:
-            _tool_events(events, made, message, mid, previous, shown, after)
+            _tool_events(events, made, message, mid, previous, Shown() if fresh else shown,
+                         after, fresh)
         if last is not None:
             step, step_message = (mid, last), message
         if text or thought or tools:  # (a reader knows it: it had events)
@@ -265,10 +286,11 @@ class _Made:
 
 
 def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
-                 previous: str | None, shown: Shown, after: Shown) -> None:
+                 previous: str | None, shown: Shown, after: Shown, fresh: bool = False) -> None:
     """A message's call chunks and results (in its contents' order) that
     ``shown`` lacks, appended to ``events``; ``after`` records them.
-    ``previous``: the id of the message before it in the merge."""
+    ``previous``: the id of the message before it in the merge; ``fresh``:
+    the message is sent anew, its calls' chunks replace."""
     agent = message.additional_properties.get("agent_id")
     author = message.author_name
     role = message.role
@@ -289,7 +311,7 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                     made.proto(ToolCallChunk), message_id=mid, index=where[1],
                     call_id=content.call_id, name=content.name, agent_id=agent,
                     author_name=author, delta=found[0],
-                    replace=found[1] or not isinstance(content.arguments, str | None),
+                    replace=found[1] or fresh or not isinstance(content.arguments, str | None),
                     role=role, previous_message_id=previous))
         elif kind == "function_result":
             where = (mid, results)
@@ -302,19 +324,39 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                                        previous_message_id=previous))
 
 
+def _again(before: str | None, now: str) -> tuple[str, bool] | None:
+    """The chunk of a message sent anew: its whole text, replacing (so a
+    reader that did not drop the message holds it too); None when there
+    was and is nothing."""
+    if before is None and not now:
+        return None
+    return now, True
+
+
+def _shrunk(message: Message, mid: str, shown: Shown) -> bool:
+    """Whether ``shown`` has more calls or more results of the message than
+    the merge now gives it (their indices are 0, 1, ...)."""
+    calls = results = 0
+    for content in message.contents:
+        if content.type == "function_call":
+            calls += 1
+        elif content.type == "function_result":
+            results += 1
+    return (mid, calls) in shown.calls or (mid, results) in shown.results
+
+
 def _gone_tools(events: list[Event], made: _Made, response: Response,
                 was_texts: dict[str, str], after: Shown) -> None:
     """Messages with calls or results shown that are no longer in the merge
-    (folded into another): forgotten, and, unless their text's empty
-    ``replace`` chunk says so already, an empty ``replace`` text chunk
-    (``role`` None) tells a reader the message is gone. Should one come
-    back, its calls and results are sent again from the start."""
+    (folded into another): unless their text's empty ``replace`` chunk says
+    so already, an empty ``replace`` text chunk (``role`` None) tells a
+    reader the message is gone. Should one come back, it is sent anew."""
     present = {m.message_id or "" for m in response.messages}
-    gone = dict.fromkeys(mid for mid, _ in (*after.calls, *after.results) if mid not in present)
+    gone = dict.fromkeys(mid for mid, _ in (*after.calls, *after.results)
+                         if mid not in present and mid not in after.dropped)
     if not gone:
         return
-    after.calls = {k: v for k, v in after.calls.items() if k[0] not in gone}
-    after.results = {k: v for k, v in after.results.items() if k[0] not in gone}
+    after.dropped = after.dropped | frozenset(gone)
     for mid in gone:
         if not was_texts.get(mid):
             events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
