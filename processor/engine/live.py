@@ -80,6 +80,8 @@ class Shown(msgspec.Struct, gc=False):
     calls: dict[tuple[str, int], str] = msgspec.field(default_factory=dict)
     results: dict[tuple[str, int], Any] = msgspec.field(default_factory=dict)
     step: tuple[str, str] | None = None
+    #: Messages in the merge with calls or results shown.
+    tooled: frozenset[str] = frozenset()
     #: Messages with calls or results that left the merge (a reader dropped
     #: them; their calls and results are kept for a reader that did not).
     dropped: frozenset[str] = frozenset()
@@ -133,13 +135,14 @@ def live_events(
     # (Calls and results are copied: a message's are known until it leaves
     # the merge, below.)
     after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step,
-                  dropped=shown.dropped)
+                  tooled=shown.tooled, dropped=shown.dropped)
     texts, reasoning = after.texts, after.reasoning
     was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None
     previous: str | None = None
-    had_tools = bool(shown.calls or shown.results)
+    tooled, dropped = shown.tooled, shown.dropped
+    tooled_here = 0  # of them, in the merge now
     for message in response.messages:
         mid = message.message_id or ""
         role = message.role
@@ -173,15 +176,20 @@ def live_events(
         # A message with fewer calls or results than shown (the merge moved
         # one to another message): a reader drops it and gets it anew; so
         # does one back in the merge after it left.
-        fresh = had_tools and (mid in shown.dropped or _shrunk(message, mid, shown))
-        if fresh:
-            if mid in shown.dropped:
+        fresh = False
+        if tooled or dropped:  # (only turns with calls or results pay)
+            if mid in tooled:
+                tooled_here += 1
+                fresh = _shrunk(message, mid, shown)
+                if fresh:
+                    events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
+                                           delta="", replace=True))
+            elif mid in dropped:
+                fresh = True
                 after.dropped = after.dropped - {mid}
-            else:
-                events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
-                                       replace=True))
-            after.calls = {k: v for k, v in after.calls.items() if k[0] != mid}
-            after.results = {k: v for k, v in after.results.items() if k[0] != mid}
+            if fresh:
+                after.calls = {k: v for k, v in after.calls.items() if k[0] != mid}
+                after.results = {k: v for k, v in after.results.items() if k[0] != mid}
         if text or mid in was_texts:
             texts[mid] = text
             found = (_again if fresh else _delta)(was_texts.get(mid), text)
@@ -219,7 +227,7 @@ def live_events(
             events.append(_replace(made.proto(ReasoningChunk), message_id=mid, delta="",
                                    replace=True))
             reasoning[mid] = ""
-    if shown.calls or shown.results:
+    if tooled_here < len(tooled):
         _gone_tools(events, made, response, was_texts, after)
     if step is not None and step != shown.step and step_message is not None:
         after.step = step
@@ -322,6 +330,8 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                                        call_id=content.call_id, agent_id=agent,
                                        author_name=author, result=content.result, role=role,
                                        previous_message_id=previous))
+    if (calls or results) and mid not in after.tooled:
+        after.tooled = after.tooled | {mid}
 
 
 def _again(before: str | None, now: str) -> tuple[str, bool] | None:
@@ -352,11 +362,9 @@ def _gone_tools(events: list[Event], made: _Made, response: Response,
     so already, an empty ``replace`` text chunk (``role`` None) tells a
     reader the message is gone. Should one come back, it is sent anew."""
     present = {m.message_id or "" for m in response.messages}
-    gone = dict.fromkeys(mid for mid, _ in (*after.calls, *after.results)
-                         if mid not in present and mid not in after.dropped)
-    if not gone:
-        return
-    after.dropped = after.dropped | frozenset(gone)
+    gone = [mid for mid in sorted(after.tooled) if mid not in present]
+    after.tooled = after.tooled.difference(gone)
+    after.dropped = after.dropped.union(gone)
     for mid in gone:
         if not was_texts.get(mid):
             events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
