@@ -128,7 +128,6 @@ async def test_tokens_open_only_their_turn_until_they_expire(redis_url, namespac
         ("/v1/turns/a?token=" + expired, {}, 401, "expired"),
         ("/v1/turns/a", bearer("b"), 403, "forbidden"),
         ("/v1/turns/a/events?token=" + token("b"), {}, 403, "forbidden"),
-        ("/v1/turns/a/view", {}, 401, "missing"),
         ("/v1/turns/a", bearer("a"), 404, None),  # allowed: the turn is just unknown
         ("/v1/turns/a?token=" + token("a"), {}, 404, None),
         ("/v1/turns/a", {"Authorization": "Basic eDp5"}, 401, "missing"),
@@ -143,6 +142,10 @@ async def test_tokens_open_only_their_turn_until_they_expire(redis_url, namespac
                         assert body["error"] == reason, path
                     if status == 401:
                         assert response.headers["WWW-Authenticate"].startswith("Bearer")
+            async with session.get("/v1/turns/a/view") as response:  # the page says why
+                assert response.status == 401
+                assert response.headers["Content-Type"].startswith("text/html")
+                assert response.headers["WWW-Authenticate"].startswith("Bearer")
             async with session.get("/v1/turns/a/view?token=" + token("a")) as response:
                 assert response.status == 200
                 assert response.headers["Content-Type"].startswith("text/html")

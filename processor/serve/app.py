@@ -494,11 +494,24 @@ PAGE = web.AppKey("page", Page)
 
 
 async def view(request: web.Request) -> web.Response:
+    """The page, also for a request the stream would refuse (a bad or expired
+    token, a bad turn_id): then with the refusal's status, and the page says
+    what happened in words, from its event stream's answer (one place for
+    those words: the page, for a first load and a reconnect alike). The page
+    holds no data of the turn: its stream is authorised on its own."""
     server = request.app[SERVER]
-    turn = turn_of(request)
-    server.authorize(request, turn.response_id)
+    status, headers = 200, {}
+    try:
+        turn = turn_of(request)
+        server.authorize(request, turn.response_id)
+    except web.HTTPException as refused:
+        status = refused.status
+        if "WWW-Authenticate" in refused.headers:
+            headers["WWW-Authenticate"] = refused.headers["WWW-Authenticate"]
     page = request.app[PAGE]
-    return web.Response(body=page.html, content_type="text/html", charset="utf-8", headers={
+    return web.Response(status=status, body=page.html, content_type="text/html",
+                        charset="utf-8", headers={
+        **headers,
         "Content-Security-Policy": page.policy,
         "Referrer-Policy": "no-referrer",  # the URL holds the token
         "Cache-Control": "no-store",

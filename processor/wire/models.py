@@ -264,13 +264,22 @@ class SynthesisStarted(_EventBase, tag="synthesis.started", kw_only=True):
 class SynthesisChunk(_EventBase, tag="synthesis.chunk", kw_only=True):
     """A text delta of one message (live progress, :mod:`processor.engine.live`):
     appended to what the message's earlier chunks said, or, with
-    ``replace``, its whole text so far (the merge rewrote it)."""
+    ``replace``, its whole text so far (the merge rewrote it).
+
+    ``role`` and ``previous_message_id`` place the message as the merged
+    response does: its role there, and the id of the message just before it
+    (None: it is the first). Both None on the empty ``replace`` chunk of a
+    message no longer in the merge, and on ``processor merge --progress``'s
+    chunks (one per entry, not the merge's). The same on every live event
+    of a message (reasoning, call and result events)."""
 
     message_id: str | None
     agent_id: str | None
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
@@ -281,6 +290,8 @@ class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
@@ -296,6 +307,8 @@ class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ToolResult(_EventBase, tag="tool_result", kw_only=True):
@@ -308,6 +321,8 @@ class ToolResult(_EventBase, tag="tool_result", kw_only=True):
     agent_id: str | None
     author_name: str | None
     result: Any
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 StepKind = Literal["thinking", "tool_call", "tool_result", "text"]
