@@ -177,8 +177,7 @@ async def test_a_cancelled_turn_ends_aborted_with_its_partial_message(
         types = _check(out, item, "stop")
         end = out["chunks"][-1]
         assert end["type"] == "abort"
-        # (the reason once the terminal event carries it, docs/serve.md)
-        assert end.get("reason") in (None, "user pressed stop")
+        assert end.get("reason") == "user pressed stop"  # the terminal event's cancel_reason
         [call] = [p for p in out["message"]["parts"] if p["type"] == "dynamic-tool"]
         assert call["state"] == "input-streaming"  # its arguments never became JSON
         assert call["rawInput"] == "{\"q\": " and types.count("reset-step") == 1

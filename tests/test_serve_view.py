@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, Playwright, Route, async_playwright
-from serve_harness import SECRET, config, spawn_serve, start_local, token
+from serve_harness import SECRET, bearer, config, spawn_serve, start_local, token
 from worker_harness import Harness
 
 from processor.cli.demo import HANDOFF
@@ -363,6 +364,36 @@ async def test_a_cancelled_turn_shows_its_reason(redis_url, namespace, tmp_path:
                     "author": "writer", "role": "assistant", "label": "writer",
                     "parts": [["text", "Let me write a "]]}]
             await _screenshot(page, tmp_path, "serve-view-cancelled.png")
+        finally:
+            await browser.close()
+            await serve.close()
+
+
+async def test_a_turn_cancelled_through_serve_shows_its_reason_end_to_end(
+    redis_url, namespace
+) -> None:
+    """The same with a real worker: a turn cancelled with ``POST .../cancel``
+    and a reason shows "cancelled: <reason>" and the partial merge."""
+    rid = "turn-view-cancel-e2e"
+    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        browser = await _browser(playwright)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
+            await Producer(harness.client, namespace).send(rid, {
+                "role": "assistant", "author_name": "writer", "message_id": "m1",
+                "contents": [{"type": "text", "text": "Let me write a "}]})
+            await _shows(page, "Let me write a ")
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{serve.url}/v1/turns/{rid}/cancel", headers=bearer(rid),
+                    json={"reason": "user pressed stop"}) as response:
+                assert response.status == 202
+            await page.wait_for_selector("body[data-state=cancelled]", timeout=30_000)
+            assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
+            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+            assert await page.evaluate(READ_VIEW) == rendered(merged)
         finally:
             await browser.close()
             await serve.close()
