@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 from processor.wire.ids import TurnKey, response_id_for_turn
-from processor.wire.models import ENTRY_IDS, TURN_IDS
+from processor.wire.models import ENTRY_IDS, MAX_ENTRY_NUMBER, TURN_IDS
 
 Encoding = Literal["json", "msgpack"]
 
@@ -73,6 +73,15 @@ def turn_ids(
     if not response_id and "turn_id" not in merged:
         raise ValueError("an entry needs a response_id or a turn_id")
     return TurnIds(response_id or None, merged)
+
+
+def check_number(n: int) -> None:
+    """An entry number a caller gives (docs/contract.md §3.4): an int from 0
+    to :data:`~processor.wire.models.MAX_ENTRY_NUMBER`."""
+    if n.__class__ is not int:
+        raise TypeError(f"an entry number must be an int, not {type(n).__name__}")
+    if not 0 <= n <= MAX_ENTRY_NUMBER:
+        raise ValueError(f"an entry number is from 0 to {MAX_ENTRY_NUMBER}, not {n}")
 
 
 def encode_update(update: Any, enc: Encoding = "json") -> str | bytes:

@@ -17,6 +17,7 @@ from processor.client.entries import (
     Encoding,
     Sent,
     TurnIds,
+    check_number,
     error_body,
     turn_ids,
     update_body,
@@ -27,7 +28,7 @@ from processor.client.watch import CancelWatch
 from processor.redis_io.replies import as_text
 from processor.scripts.library import Function
 from processor.scripts.meta import require
-from processor.wire.ids import response_id_for_turn
+from processor.wire.ids import TurnKey, response_id_for_turn
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
 
 T = TypeVar("T")
@@ -63,6 +64,21 @@ class Producer:
     a receipt instead of the entry id: ``"<ms>-0"``, 1 ms before Redis's clock
     at the push, an id below any the entry's turn can be published with, so
     it works as :meth:`Subscriber.wait_for`'s ``since`` as an entry id does.
+
+    **Numbered entries** (docs/contract.md §3.4). Each entry of a turn (per
+    attempt) carries its number in the field ``n``: 0 for the turn's first
+    entry this producer sends, one more for each next one, its ``end`` or
+    ``error`` included (which forget the turn's counter). A worker that
+    finds a number missing (an entry lost with Redis's data, trimmed or
+    deleted before it was read) ends the turn ``error`` ``entries_lost``,
+    never ``completed``, and drops a repeated number (a send that got
+    through twice). The built-in retry resends the same number. A send that
+    raised has used its number all the same: whether it reached Redis is
+    unknown, and if it did not the turn is missing it (``entries_lost``,
+    not a silent ``completed``). So one attempt's entries must come from one
+    ``Producer``, in order: a turn sent from several producers (processes)
+    passes its own numbers (``n=``, counting on from the last one given) or
+    uses ``numbered=False`` (no ``n`` field: the check is off).
     """
 
     def __init__(
@@ -75,11 +91,12 @@ class Producer:
         retry: RetryPolicy | None = None,
         shards_from: str = "shards=",
         inbox: bool = False,
+        numbered: bool = True,
     ) -> None:
         """Use ``client`` (asyncio Redis or RedisCluster) for ``namespace``
         (``shards``, if given, is checked against its record; ``shards_from``
         names where it came from in that error); ``inbox=True``: send through
-        the shards' inboxes."""
+        the shards' inboxes; ``numbered=False``: send no entry numbers."""
         self.client = client
         self.namespace = namespace
         self.idempotency_ttl = idempotency_ttl
@@ -87,6 +104,9 @@ class Producer:
         self._shards, self._shards_from = shards, shards_from
         self._keys: Namespace | None = None
         self.inbox = inbox
+        self.numbered = numbered
+        # The number of each open turn's next entry (an attempt's, from 0).
+        self._next: dict[TurnKey, int] = {}
         self._send_update = Function(client, "send_inbox" if inbox else "send_update")
 
     @property
@@ -117,6 +137,7 @@ class Producer:
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         enc: Encoding = "json",
+        n: int | None = None,
     ) -> str:
         """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its
         entry id (with ``inbox=True``, a receipt: see :class:`Producer`).
@@ -124,9 +145,11 @@ class Producer:
         ``response_id`` may be ``None`` when ``turn_id`` is given (the processor
         then assigns the ResponseId). ``ids`` holds the other correlation ids
         (``session_id``, ``step_id``, ...). ``enc="msgpack"`` sends the update as msgpack.
+        ``n``: the entry's number in its turn, when the caller numbers them
+        (by default the producer does: see :class:`Producer`).
         """
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, update_body(update, enc), idempotency_key)
+        return await self._add(turn, update_body(update, enc), idempotency_key, n)
 
     async def end(
         self,
@@ -136,10 +159,11 @@ class Producer:
         turn_id: str | None = None,
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        n: int | None = None,
     ) -> str:
         """Mark the turn finished normally (``kind=end``); returns the entry id."""
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, ["kind", "end"], idempotency_key)
+        return await self._add(turn, ["kind", "end"], idempotency_key, n, last=True)
 
     async def error(
         self,
@@ -151,10 +175,11 @@ class Producer:
         turn_id: str | None = None,
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        n: int | None = None,
     ) -> str:
         """Report that the producer failed (``kind=error``); the turn ends as ``producer_error``."""
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, error_body(message, code), idempotency_key)
+        return await self._add(turn, error_body(message, code), idempotency_key, n, last=True)
 
     async def stream(
         self,
@@ -184,12 +209,12 @@ class Producer:
                 break
             except Exception as exc:
                 await self._add(
-                    turn, error_body(f"{type(exc).__name__}: {exc}", type(exc).__name__), None
-                )
+                    turn, error_body(f"{type(exc).__name__}: {exc}", type(exc).__name__), None,
+                    last=True)
                 raise
             entry = await self._add(turn, update_body(update, enc), None)
             first, count = first or entry, count + 1
-        last = await self._add(turn, ["kind", "end"], None)
+        last = await self._add(turn, ["kind", "end"], None, last=True)
         return Sent(first or last, last, count)
 
     async def cancel(
@@ -246,21 +271,41 @@ class Producer:
             return self.keys.shard_for(turn_id).cancel(response_id_for_turn(turn_id))
         raise ValueError("a response_id or a turn_id is needed")
 
-    async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
+    async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None,
+                   n: int | None = None, *, last: bool = False) -> str:
         """XADD ``turn`` + ``body`` idempotently to the turn's shard (or push it to
         the shard's inbox), with retries; :class:`TurnEnded` when the turn has
-        ended (the same call checks it)."""
+        ended (the same call checks it). Numbered (``n``, else the turn's
+        next number) unless the producer is not; ``last``: the turn's end
+        or error, after which its counter is forgotten."""
         shard = (self._keys or await self.ready()).shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
         to = [shard.inbox, shard.inbox_bell] if self.inbox else [shard.updates]
-        keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex),
-                shard.done(turn.turn_key().encode())]
-        args = [ttl, *turn.fields(), *body]
+        key = turn.turn_key()
+        keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex), shard.done(key.encode())]
+        args = [ttl, *turn.fields(), *self._number(key, n, last), *body]
         try:
             reply = await self.retry.run(lambda: self._send_update(keys=keys, args=args))
         except ResponseError as exc:
             code, _, status = str(exc).partition(" ")
             if code == "TURNENDED":
+                self._next.pop(key, None)
                 raise TurnEnded(turn.label(), status.split()[0] if status else "?") from None
             raise
         return as_text(reply)
+
+    def _number(self, key: TurnKey, n: int | None, last: bool) -> list[str]:
+        """The ``n`` field of the turn's next entry (docs/contract.md §3.4),
+        counted as used now: the built-in retry resends it, and a send that
+        fails has used it (see :class:`Producer`)."""
+        if n is not None:
+            check_number(n)
+        elif not self.numbered:
+            return []
+        else:
+            n = self._next.get(key, 0)
+        if last:
+            self._next.pop(key, None)
+        else:
+            self._next[key] = n + 1
+        return ["n", str(n)]
