@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 from typing import Any
 
 import pytest
@@ -26,9 +28,12 @@ from turn_reference import offline_results
 from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
+from processor.client.errors import TurnEnded
 from processor.client.source import LogSource
 from processor.client.turns import TurnRef
 from processor.embedded import EmbeddedRedis
+from processor.engine.lifecycle import Limits
+from processor.redis_io.connections import TRANSIENT
 
 HOLD = pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
 
@@ -140,3 +145,140 @@ async def test_a_producer_retry_that_doubled_an_entry_is_merged_once(
     assert outputs.dlq == []
     (want,) = offline_results(entries).values()
     assert merged["response"] == json.loads(json.dumps(want.line["response"]))
+
+
+# --------------------------------------------------------------------------- Redis forgets
+
+#: Clients give up only after about 10 s of outage (the restart takes ~1 s).
+PATIENT = RetryPolicy(attempts=40, initial=0.05, max_wait=0.5)
+
+
+async def _stream(producer: Producer, entries: list[dict[str, Any]], pace: float,
+                  flowing: asyncio.Event) -> None:
+    """One turn sent as an agent streams it, numbered by the producer, while
+    ``flowing``; it stops when the workers ended the turn already
+    (state_lost, entries_lost, a timeout: the send says so)."""
+    for entry in entries:
+        rid = entry["response_id"]
+        await flowing.wait()
+        try:
+            if entry.get("kind") == "end":
+                await producer.end(rid)
+            else:
+                await producer.send(rid, entry["update"])
+        except TurnEnded:
+            return
+        await asyncio.sleep(pace)
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
+async def test_redis_restarted_without_persistence_never_completes_a_turn_missing_content(
+        make_redis_server: Any, namespace: str, hold: bool, tmp_path: Any) -> None:
+    """240 turns of up to 8 messages stream through two workers (two shards,
+    40 turns at a time), and once a third of them are merged one worker
+    stalls for half a second (its shard's stream fills with entries nobody
+    has read) and redis-server is SIGKILLed and started again empty (no AOF,
+    no RDB). Whatever the
+    workers knew is published ``state_lost``; what Redis alone had is gone,
+    and a turn whose later entries arrive after the restart used to be
+    published ``completed`` with only those. Now: every turn published
+    ``completed`` has every update its producer sent (its response is
+    ``processor merge`` of all its entries), and the turns caught by their
+    numbers end ``entries_lost`` with ``counts.missing`` set."""
+    server: EmbeddedRedis = make_redis_server()
+    rng = random.Random(36)
+    turns = [random_turn(rng, f"rs-{i:03d}", agents=1, max_messages=8) for i in range(240)]
+    offline = offline_results([e for t in turns for e in t])
+    client = redis.asyncio.Redis.from_url(server.url)
+    producer = Producer(client, namespace, 2, retry=PATIENT)
+    flags: dict[str, Any] = {"hold_turns": hold, "worker_ttl": 2, "batch": 20,
+                             "reclaim_idle_ms": 1000}
+    async with Harness(server.url, namespace, 2, limits=Limits(turn_timeout=4),
+                       log_dir=tmp_path, **flags) as harness:
+        running = await harness.start_worker()
+        sub = harness.spawn(log_level="info", turn_timeout=4, **flags)
+        await harness.wait_started([sub])
+        await harness.wait_for(lambda: len(running.worker.membership.live) == 2, 10,
+                               "the workers meet")
+        await asyncio.sleep(0.5)  # (a read from before they met is over)
+        gate = asyncio.Semaphore(40)
+        flowing = asyncio.Event()
+        flowing.set()
+
+        async def one(entries: list[dict[str, Any]]) -> None:
+            async with gate:
+                await _stream(producer, entries, 0.02, flowing)
+
+        async def recovered() -> bool:
+            """The workers found the loss: a new record, both groups back."""
+            try:
+                if not await harness.client.exists(harness.ns.meta):
+                    return False
+                for shard in harness.shards:
+                    if not await harness.client.xinfo_groups(shard.updates):
+                        return False
+            except (redis.ResponseError, *TRANSIENT):  # (no stream yet, or reconnecting)
+                return False
+            return True
+
+        async def restart() -> Any:
+            """The outputs so far (the restart loses them), then the restart."""
+            while await harness.merged_count() < len(turns) // 3:
+                await asyncio.sleep(0.02)
+            before = await harness.outputs()
+            # One worker stalls (a pause, a busy host) while the producers go
+            # on, so its shard's stream has entries nobody read yet when Redis
+            # goes: the beginnings of turns no worker knows of.
+            os.kill(sub.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(0.5)
+            # The producers wait while Redis is down and until the workers
+            # found the loss: the turns' later entries then reach workers
+            # that know nothing of their beginnings.
+            flowing.clear()
+            try:
+                await server.akill()
+                await server.astart()  # empty: no AOF, no RDB
+                os.kill(sub.proc.pid, signal.SIGCONT)
+                await harness.wait_for(recovered, 20, "the workers recover")
+                await asyncio.sleep(3)  # (every worker found the loss and forgot)
+            finally:
+                os.kill(sub.proc.pid, signal.SIGCONT)
+                flowing.set()
+            return before
+
+        restarted = asyncio.create_task(restart())
+        await asyncio.wait_for(asyncio.gather(*(one(t) for t in turns)), 120)
+        before = await restarted
+        await harness.client.aclose()
+        harness.client = harness.connect()
+        await harness.wait_drained(timeout=60)
+        await asyncio.sleep(1)  # (a turn timing out is published by the next sweep)
+        await harness.wait_drained(timeout=60)
+        outputs = await harness.outputs()
+    await client.aclose()
+    outcomes: dict[str, int] = {}
+    short: list[str] = []
+    twice = 0
+    for key, want in offline.items():
+        published = [m for o in (before, outputs) if key in o.turns for m in o.turns[key].merged]
+        if not published:  # (or published just before the restart, which lost it)
+            outcomes["vanished"] = outcomes.get("vanished", 0) + 1
+            continue
+        # (A turn may be published before the restart and again after it, as
+        # state_lost, by a worker that kept a copy of it although another
+        # worker published it, while they shared a shard at the start: Redis
+        # forgot the first, and the done marker that would refuse the second.)
+        for merged in published:
+            meta = json.loads(merged["meta"])
+            code = meta["error"]["code"] if meta["error"] else merged["status"]
+            outcomes[code] = outcomes.get(code, 0) + 1
+            if merged["status"] == "completed" and json.loads(merged["response"]) != json.loads(
+                    want.response):
+                short.append(key.response_id)
+            if code == "entries_lost" and "numbered" in meta["error"]["message"]:
+                assert meta["counts"]["missing"] > 0
+        twice += len(published) > 1
+    print(f"outcomes of {len(turns)} turns: {outcomes}; published twice: {twice}")
+    assert not short, f"{len(short)} turns completed with content missing: {short[:5]}"
+    assert outcomes.get("completed", 0) < len(turns)  # (Redis did lose something)
+    assert outcomes.get("entries_lost", 0) > 0  # (the numbers caught turns)
