@@ -223,8 +223,9 @@ class TurnLife:
         seconds = self.limits.turn_timeout
         message = f"no entry for {seconds:g} seconds"
         missing = self.counts.missing
-        self.outcome = (Outcome.failed("turn_timeout", message) if not missing else
-                        Outcome.failed("entries_lost", f"{missing_message(missing)}; then {message}"))
+        self.outcome = (
+            Outcome.failed("turn_timeout", message) if not missing
+            else Outcome.failed("entries_lost", f"{missing_message(missing)}; then {message}"))
         return True
 
     def state_lost(self) -> None:

@@ -41,7 +41,7 @@ from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event, Response, Update
+from processor.wire.models import Event, Response
 from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Held, Holds
 from processor.worker.shard_state import ShardState
