@@ -34,6 +34,7 @@ from processor.client.turns import TurnRef
 from processor.embedded import EmbeddedRedis
 from processor.engine.lifecycle import Limits
 from processor.redis_io.connections import TRANSIENT
+from processor.wire.ids import TurnKey
 
 HOLD = pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
 
@@ -145,6 +146,40 @@ async def test_a_producer_retry_that_doubled_an_entry_is_merged_once(
     assert outputs.dlq == []
     (want,) = offline_results(entries).values()
     assert merged["response"] == json.loads(json.dumps(want.line["response"]))
+
+
+@HOLD
+async def test_the_next_number_survives_a_worker_stopping_and_compaction(
+        redis_url: str, namespace: str, hold: bool) -> None:
+    """Two numbered turns, their first ten entries applied by one worker
+    (held turns spill to the stored path when it stops; stored records
+    compacted every four, so the number expected next lives in a snapshot),
+    the rest applied by the next worker, which has no copy of either: the
+    turn whose entries all arrived completes, the one that lost its entry
+    12 ends ``entries_lost`` with one missing."""
+    texts = [f"x{i} " for i in range(14)]
+    whole, gap = turn("whole", texts), turn("gap", texts)
+    async with Harness(redis_url, namespace, 1, hold_turns=hold, compact_threshold=4,
+                       batch=3) as harness:
+        first = await harness.start_worker()
+        await harness.add([e for pair in zip(whole[:10], gap[:10], strict=True) for e in pair])
+        await harness.wait_applied()
+        await harness.stop_worker(first)
+        snapshots = [await harness.client.hexists(shard.recs(TurnKey(rid).encode()), "state")
+                     for shard in harness.shards for rid in ("whole", "gap")]
+        await harness.start_worker()
+        await harness.add(whole[10:] + gap[10:12] + gap[13:])
+        await harness.wait_merged(2, timeout=30)
+        await harness.wait_drained(timeout=30)
+        outputs = await harness.outputs()
+    assert all(snapshots), snapshots  # (compacted: the number expected was in the snapshot)
+    done = merged_of(outputs, "whole")
+    assert done["status"] == "completed" and text_of(done["response"]) == "".join(texts)
+    assert done["meta"]["counts"]["missing"] == 0
+    lost = merged_of(outputs, "gap")
+    assert lost["status"] == "error" and lost["meta"]["error"]["code"] == "entries_lost"
+    assert lost["meta"]["counts"]["missing"] == 1
+    assert text_of(lost["response"]) == "".join(t for i, t in enumerate(texts) if i != 12)
 
 
 # --------------------------------------------------------------------------- Redis forgets
