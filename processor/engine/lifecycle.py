@@ -46,14 +46,15 @@ class Verdict(StrEnum):
 
     MERGED = "merged"
     DROPPED = "dropped"  # counted on a cancelled turn
+    DUPLICATE = "duplicate"  # a number merged already: dropped, counted (§3.4)
     TURN_CLOSED = "turn_closed"  # DLQ reason
     TURN_LIMIT = "turn_limit"  # DLQ reason
 
 
 # An Enum member read through its class costs about 60 ns (a descriptor
 # lookup), a module name 5: the per-entry paths read these.
-MERGED, DROPPED, TURN_CLOSED, TURN_LIMIT = (
-    Verdict.MERGED, Verdict.DROPPED, Verdict.TURN_CLOSED, Verdict.TURN_LIMIT)
+MERGED, DROPPED, DUPLICATE, TURN_CLOSED, TURN_LIMIT = (
+    Verdict.MERGED, Verdict.DROPPED, Verdict.DUPLICATE, Verdict.TURN_CLOSED, Verdict.TURN_LIMIT)
 #: The verdicts of an entry fed after its turn's end (the DLQ's reasons).
 LATE = frozenset((TURN_CLOSED, TURN_LIMIT))
 
@@ -73,10 +74,28 @@ def usage_limit_message(refused: UsageOverflow) -> str:
             f"{refused.total}, above {MAX_USAGE_COUNT})")
 
 
-class TurnLife:
-    """One turn: its merge, its counts and, once ended, its outcome."""
+def missing_message(missing: int) -> str:
+    """The ``entries_lost`` message of a numbered turn with a gap."""
+    entries = "entry" if missing == 1 else "entries"
+    return (f"{missing} numbered {entries} of this turn never reached the merge (lost with "
+            "Redis's data, trimmed or deleted before they were read, or dead-lettered): "
+            "this is the merge of the others")
 
-    __slots__ = ("bytes", "counts", "first_id", "last_id", "limits", "outcome", "turn")
+
+class TurnLife:
+    """One turn: its merge, its counts and, once ended, its outcome.
+
+    Numbered entries (docs/contract.md §3.4): ``next_n`` is the number the
+    turn's next entry should carry (None until a numbered entry is fed). A
+    turn's entries come in the order their producer numbered them (one
+    producer per attempt, the stream's order), so a number below it is a
+    repeat (dropped, ``counts.duplicates``) and one above it skips the
+    numbers between (``counts.missing``; the first numbered entry fed
+    skips those below it). A turn with numbers missing never completes:
+    it ends ``entries_lost`` where it would have completed or timed out.
+    """
+
+    __slots__ = ("bytes", "counts", "first_id", "last_id", "limits", "next_n", "outcome", "turn")
 
     def __init__(self, key: TurnKey, limits: Limits | None = None) -> None:
         self.turn = Turn(key)
@@ -86,6 +105,7 @@ class TurnLife:
         self.bytes = 0
         self.first_id: str | None = None
         self.last_id: str | None = None
+        self.next_n: int | None = None
 
     @property
     def key(self) -> TurnKey:
@@ -100,6 +120,14 @@ class TurnLife:
             self.counts.dlq += 1
             return TURN_CLOSED
         counts, kind = self.counts, record.kind
+        number = record.n
+        if number is not None:
+            expected = self.next_n or 0
+            if number < expected:
+                counts.duplicates += 1
+                return DUPLICATE
+            counts.missing += number - expected
+            self.next_n = number + 1
         if kind == "update" and self._over_limit(size):
             return self._crossed(self._limit_message())
         try:
@@ -111,7 +139,8 @@ class TurnLife:
         if kind == "update":
             counts.updates += 1
         elif kind == "end":
-            self.outcome = Outcome.completed()
+            self.outcome = (Outcome.completed() if not counts.missing
+                            else Outcome.failed("entries_lost", missing_message(counts.missing)))
         else:
             self.outcome = producer_error(record)
         if self.first_id is None:
@@ -193,7 +222,11 @@ class TurnLife:
         if self.outcome is not None:
             return False
         seconds = self.limits.turn_timeout
-        self.outcome = Outcome.failed("turn_timeout", f"no entry for {seconds:g} seconds")
+        message = f"no entry for {seconds:g} seconds"
+        missing = self.counts.missing
+        self.outcome = (
+            Outcome.failed("turn_timeout", message) if not missing
+            else Outcome.failed("entries_lost", f"{missing_message(missing)}; then {message}"))
         return True
 
     def state_lost(self) -> None:

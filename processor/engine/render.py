@@ -18,7 +18,15 @@ import msgspec
 
 from processor.engine import agui
 from processor.engine import events as ev
-from processor.engine.lifecycle import LATE, Limits, TurnLife, Verdict, finish, late_detail
+from processor.engine.lifecycle import (
+    DUPLICATE,
+    LATE,
+    Limits,
+    TurnLife,
+    Verdict,
+    finish,
+    late_detail,
+)
 from processor.engine.merge import Turn
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
@@ -43,7 +51,9 @@ STATE = "state"
 
 class Snapshot(msgspec.Struct, array_like=True):
     """A turn's :class:`TurnLife` after every stored record up to ``cover``.
-    Only taken while the turn has no outcome, so it holds no late records."""
+    Only taken while the turn has no outcome, so it holds no late records.
+    (Array-like: a snapshot written before a trailing field was added loads
+    with its default, and a reader that predates it ignores it.)"""
 
     cover: str  # the last entry id folded in
     turn: bytes  # Turn.to_bytes()
@@ -51,6 +61,9 @@ class Snapshot(msgspec.Struct, array_like=True):
     size: int  # bytes of the entries folded (for the byte limit)
     first_id: str | None
     last_id: str | None
+    # TurnLife.next_n: the number the turn's next numbered entry should carry
+    # (docs/contract.md §3.4). Last, so snapshots taken before it load.
+    next_n: int | None = None
 
 
 class Compaction(msgspec.Struct):
@@ -97,19 +110,25 @@ class Replay:
     remembering what a finalise publishes besides the merge: the records
     found after the turn's end (dead letters) and the entry that ended it."""
 
-    __slots__ = ("ending", "late", "life")
+    __slots__ = ("duplicates", "ending", "late", "life")
 
     def __init__(self, life: TurnLife) -> None:
         self.life = life
         self.late: list[tuple[str, Record, Verdict]] = []
         self.ending = ""
+        # The entries dropped as repeats of a number (docs/contract.md §3.4):
+        # merged nowhere, so no live log may carry their updates either.
+        self.duplicates: set[str] = set()
 
-    def feed(self, entry_id: str, record: Record, size: int) -> None:
+    def feed(self, entry_id: str, record: Record, size: int) -> Verdict:
         verdict = self.life.feed(entry_id, record, size)
         if verdict in LATE:
             self.late.append((entry_id, record, verdict))
+        elif verdict is DUPLICATE:
+            self.duplicates.add(entry_id)
         if not self.ending and self.life.outcome is not None:
             self.ending = entry_id
+        return verdict
 
     def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
                      size: int, prefix: Callable[[int], tuple[int, str]]) -> int:
@@ -205,6 +224,7 @@ def resume(key: TurnKey, limits: Limits, records: dict[str, Any]) -> tuple[TurnL
     life.counts = snap.counts
     life.bytes = snap.size
     life.first_id, life.last_id = snap.first_id, snap.last_id
+    life.next_n = snap.next_n
     return life, snap.cover
 
 
@@ -236,7 +256,7 @@ def plan_compaction(
         return None
     cover = folded[-1]
     snap = Snapshot(cover, life.turn.to_bytes(), life.counts, life.bytes, life.first_id,
-                    life.last_id)
+                    life.last_id, life.next_n)
     return Compaction(previous, cover, folded, _pack.encode(snap))
 
 

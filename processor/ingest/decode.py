@@ -22,6 +22,7 @@ from processor.ingest.entry_fields import (
     CORRELATION_SET,
     MAX_ID_LENGTH,
     correlation_ids,
+    entry_number,
     entry_size,
     routing_id,
     sized_str_keys,
@@ -241,6 +242,7 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
         return None
     if response_id.__class__ is not str or text.__class__ is not str:
         return None
+    number = None
     if len(fields) == 2:  # just these two: no per-field loop
         if not (response_id.isascii() and text.isascii()):
             return None
@@ -263,6 +265,11 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
             or not CORRELATION_SET.isdisjoint(fields)
         ):
             return None
+        if "n" in fields:  # a numbered entry (a bad number: the general path says why)
+            try:
+                number = entry_number(fields)
+            except EntryError:
+                return None
         turn = None if attempt_id else _recent_keys.get(response_id)
     if size > max_entry_bytes or not response_id or len(response_id) > MAX_ID_LENGTH:
         return None
@@ -270,17 +277,18 @@ def _plain_update(fields: dict[Any, Any], max_entry_bytes: int) -> Sized | None:
         turn = new_turn_key(TurnKey, (response_id, attempt_id))
         if not attempt_id:
             _remember(response_id, turn)
-    return _decoded(turn, text, size)
+    return _decoded(turn, text, size, number)
 
 
-def _decoded(turn: TurnKey, text: str | bytes, size: int) -> Sized | None:
+def _decoded(turn: TurnKey, text: str | bytes, size: int, number: int | None = None
+             ) -> Sized | None:
     """The fast paths' common end: the update decoded and checked."""
     try:
         update = _json_update.decode(text)
     except (msgspec.MsgspecError, RecursionError):
         return None
     try:
-        return turn, Record("update", check_update(update), {}), size
+        return turn, Record("update", check_update(update), {}, n=number), size
     except EntryError as exc:
         exc.turn = turn
         raise
@@ -295,12 +303,13 @@ def _record(fields: Mapping[str, Any]) -> Record:
             raise EntryError("invalid_entry", f"field 'kind': unknown kind {clip(kind)}")
     # Most entries carry no correlation id: skip the per-name lookups then.
     ids = {} if CORRELATION_SET.isdisjoint(fields) else correlation_ids(fields)
+    number = None if "n" not in fields else entry_number(fields)
     if not kind or kind == "update":
-        return Record("update", decode_update(fields), ids)
+        return Record("update", decode_update(fields), ids, n=number)
     if kind == "error":
         error, code = text_field(fields, "error"), text_field(fields, "code")
-        return Record("error", ids=ids, error=error, code=code)
-    return Record("end", ids=ids)
+        return Record("error", ids=ids, error=error, code=code, n=number)
+    return Record("end", ids=ids, n=number)
 
 
 def decode_update(fields: Mapping[str, Any]) -> Update:

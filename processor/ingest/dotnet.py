@@ -16,6 +16,12 @@ Microsoft.Extensions.AI.Abstractions): ``AIContent`` declares
 ``AdditionalCounts``; ``ErrorContent`` has ``Message``, ``ErrorCode``,
 ``Details``. ``ResponseContinuationToken`` has a converter that writes the
 token as a base64 JSON string (``"AQIDBAU="``), where Python expects an object.
+
+Only the ``update`` field has two shapes: the entry's other fields
+(``response_id``, ``kind``, the correlation ids, the entry number ``n`` of
+docs/contract.md §3.4) are stream fields, the same whichever shape a
+producer sends, so a .NET producer numbers its entries as
+``processor.client.Producer`` does.
 """
 
 from __future__ import annotations

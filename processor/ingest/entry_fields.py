@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from processor.ingest.validate import EntryError
+from processor.ingest.validate import EntryError, clip
 from processor.wire.ids import TurnKey, new_turn_key, response_id_for_turn, shard_of
-from processor.wire.models import ENTRY_IDS, TURN_IDS
+from processor.wire.models import ENTRY_IDS, MAX_ENTRY_NUMBER, TURN_IDS
 
 MAX_ID_LENGTH = 512
 CORRELATION_IDS = TURN_IDS + ENTRY_IDS
@@ -159,3 +159,29 @@ def correlation_ids(fields: Mapping[str, Any]) -> dict[str, str]:
             check_id(name, value)
             ids[name] = value
     return ids
+
+
+def entry_number(fields: Mapping[str, Any]) -> int | None:
+    """The entry's number in its turn, the ``n`` field (docs/contract.md
+    §3.4), or None when it has none: decimal digits (0, or no leading zero)
+    up to :data:`~processor.wire.models.MAX_ENTRY_NUMBER`; offline, a JSON
+    integer too. Anything else is ``invalid_entry``: a number that cannot be
+    read would hide the very gap it is there to show."""
+    value = fields.get("n")
+    if value is None:
+        return None
+    if value.__class__ is int:  # (a processor merge line's JSON number; never a bool)
+        number: int = value
+    else:
+        text = text_field(fields, "n")
+        if not text or not text.isdigit() or not text.isascii() or len(text) > 16 or (
+                len(text) > 1 and text[0] == "0"):
+            raise EntryError("invalid_entry", "field 'n': expected the entry's number in its "
+                             f"turn, decimal digits from 0 to {MAX_ENTRY_NUMBER}, got "
+                             f"{clip(text or '')}")
+        number = int(text)
+    if not 0 <= number <= MAX_ENTRY_NUMBER:
+        raise EntryError("invalid_entry", f"field 'n': {number} is not from 0 to "
+                         f"{MAX_ENTRY_NUMBER}")
+    return number
+

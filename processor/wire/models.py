@@ -35,6 +35,12 @@ ENTRY_IDS: tuple[str, ...] = ("step_id", "tool_call_id", "action_id", "evidence_
 #: numbers as doubles). An update past it is ``invalid_update``; one that
 #: would take a turn's sum past it ends the turn as ``turn_limit``.
 MAX_USAGE_COUNT = (1 << 53) - 1
+#: The largest entry number (the ``n`` field, docs/contract.md §3.4): 2**53 - 1
+#: too, so that every JSON reader holds the counts derived from it exactly.
+MAX_ENTRY_NUMBER = MAX_USAGE_COUNT
+#: An entry number as the stream carries it: decimal digits, no sign, no
+#: leading zero (so that one number has one spelling), at most 16 digits.
+ENTRY_NUMBER_PATTERN = r"^(0|[1-9][0-9]{0,15})$"
 
 # ``gc=False`` on the Structs made once per entry (Content, Update, Record):
 # they hold decoded data, never themselves, so they cannot be part of a
@@ -149,6 +155,9 @@ class InputEntry(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False
     tool_call_id: str | None = None
     action_id: str | None = None
     evidence_id: str | None = None
+    # The entry's number within its turn (docs/contract.md §3.4): a decimal
+    # string, 0 for the turn's first entry (per attempt), one more for each.
+    n: Annotated[str, msgspec.Meta(pattern=ENTRY_NUMBER_PATTERN)] | None = None
 
 
 class Record(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -163,6 +172,10 @@ class Record(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ids: dict[str, str] = msgspec.field(default_factory=dict)
     error: str | None = None
     code: str | None = None
+    # The entry's number in its turn (the ``n`` field), None when unnumbered.
+    # Last, so records stored before it load (with None), and a worker that
+    # predates it reads a newer record without it (msgspec ignores the rest).
+    n: int | None = None
 
 
 # ---------------------------------------------------------------- outputs
@@ -203,6 +216,11 @@ class Counts(msgspec.Struct):
     dropped: int = 0
     dlq: int = 0
     messages: int = 0
+    # Numbered entries (docs/contract.md §3.4): repeats of a number already
+    # merged, dropped; and numbers below the highest one merged that never
+    # reached the merge (a gap), so the turn is missing at least that many.
+    duplicates: int = 0
+    missing: int = 0
 
 
 #: A cancel's reason as the outputs carry it: at most 1,024 characters

@@ -41,7 +41,7 @@ from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event, Response, Update
+from processor.wire.models import Event, Response
 from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Held, Holds
 from processor.worker.shard_state import ShardState
@@ -162,10 +162,10 @@ class LivePublisher:
         the state the call left)."""
         state = self.shards[shard.index]
         handed = state.live_handed
-        by_turn: dict[TurnKey, list[Update | None]] = {}
-        for entry in applied:
-            by_turn.setdefault(entry.key, []).append(entry.record.update)
         mirrors = state.mirrors.turns
+        by_turn: dict[TurnKey, list[Applied]] = {}
+        for entry in applied:
+            by_turn.setdefault(entry.key, []).append(entry)
         now = int(time.time() * 1000)
         turns: list[LiveTurn] = []
         after: dict[TurnKey, tuple[Shown | Literal[False], int]] = {}
@@ -174,7 +174,11 @@ class LivePublisher:
             mirror = mirrors.get(key) if key in fresh else None
             if mirror is None:
                 continue
-            updates = [u for u in records if u is not None]
+            # (A repeat of a number, docs/contract.md §3.4, is merged nowhere:
+            # the live log, which serve folds for a snapshot, leaves it out.)
+            repeats = mirror.replay.duplicates
+            updates = [e.record.update for e in records
+                       if e.record.update is not None and e.entry_id not in repeats]
             shown, spoken, first = mirror.shown, mirror.spoken, False
             if shown is False:  # silent (publish_live answered -2, or unknown)
                 continue

@@ -151,7 +151,10 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
     recent = recent_turn
     for entry in entries:
         flat = entry[1]
-        if len(flat) == 4:
+        # (A flat list of names and values; an entry in the other shape, a
+        # dict, takes _add_one: one of four fields, a numbered update say,
+        # has a len() of 4 too.)
+        if len(flat) == 4 and flat.__class__ is list:
             first = flat[0]
             if first == b"response_id":
                 key = recent(flat[1]) if flat[2] == b"update" else None

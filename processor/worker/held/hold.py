@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from processor.engine.lifecycle import Limits, TurnLife
+from processor.engine.lifecycle import DUPLICATE, Limits, TurnLife
 from processor.engine.live import Shown
 from processor.engine.render import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
@@ -107,10 +107,11 @@ class Held(TurnCopy):
 
     def take_single(self, raw: Entry, entry: Applied) -> None:
         """Feed a decoded entry now, after what is pending."""
+        merged = True
         if self.catch_up():
-            self.replay.feed(entry.entry_id, entry.record, entry.size)
+            merged = self.replay.feed(entry.entry_id, entry.record, entry.size) is not DUPLICATE
             self._reroom()
-        if entry.record.update is not None:
+        if entry.record.update is not None and merged:  # (a repeat is merged nowhere)
             self.fresh.append(_json.encode(entry.record.update))
         self.entries.append(raw)
         self.ids.append(entry.entry_id)
