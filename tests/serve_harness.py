@@ -25,7 +25,7 @@ from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
-from processor.serve.run import bound_port, build
+from processor.serve.run import bound_port, build, make_runner, pool_size
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
@@ -70,9 +70,9 @@ class LocalServe:
 
 
 async def start_local(cfg: ServeConfig) -> LocalServe:
-    client = await connect(cfg.redis)
+    client = await connect(cfg.redis, pool_size(cfg))
     app, server = build(cfg, client)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
+    runner = make_runner(app)
     await runner.setup()
     await web.TCPSite(runner, cfg.host, cfg.port).start()
     server.hub.start()

@@ -70,6 +70,11 @@ class Subscription:
         self._wake.set()
 
     @property
+    def quiet(self) -> bool:
+        """Nothing has come for it (nor been lost) since it was made."""
+        return not self._items and not self.over
+
+    @property
     def over(self) -> bool:
         """Dropped or closed: nothing more will come."""
         return self.dropped or self.closed

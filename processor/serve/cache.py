@@ -1,0 +1,238 @@
+"""A short-lived per-turn cache in front of a :class:`TurnSource`.
+
+Without it every join, resume and GET reads the turn's past from Redis
+again: resuming a finished turn from seq 0 in a loop read back up to
+10,000 entries (about 21 MB) per request, and a join of a running turn
+with 20,000 updates of 1 KB re-read and re-merged 20 MB each time. With
+it, repeated requests for one turn cost Redis about one read of it per
+``ttl`` seconds per replica, whoever makes them:
+
+- **Finished turns** do not change: their state and outputs (merged entry,
+  terminal event and the events a resume after seq N missed) are kept
+  ``ttl`` s. A resume after N' >= N is answered from a read made for N.
+- **Running turns**: a stream subscribes to the live feed *before* it reads
+  the past, so that nothing falls between the two; a snapshot or history
+  read before a client subscribed is exact for it only if the turn has
+  published nothing since that read began. Each cached read keeps a watch
+  (a hub subscription made before the read): while it is quiet, the read
+  is answered again; once the turn moves on, the next request waits for a
+  new read, started after it came.
+- **Reads are shared and spaced**: requests that need a new read of one
+  turn wait for the same one, which starts no sooner than ``ttl`` s after
+  the previous read of that turn (so a client looping on an active turn
+  waits up to ``ttl`` s, and Redis sees one read per ``ttl``).
+
+The state of a turn that is not finished is read for each request (three
+one-field reads): it decides whether the past must be read at all, and
+only a state read after the client subscribed is exact for it.
+
+Every Redis call of the inner source holds a slot of the replica's
+:class:`~processor.serve.gate.RedisGate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from processor.client.source import Final, History, TurnSource, TurnState
+from processor.client.turns import Snapshot, TurnRef
+from processor.serve.gate import RedisGate
+from processor.serve.hub import Hub, Subscription
+from processor.serve.metrics import ServeMetrics
+
+T = TypeVar("T")
+Kind = Literal["state", "final", "snapshot", "history"]
+
+
+@dataclass
+class _Pending(Generic[T]):
+    """A read not started yet: whoever asks before it starts shares it."""
+
+    future: asyncio.Future[T]
+    after: int | None = None  # (final) the lowest seq a resume asked from
+
+
+@dataclass
+class _Slot(Generic[T]):
+    """One kind of read of one turn: its last result and the next read."""
+
+    value: T | None = None
+    after: int | None = None  # (final) the seq its read looked back to
+    started: float = float("-inf")  # when the read that gave ``value`` began
+    watch: Subscription | None = None  # (running turns) made before that read
+    pending: _Pending[T] | None = None
+    last_start: float = float("-inf")  # of the newest read, for the spacing
+
+
+@dataclass
+class TurnCache:
+    """:class:`TurnSource`: ``inner``'s answers, shared and kept (module doc)."""
+
+    inner: TurnSource
+    hub: Hub
+    gate: RedisGate
+    metrics: ServeMetrics
+    ttl: float
+    clock: Callable[[], float] = time.monotonic
+    _slots: dict[tuple[TurnRef, Kind], _Slot[object]] = field(default_factory=dict)
+    _swept: float = float("-inf")
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def state(self, turn: TurnRef) -> TurnState:
+        slot: _Slot[TurnState] = self._slot(turn, "state")
+        if slot.value is not None and self._fresh(slot):
+            self.metrics.cache.labels("hit").inc()
+            return slot.value
+        self.metrics.cache.labels("read").inc()
+        started = self.clock()
+        async with self.gate.slot():
+            state = await self.inner.state(turn)
+        if state.phase == "finished":  # (it stays so: kept)
+            slot.value, slot.started = state, started
+        return state
+
+    async def final(self, turn: TurnRef, after: int | None = None) -> Final:
+        slot: _Slot[Final] = self._slot(turn, "final")
+        if slot.value is not None and self._fresh(slot) and _covers(slot.after, after):
+            self.metrics.cache.labels("hit").inc()
+            return _trimmed(slot.value, after)
+        found = await self._shared(turn, slot, lambda a: self.inner.final(turn, a), after)
+        return _trimmed(found, after)
+
+    async def snapshot(self, turn: TurnRef) -> Snapshot | None:
+        slot: _Slot[Snapshot | None] = self._slot(turn, "snapshot")
+        if slot.started > float("-inf") and self._unchanged(slot):
+            self.metrics.cache.labels("hit").inc()
+            return slot.value
+        return await self._shared(turn, slot, lambda _: self.inner.snapshot(turn), None,
+                                  watch=True)
+
+    async def history(self, turn: TurnRef, after: int) -> History:
+        slot: _Slot[History] = self._slot(turn, "history")
+        if slot.value is not None and self._unchanged(slot):
+            self.metrics.cache.labels("hit").inc()
+            return _after(slot.value, after)
+        whole = await self._shared(turn, slot, lambda _: self.inner.history(turn, -1), None,
+                                   watch=True)
+        return _after(whole, after)
+
+    # ----------------------------------------------------------------- shared reads
+
+    def _slot(self, turn: TurnRef, kind: Kind) -> _Slot[T]:
+        self._sweep()
+        slot = self._slots.get((turn, kind))
+        if slot is None:
+            slot = self._slots[(turn, kind)] = _Slot()
+        return slot  # type: ignore[return-value]
+
+    def _fresh(self, slot: _Slot[T]) -> bool:
+        return self.clock() - slot.started < self.ttl
+
+    def _unchanged(self, slot: _Slot[T]) -> bool:
+        """A running turn's read is still exact: nothing published since it began."""
+        return self._fresh(slot) and slot.watch is not None and slot.watch.quiet
+
+    async def _shared(self, turn: TurnRef, slot: _Slot[T],
+                      read: Callable[[int | None], Awaitable[T]], after: int | None,
+                      watch: bool = False) -> T:
+        """The next read of this kind of ``turn`` (one not started yet,
+        shared with whoever else asks before it starts)."""
+        pending = slot.pending
+        if pending is not None:
+            self.metrics.cache.labels("shared").inc()
+            pending.after = _lowest(pending.after, after)
+        else:
+            self.metrics.cache.labels("read").inc()
+            pending = slot.pending = _Pending(asyncio.get_running_loop().create_future(), after)
+            task = asyncio.create_task(self._read(turn, slot, pending, read, watch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        # Shielded: a caller that goes away leaves the read to the others.
+        return await asyncio.shield(pending.future)
+
+    async def _read(self, turn: TurnRef, slot: _Slot[T], pending: _Pending[T],
+                    read: Callable[[int | None], Awaitable[T]], watch: bool) -> None:
+        wait = slot.last_start + self.ttl - self.clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        subscription = None
+        if watch and self.hub.positioned:  # (else not kept: nothing to watch it with)
+            subscription = await self.hub.subscribe(turn, 1)
+        slot.pending = None  # who asks from now on asked after this read began
+        started = slot.last_start = self.clock()
+        try:
+            async with self.gate.slot():
+                value = await read(pending.after)
+        except BaseException as exc:
+            if subscription is not None:
+                self.hub.unsubscribe(subscription)
+            pending.future.set_exception(exc)
+            pending.future.add_done_callback(_retrieved)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if slot.watch is not None:
+            self.hub.unsubscribe(slot.watch)
+        slot.value, slot.after, slot.started, slot.watch = value, pending.after, started, \
+            subscription
+        pending.future.set_result(value)
+
+    def _sweep(self) -> None:
+        """Forget what is older than ``ttl`` (at most once per ``ttl``)."""
+        now = self.clock()
+        if now - self._swept < max(self.ttl, 0.1):
+            return
+        self._swept = now
+        for key, slot in list(self._slots.items()):
+            if slot.pending is None and now - slot.last_start >= self.ttl \
+                    and now - slot.started >= self.ttl:
+                if slot.watch is not None:
+                    self.hub.unsubscribe(slot.watch)
+                del self._slots[key]
+
+    async def close(self) -> None:
+        """Let the reads in flight end (their callers are answered)."""
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # (marked as seen: its callers may all have gone)
+
+
+def _lowest(a: int | None, b: int | None) -> int | None:
+    """The resume position that covers both (None: no look-back wanted)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _covers(read_after: int | None, after: int | None) -> bool:
+    """Whether a finished turn's read made for ``read_after`` answers ``after``."""
+    return after is None or (read_after is not None and read_after <= after)
+
+
+def _trimmed(final: Final, after: int | None) -> Final:
+    """``final`` as asked with ``after`` (its missed events after it)."""
+    if after is None:
+        return Final(final.merged, final.terminal)
+    if not final.complete:
+        return final
+    return Final(final.merged, final.terminal, [e for e in final.missed if e.seq > after])
+
+
+def _after(whole: History, after: int) -> History:
+    """The events of the whole history after ``after``, as ``history(after)`` gives them."""
+    if not whole.events:
+        return whole
+    found = [event for event in whole.events if event.seq > after]
+    return History(found, not found or found[0].seq == after + 1)
