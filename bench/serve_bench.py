@@ -3,7 +3,7 @@ redis-server with ``processor run`` workers (live progress on, the default).
 
     python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
                                 [--seconds 20] [--fractions 0.5,0.25,0.1]
-                                [--rate R]
+                                [--rate R] [--burst 3000]
                                 [--idle 10] [--no-write]
 
 1. Calibrate, unless ``--rate`` is given: the workers' throughput alone
@@ -25,7 +25,14 @@ redis-server with ``processor run`` workers (live progress on, the default).
    the window (waiting until every one has arrived); and, read from the
    events stream afterwards, XADD to the chunk event's entry (the worker's
    part of it: the entry id is Redis's clock).
-4. Idle: the producer and the workers stop (the turns stay running, so the
+4. Burst: ``--burst`` more clients open a stream at the same moment (a
+   replica restart or a network blip makes every browser reconnect at
+   once), spread over the running turns, on top of the open ones: each
+   join's time to its response headers and first event (p50/p99/max), the
+   answers other than 200 (``EventSource`` gives up for good on one), the
+   waits for a Redis slot (serve's ``processor_serve_redis_wait_seconds``)
+   and the Redis calls the burst made (``INFO commandstats`` deltas).
+5. Idle: the producer and the workers stop (the turns stay running, so the
    streams stay open); serve's process CPU time (``/proc/<pid>/stat``) and
    Redis calls (``INFO commandstats`` deltas, less this script's INFO) over
    ``--idle`` s, with every client open, then with a tenth of them: the
@@ -226,6 +233,80 @@ class Bench:
         self.drops = 0
         self.reconnects = 0
         self.errors: list[str] = []
+
+
+# --------------------------------------------------------------------------- burst
+
+
+WAIT = "processor_serve_redis_wait_seconds"
+
+
+async def burst(url: str, client: Any, rids: list[str], count: int) -> dict[str, Any]:
+    """``count`` streams opened at the same moment; each join's time to its
+    headers and first event, and its status."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    go = asyncio.Event()
+    tokens = {rid: issue(SECRET, rid, int(time.time()) + 3600) for rid in rids}
+
+    async def join(session: aiohttp.ClientSession, rid: str) -> tuple[int, float, float]:
+        await go.wait()
+        started = time.monotonic()
+        try:
+            async with session.get(f"{url}/v1/turns/{rid}/events",
+                                   headers={"Authorization": f"Bearer {tokens[rid]}"}) as r:
+                headers = time.monotonic() - started
+                if r.status != 200:
+                    return r.status, headers, headers
+                buffer = b""
+                while (at := buffer.find(b"data:")) < 0 or buffer.find(b"\n\n", at) < 0:
+                    chunk = await r.content.readany()
+                    if not chunk:
+                        break
+                    buffer += chunk
+                return 200, headers, time.monotonic() - started
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return -1 if not isinstance(exc, TimeoutError) else -2, 0.0, 0.0
+
+    before = await client.info("commandstats")
+    wait0 = await serve_metric(url, WAIT)
+    cache0 = await serve_metric(url, "processor_serve_turn_cache_total")
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = [asyncio.create_task(join(session, rids[i % len(rids)])) for i in range(count)]
+        await asyncio.sleep(0.5)  # every task waits on the same event
+        started = time.monotonic()
+        go.set()
+        results = await asyncio.gather(*tasks)
+        took = time.monotonic() - started
+    after = await client.info("commandstats")
+    wait1 = await serve_metric(url, WAIT)
+    cache1 = await serve_metric(url, "processor_serve_turn_cache_total")
+    calls = {name[len("cmdstat_"):]: int(after[name]["calls"]) - int(
+        before.get(name, {}).get("calls", 0)) for name in after}
+    calls = {k: v for k, v in calls.items() if v and k not in ("info",)}
+    ok = [r for r in results if r[0] == 200]
+    statuses: dict[str, int] = {}
+    for status, _, _ in results:
+        if status != 200:
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+    figures = {"count": count, "seconds": took, "headers": [r[1] * 1000 for r in ok],
+               "first": [r[2] * 1000 for r in ok], "non_200": statuses, "calls": calls,
+               "waits": wait1[f"{WAIT}_count"] - wait0[f"{WAIT}_count"],
+               "wait_sum": wait1[f"{WAIT}_sum"] - wait0[f"{WAIT}_sum"],
+               "cache": {k: cache1[k] - cache0.get(k, 0.0) for k in cache1}}
+    print(f"burst of {count}: headers p50 {percentile(figures['headers'] or [0], 50):.0f} ms, "
+          f"p99 {percentile(figures['headers'] or [0], 99):.0f} ms, non-200 {statuses}, "
+          f"cache {figures['cache']}",
+          flush=True)
+    return figures
+
+
+async def serve_metric(url: str, name: str) -> dict[str, float]:
+    """The samples of one metric of serve's /metrics, by name and labels."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name)}
 
 
 # --------------------------------------------------------------------------- run
@@ -449,6 +530,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         loads = [await load(args, bench, client, ns, serve.pid, server.url, running * f)
                  for f in fractions] if not args.rate else \
             [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
+        bursts = [await burst(url, client, rids, args.burst)] if args.burst else []
 
         # Idle: nothing writes; the turns stay running, the streams open.
         for proc in workers:
@@ -475,7 +557,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                              return_exceptions=True)
         await session.close()
         return {"version": server.version, "throughput": throughput, "running": running,
-                "loads": loads,
+                "loads": loads, "bursts": bursts,
                 "idle": [idle_all, idle_few]}
     finally:
         if serve is not None and serve.poll() is None:
@@ -540,7 +622,8 @@ time over the window, in share of one core.
 |---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-Idle (no writes, workers stopped, the turns still running so the streams stay open): serve's \
+{burst_text(r)}Idle (no writes, workers stopped, the turns still running so the streams stay \
+open): serve's \
 process CPU time and Redis calls per second (`INFO commandstats` deltas over {args.idle:g} s, \
 this script's INFO left out), with every client open and with a tenth of them:
 
@@ -562,6 +645,41 @@ Every process here shares the machine's 2 logical CPUs: the clients' process rea
 Python {platform.python_version()}, {platform.platform()}."""
 
 
+def burst_text(r: dict[str, Any]) -> str:
+    """The burst's paragraph and table (none without ``--burst``)."""
+    if not r["bursts"]:
+        return ""
+    rows = []
+    for b in r["bursts"]:
+        heads, firsts = b["headers"] or [0.0], b["first"] or [0.0]
+        non_200 = sum(b["non_200"].values())
+        detail = f" ({', '.join(f'{k}: {v}' for k, v in sorted(b['non_200'].items()))})" \
+            if non_200 else ""
+        mean_wait = b["wait_sum"] / b["waits"] * 1000 if b["waits"] else 0.0
+        calls = ", ".join(f"`{k}` {v:,}" for k, v in sorted(b["calls"].items(),
+                                                            key=lambda kv: -kv[1])[:6])
+        rows.append(
+            f"| {b['count']:,} | {percentile(heads, 50):,.0f} / {percentile(heads, 99):,.0f} / "
+            f"{max(heads):,.0f} ms | {percentile(firsts, 50):,.0f} / "
+            f"{percentile(firsts, 99):,.0f} ms | {non_200}{detail} | {mean_wait:,.0f} ms "
+            f"over {b['waits']:,.0f} | {b['seconds']:.1f} s | {calls} |")
+    return f"""Burst (after the loads, the producer stopped, every stream above still open): \
+`--burst` more clients open a stream at the same moment, spread over the running \
+turns (what a replica restart or a network blip brings: every browser \
+reconnects at once), each a fresh join (a `snapshot` first). Join = the time to the \
+response's headers (the turn's state and past are read by then), first event = to the \
+`snapshot`; waits = serve's `processor_serve_redis_wait_seconds` (a request waits for one \
+of `--redis-connections` slots instead of a 503); Redis calls = `INFO commandstats` deltas \
+over the burst (the per-turn cache: one read of a turn's past shared by its joins).
+
+| clients | join p50 / p99 / max | first event p50 / p99 | non-200 | mean wait for a slot \
+| all answered in | Redis calls |
+|---:|---:|---:|---:|---:|---:|---|
+{chr(10).join(rows)}
+
+"""
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -575,6 +693,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="updates/s to pace at, one phase (skips the calibration)")
     parser.add_argument("--calibrate", type=int, default=40000,
                         help="updates the calibration sends")
+    parser.add_argument("--burst", type=int, default=3000,
+                        help="streams opened at the same moment after the loads (0: none)")
     parser.add_argument("--idle", type=float, default=10)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)

@@ -15,8 +15,10 @@ it, repeated requests for one turn cost Redis about one read of it per
   read before a client subscribed is exact for it only if the turn has
   published nothing since that read began. Each cached read keeps a watch
   (a hub subscription made before the read): while it is quiet, the read
-  is answered again; once the turn moves on, the next request waits for a
-  new read, started after it came.
+  is answered again, to a request that came while it was in flight too
+  (anything published after the read began would have reached the watch,
+  and reaches the request's own subscription later); once the turn moves
+  on, the next request waits for a new read, started after it came.
 - **Reads are shared and spaced**: requests that need a new read of one
   turn wait for the same one, which starts no sooner than ``ttl`` s after
   the previous read of that turn (so a client looping on an active turn
@@ -49,7 +51,7 @@ T = TypeVar("T")
 Kind = Literal["state", "final", "snapshot", "history"]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending(Generic[T]):
     """A read not started yet: whoever asks before it starts shares it."""
 
@@ -57,7 +59,7 @@ class _Pending(Generic[T]):
     after: int | None = None  # (final) the lowest seq a resume asked from
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot(Generic[T]):
     """One kind of read of one turn: its last result and the next read."""
 
@@ -66,10 +68,11 @@ class _Slot(Generic[T]):
     started: float = float("-inf")  # when the read that gave ``value`` began
     watch: Subscription | None = None  # (running turns) made before that read
     pending: _Pending[T] | None = None
+    running: asyncio.Future[T] | None = None  # the read in flight
     last_start: float = float("-inf")  # of the newest read, for the spacing
 
 
-@dataclass
+@dataclass(eq=False)
 class TurnCache:
     """:class:`TurnSource`: ``inner``'s answers, shared and kept (module doc)."""
 
@@ -98,27 +101,19 @@ class TurnCache:
 
     async def final(self, turn: TurnRef, after: int | None = None) -> Final:
         slot: _Slot[Final] = self._slot(turn, "final")
-        if slot.value is not None and self._fresh(slot) and _covers(slot.after, after):
-            self.metrics.cache.labels("hit").inc()
-            return _trimmed(slot.value, after)
-        found = await self._shared(turn, slot, lambda a: self.inner.final(turn, a), after)
+        found = await self._get(turn, "final", slot, lambda a: self.inner.final(turn, a),
+                                lambda: self._fresh(slot) and _covers(slot.after, after), after)
         return _trimmed(found, after)
 
     async def snapshot(self, turn: TurnRef) -> Snapshot | None:
         slot: _Slot[Snapshot | None] = self._slot(turn, "snapshot")
-        if slot.started > float("-inf") and self._unchanged(slot):
-            self.metrics.cache.labels("hit").inc()
-            return slot.value
-        return await self._shared(turn, slot, lambda _: self.inner.snapshot(turn), None,
-                                  watch=True)
+        return await self._get(turn, "snapshot", slot, lambda _: self.inner.snapshot(turn),
+                               lambda: self._unchanged(slot), None, watch=True)
 
     async def history(self, turn: TurnRef, after: int) -> History:
         slot: _Slot[History] = self._slot(turn, "history")
-        if slot.value is not None and self._unchanged(slot):
-            self.metrics.cache.labels("hit").inc()
-            return _after(slot.value, after)
-        whole = await self._shared(turn, slot, lambda _: self.inner.history(turn, -1), None,
-                                   watch=True)
+        whole = await self._get(turn, "history", slot, lambda _: self.inner.history(turn, -1),
+                                lambda: self._unchanged(slot), None, watch=True)
         return _after(whole, after)
 
     # ----------------------------------------------------------------- shared reads
@@ -137,11 +132,22 @@ class TurnCache:
         """A running turn's read is still exact: nothing published since it began."""
         return self._fresh(slot) and slot.watch is not None and slot.watch.quiet
 
-    async def _shared(self, turn: TurnRef, slot: _Slot[T],
-                      read: Callable[[int | None], Awaitable[T]], after: int | None,
-                      watch: bool = False) -> T:
-        """The next read of this kind of ``turn`` (one not started yet,
-        shared with whoever else asks before it starts)."""
+    async def _get(self, turn: TurnRef, kind: Kind, slot: _Slot[T],
+                   read: Callable[[int | None], Awaitable[T]], fits: Callable[[], bool],
+                   after: int | None, watch: bool = False) -> T:
+        """The kept value while it ``fits``; else, after the read in flight
+        (if its value fits, that), the next read: one not started yet,
+        shared with whoever else asks before it starts."""
+        while True:
+            if slot.started > float("-inf") and fits():
+                self.metrics.cache.labels("hit").inc()
+                return slot.value  # type: ignore[return-value]
+            if slot.pending is not None or slot.running is None:
+                break
+            with contextlib.suppress(Exception):  # (its own callers see its error)
+                await asyncio.shield(slot.running)
+            if self._slots.get((turn, kind)) is not slot:
+                break  # swept meanwhile
         pending = slot.pending
         if pending is not None:
             self.metrics.cache.labels("shared").inc()
@@ -149,21 +155,23 @@ class TurnCache:
         else:
             self.metrics.cache.labels("read").inc()
             pending = slot.pending = _Pending(asyncio.get_running_loop().create_future(), after)
-            task = asyncio.create_task(self._read(turn, slot, pending, read, watch))
+            task = asyncio.create_task(self._read((turn, kind), slot, pending, read,
+                                                  watch and self.ttl > 0))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         # Shielded: a caller that goes away leaves the read to the others.
         return await asyncio.shield(pending.future)
 
-    async def _read(self, turn: TurnRef, slot: _Slot[T], pending: _Pending[T],
+    async def _read(self, key: tuple[TurnRef, Kind], slot: _Slot[T], pending: _Pending[T],
                     read: Callable[[int | None], Awaitable[T]], watch: bool) -> None:
         wait = slot.last_start + self.ttl - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
         subscription = None
         if watch and self.hub.positioned:  # (else not kept: nothing to watch it with)
-            subscription = await self.hub.subscribe(turn, 1)
+            subscription = await self.hub.subscribe(key[0], 1)
         slot.pending = None  # who asks from now on asked after this read began
+        slot.running = pending.future
         started = slot.last_start = self.clock()
         try:
             async with self.gate.slot():
@@ -171,15 +179,21 @@ class TurnCache:
         except BaseException as exc:
             if subscription is not None:
                 self.hub.unsubscribe(subscription)
+            slot.running = None
             pending.future.set_exception(exc)
             pending.future.add_done_callback(_retrieved)
             if not isinstance(exc, Exception):
                 raise
             return
-        if slot.watch is not None:
-            self.hub.unsubscribe(slot.watch)
-        slot.value, slot.after, slot.started, slot.watch = value, pending.after, started, \
-            subscription
+        slot.running = None
+        if self._slots.get(key) is not slot:  # swept meanwhile (a read longer than ttl)
+            if subscription is not None:
+                self.hub.unsubscribe(subscription)
+        else:
+            if slot.watch is not None:
+                self.hub.unsubscribe(slot.watch)
+            slot.value, slot.after, slot.started, slot.watch = value, pending.after, started, \
+                subscription
         pending.future.set_result(value)
 
     def _sweep(self) -> None:
@@ -189,7 +203,8 @@ class TurnCache:
             return
         self._swept = now
         for key, slot in list(self._slots.items()):
-            if slot.pending is None and now - slot.last_start >= self.ttl \
+            if slot.pending is None and slot.running is None \
+                    and now - slot.last_start >= self.ttl \
                     and now - slot.started >= self.ttl:
                 if slot.watch is not None:
                     self.hub.unsubscribe(slot.watch)
