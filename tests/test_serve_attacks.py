@@ -349,3 +349,44 @@ async def test_ids_with_braces_are_reachable(redis_url, namespace) -> None:
                     assert response.status == 403  # the token still names its turn
         finally:
             await serve.close()
+
+
+async def test_odd_ids_and_resume_ids_get_clear_answers_and_reveal_nothing(
+    redis_url, namespace
+) -> None:
+    """Held, and kept so with the route that takes any path segment: ids
+    that try to leave their path part, a NUL, unicode, 100 KB, each with a
+    token of its own, get 404 ``unknown_turn`` or a 4xx from aiohttp (never
+    a 500); resume ids that are not whole numbers get 400; /metrics and
+    /healthz then name no id and no token."""
+    ids = ["../x", "..", "\x00", "a\x00b", "tür-✓", "{", "}", "a}:cancel:b", "x" * 100_000]
+    tokens = [token(rid) for rid in ids]
+    serve = await start_local(config(redis_url, namespace))
+    try:
+        async with aiohttp.ClientSession(serve.url) as session:
+            await _ready(session)
+            for rid, tok in zip(ids, tokens, strict=True):
+                path = f"/v1/turns/{quote(rid, safe='')}"
+                async with session.get(path, headers={"Authorization": f"Bearer {tok}"}) as r:
+                    if len(rid) < 1000:
+                        assert r.status == 404, (rid, r.status)
+                        if r.content_type == "application/json":  # (else no route: "..")
+                            assert (await r.json())["error"] == "unknown_turn"
+                    else:
+                        assert 400 <= r.status < 500, r.status  # (past aiohttp's line size)
+            for value in ["seven", "-1", "1e3", "٣", "9" * 19, " 1", "1.0", "0x10", "+1"]:
+                asked = [("/v1/turns/t/events?after=" + quote(value), bearer("t"))]
+                if value.isascii() and value == value.strip():  # (HTTP strips a header's)
+                    asked.append(("/v1/turns/t/events", {**bearer("t"), "Last-Event-ID": value}))
+                for path, headers in asked:
+                    async with session.get(path, headers=headers) as r:
+                        assert r.status == 400, (value, r.status)
+                        assert (await r.json())["error"] == "bad_request"
+            async with session.get("/metrics") as r:
+                shown = await r.text()
+            async with session.get("/healthz") as r:
+                shown += await r.text()
+    finally:
+        await serve.close()
+    for secret in [*tokens, *(rid for rid in ids if len(rid) > 2), token("t")]:
+        assert secret not in shown

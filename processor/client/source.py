@@ -259,8 +259,9 @@ LOOK_BACK = 10_000
 LOOK_BACK_PAGE = 500
 
 
-#: Entries of a turn's live log read at once under a read budget, at most.
-LOG_PAGE = 64
+#: Entries of a turn's live log read at once under a read budget, at most
+#: (fewer while the budget left holds fewer at the average size so far).
+LOG_PAGE = 1000
 #: Entries of the first page of a read under a budget (later ones follow
 #: the average entry size).
 FIRST_PAGE = 4

@@ -17,8 +17,9 @@ it, repeated requests for one turn cost Redis about one read of it per
   (a hub subscription made before the read): while it is quiet, the read
   is answered again, to a request that came while it was in flight too
   (anything published after the read began would have reached the watch,
-  and reaches the request's own subscription later); once the turn moves
-  on, the next request waits for a new read, started after it came.
+  and reaches the request's own subscription later), and kept until
+  unused for ``ttl`` s; once the turn moves on, the next request waits for
+  a new read, started after it came.
 - **Reads are shared and spaced**: requests that need a new read of one
   turn wait for the same one, which starts no sooner than ``ttl`` s after
   the previous read of that turn (so a client looping on an active turn
@@ -66,6 +67,7 @@ class _Slot(Generic[T]):
     value: T | None = None
     after: int | None = None  # (final) the seq its read looked back to
     started: float = float("-inf")  # when the read that gave ``value`` began
+    used: float = float("-inf")  # when it was last answered from
     watch: Subscription | None = None  # (running turns) made before that read
     pending: _Pending[T] | None = None
     running: asyncio.Future[T] | None = None  # the read in flight
@@ -96,7 +98,7 @@ class TurnCache:
         async with self.gate.slot():
             state = await self.inner.state(turn)
         if state.phase == "finished":  # (it stays so: kept)
-            slot.value, slot.started = state, started
+            slot.value, slot.started, slot.used = state, started, started
         return state
 
     async def final(self, turn: TurnRef, after: int | None = None) -> Final:
@@ -129,8 +131,9 @@ class TurnCache:
         return self.clock() - slot.started < self.ttl
 
     def _unchanged(self, slot: _Slot[T]) -> bool:
-        """A running turn's read is still exact: nothing published since it began."""
-        return self._fresh(slot) and slot.watch is not None and slot.watch.quiet
+        """A running turn's read is still exact: nothing published since it
+        began (however long ago: it is forgotten once unused for ``ttl``)."""
+        return slot.watch is not None and slot.watch.quiet
 
     async def _get(self, turn: TurnRef, kind: Kind, slot: _Slot[T],
                    read: Callable[[int | None], Awaitable[T]], fits: Callable[[], bool],
@@ -140,6 +143,7 @@ class TurnCache:
         shared with whoever else asks before it starts."""
         while True:
             if slot.started > float("-inf") and fits():
+                slot.used = self.clock()
                 self.metrics.cache.labels("hit").inc()
                 return slot.value  # type: ignore[return-value]
             if slot.pending is not None or slot.running is None:
@@ -194,10 +198,11 @@ class TurnCache:
                 self.hub.unsubscribe(slot.watch)
             slot.value, slot.after, slot.started, slot.watch = value, pending.after, started, \
                 subscription
+            slot.used = self.clock()
         pending.future.set_result(value)
 
     def _sweep(self) -> None:
-        """Forget what is older than ``ttl`` (at most once per ``ttl``)."""
+        """Forget what was neither read nor used for ``ttl`` (at most once per ``ttl``)."""
         now = self.clock()
         if now - self._swept < max(self.ttl, 0.1):
             return
@@ -205,7 +210,7 @@ class TurnCache:
         for key, slot in list(self._slots.items()):
             if slot.pending is None and slot.running is None \
                     and now - slot.last_start >= self.ttl \
-                    and now - slot.started >= self.ttl:
+                    and now - slot.used >= self.ttl:
                 if slot.watch is not None:
                     self.hub.unsubscribe(slot.watch)
                 del self._slots[key]
