@@ -3,7 +3,8 @@ redis-server with ``processor run`` workers (live progress on, the default).
 
     python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
                                 [--seconds 20] [--fractions 0.5,0.25,0.1]
-                                [--rate R] [--burst 3000]
+                                [--rate R] [--burst 3000] [--burst-rate 500]
+                                [--burst-only]
                                 [--idle 10] [--no-write]
 
 1. Calibrate, unless ``--rate`` is given: the workers' throughput alone
@@ -25,13 +26,16 @@ redis-server with ``processor run`` workers (live progress on, the default).
    the window (waiting until every one has arrived); and, read from the
    events stream afterwards, XADD to the chunk event's entry (the worker's
    part of it: the entry id is Redis's clock).
-4. Burst: ``--burst`` more clients open a stream at the same moment (a
-   replica restart or a network blip makes every browser reconnect at
-   once), spread over the running turns, on top of the open ones: each
-   join's time to its response headers and first event (p50/p99/max), the
-   answers other than 200 (``EventSource`` gives up for good on one), the
-   waits for a Redis slot (serve's ``processor_serve_redis_wait_seconds``)
-   and the Redis calls the burst made (``INFO commandstats`` deltas).
+4. Burst: while a producer paces ``--burst-rate`` updates/s over the turns,
+   ``--burst`` more clients open a stream at the same moment (a replica
+   restart or a network blip makes every browser reconnect at once),
+   spread over the running turns, on top of the open ones: each join's
+   time to its response headers and first event (p50/p99/max), the answers
+   other than 200 (``EventSource`` gives up for good on one), the waits
+   for a Redis slot (serve's ``processor_serve_redis_wait_seconds``) and the
+   Redis calls the burst made (``INFO commandstats`` deltas). Its own
+   section of docs/benchmarks.md; ``--burst-only`` runs it alone (no
+   calibration, load or idle phases).
 5. Idle: the producer and the workers stop (the turns stay running, so the
    streams stay open); serve's process CPU time (``/proc/<pid>/stat``) and
    Redis calls (``INFO commandstats`` deltas, less this script's INFO) over
@@ -44,8 +48,8 @@ limits") reconnects with its last id, as ``EventSource`` does; drops are
 counted. Everything shares the machine's cores: the clients, the producer,
 the workers, redis-server and serve.
 
-Writes its section of docs/benchmarks.md between the serve-bench markers
-(replacing it) unless ``--no-write``.
+Writes its sections of docs/benchmarks.md between the serve-bench and
+serve-burst markers (replacing them) unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ from processor.wire.keys import Namespace
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "serve-bench"  # (its markers in docs/benchmarks.md: write_section)
+BURST_SECTION = "serve-burst"
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
 #: A delta's stamp: a chunk coalesces the updates a batch merged into its
@@ -241,7 +246,8 @@ class Bench:
 WAIT = "processor_serve_redis_wait_seconds"
 
 
-async def burst(url: str, client: Any, rids: list[str], count: int) -> dict[str, Any]:
+async def burst(url: str, client: Any, rids: list[str], count: int,
+                serve_pid: int) -> dict[str, Any]:
     """``count`` streams opened at the same moment; each join's time to its
     headers and first event, and its status."""
     connector = aiohttp.TCPConnector(limit=0)
@@ -274,10 +280,11 @@ async def burst(url: str, client: Any, rids: list[str], count: int) -> dict[str,
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tasks = [asyncio.create_task(join(session, rids[i % len(rids)])) for i in range(count)]
         await asyncio.sleep(0.5)  # every task waits on the same event
-        started = time.monotonic()
+        started, cpu0, own0 = time.monotonic(), cpu_seconds(serve_pid), time.process_time()
         go.set()
         results = await asyncio.gather(*tasks)
         took = time.monotonic() - started
+        cpu = (cpu_seconds(serve_pid) - cpu0) / took, (time.process_time() - own0) / took
     after = await client.info("commandstats")
     wait1 = await serve_metric(url, WAIT)
     cache1 = await serve_metric(url, "processor_serve_turn_cache_total")
@@ -293,7 +300,8 @@ async def burst(url: str, client: Any, rids: list[str], count: int) -> dict[str,
                "first": [r[2] * 1000 for r in ok], "non_200": statuses, "calls": calls,
                "waits": wait1[f"{WAIT}_count"] - wait0[f"{WAIT}_count"],
                "wait_sum": wait1[f"{WAIT}_sum"] - wait0[f"{WAIT}_sum"],
-               "cache": {k: cache1[k] - cache0.get(k, 0.0) for k in cache1}}
+               "cache": {k: cache1[k] - cache0.get(k, 0.0) for k in cache1},
+               "serve_cpu": cpu[0], "client_cpu": cpu[1]}
     print(f"burst of {count}: headers p50 {percentile(figures['headers'] or [0], 50):.0f} ms, "
           f"p99 {percentile(figures['headers'] or [0], 99):.0f} ms, non-200 {statuses}, "
           f"cache {figures['cache']}",
@@ -463,7 +471,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         await wait_until(group_ready, 60, "the workers' consumer group")
         fractions = [float(f) for f in args.fractions.split(",")]
-        throughput = 0.0 if args.rate else await calibrate(client, ns, args)
+        throughput = 0.0 if args.rate or args.burst_only else await calibrate(client, ns, args)
         running = 0.0
         print(f"workers alone on fresh turns: {throughput:,.0f} updates/s", flush=True)
 
@@ -506,7 +514,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             return bool(int(await client.zcard(ns.shard(0).active)) >= args.turns)
 
         await wait_until(all_active, 120, f"{args.turns} running turns")
-        if not args.rate:
+        if not args.rate and not args.burst_only:
             await asyncio.sleep(HOLD_MS / 1000 + 1)  # (stored from here on, as under the load)
             running = await calibrate_running(client, ns, args, rids)
             print(f"workers alone on the running turns: {running:,.0f} updates/s", flush=True)
@@ -527,10 +535,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(all_open, 120, f"{args.clients} open streams")
         print(f"{bench.opened} streams open", flush=True)
 
-        loads = [await load(args, bench, client, ns, serve.pid, server.url, running * f)
-                 for f in fractions] if not args.rate else \
+        loads = [] if args.burst_only else \
+            [await load(args, bench, client, ns, serve.pid, server.url, running * f)
+             for f in fractions] if not args.rate else \
             [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
-        bursts = [await burst(url, client, rids, args.burst)] if args.burst else []
+        bursts = []
+        if args.burst:
+            producer = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--produce", server.url, "--turns", str(args.turns),
+                "--rate", str(args.burst_rate), "--seconds", "600",
+                stdout=asyncio.subprocess.DEVNULL, cwd=ROOT) if args.burst_rate else None
+            await asyncio.sleep(WARMUP)
+            bursts.append(await burst(url, client, rids, args.burst, serve.pid))
+            bursts[-1]["rate"] = args.burst_rate
+            if producer is not None:
+                producer.terminate()
+                await producer.wait()
+        if args.burst_only:
+            bench.closing = True
+            for c in clients:
+                assert c.task is not None
+                c.task.cancel()
+            await asyncio.gather(*(c.task for c in clients if c.task), return_exceptions=True)
+            await session.close()
+            return {"version": server.version, "throughput": 0.0, "running": 0.0,
+                    "loads": [], "bursts": bursts, "idle": []}
 
         # Idle: nothing writes; the turns stay running, the streams open.
         for proc in workers:
@@ -622,8 +651,7 @@ time over the window, in share of one core.
 |---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
-{burst_text(r)}Idle (no writes, workers stopped, the turns still running so the streams stay \
-open): serve's \
+Idle (no writes, workers stopped, the turns still running so the streams stay open): serve's \
 process CPU time and Redis calls per second (`INFO commandstats` deltas over {args.idle:g} s, \
 this script's INFO left out), with every client open and with a tenth of them:
 
@@ -645,10 +673,11 @@ Every process here shares the machine's 2 logical CPUs: the clients' process rea
 Python {platform.python_version()}, {platform.platform()}."""
 
 
-def burst_text(r: dict[str, Any]) -> str:
-    """The burst's paragraph and table (none without ``--burst``)."""
-    if not r["bursts"]:
-        return ""
+def burst_section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]) -> str:
+    """The burst's section of docs/benchmarks.md."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip() or "?"
+    command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
     rows = []
     for b in r["bursts"]:
         heads, firsts = b["headers"] or [0.0], b["first"] or [0.0]
@@ -662,22 +691,37 @@ def burst_text(r: dict[str, Any]) -> str:
             f"| {b['count']:,} | {percentile(heads, 50):,.0f} / {percentile(heads, 99):,.0f} / "
             f"{max(heads):,.0f} ms | {percentile(firsts, 50):,.0f} / "
             f"{percentile(firsts, 99):,.0f} ms | {non_200}{detail} | {mean_wait:,.0f} ms "
-            f"over {b['waits']:,.0f} | {b['seconds']:.1f} s | {calls} |")
-    return f"""Burst (after the loads, the producer stopped, every stream above still open): \
-`--burst` more clients open a stream at the same moment, spread over the running \
-turns (what a replica restart or a network blip brings: every browser \
-reconnects at once), each a fresh join (a `snapshot` first). Join = the time to the \
-response's headers (the turn's state and past are read by then), first event = to the \
-`snapshot`; waits = serve's `processor_serve_redis_wait_seconds` (a request waits for one \
-of `--redis-connections` slots instead of a 503); Redis calls = `INFO commandstats` deltas \
-over the burst (the per-turn cache: one read of a turn's past shared by its joins).
+            f"over {b['waits']:,.0f} | {b['seconds']:.1f} s | {b['serve_cpu'] * 100:.0f}% | "
+            f"{b['client_cpu'] * 100:.0f}% | {calls} |")
+    paced = f"a producer pacing {r['bursts'][0]['rate']:,.0f} text updates/s round-robin over " \
+        "the turns (from 2 s before the burst to its end)" if r["bursts"][0]["rate"] else \
+        "nothing written meanwhile"
+    after = "after the load phases above" if r["loads"] else "(`--burst-only`: no load phases)"
+    return f"""## `processor serve`: a burst of joins
+
+Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
+{args.workers} `processor run` worker(s), one `processor serve` process with tokens on and \
+its default options, {args.clients:,} SSE clients already open over {args.turns} running \
+turns, {after}; {paced}). `--burst` more clients open a stream at the same moment, spread \
+over the running turns: what a replica restart or a network blip brings, every browser \
+reconnecting at once; each is a fresh join (a `snapshot` first). Join = the time to the \
+response's headers (the turn's state and past are read by then); first event = to the \
+`snapshot`; non-200: answers other than 200 (`EventSource` gives up for good on one; before \
+joins waited for a Redis connection, 2,574 of 3,000 got 503); wait = serve's \
+`processor_serve_redis_wait_seconds` (a request waits for one of `--redis-connections` slots \
+instead of failing); CPU = process CPU time over the burst, in share of one core; Redis \
+calls = `INFO commandstats` deltas over the burst, the workers' \
+included (serve's per-turn cache shares one read of a turn's past among its joins; a \
+running turn's state is read per join).
 
 | clients | join p50 / p99 / max | first event p50 / p99 | non-200 | mean wait for a slot \
-| all answered in | Redis calls |
-|---:|---:|---:|---:|---:|---:|---|
+| all answered in | serve CPU | clients' CPU | Redis calls |
+|---:|---:|---:|---:|---:|---:|---:|---:|---|
 {chr(10).join(rows)}
 
-"""
+Every process shares the machine's 2 logical CPUs (the clients' process, the producer, the \
+worker(s), redis-server and serve); load average {load[0]:.2f} / {load[1]:.2f} / \
+{load[2]:.2f} at the start. Python {platform.python_version()}, {platform.platform()}."""
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -695,6 +739,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="updates the calibration sends")
     parser.add_argument("--burst", type=int, default=3000,
                         help="streams opened at the same moment after the loads (0: none)")
+    parser.add_argument("--burst-rate", type=float, default=500,
+                        help="updates/s a producer paces during the burst (0: none)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="no calibration, load or idle phases: the burst alone, written "
+                        "to its own section")
     parser.add_argument("--idle", type=float, default=10)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)
@@ -708,11 +757,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     load = os.getloadavg()
     r = asyncio.run(run(args))
-    body = section(args, r, load)
-    print(body)
-    if not args.no_write:
-        write_section(DOC, SECTION, body)
-        print(f"wrote {DOC.relative_to(ROOT)}")
+    bodies = [] if args.burst_only else [(SECTION, section(args, r, load))]
+    if r["bursts"]:
+        bodies.append((BURST_SECTION, burst_section(args, r, load)))
+    for name, body in bodies:
+        print(body)
+        if not args.no_write:
+            write_section(DOC, name, body, after=SECTION)
+            print(f"wrote {name} in {DOC.relative_to(ROOT)}")
     return 0
 
 

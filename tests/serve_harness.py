@@ -25,7 +25,7 @@ from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
-from processor.serve.run import bound_port, build, make_runner, pool_size
+from processor.serve.run import bound_port, build, make_runner, make_site, pool_size
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
@@ -74,7 +74,7 @@ async def start_local(cfg: ServeConfig) -> LocalServe:
     app, server = build(cfg, client)
     runner = make_runner(app)
     await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.port).start()
+    await make_site(runner, cfg).start()
     server.hub.start()
     return LocalServe(server, runner, client, bound_port(runner))
 

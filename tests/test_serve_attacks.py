@@ -306,6 +306,8 @@ async def test_one_request_reads_a_bounded_number_of_bytes(
                 resumed = await sent() - before
                 async with session.get("/v1/turns/run", headers=bearer("run")) as response:
                     running = (response.status, await response.json())
+            cut = serve.server.metrics.registry.get_sample_value(
+                "processor_serve_reads_over_budget_total")
         finally:
             await serve.close()
     assert [d["type"] for d in data] == ["merged", "synthesis"]
@@ -313,6 +315,7 @@ async def test_one_request_reads_a_bounded_number_of_bytes(
     # (the turn's events alone are over 800 KB: they were all read back and sent)
     assert resumed - outputs < 100_000, (resumed, outputs)
     assert running == (202, {"status": "running", "snapshot": None})
+    assert cut == 2  # (the look-back, the log)
 
 
 async def test_ids_with_braces_are_reachable(redis_url, namespace) -> None:

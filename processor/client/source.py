@@ -17,7 +17,7 @@ outputs (one ``XRANGE`` each).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -121,10 +121,11 @@ class LogSource:
     (``{ns:s}:live:<tk>``, written by ``publish_live.lua``) for its past
     and its snapshot, and its done marker's entry ids for its outputs."""
 
-    def __init__(self, client: Any, namespace: Namespace,
-                 read_budget: int | None = None) -> None:
+    def __init__(self, client: Any, namespace: Namespace, read_budget: int | None = None,
+                 over_budget: Callable[[], object] | None = None) -> None:
         self.client = client
         self.namespace = namespace
+        self.over_budget = over_budget  # told of each read cut at the budget
         # The bytes one read of a turn's past may take (None: no bound):
         # past it, a snapshot is None, a history and a finished turn's
         # missed events incomplete (what stays exact: the merged response).
@@ -153,7 +154,7 @@ class LogSource:
             entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(key)
             return entries
         found: list[tuple[Any, Mapping[Any, Any]]] = []
-        reader = PagedRead(self.read_budget)
+        reader = PagedRead(self.read_budget, self.over_budget)
         start: Any = "-"
         while True:
             page = await reader.page(self.client.xrange, key, min=start, max="+", count=LOG_PAGE)
@@ -230,7 +231,7 @@ class LogSource:
         events = turn.shard(self.namespace).events
         found: dict[int, LiveEvent] = {}
         top, read, reached = "(" + terminal_id, 0, False
-        reader = PagedRead(self.read_budget)
+        reader = PagedRead(self.read_budget, self.over_budget)
         while not reached and read < LOOK_BACK:
             entries = await reader.page(self.client.xrevrange, events, max=top, min="-",
                                         count=LOOK_BACK_PAGE)
@@ -284,8 +285,9 @@ class PagedRead:
     (clients of :func:`processor.redis_io.connections.connect`; a cluster
     client's page is counted once parsed)."""
 
-    def __init__(self, budget: int | None) -> None:
+    def __init__(self, budget: int | None, over: Callable[[], object] | None = None) -> None:
         self.budget = budget
+        self.over = over
         self.read = 0
         self.entries = 0
         self.asked = 0  # entries the last page asked for (fewer came: the stream ended)
@@ -298,7 +300,7 @@ class PagedRead:
             return entries
         left = self.budget - self.read
         if left <= 0:
-            return None
+            return self._spent()
         if self.entries:
             count = max(1, min(count, left * self.entries // max(self.read, 1)))
         else:
@@ -309,10 +311,16 @@ class PagedRead:
                 entries = await command(*args, count=count, **kwargs)
         except ReplyTooLarge:
             self.read = self.budget
-            return None
+            return self._spent()
         self.read += max(budget.bytes, _size(entries))
         self.entries += len(entries)
-        return None if self.read > self.budget else entries
+        return self._spent() if self.read > self.budget else entries
+
+    def _spent(self) -> list[Any] | None:
+        """None: the budget is spent (and whoever asked is told)."""
+        if self.over is not None:
+            self.over()
+        return None
 
 
 

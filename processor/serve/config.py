@@ -49,8 +49,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("header_timeout", number, 10.0, "seconds a connection may take to send a whole "
            "request's headers, from its accept or its previous request's end (slow-header "
            "attacks are cut here)", 0.1),
-    Option("max_pending", int, 1000, "connections not in a request (headers on the way, or "
-           "idle between requests) kept at once; past it the oldest is closed", 1),
+    Option("max_pending", int, 4096, "connections not in a request (headers on the way, or "
+           "idle between requests) kept at once, past it the oldest is closed; also the listen "
+           "backlog (keep it above the reconnect burst a replica may get)", 1),
     Option("turn_cache", number, 1.0, "seconds a turn's past read from Redis is shared: "
            "repeated joins, resumes and GETs of one turn cost Redis about one read of it per "
            "this many seconds (0: each request reads, still shared while one is waiting)", 0),
@@ -83,7 +84,7 @@ class ServeConfig:
     shards_from: str = ""
     redis_connections: int = 64
     header_timeout: float = 10.0
-    max_pending: int = 1000
+    max_pending: int = 4096
     turn_cache: float = 1.0
     read_budget: int = 16 << 20
 

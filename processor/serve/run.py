@@ -35,8 +35,8 @@ def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]
     metrics = ServeMetrics()
     hub = Hub(client, config.namespace, metrics)
     gate = RedisGate(config.redis_connections, metrics.redis_wait)
-    source = TurnCache(LogSource(client, config.namespace, config.read_budget), hub, gate,
-                       metrics, config.turn_cache)
+    past = LogSource(client, config.namespace, config.read_budget, metrics.over_budget.inc)
+    source = TurnCache(past, hub, gate, metrics, config.turn_cache)
     server = Server(config, client, hub, source, metrics, gate=gate)
     app = make_app(server)
     app[PENDING] = PendingConnections(config.header_timeout, config.max_pending, metrics)
@@ -48,6 +48,14 @@ def pool_size(config: ServeConfig) -> int:
     """Redis connections the process may hold: the requests' slots, one
     blocking reader per shard, and a few more (a reader reconnecting)."""
     return config.redis_connections + config.namespace.shards + 4
+
+
+def make_site(runner: web.AppRunner, config: ServeConfig) -> web.TCPSite:
+    """Where :func:`make_runner`'s runner listens. Its backlog (connections
+    the kernel holds until they are accepted, at most ``net.core.somaxconn``)
+    is ``--max-pending``: a burst of reconnects past the default of 128 had
+    its SYNs dropped and retried after 1, 3, 7 s..."""
+    return web.TCPSite(runner, config.host, config.port, backlog=config.max_pending)
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
@@ -88,7 +96,7 @@ async def serve(config: ServeConfig) -> int:
     runner = make_runner(app)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = make_site(runner, config)
         try:
             await site.start()
         except OSError as exc:
