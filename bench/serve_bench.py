@@ -696,7 +696,8 @@ def burst_section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float
     paced = f"a producer pacing {r['bursts'][0]['rate']:,.0f} text updates/s round-robin over " \
         "the turns (from 2 s before the burst to its end)" if r["bursts"][0]["rate"] else \
         "nothing written meanwhile"
-    after = "after the load phases above" if r["loads"] else "(`--burst-only`: no load phases)"
+    after = "after the load phases above" if r["loads"] else \
+        "with no load phases before it (`--burst-only`)"
     return f"""## `processor serve`: a burst of joins
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
@@ -706,8 +707,8 @@ turns, {after}; {paced}). `--burst` more clients open a stream at the same momen
 over the running turns: what a replica restart or a network blip brings, every browser \
 reconnecting at once; each is a fresh join (a `snapshot` first). Join = the time to the \
 response's headers (the turn's state and past are read by then); first event = to the \
-`snapshot`; non-200: answers other than 200 (`EventSource` gives up for good on one; before \
-joins waited for a Redis connection, 2,574 of 3,000 got 503); wait = serve's \
+`snapshot`; non-200: answers other than 200 (`EventSource` gives up for good on one; issue 33 saw \
+2,574 of 3,000 get 503 before joins waited for a Redis connection); wait = serve's \
 `processor_serve_redis_wait_seconds` (a request waits for one of `--redis-connections` slots \
 instead of failing); CPU = process CPU time over the burst, in share of one core; Redis \
 calls = `INFO commandstats` deltas over the burst, the workers' \
