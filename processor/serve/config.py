@@ -23,6 +23,7 @@ from processor.service.options import (
     flag,
     number,
 )
+from processor.wire.defaults import MAX_TURN_BYTES
 from processor.wire.keys import Namespace
 
 OPTIONS: tuple[Option, ...] = (
@@ -55,9 +56,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("turn_cache", number, 1.0, "seconds a turn's past read from Redis is shared: "
            "repeated joins, resumes and GETs of one turn cost Redis about one read of it per "
            "this many seconds (0: each request reads, still shared while one is waiting)", 0),
-    Option("read_budget", int, 16 << 20, "bytes one read of a turn's past may make Redis send "
-           "(its live log, or the events a resume of a finished turn missed); past it the "
-           "client gets what stays exact, the merged response at the end", 4096),
+    Option("read_budget", int, MAX_TURN_BYTES, "bytes one read of a turn's past may make "
+           "Redis send (its live log, or the events a resume of a finished turn missed; the "
+           "workers' default --max-turn-bytes); past it the client gets what stays exact, the "
+           "merged response at the end", 4096),
     LOG_LEVEL,
     SSL_CA_CERTS,
     SSL_CERTFILE,
@@ -86,7 +88,7 @@ class ServeConfig:
     header_timeout: float = 10.0
     max_pending: int = 4096
     turn_cache: float = 1.0
-    read_budget: int = 16 << 20
+    read_budget: int = MAX_TURN_BYTES
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
