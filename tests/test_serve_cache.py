@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from processor.client.source import Final, History, TurnState
+from processor.client.source import Final, History, LogSource, TurnState
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.serve.cache import TurnCache
 from processor.serve.gate import RedisGate
@@ -143,3 +143,46 @@ async def test_a_finished_turn_is_read_once_for_every_resume_it_covers(
     assert state.phase == "running"  # (not finished: never kept)
     await cache.state(turn)
     assert source.calls["state"] == 2
+
+
+class DeletesAfterFirstPage:
+    """A client whose first XRANGE is followed by the key's deletion (the
+    turn published between two pages of a read of its log)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.pages = 0
+
+    async def xrange(self, key: str, **kwargs: Any) -> Any:
+        page = await self.client.xrange(key, **kwargs)
+        self.pages += 1
+        if self.pages == 1:
+            await self.client.delete(key)
+        return page
+
+    async def exists(self, key: str) -> int:
+        return int(await self.client.exists(key))
+
+
+async def test_a_log_that_goes_between_two_pages_is_read_as_gone(redis_url: str,
+                                                                   namespace: str) -> None:
+    """A read in pages (under a read budget) whose log is deleted between
+    two pages comes back empty, as a read made after the deletion would: a
+    cut log looked complete (events up to the cut, then a gap), and the
+    join rule takes an empty log for "read the state again"."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    ns = Namespace(namespace, 1)
+    turn = TurnRef("cut")
+    key = ns.shard_for("cut").live(turn.key.encode())
+    for seq in range(1, 11):
+        await client.xadd(key, {"seq": seq, "events": json.dumps([json.loads(_event(seq).data)]),
+                                "updates": "[]"})
+    try:
+        whole = await LogSource(client, ns, 1 << 20).history(turn, 0)
+        assert [e.seq for e in whole.events] == list(range(1, 11))
+        cutting = DeletesAfterFirstPage(client)
+        cut = await LogSource(cutting, ns, 1 << 20).history(turn, 0)
+        assert cutting.pages >= 2
+        assert cut.events == []
+    finally:
+        await client.aclose()

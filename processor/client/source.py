@@ -156,14 +156,23 @@ class LogSource:
         found: list[tuple[Any, Mapping[Any, Any]]] = []
         reader = PagedRead(self.read_budget, self.over_budget)
         start: Any = "-"
+        pages = 0
         while True:
             page = await reader.page(self.client.xrange, key, min=start, max="+", count=LOG_PAGE)
             if page is None:
                 raise PastTooLarge(reader.read)
             found += page
+            pages += 1
             if len(page) < reader.asked:
-                return found
+                break
             start = "(" + as_text(page[-1][0])
+        # One XRANGE reads the log at one instant; pages do not. The log only
+        # grows while its turn runs, and goes whole when the turn is published:
+        # if it went between two pages, what came is a cut log that looks
+        # complete. Answered as the log read after it went: empty.
+        if pages > 1 and not await self.client.exists(key):
+            return []
+        return found
 
     async def snapshot(self, turn: TurnRef) -> Snapshot | None:
         """The logged updates folded with the merge, at the log's last seq
