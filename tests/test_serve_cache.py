@@ -186,3 +186,25 @@ async def test_a_log_that_goes_between_two_pages_is_read_as_gone(redis_url: str,
         assert cut.events == []
     finally:
         await client.aclose()
+
+
+async def test_a_history_read_is_followed_by_what_the_turn_publishes(
+    cache_on_redis: Any,
+) -> None:
+    """Resumes of a turn that moves on are answered from one read of its
+    log followed by the events its watch has had since: no read per resume."""
+    cache, source, client, ns = cache_on_redis
+    turn = TurnRef("followed")
+    first = await cache.history(turn, 1)
+    assert [e.seq for e in first.events] == [2, 3]
+    for seq in (4, 5):
+        await _publish(client, ns, turn, seq)
+    for _ in range(200):  # until the hub has handed both to the watch
+        later = await cache.history(turn, 3)
+        if [e.seq for e in later.events] == [4, 5]:
+            break
+        await asyncio.sleep(0.02)
+    assert [e.seq for e in later.events] == [4, 5] and later.complete
+    again = await cache.history(turn, 1)
+    assert [e.seq for e in again.events] == [2, 3, 4, 5]
+    assert source.calls[("history", -1)] == 1

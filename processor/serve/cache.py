@@ -18,8 +18,11 @@ it, repeated requests for one turn cost Redis about one read of it per
   is answered again, to a request that came while it was in flight too
   (anything published after the read began would have reached the watch,
   and reaches the request's own subscription later), and kept until
-  unused for ``ttl`` s; once the turn moves on, the next request waits for
-  a new read, started after it came.
+  unused for ``ttl`` s. A history read goes on being answered as the turn
+  moves on: its watch keeps what the turn publishes (up to ``tail``
+  events), and a resume gets the read followed by those. A snapshot cannot
+  be moved on so: once the turn moves on, the next fresh join waits for a
+  new read, started after it came.
 - **Reads are shared and spaced**: requests that need a new read of one
   turn wait for the same one, which starts no sooner than ``ttl`` s after
   the previous read of that turn (so a client looping on an active turn
@@ -43,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from processor.client.source import Final, History, TurnSource, TurnState
-from processor.client.turns import Snapshot, TurnRef
+from processor.client.turns import Item, LiveEvent, Snapshot, TurnRef
 from processor.serve.gate import RedisGate
 from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
@@ -83,6 +86,7 @@ class TurnCache:
     gate: RedisGate
     metrics: ServeMetrics
     ttl: float
+    tail: int = 1000  # events a history read is followed by before it is read again
     clock: Callable[[], float] = time.monotonic
     _slots: dict[tuple[TurnRef, Kind], _Slot[object]] = field(default_factory=dict)
     _swept: float = float("-inf")
@@ -110,12 +114,16 @@ class TurnCache:
     async def snapshot(self, turn: TurnRef) -> Snapshot | None:
         slot: _Slot[Snapshot | None] = self._slot(turn, "snapshot")
         return await self._get(turn, "snapshot", slot, lambda _: self.inner.snapshot(turn),
-                               lambda: self._unchanged(slot), None, watch=True)
+                               lambda: self._unchanged(slot), None, watch=1)
 
     async def history(self, turn: TurnRef, after: int) -> History:
         slot: _Slot[History] = self._slot(turn, "history")
         whole = await self._get(turn, "history", slot, lambda _: self.inner.history(turn, -1),
-                                lambda: self._unchanged(slot), None, watch=True)
+                                lambda: self._followed(slot), None, watch=self.tail)
+        # The watch made before the read that gave ``whole`` has what came since
+        # (a read another request started since has a watch of its own).
+        if whole is slot.value and slot.watch is not None and not slot.watch.over:
+            whole = _followed_by(whole, slot.watch.held())
         return _after(whole, after)
 
     # ----------------------------------------------------------------- shared reads
@@ -130,6 +138,11 @@ class TurnCache:
     def _fresh(self, slot: _Slot[T]) -> bool:
         return self.clock() - slot.started < self.ttl
 
+    def _followed(self, slot: _Slot[T]) -> bool:
+        """A running turn's history read is still exact with what its watch
+        has had since (nothing lost: the watch did not overflow)."""
+        return slot.watch is not None and not slot.watch.over
+
     def _unchanged(self, slot: _Slot[T]) -> bool:
         """A running turn's read is still exact: nothing published since it
         began (however long ago: it is forgotten once unused for ``ttl``)."""
@@ -137,7 +150,7 @@ class TurnCache:
 
     async def _get(self, turn: TurnRef, kind: Kind, slot: _Slot[T],
                    read: Callable[[int | None], Awaitable[T]], fits: Callable[[], bool],
-                   after: int | None, watch: bool = False) -> T:
+                   after: int | None, watch: int = 0) -> T:
         """The kept value while it ``fits``; else, after the read in flight
         (if its value fits, that), the next read: one not started yet,
         shared with whoever else asks before it starts."""
@@ -160,20 +173,22 @@ class TurnCache:
             self.metrics.cache.labels("read").inc()
             pending = slot.pending = _Pending(asyncio.get_running_loop().create_future(), after)
             task = asyncio.create_task(self._read((turn, kind), slot, pending, read,
-                                                  watch and self.ttl > 0))
+                                                  watch if self.ttl > 0 else 0))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         # Shielded: a caller that goes away leaves the read to the others.
         return await asyncio.shield(pending.future)
 
     async def _read(self, key: tuple[TurnRef, Kind], slot: _Slot[T], pending: _Pending[T],
-                    read: Callable[[int | None], Awaitable[T]], watch: bool) -> None:
+                    read: Callable[[int | None], Awaitable[T]], watch: int) -> None:
+        """``watch``: the capacity of the hub subscription that follows the
+        turn from just before the read (0: none)."""
         wait = slot.last_start + self.ttl - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
         subscription = None
         if watch and self.hub.positioned:  # (else not kept: nothing to watch it with)
-            subscription = await self.hub.subscribe(key[0], 1)
+            subscription = await self.hub.subscribe(key[0], watch)
         slot.pending = None  # who asks from now on asked after this read began
         slot.running = pending.future
         started = slot.last_start = self.clock()
@@ -248,6 +263,16 @@ def _trimmed(final: Final, after: int | None) -> Final:
     if not final.complete:
         return final
     return Final(final.merged, final.terminal, [e for e in final.missed if e.seq > after])
+
+
+def _followed_by(whole: History, items: list[Item]) -> History:
+    """A whole history read, followed by the events the turn published
+    since (its watch's: in seq order, some maybe in the read already)."""
+    last = whole.events[-1].seq if whole.events else -1
+    later = [item for item in items if isinstance(item, LiveEvent) and item.seq > last]
+    if not later:
+        return whole
+    return History(whole.events + later, whole.complete)
 
 
 def _after(whole: History, after: int) -> History:
