@@ -24,9 +24,10 @@ it, repeated requests for one turn cost Redis about one read of it per
   be moved on so: once the turn moves on, the next fresh join waits for a
   new read, started after it came.
 - **Reads are shared and spaced**: requests that need a new read of one
-  turn wait for the same one, which starts no sooner than ``ttl`` s after
-  the previous read of that turn (so a client looping on an active turn
-  waits up to ``ttl`` s, and Redis sees one read per ``ttl``).
+  turn wait for the same one; after :data:`READ_BURST` reads back to back,
+  the next starts no sooner than ``ttl`` s after the one before (so a
+  client looping on a busy turn waits up to ``ttl`` s, and Redis sees
+  about one read of it per ``ttl``).
 
 The state of a turn that is not finished is read for each request (three
 one-field reads): it decides whether the past must be read at all, and
@@ -52,6 +53,10 @@ from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 
 T = TypeVar("T")
+#: Reads of one kind of one turn that may start back to back (then one per
+#: ``ttl``): a few viewers joining a busy turn at once are not kept waiting,
+#: a client looping on it costs about one read per ``ttl``.
+READ_BURST = 3.0
 Kind = Literal["state", "final", "snapshot", "history"]
 
 
@@ -74,7 +79,9 @@ class _Slot(Generic[T]):
     watch: Subscription | None = None  # (running turns) made before that read
     pending: _Pending[T] | None = None
     running: asyncio.Future[T] | None = None  # the read in flight
-    last_start: float = float("-inf")  # of the newest read, for the spacing
+    last_start: float = float("-inf")  # of the newest read
+    credit: float = READ_BURST  # reads it may start now (one more every ttl)
+    refilled: float = float("-inf")  # when ``credit`` was last topped up
 
 
 @dataclass(eq=False)
@@ -183,9 +190,14 @@ class TurnCache:
                     read: Callable[[int | None], Awaitable[T]], watch: int) -> None:
         """``watch``: the capacity of the hub subscription that follows the
         turn from just before the read (0: none)."""
-        wait = slot.last_start + self.ttl - self.clock()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        if self.ttl > 0:  # a read spends a credit; a credit comes back every ttl
+            now = self.clock()
+            slot.credit = min(READ_BURST, slot.credit + (now - slot.refilled) / self.ttl)
+            slot.refilled = now
+            if slot.credit < 1:
+                await asyncio.sleep((1 - slot.credit) * self.ttl)
+                slot.credit, slot.refilled = 1.0, self.clock()
+            slot.credit -= 1
         subscription = None
         if watch and self.hub.positioned:  # (else not kept: nothing to watch it with)
             subscription = await self.hub.subscribe(key[0], watch)
