@@ -231,7 +231,9 @@ async def test_repeated_joins_and_gets_of_a_running_turn_read_it_once(
     update."""
     server = make_redis_server()
     async with Harness(server.url, namespace, progress=True) as harness:
-        await harness.start_worker()
+        # Held throughout (no handover to the stored path, which may publish
+        # meanwhile): the turn changes only when the test sends to it.
+        await harness.start_worker(hold_ms=120_000)
         producer = Producer(harness.client, namespace)
         await producer.send("r1", text_update("first "))
         await wait_logged(harness, "r1", 1)
