@@ -6,6 +6,7 @@ redis-server with ``processor run`` workers (live progress on, the default).
                                 [--rate R] [--burst 3000] [--burst-rate 500]
                                 [--burst-only]
                                 [--idle 10] [--no-write]
+                                [--format native|agui|ai-sdk]
 
 1. Calibrate, unless ``--rate`` is given: the workers' throughput alone
    on fresh turns (``--calibrate`` updates over ``--turns`` turns, XADDed
@@ -48,8 +49,14 @@ limits") reconnects with its last id, as ``EventSource`` does; drops are
 counted. Everything shares the machine's cores: the clients, the producer,
 the workers, redis-server and serve.
 
-Writes its sections of docs/benchmarks.md between the serve-bench and
-serve-burst markers (replacing them) unless ``--no-write``.
+``--format``: what the clients read, the native event stream (default),
+its AG-UI form (``/events?format=agui``) or the AI SDK's UI message
+stream (``/stream``; a reconnect there is a fresh join, not a resume).
+The burst's joins are native streams whatever the format.
+
+Writes its sections of docs/benchmarks.md between the serve-bench markers
+(``serve-bench-<format>`` for the other formats) and the serve-burst ones
+(replacing them) unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ SECTION = "serve-bench"  # (its markers in docs/benchmarks.md: write_section)
 BURST_SECTION = "serve-burst"
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
+#: Where each ``--format``'s clients read a turn (after ``/v1/turns/<id>``).
+PATHS = {"native": "/events", "agui": "/events?format=agui", "ai-sdk": "/stream"}
 #: A delta's stamp: a chunk coalesces the updates a batch merged into its
 #: turn, each update's text one stamp ("t<time_ns> "), all of them counted.
 MARK = re.compile(rb'"delta":"([^"]*)"')
@@ -177,8 +186,8 @@ async def produce(url: str, turns: int, rate: float, seconds: float) -> None:
 class Client:
     """One SSE client of one turn: notes each marked delta's arrival."""
 
-    def __init__(self, bench: Bench, rid: str) -> None:
-        self.bench, self.rid = bench, rid
+    def __init__(self, bench: Bench, rid: str, path: str = PATHS["native"]) -> None:
+        self.bench, self.rid, self.path = bench, rid, path
         self.last_id: str | None = None
         self.open = False
         self.task: asyncio.Task[None] | None = None
@@ -190,7 +199,7 @@ class Client:
             if self.last_id is not None:
                 headers["Last-Event-ID"] = self.last_id
             try:
-                async with session.get(f"{url}/v1/turns/{self.rid}/events",
+                async with session.get(f"{url}/v1/turns/{self.rid}{self.path}",
                                        headers=headers) as response:
                     if response.status != 200:
                         if response.status != 503:  # 503: not ready yet, or Redis: retry
@@ -522,7 +531,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=30)
         session = aiohttp.ClientSession(connector=connector, timeout=timeout)
-        clients = [Client(bench, rids[i % args.turns]) for i in range(args.clients)]
+        clients = [Client(bench, rids[i % args.turns], PATHS[args.format])
+                   for i in range(args.clients)]
         for c in clients:
             c.task = asyncio.create_task(c.run(session, url))
             await asyncio.sleep(0)
@@ -632,11 +642,13 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
         f"first XADD to the last one's chunk event): {r['running']:,.0f} updates/s; "
         f"on fresh turns XADDed whole (held): {r['throughput']:,.0f} updates/s. The paces "
         f"below are shares of the first. " if r["running"] else "")
-    return f"""## `processor serve`: open SSE clients
+    title = "" if args.format == "native" else \
+        f" ({args.format}: `/v1/turns/<id>{PATHS[args.format]}`)"
+    return f"""## `processor serve`: open SSE clients{title}
 
 Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
 {args.workers} `processor run` worker(s) (live progress on, the default), one \
-`processor serve` process with tokens on, {args.clients:,} SSE clients over \
+`processor serve` process with tokens on, {args.clients:,} {args.format} SSE clients over \
 {args.turns} running turns, {args.clients // args.turns} per turn, all in one client \
 process). {calibrated}A producer process paced text updates round-robin over the turns \
 for {args.seconds:g} s after a {WARMUP:g} s warm-up, at each pace below in turn. \
@@ -747,6 +759,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "to its own section")
     parser.add_argument("--idle", type=float, default=10)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--format", choices=sorted(PATHS), default="native",
+                        help="what the clients read (default: the native event stream)")
     parser.add_argument("--produce", metavar="URL", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -758,7 +772,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     load = os.getloadavg()
     r = asyncio.run(run(args))
-    bodies = [] if args.burst_only else [(SECTION, section(args, r, load))]
+    name = SECTION if args.format == "native" else f"{SECTION}-{args.format}"
+    bodies = [] if args.burst_only else [(name, section(args, r, load))]
     if r["bursts"]:
         bodies.append((BURST_SECTION, burst_section(args, r, load)))
     for name, body in bodies:

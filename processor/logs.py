@@ -1,15 +1,20 @@
-"""Structured JSON log lines on stderr.
+"""Log lines on stderr: structured JSON, or one human line each on a terminal.
 
 A line carries ts, level, logger, msg and any ``extra=`` fields (turn and
-correlation ids, shard, counts). Update text is user data: it is never
+correlation ids, shard, counts). ``--log-format`` chooses: ``json`` (one
+object a line, for log collectors), ``text`` (``12:00:01 warning redis
+unreachable, retrying (url=..., error=...)``, for a person) or ``auto``,
+the default: text when stderr is a terminal, JSON otherwise (a container's
+log, a pipe, a file). Update text is user data: it is never
 passed to a log call, except the merged text of a published turn when the
 debug flag ``--log-payloads`` is on (:func:`turn_fields`). Anything that
 looks like a Redis URL has its password masked, and anything that looks
 like a turn token (``v1.<payload>.<mac>``, processor/serve/tokens.py) is
 cut to ``v1.***``, whatever logger wrote it. With ``libraries=True``
 (``processor serve``) the lines of every other library (aiohttp, asyncio,
-warnings) are JSON too, without their exception text: aiohttp's error
-lines quote the raw request, whose URL or headers may hold a token.
+warnings) come in the same format, one line each, without their exception
+text: aiohttp's error lines quote the raw request, whose URL or headers
+may hold a token.
 """
 
 from __future__ import annotations
@@ -77,24 +82,60 @@ class LibraryLines(logging.Filter):
         return True
 
 
+class TextFormatter(logging.Formatter):
+    """One line for a person: local time, level, message, then the extras as
+    ``key=value`` in parentheses (and a traceback's lines after it, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        line = f"{stamp} {record.levelname.lower()} {record.getMessage()}"
+        extras = [f"{key}={value}" for key, value in vars(record).items()
+                  if key not in _STANDARD and not key.startswith("_")]
+        if extras:
+            line += f" ({', '.join(extras)})"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return redact_text(line)
+
+
+#: The values of ``--log-format``.
+FORMATS = ("auto", "json", "text")
+
+
+def formatter(fmt: str, stream: TextIO) -> logging.Formatter:
+    """The formatter ``--log-format`` names; ``auto`` is text on a terminal, else JSON."""
+    if fmt == "auto":
+        fmt = "text" if _isatty(stream) else "json"
+    return TextFormatter() if fmt == "text" else JsonFormatter()
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or not a file
+        return False
+
+
 def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None,
-          libraries: bool = False) -> None:
-    """Send the ``processor`` loggers to stderr as JSON lines; ``payloads``
-    lets published turns' text into debug lines (``--log-payloads``);
-    ``libraries``: every other logger's lines too (:class:`LibraryLines`),
-    and Python's warnings."""
+          fmt: str = "auto", libraries: bool = False) -> None:
+    """Send the ``processor`` loggers to stderr (JSON lines, or text on a
+    terminal: :func:`formatter`); ``payloads`` lets published turns' text
+    into debug lines (``--log-payloads``); ``libraries``: every other
+    logger's lines too, in the same format (:class:`LibraryLines`), and
+    Python's warnings."""
     global _payloads
     _payloads = payloads
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(fmt, stream))
     root = logging.getLogger("processor")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
     logging.Formatter.converter = time.gmtime
     if libraries:
-        others = logging.StreamHandler(stream or sys.stderr)
-        others.setFormatter(JsonFormatter())
+        others = logging.StreamHandler(stream)
+        others.setFormatter(formatter(fmt, stream))
         others.addFilter(LibraryLines())
         logging.root.handlers[:] = [others]
         logging.root.setLevel(level.upper())

@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import random
 import signal
 import subprocess
@@ -51,6 +53,18 @@ from worker_harness import Harness, SubprocessWorker
 from processor.wire.ids import TurnKey
 
 PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
+
+
+def burners_needed(cpu_load: int) -> int:
+    """How many busy loops make the CPUs as busy as ``cpu_load`` asks: none
+    once the machine is already loaded (its load average at least its
+    CPUs: the rest of the test suite running beside the soak, which then
+    competes with the workers as a burner would). A burner there only
+    slowed every other test down (a core each for the whole soak)."""
+    if not cpu_load:
+        return 0
+    spare = (os.cpu_count() or 1) - os.getloadavg()[0]
+    return max(0, min(cpu_load, math.ceil(spare)))
 
 
 @dataclass
@@ -103,7 +117,7 @@ class ChaosRun(ChaosChecks):
             producing = asyncio.create_task(self._produce(harness, turns, actions, ids))
             chaos = asyncio.create_task(self._chaos(harness, producing))
             burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                       for _ in range(cfg.cpu_load)]
+                       for _ in range(burners_needed(cfg.cpu_load))]
             try:
                 await producing
                 fig.seconds_producing = time.monotonic() - started

@@ -39,6 +39,18 @@ def offline_results_of_lines(lines: list[str]) -> dict:
     return offline_results(entries, Limits(turn_timeout=TURN_TIMEOUT))
 
 
+def cancel_reasons(lines: list[str]) -> dict[str, str]:
+    """Each cancelled turn's reason as its key's value: its first cancel line's
+    ``reason``, or empty (a cancel with no reason: ``processor merge`` gives
+    the same null ``cancel_reason``)."""
+    reasons: dict[str, str] = {}
+    for line in lines:
+        entry = json.loads(line) if line.strip() else {}
+        if entry.get("kind") == "cancel":
+            reasons.setdefault(entry["response_id"], entry.get("reason") or "")
+    return reasons
+
+
 async def feed_scenario(harness: Harness, lines: list[str]) -> None:
     """Add the scenario's entries in file order; a cancel line sets its key once
     the entries before it were applied, and the entries after it are added
@@ -47,19 +59,22 @@ async def feed_scenario(harness: Harness, lines: list[str]) -> None:
     *Cancellation*): an entry a worker read before that is merged, so the
     file's order is kept only if nothing is read in between."""
     started: set[str] = set()
+    reasons = cancel_reasons(lines)
     for entries, cancel in scenario_segments(lines):
         await harness.add(entries)
         started.update(str(e.get("response_id")) for e in entries)
         if cancel is not None:
             await harness.wait_applied()
-            await cancel_seen(harness, cancel, cancel in started)
+            await cancel_seen(harness, cancel, cancel in started, reasons[cancel])
 
 
-async def cancel_seen(harness: Harness, response_id: str, started: bool) -> None:
-    """Set a turn's cancel key and, if the turn had started, wait until the
-    workers saw it (its turn published): entries added after this are read
-    after the cancel, so they are dropped (docs/design.md, *Cancellation*)."""
-    await harness.cancel(response_id)
+async def cancel_seen(harness: Harness, response_id: str, started: bool,
+                      reason: str = "") -> None:
+    """Set a turn's cancel key (to ``reason``) and, if the turn had started,
+    wait until the workers saw it (its turn published): entries added after
+    this are read after the cancel, so they are dropped (docs/design.md,
+    *Cancellation*)."""
+    await harness.cancel(response_id, reason=reason)
     if started:
         await harness.wait_for(_published(harness, response_id), 30, f"{response_id} cancelled")
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -239,3 +240,39 @@ async def wait_logged(harness: Any, rid: str, count: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{rid}: {await logged()} updates logged, not {count}")
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a server stopped and started again on it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_followed(got: list[tuple[str | None, dict[str, Any]]], merged: dict[str, Any]) -> None:
+    """What one client received across all its connections, in order (each
+    event's SSE id, its data): a ``snapshot`` or ``synthesis.started`` first
+    (or, joined after the end, the ``merged`` event), then every later seq
+    exactly once and in order, each with its seq as id (no gap, no repeat
+    across resumes); the terminal event last, the ``merged`` event (the
+    exact merged response) just before it; and the text the client built,
+    the snapshot's plus the deltas, is the merged text."""
+    kinds = [data["type"] for _, data in got]
+    assert kinds and kinds[0] in ("snapshot", "synthesis.started", "merged"), kinds[:3]
+    assert kinds.count("synthesis") == 1 and kinds[-1] == "synthesis", kinds[-3:]
+    assert kinds[-2] == "merged" and got[-2][1]["response"] == merged
+    snapshots = [data for _, data in got if data["type"] == "snapshot"]
+    assert not snapshots or (len(snapshots) == 1 and kinds[0] == "snapshot"), "one snapshot, first"
+    told = [(ident, data) for ident, data in got if "seq" in data and data["type"] != "snapshot"]
+    first = snapshots[0]["seq"] + 1 if snapshots else told[0][1]["seq"]
+    assert [data["seq"] for _, data in told] == list(range(first, first + len(told))), \
+        [data["seq"] for _, data in told]
+    assert [ident for ident, _ in told] == [str(data["seq"]) for _, data in told]
+    if kinds[0] == "merged":  # joined after the end: the merged response is its view
+        assert set(kinds[:-1]) == {"merged"}, kinds
+        return
+    assert got[0][0] == str(got[0][1]["seq"]), "the first event has an id"
+    assert snapshots or first == 0
+    built = (merged_text(snapshots[0]["response"]) if snapshots else "") + chunk_text(
+        [data for _, data in told])
+    assert built == merged_text(merged)

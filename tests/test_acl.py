@@ -24,10 +24,11 @@ from records import init_namespace_sync
 from redis.exceptions import NoPermissionError, ResponseError
 from scrape import scrape, wait_status
 from serve_harness import bearer, open_stream, payloads, spawn_serve, text_update
-from turn_reference import compare_with_offline
+from turn_reference import compare_with_offline, text_delta
 from worker_harness import ROOT, Harness
 
 from processor.client import (
+    CancelNotTaken,
     LibraryNotLoaded,
     MergedItem,
     NotInitialised,
@@ -44,6 +45,7 @@ from processor.embedded import (
 from processor.engine.lifecycle import Limits
 from processor.redis_io.connections import RedisOptions, connect
 from processor.scripts.library import function_name, library_name, library_text
+from processor.wire.cancels import MAX_TTL
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace
 
@@ -195,8 +197,9 @@ async def test_serve_as_the_serve_user_streams_and_cancels_but_writes_no_output(
 ) -> None:
     """``processor serve`` as the ``serve`` user (the command, as deployed):
     it starts (the namespace's record), streams a turn, answers its state and
-    cancels it, with no refused command; and that user may write nothing but
-    cancellation keys."""
+    cancels it (the workers set the key: that user may not), the reason
+    reaching the terminal event, with no refused command; and that user may
+    write nothing."""
     async with Harness(acl_server.url, NAMESPACE, progress=True) as harness:
         harness.url = url_for(acl_server, "processor")
         await harness.start_worker()
@@ -211,7 +214,8 @@ async def test_serve_as_the_serve_user_streams_and_cancels_but_writes_no_output(
                     pass
                 async with session.get("/v1/turns/s1", headers=bearer("s1")) as response:
                     assert response.status == 202
-                async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                async with session.post("/v1/turns/s1/cancel", headers=bearer("s1"),
+                                        json={"reason": "user pressed stop"}) as response:
                     assert response.status == 202
                 data = payloads(await stream.rest())
                 async with session.get("/v1/turns/s1", headers=bearer("s1")) as response:
@@ -220,13 +224,13 @@ async def test_serve_as_the_serve_user_streams_and_cancels_but_writes_no_output(
                 async with session.get("/readyz") as response:
                     assert response.status == 200
             assert data[-1]["type"] == "synthesis" and data[-1]["status"] == "cancelled"
+            assert data[-1]["cancel_reason"] == "user pressed stop"
             assert serve.terminate() == 0
         finally:
             serve.kill()
     assert acl_log(acl_server) == []  # nothing serve did was refused
     shard = Namespace(NAMESPACE).shard(0)
     with redis.Redis.from_url(url_for(acl_server, "serve")) as user:
-        user.set(shard.cancel("r2"), "stop", ex=60)  # the one write it has
         assert user.xrevrange(shard.merged, count=1) and user.hgetall(Namespace(NAMESPACE).meta)
         for command in (("XADD", shard.merged, "*", "f", "v"),
                         ("XADD", shard.events, "*", "f", "v"),
@@ -236,8 +240,10 @@ async def test_serve_as_the_serve_user_streams_and_cancels_but_writes_no_output(
                         ("HSET", Namespace(NAMESPACE).meta, "shards", "9"),
                         ("XREADGROUP", "GROUP", "processor", "s", "STREAMS", shard.updates, ">"),
                         ("XRANGE", shard.updates, "-", "+"), ("GET", shard.cancel("r2")),
+                        ("SET", shard.cancel("r2"), "stop", "EX", "60"),
                         ("SET", shard.turn("x}:cancel:y"), "v"), ("SET", "{other:0}:cancel:r", "v"),
-                        ("EVAL", "return 1", "0"), ("FCALL", "f", "0"), ("FLUSHALL",),
+                        ("EVAL", "return 1", "0"), ("FCALL", "f", "1", shard.updates),
+                        ("FLUSHALL",),
                         ("KEYS", "*"), ("CONFIG", "GET", "*")):
             _refused(user, *command)
 
@@ -260,7 +266,7 @@ def test_keda_user_reads_lag_and_pending_only(acl_server: EmbeddedRedis) -> None
 
 
 @pytest.mark.parametrize("user", PRODUCERS)
-def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
+def test_producer_user_writes_inputs_but_not_worker_state_nor_cancel_keys(
     acl_server: EmbeddedRedis, user: str
 ) -> None:
     shard = Namespace(NAMESPACE).shard(0)
@@ -269,7 +275,7 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
             producer.rpush(shard.inbox, "anything")
         else:
             producer.xadd(shard.updates, {"response_id": "r1", "kind": "end"})
-        producer.set(shard.cancel("r1"), "stop", ex=60)
+        _refused(producer, "SET", shard.cancel("r1"), "stop", "EX", "60")  # cancel_turn's
         assert producer.xrange(shard.merged) == []
         producer.hgetall(Namespace(NAMESPACE).meta)  # the namespace's record: read-only
         _refused(producer, "HSET", Namespace(NAMESPACE).meta, "shards", "9")
@@ -281,20 +287,193 @@ def test_producer_user_writes_inputs_and_cancels_but_not_worker_state(
         _refused(producer, "FLUSHALL")
 
 
-def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis) -> None:
-    """It cancels, and says when a turn had already ended, with no refused command."""
+async def test_processor_cancel_as_the_producer_user(acl_server: EmbeddedRedis,
+                                                     tmp_path: Path) -> None:
+    """It cancels (a worker sets the key for it), says when a turn had already
+    ended, with no refused command; and without a running worker it says
+    that no worker took the cancel, exit 1."""
     shard = Namespace(NAMESPACE).shard(0)
     with redis.Redis(**acl_server.client_kwargs()) as admin:
         init_namespace_sync(admin, NAMESPACE)  # as a worker or processor init would
         admin.hset(shard.done(TurnKey("over").encode()), "status", "completed")
     url = url_for(acl_server, "producer")
-    over = _cli("cancel", "over", "--redis-url", url)
-    assert (over.returncode, over.stdout.strip()) == (
-        0, "over had already ended (completed): nothing to cancel"), over.stderr
-    running = _cli("cancel", "running", "--redis-url", url)
-    assert running.returncode == 0 and running.stdout.startswith("cancelled running"), \
-        running.stderr
+    async with Harness(acl_server.url, NAMESPACE, log_dir=tmp_path) as harness:
+        harness.url = url_for(acl_server, "processor")
+        running = await harness.start_worker()
+        over = await asyncio.to_thread(_cli, "cancel", "over", "--redis-url", url)
+        assert (over.returncode, over.stdout.strip()) == (
+            0, "over had already ended (completed): nothing to cancel"), over.stderr
+        cancelled = await asyncio.to_thread(_cli, "cancel", "running", "--redis-url", url,
+                                            "--reason", "user pressed stop")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.startswith("cancelled running"), cancelled.stdout
+        assert await harness.client.get(shard.cancel("running")) == b"user pressed stop"
+        await harness.stop_worker(running)
+        alone = await asyncio.to_thread(_cli, "cancel", "alone", "--redis-url", url)
+        assert alone.returncode == 1, alone.stderr
+        assert "no worker set the cancellation key" in alone.stderr, alone.stderr
     assert acl_log(acl_server) == []
+
+
+# ------------------------------------------------------------ cancel keys (docs/security.md)
+
+#: The users that cancel but may not SET cancel keys: they FCALL cancel_turn,
+#: which publishes their request, and a worker sets the key.
+CANCELLERS = ("serve", "producer", "producer-trusted")
+
+
+@pytest.mark.parametrize("user", CANCELLERS)
+def test_cancel_keys_are_no_weapon_for_serve_or_the_producers(
+    acl_server: EmbeddedRedis, user: str
+) -> None:
+    """Before, these users could SET any cancel key to any size without a TTL
+    (3 x 100 MB took Redis to 450 MB) and erase another client's cancel with
+    SET ... PX 1 before a worker saw it. Now every command that writes a
+    cancel key is refused them, directly or from the function (which runs
+    with their rights), and the function keeps its bounds: the other
+    client's cancel keeps its reason and its TTL."""
+    shard = Namespace(NAMESPACE).shard(0)
+    victim, fresh, channel = shard.cancel("victim"), shard.cancel("fresh"), Namespace(
+        NAMESPACE).cancels
+    big = b"x" * (8 << 20)
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        admin.function_load(library_text(), replace=True)
+        admin.set(victim, "first", ex=600)
+    with redis.Redis.from_url(url_for(acl_server, user)) as client:
+        for command in (
+                ("SET", fresh, big), ("SET", fresh, "x"), ("SET", victim, "x", "PX", "1"),
+                ("SET", victim, "x", "KEEPTTL"), ("SET", victim, "x", "NX", "EX", "60"),
+                ("SETEX", victim, "1", "x"), ("PSETEX", victim, "1", "x"), ("SETNX", fresh, big),
+                ("MSET", fresh, "x"), ("MSETNX", fresh, "x"), ("GETSET", victim, "x"),
+                ("GETDEL", victim), ("GETEX", victim, "PX", "1"), ("GETEX", victim, "PERSIST"),
+                ("APPEND", victim, big), ("SETRANGE", fresh, "100000000", "x"),
+                ("SETBIT", fresh, "100000000", "1"), ("INCR", fresh), ("DEL", victim),
+                ("UNLINK", victim), ("EXPIRE", victim, "1"), ("PEXPIRE", victim, "1"),
+                ("EXPIREAT", victim, "1"), ("PERSIST", victim), ("RENAME", victim, fresh),
+                ("COPY", victim, fresh), ("RESTORE", fresh, "0", "x"), ("HSET", fresh, "f", big),
+                ("RPUSH", fresh, big), ("XADD", fresh, "*", "f", "v"), ("SADD", fresh, "x"),
+                ("PUBLISH", "another-channel", "x"), ("SUBSCRIBE", channel),
+                ("EVAL", "return redis.call('SET', KEYS[1], 'x')", "1", fresh)):
+            _refused(client, *command)
+        function = function_name("cancel_turn")
+        for reason, ttl in (("x" * (1 << 20), 60), ("", 60), ("stop", 0), ("stop", MAX_TTL + 1)):
+            with pytest.raises(ResponseError, match="CANCELARG"):
+                client.fcall(function, 1, fresh, reason, ttl, channel)
+        # The function cannot shorten a cancel either: it is kept as it is.
+        kept, left = client.fcall(function, 1, victim, "second", 1, channel)
+        assert kept == b"kept" and left > 590_000
+        # A new cancel is asked of the workers (none runs here): nothing is written.
+        asked, _reached = client.fcall(function, 1, fresh, "stop", 60, channel)
+        assert asked == b"asked"
+        # Without a channel (a worker carrying out a request), it may not ask either.
+        with pytest.raises(ResponseError, match="CANCELNOPERM"):
+            client.fcall(function, 1, fresh, "stop", 60, "")
+        client.publish(channel, big)  # the request channel: Pub/Sub stores nothing
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert admin.get(victim) == b"first" and admin.pttl(victim) > 590_000
+        assert not admin.exists(fresh)
+        assert admin.dbsize() == 1
+
+
+@pytest.mark.parametrize("user", ["serve", "producer"])
+async def test_a_cancel_they_ask_for_is_set_by_a_worker_bounded_and_never_shortened(
+    acl_server: EmbeddedRedis, tmp_path: Path, user: str
+) -> None:
+    """Producer.cancel as that user: the worker sets the key with the reason
+    and TTL asked; a second cancel keeps the first reason and gets the longer
+    TTL; a shorter one changes nothing; the reason reaches the terminal event
+    and meta. What a hostile client publishes on the channel (not JSON,
+    another namespace's key, a reason out of bounds) is refused and the
+    worker goes on. No command of the user's or the worker's was refused."""
+    shard, channel = Namespace(NAMESPACE).shard(0), Namespace(NAMESPACE).cancels
+    key = shard.cancel("t")
+    client = redis.asyncio.Redis.from_url(url_for(acl_server, user))
+    try:
+        async with Harness(acl_server.url, NAMESPACE, log_dir=tmp_path,
+                           limits=Limits(turn_timeout=300)) as harness:
+            harness.url = url_for(acl_server, "processor")
+            running = await harness.start_worker()
+            refused = running.worker.metrics.cancel_requests.labels("refused")
+            await harness.add([text_delta("t", "half an answer")])
+            await harness.wait_applied()
+            producer = Producer(client, NAMESPACE)
+            assert await producer.cancel("t", reason="user pressed stop", ttl=600) == "asked"
+            assert await harness.client.get(key) == b"user pressed stop"
+            assert 590_000 < await harness.client.pttl(key) <= 600_000
+            assert await producer.cancel("t", reason="again", ttl=MAX_TTL) == "asked"
+            await harness.wait_for(lambda: _pttl_above(harness, key, 600_000), 10,
+                                   "the worker lengthens the TTL")
+            assert await producer.cancel("t", reason="short", ttl=1) == "kept"
+            assert await harness.client.get(key) == b"user pressed stop"
+            for junk in (b"\xff not json", json.dumps(["{other:0}:cancel:t", "x", 60]),
+                         json.dumps([key, "x" * 2000, 60]), json.dumps([key, "x", 10**9])):
+                await client.publish(channel, junk)
+            await harness.wait_for(lambda: refused._value.get() >= 4, 10, "junk refused")
+            await harness.wait_merged(1)
+            outputs = await harness.outputs()
+    finally:
+        await client.aclose()
+    final = outputs.turns[TurnKey("t")].events[-1]
+    assert (final["status"], final["cancel_reason"]) == ("cancelled", "user pressed stop")
+    [merged] = outputs.turns[TurnKey("t")].merged
+    assert json.loads(merged["meta"])["cancel_reason"] == "user pressed stop"
+    assert acl_log(acl_server) == []
+
+
+async def test_serve_answers_503_when_no_worker_can_take_a_cancel(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """``POST .../cancel`` as the serve user: 503 ``cancel_not_taken`` saying
+    what to do, before any worker loaded the library and then with no worker
+    running; nothing written."""
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        init_namespace_sync(admin, NAMESPACE)
+    serve = spawn_serve(url_for(acl_server, "serve"), NAMESPACE, tmp_path)
+    try:
+        await serve.wait_serving()
+        async with aiohttp.ClientSession(serve.url) as session:
+            async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                assert response.status == 503
+                body = await response.json()
+                assert body["error"] == "cancel_not_taken" and "processor init" in body["detail"]
+            with redis.Redis(**acl_server.client_kwargs()) as admin:
+                admin.function_load(library_text(), replace=True)
+            async with session.post("/v1/turns/s1/cancel", headers=bearer("s1")) as response:
+                assert response.status == 503
+                assert "no worker set the cancellation key" in (await response.json())["detail"]
+        assert serve.terminate() == 0
+    finally:
+        serve.kill()
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert not admin.exists(Namespace(NAMESPACE).shard(0).cancel("s1"))
+
+
+async def _pttl_above(harness: Harness, key: str, ms: int) -> bool:
+    return int(await harness.client.pttl(key)) > ms
+
+
+async def test_without_the_library_or_a_worker_a_cancel_says_what_to_do(
+    acl_server: EmbeddedRedis
+) -> None:
+    """As the serve user (which may load no Lua): before any worker or
+    `processor init` loaded the library, LibraryNotLoaded says to; with the
+    library and no worker running, CancelNotTaken says no worker set the key.
+    Nothing is written either way."""
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        init_namespace_sync(admin, NAMESPACE)
+    client = redis.asyncio.Redis.from_url(url_for(acl_server, "serve"))
+    try:
+        producer = Producer(client, NAMESPACE)
+        with pytest.raises(LibraryNotLoaded, match=r"run `processor init` or start a worker"):
+            await producer.cancel("r")
+        with redis.Redis(**acl_server.client_kwargs()) as admin:
+            admin.function_load(library_text(), replace=True)
+        with pytest.raises(CancelNotTaken, match=r"no worker set the cancellation key .* 0.3 s"):
+            await producer.cancel("r", wait=0.3)
+    finally:
+        await client.aclose()
+    with redis.Redis(**acl_server.client_kwargs()) as admin:
+        assert not admin.exists(Namespace(NAMESPACE).shard(0).cancel("r"))
 
 
 # Busy for a few seconds (bounded, so that the test ends even where it is allowed;
@@ -421,7 +600,7 @@ def test_producer_user_cannot_overwrite_or_retype_other_keys(
                 _refused(producer, "SET", key, "x")
                 _refused(producer, "RPUSH", key, "x")
                 _refused(producer, "XADD", key, "*", "f", "v")
-        assert producer.set(shard.cancel("r1"), "stop") and producer.set(shard.idem("k"), "1-1")
+        assert producer.set(shard.idem("k"), "1-1")
     with redis.Redis(**acl_server.client_kwargs()) as admin:
         assert admin.type(shard.updates) == b"stream"
         assert admin.keys(f"{shard.tag}:turn:*") == admin.keys(f"{shard.tag}:done:*") == []
@@ -505,12 +684,12 @@ async def test_producer_user_sends_cancels_and_reads_through_the_client(
                 yield update
                 await asyncio.sleep(0.02)
 
-        watch = producer.watch("r3", endless(), poll_interval=0.05)
-        await producer.stream("r3", _cancel_after(producer, "r3", watch, 3))
-        assert watch.cancelled and await producer.cancelled("r3")
         async with Harness(acl_server.url, NAMESPACE, shards, log_dir=tmp_path) as harness:
             harness.url = url_for(acl_server, "processor")
-            await harness.start_workers(1)
+            await harness.start_workers(1)  # (it also sets the cancel this user asks for)
+            watch = producer.watch("r3", endless(), poll_interval=0.05)
+            await producer.stream("r3", _cancel_after(producer, "r3", watch, 3))
+            assert watch.cancelled and await producer.cancelled("r3")
             subscriber = Subscriber(client, NAMESPACE, shards)
             statuses = {}
             for rid in ("r1", "r2", "r3"):
@@ -669,7 +848,8 @@ async def test_init_worker_producer_and_keda_each_as_their_user(
 async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, tmp_path) -> None:
     """On a 3-master Redis Cluster whose nodes load the ACL file, workers started
     as `processor run` with the processor user's URL (cluster client: CLUSTER
-    SLOTS, COMMAND, ...) merge every scenario, and no node refused anything."""
+    SLOTS, COMMAND, ...) merge every scenario, carry out the producer users'
+    cancels, and no node refused anything."""
     path = tmp_path / "users.acl"
     path.write_text(rendered_acl())
     cluster = make_redis_cluster(3, binary=redis7_binary(), use_redis_cli=False,
@@ -699,6 +879,12 @@ async def test_scenarios_on_a_cluster_as_the_processor_user(make_redis_cluster, 
                 subscriber = Subscriber(client, NAMESPACE, 6)
                 for rid in rids:
                     assert (await subscriber.wait_for(rid, 30)).status == "completed"
+                # A cancel: asked of the workers (on whichever node they
+                # subscribed), set by one of them on the key's node.
+                await producer.send(f"{user}-stop", {"contents": [{"type": "text", "text": "x"}]})
+                assert await producer.cancel(f"{user}-stop", reason=f"stop {user}") == "asked"
+                item = await subscriber.wait_for(f"{user}-stop", 30)
+                assert (item.status, item.meta["cancel_reason"]) == ("cancelled", f"stop {user}")
             finally:
                 await client.aclose()
         for sub in list(harness.procs):

@@ -155,17 +155,19 @@ async def test_capture_of_one_turn_stops_at_its_end_or_cancel(
         await harness.start_worker()
         await harness.wait_merged(1)
         await harness.wait_applied()
-        await harness.cancel("one-gone")
+        await harness.cancel("one-gone", reason="user pressed stop")
         code, cancelled, err = await _finish(gone)  # stops by itself at the cancel
         assert code == 0, err
         await harness.wait_merged(2)
         published = await harness.outputs()
     assert [line["response_id"] for line in json_lines(out)] == ["one-ok"] * 3
-    assert json_lines(cancelled)[-1] == {"response_id": "one-gone", "kind": "cancel"}
+    assert json_lines(cancelled)[-1] == {"response_id": "one-gone", "kind": "cancel",
+                                         "reason": "user pressed stop"}
     (tmp_path / "ok.jsonl").write_text(out)
     (tmp_path / "gone.jsonl").write_text(cancelled)
     merged = {**await _merge(tmp_path / "ok.jsonl"), **await _merge(tmp_path / "gone.jsonl")}
     assert merged[TurnKey("one-gone")]["status"] == "cancelled"
+    assert merged[TurnKey("one-gone")]["meta"]["cancel_reason"] == "user pressed stop"
     _same_as_published(merged, published)
 
 

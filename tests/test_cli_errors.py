@@ -10,11 +10,13 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from cli_tools import ROOT
 
 from processor.service.config import OPTIONS
+from processor.wire.keys import Namespace
 from processor.wire.schema import SCHEMAS
 
 #: Every command that talks to Redis, with the arguments it needs (after the
@@ -103,6 +105,87 @@ def test_init_gives_up_on_an_unreachable_redis_and_says_why() -> None:
     assert re.search(r"\): Error \d+ connecting to 127\.0\.0\.1:1", last), last
 
 
+#: A retry as a person reads it on a terminal (--log-format auto).
+HUMAN_RETRY = re.compile(
+    r"\d\d:\d\d:\d\d warning redis unreachable, retrying \(url=redis://reader:\*\*\*@127\.0\.0\.1:1"
+    r", error=Error \d+ connecting to 127\.0\.0\.1:1\. .+, retry_in=\d+(\.\d)?\)")
+
+
+def _on_terminal(*argv: str, until: str | None = None,
+                 timeout: float = 60) -> tuple[int, list[str]]:
+    """Run a command with stdout and stderr on a pseudo-terminal, as a person
+    at a shell would: its exit status and the lines it wrote. With ``until``,
+    SIGTERM it once that text has appeared twice."""
+    import pty
+    import select
+    import signal
+    import time
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "processor.cli", *argv],
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
+                            env=_env(), cwd=ROOT)
+    os.close(terminal)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if until and out.decode(errors="replace").count(until) >= 2 and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                until = None
+            if not select.select([controller], [], [], 0.2)[0]:
+                continue
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the terminal's last writer has gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        return proc.wait(timeout), out.decode().replace("\r\n", "\n").strip().splitlines()
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_init_on_a_terminal_says_each_attempt_in_one_human_line_then_gives_up() -> None:
+    """It used to print JSON lines on a terminal too (17 of them over 60 s by
+    default before its error); JSON stays the format off a terminal (above)."""
+    status, lines = _on_terminal("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1")
+    assert status == 1, lines
+    *retries, last = lines
+    assert retries, lines
+    for line in retries:
+        assert HUMAN_RETRY.fullmatch(line), line
+    assert last.startswith("processor init: cannot reach Redis at redis://reader:***@127.0.0.1:1 "
+                           "(gave up after 1 s): Error "), last
+    assert "s3cret" not in "\n".join(lines)
+    # --log-format json keeps JSON on a terminal, --log-format text gives text off one.
+    status, lines = _on_terminal("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1",
+                                 "--log-format", "json")
+    assert status == 1 and json.loads(lines[0])["msg"] == "redis unreachable, retrying", lines
+    proc = _run("init", "--redis-url", UNREACHABLE, "--connect-timeout", "1",
+                "--log-format", "text")
+    assert proc.returncode == 1 and HUMAN_RETRY.fullmatch(proc.stderr.splitlines()[0]), proc.stderr
+    proc = _run("init", "--redis-url", UNREACHABLE, "--log-format", "yaml")
+    assert proc.returncode == 2
+    assert _one_line(proc) == "processor init: --log-format must be auto, json or text, got 'yaml'"
+
+
+def test_run_on_a_terminal_retries_in_human_lines_until_stopped() -> None:
+    """A worker waits for its Redis for ever (it may start later), one line
+    per attempt; SIGTERM stops it cleanly."""
+    status, lines = _on_terminal("run", "--redis-url", UNREACHABLE,
+                                 until="redis unreachable, retrying")
+    assert status == 0, lines
+    retries = [line for line in lines if "redis unreachable" in line]
+    assert len(retries) >= 2 and all(HUMAN_RETRY.fullmatch(line) for line in retries), lines
+    assert not any(line.startswith("{") for line in lines), lines
+    assert lines[-1].endswith(" info stopped cleanly"), lines
+
+
 def _flags(help_text: str) -> set[str]:
     """The flags a --help lists (the lines that start with one)."""
     return set(re.findall(r"^\s+(?:-h, )?(--[a-z][a-z-]+)", help_text, re.M))
@@ -125,7 +208,8 @@ def test_init_lists_only_the_options_it_uses() -> None:
     assert proc.returncode == 0, proc.stderr
     assert _flags(proc.stdout) == {
         "--help", "--redis-url", "--namespace", "--shards", "--group", "--connect-timeout",
-        "--log-level", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile", "--reshard"}
+        "--log-level", "--log-format", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile",
+        "--reshard"}
     # ... and a run option's variable does not stop it
     proc = _run("init", "--redis-url", "http://x", env=_env(PROCESSOR_BATCH="lots"))
     assert _one_line(proc) == (
@@ -137,3 +221,72 @@ def test_schema_help_lists_the_schema_names() -> None:
     assert proc.returncode == 0, proc.stderr
     for name in SCHEMAS:
         assert re.search(rf"\b{name}\b", proc.stdout), name
+
+
+# --------------------------------------------------------------------------- usage of a command
+
+
+@pytest.mark.parametrize("argv", [["run", "--redis-ulr", "redis://h"], ["init", "--bogus"],
+                                  ["dlq", "list", "--bogus"], ["schema", "a", "b"]])
+def test_a_bad_option_shows_the_usage_of_its_command(argv: list[str]) -> None:
+    """argparse reports an unknown option of a command with the top-level
+    usage by default (``usage: processor [-h] ...``), which does not show the
+    option meant; the command's own usage does, and the error names it."""
+    proc = _run(*argv)
+    assert proc.returncode == 2, proc.stderr
+    command = " ".join(argv[:2] if argv[0] == "dlq" else argv[:1])
+    usage, *_, error = proc.stderr.strip().splitlines()
+    assert usage.startswith(f"usage: processor {command} "), proc.stderr
+    assert error.startswith(f"processor {command}: error: unrecognized arguments: "), error
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_typo_of_an_option_names_the_option_meant() -> None:
+    proc = _run("run", "--redis-ulr", "redis://h")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "processor run: error: unrecognized arguments: --redis-ulr redis://h "
+        "(did you mean --redis-url?)")
+
+
+# --------------------------------------------------------------------------- a closed stdout
+
+
+def _closed_stdout(*argv: str, stdin: bytes = b"",
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run a command whose stdout is a pipe nobody reads any more (``| head``
+    having exited): every write to it fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "processor.cli", *argv], stdout=write_end,
+                              stderr=subprocess.PIPE, input=stdin, timeout=60, check=False,
+                              env=env or _env(), cwd=ROOT)
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_stdout_ends_a_command_quietly(redis_url: str, namespace: str,
+                                                redis_client: Any) -> None:
+    """``processor schema | head -c 300`` used to end in a BrokenPipeError
+    traceback: every command that writes to stdout now stops quietly, exit 0,
+    as the operator tools already did."""
+    entry = json.dumps({"response_id": "t1", "update": json.dumps(
+        {"contents": [{"type": "text", "text": "hi"}]})})
+    for argv, stdin in [(["schema"], b""), (["schema", "merged_entry"], b""),
+                        (["merge", "-"], f"{entry}\n{entry}\n".encode()),
+                        (["token", "t1", "--secret", "x" * 32], b""),
+                        (["--help"], b""), (["run", "--help"], b"")]:
+        proc = _closed_stdout(*argv, stdin=stdin)
+        assert (proc.returncode, proc.stderr.decode()) == (0, ""), argv
+    tools = ["--redis-url", redis_url, "--namespace", namespace]
+    init = _run("init", *tools)
+    assert init.returncode == 0, init.stderr
+    event = {"type": "synthesis.started", "seq": 0, "response_id": "t1",
+             "synthesis_id": "t1:synthesis"}
+    redis_client.xadd(Namespace(namespace).shard(0).events, {"event": json.dumps(event)})
+    for argv in [["stats"], ["stats", "--json"], ["tail", "--no-follow"],
+                 ["tail", "--no-follow", "--json"], ["dlq", "list"], ["init"]]:
+        proc = _closed_stdout(*argv, *tools)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        err = proc.stderr.decode()  # (tail's count and where to resume: a note)
+        assert "Traceback" not in err and "rror" not in err, (argv, err)

@@ -119,3 +119,31 @@ def test_the_client_loads_no_http_library_and_nothing_of_serve() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True).stdout.split()
     assert loaded == []
+
+
+def test_every_item_follow_yields_reads_alike() -> None:
+    """``LiveEvent.data`` was bytes while ``MergedOutput.data`` and
+    ``Snapshot.data`` were methods: now each has ``type``, ``data`` (the
+    event's JSON, as the server sends it) and ``json()``; the two holding a
+    response also ``text`` and ``response_json()``."""
+    from processor.client.turns import TurnRef
+
+    response = {"type": "agent_response", "response_id": "r1", "messages": [
+        {"type": "message", "role": "assistant", "message_id": "m1",
+         "contents": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]}
+    raw = json.dumps(response).encode()
+    turn = TurnRef("r1")
+    event = LiveEvent.decode(b'{"type": "synthesis.chunk", "seq": 3, "response_id": "r1"}')
+    snapshot = Snapshot(turn, 2, raw)
+    merged = MergedOutput(turn, "completed", raw, b'{"counts": {"updates": 2}}')
+    for item, kind in [(event, "synthesis.chunk"), (snapshot, "snapshot"), (merged, "merged")]:
+        assert item.type == kind
+        assert isinstance(item.data, bytes)
+        assert item.json() == json.loads(item.data) and item.json()["type"] == kind
+        assert item.json()["response_id"] == "r1"
+    for holder in (snapshot, merged):
+        assert holder.response_json() == response
+        assert holder.text == "Hello there"
+        assert holder.json()["response"] == response
+    assert merged.json()["meta"] == {"counts": {"updates": 2}}
+    assert snapshot.json()["seq"] == 2

@@ -23,6 +23,7 @@ from chaos import ChaosConfig, ChaosRun
 from expectations import check_scenario, scenario_lines, scenario_names
 from live_scenarios import (
     TURN_TIMEOUT,
+    cancel_reasons,
     cancel_seen,
     offline_results_of_lines,
     scenario_segments,
@@ -68,6 +69,7 @@ async def test_scenarios_on_a_cluster(
     for name in names:  # the scenarios' response ids are distinct: one run for all
         offline |= offline_results_of_lines(lines[name])
     segments = {name: scenario_segments(lines[name]) for name in names}
+    reasons = {rid: reason for name in names for rid, reason in cancel_reasons(lines[name]).items()}
     namespace = spread_namespace(redis_cluster)
 
     async with Harness(redis_cluster.url, namespace, shards=SHARDS, cluster=True,
@@ -92,7 +94,8 @@ async def test_scenarios_on_a_cluster(
             # key was set, and the entries after it come once the cancel was seen.
             await harness.wait_applied()
             for response_id in cancels:
-                await cancel_seen(harness, response_id, response_id in started)
+                await cancel_seen(harness, response_id, response_id in started,
+                                  reasons[response_id])
         await harness.wait_merged(len(offline))
         await harness.wait_drained()
         harness.assert_workers_alive()

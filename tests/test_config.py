@@ -140,3 +140,11 @@ def test_the_option_table_and_the_worker_config_default_alike() -> None:
         assert getattr(source, option.name) == option.default, option.name
         checked += 1
     assert checked >= 20
+
+
+def test_init_gives_up_on_an_unreachable_redis_after_10_s_by_default() -> None:
+    """(It was 60 s: a person at a terminal waited a minute for one line.)"""
+    values, problems = resolve(build_parser().parse_args(["init"]), {})
+    assert values["connect_timeout"] == 10 and not problems
+    values, _ = resolve(build_parser().parse_args(["init"]), {"PROCESSOR_CONNECT_TIMEOUT": "60"})
+    assert values["connect_timeout"] == 60

@@ -43,7 +43,7 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
     while the demo runs, and the stream ends with the merged handoff."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "processor.cli", "demo", "--port", "0", "--pace", "0.2",
-         "--linger", "20"],
+         "--linger", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -69,7 +69,7 @@ def test_demo_serves_the_handoffs_page_and_stream_while_it_runs() -> None:
         texts = [c.get("text") for m in data[-2]["response"]["messages"] for c in m["contents"]]
         assert "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3." in texts
         rest = proc.stdout.read()
-        assert "== demo-handoff: completed" in rest and "serving the pages for 20 s" in rest
+        assert "== demo-handoff: completed" in rest and "serving the pages for 5 s" in rest
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
@@ -99,3 +99,62 @@ async def test_demo_prints_the_page_on_a_server_already_running(redis_url: str) 
         assert "started an embedded redis-server" not in err.decode()
     finally:
         await serve.close()
+
+
+def test_on_a_terminal_the_demo_serves_its_pages_until_ctrl_c() -> None:
+    """On a terminal the watch page outlived the command by 30 s only (and
+    not at all without a terminal): now the demo keeps serving after the
+    turns end, says so, and stops cleanly on Ctrl-C (exit 0)."""
+    import os
+    import pty
+    import select
+    import signal
+    import time
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "processor.cli", "demo", "--pace", "0.01"],
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    out = ""
+
+    def read_until(text: str, timeout: float = 120) -> None:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while text not in out:
+            assert time.monotonic() < deadline, out
+            if select.select([controller], [], [], 0.2)[0]:
+                try:
+                    out += os.read(controller, 65536).decode(errors="replace")
+                except OSError:  # EIO: the demo has exited, all it wrote was read
+                    raise AssertionError(f"the demo ended (status {proc.wait()}): {out}") from None
+
+    try:
+        read_until("until Ctrl-C")
+        assert "== demo-error: error" in out  # the turns have ended ...
+        url = re.search(r"http://127\.0\.0\.1:\d+/v1/turns/demo-handoff/view\?token=\S+",
+                        out).group(0)
+        time.sleep(1)  # ... and a page opened later is still served
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        read_until("processor demo: stopped", timeout=30)
+        assert proc.wait(30) == 0, out
+        assert "Traceback" not in out
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_linger_is_documented_in_help_and_readme() -> None:
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "processor.cli", "demo", "--help"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    text = " ".join(proc.stdout.split())
+    assert "--linger SECONDS seconds to keep serving the pages after the turns end " \
+        "(default: until Ctrl-C when stdout is a terminal, else 0" in text, text
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    assert "until Ctrl-C" in readme and "`--linger SECONDS`" in readme

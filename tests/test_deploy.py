@@ -245,6 +245,9 @@ def container_env(kind: str) -> dict[str, str]:
         assert source["configMapRef"]["name"] == one("ConfigMap")["metadata"]["name"]
         env.update(configmap_env())
     for var in spec.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
         ref = var["valueFrom"]["secretKeyRef"]
         assert ref["name"] == one("Secret")["metadata"]["name"]
         assert ref["key"] in secret_keys(), f"{var['name']}: no key {ref['key']} in the Secret"

@@ -105,3 +105,25 @@ def test_ts_is_iso_8601_utc_with_milliseconds() -> None:
     record.created = 1795680340.1239  # 2026-11-26 08:05:40.1239 UTC
     line = json.loads(logs.JsonFormatter().format(record))
     assert line["ts"] == "2026-11-26T08:05:40.123Z"
+
+
+def test_a_terminal_gets_one_human_line_per_record_and_a_pipe_json() -> None:
+    """``--log-format auto`` (the default): text when the stream is a
+    terminal, JSON otherwise; either, passwords masked."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    log = logging.getLogger("processor.test")
+    for stream, fmt in [(Terminal(), "auto"), (io.StringIO(), "text")]:
+        logs.setup("info", stream=stream, fmt=fmt)
+        log.warning("redis unreachable, retrying",
+                    extra={"url": "redis://u:pw@h:1", "retry_in": 0.4})
+        assert re.fullmatch(r"\d\d:\d\d:\d\d warning redis unreachable, retrying "
+                            r"\(url=redis://u:\*\*\*@h:1, retry_in=0\.4\)\n",
+                            stream.getvalue()), stream.getvalue()
+    for stream, fmt in [(io.StringIO(), "auto"), (Terminal(), "json")]:
+        logs.setup("info", stream=stream, fmt=fmt)
+        log.warning("redis unreachable, retrying", extra={"url": "redis://u:pw@h:1"})
+        assert json.loads(stream.getvalue())["url"] == "redis://u:***@h:1"

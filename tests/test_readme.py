@@ -90,6 +90,70 @@ def test_worked_examples_match_the_merge() -> None:
         assert got == (want if isinstance(want, list) else [want]), f"line {found[i].line}"
 
 
+def _content_rows(text: str = README) -> list[list[str]]:
+    """The cells of every table row that shows a content as JSON (a cell
+    starting with `` `{"type": ``)."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|")]
+    return [row for row in rows if any(cell.startswith('`{"type": ') for cell in row)]
+
+
+def test_the_content_shapes_merge_as_the_table_says() -> None:
+    """The table of what a producer sends: each JSON shape, sent in the row's
+    order as one turn, is accepted (no dead letter) and merged as its row
+    says; the failing row's call is ``Producer.error``'s."""
+    import ast
+    import inspect
+
+    from processor.client import Producer
+
+    rows = _content_rows()
+    assert len(rows) >= 5, rows
+    lines, shapes = [], []
+    for row in rows:
+        role = "tool" if '`"role": "tool"`' in row[1] else "assistant"
+        for shape in re.findall(r"`(\{.*?\})`(?:\s|$)", row[1]):
+            content = json.loads(shape)
+            shapes.append(content)
+            lines.append(json.dumps({"response_id": "shapes", "update": {
+                "role": role, "contents": [content]}}))
+    kinds = {c["type"] for c in shapes}
+    assert kinds >= {"text", "text_reasoning", "function_call", "function_result", "usage"}
+    merge = merge_lines([*lines, json.dumps({"response_id": "shapes", "kind": "end"})])
+    [result] = list(merge.results())
+    assert merge.dead == [] and result.status == "completed"
+    response = json.loads(msgspec.json.encode(result.response))
+    merged = [c for m in response["messages"] for c in m["contents"]]
+    calls = [c for c in merged if c["type"] == "function_call"]
+    assert len(calls) == 1 and json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+    sent = [c for c in shapes if c["type"] == "function_call"]
+    assert calls[0]["call_id"] == sent[0]["call_id"] and calls[0]["name"] == sent[0]["name"]
+    tools = [m for m in response["messages"] if m["role"] == "tool"]
+    assert [c["type"] for m in tools for c in m["contents"]] == ["function_result"]
+    texts = {c["type"]: c["text"] for c in merged if "text" in c}
+    assert texts == {c["type"]: c["text"] for c in shapes if "text" in c}
+    answer = next(m for m in response["messages"]
+                  if any(c["type"] == "text" for c in m["contents"]))
+    assert [c["type"] for c in answer["contents"]][:2] == ["text_reasoning", "text"], answer
+    usage = next(c["usage_details"] for c in shapes if c["type"] == "usage")
+    assert response["usage_details"] == usage
+    # The failing row: a call Producer.error takes, then the turn ends as it says.
+    (call,) = re.findall(r"^\|.*`await (producer\.error\(.*?\))`", README, re.M)
+    node = ast.parse(call, mode="eval").body
+    assert isinstance(node, ast.Call)
+    args = [ast.literal_eval(a) if not isinstance(a, ast.Name) else a.id for a in node.args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+    inspect.signature(Producer.error).bind(None, *args, **kwargs)
+    failed = merge_lines([lines[0], json.dumps({
+        "response_id": "shapes", "kind": "error", "error": args[1], **kwargs})])
+    [result] = list(failed.results())
+    error = json.loads(msgspec.json.encode(result.meta))["error"]
+    assert result.status == "error" and error["code"] == "producer_error", error
+    assert kwargs["code"] in json.dumps(error), error  # (the producer's code is kept)
+    partial = json.loads(msgspec.json.encode(result.response))  # what came before the error
+    assert partial["messages"][0]["contents"] == [shapes[0]], partial
+
+
 def test_set_up_commands_are_the_ones_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pytest -q" in README

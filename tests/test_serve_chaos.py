@@ -55,11 +55,11 @@ from typing import Any
 import aiohttp
 import msgspec
 import redis.asyncio
-from serve_harness import ServeProcess, bearer, spawn_serve
+from serve_harness import ServeProcess, spawn_serve
+from sse_followers import Client, follow
 from turn_reference import compare_with_offline, offline_results
 from worker_harness import Harness, SubprocessWorker
 
-from processor.serve import sse
 from processor.wire.ids import TurnKey
 
 TURNS = 30
@@ -74,24 +74,6 @@ FROZEN_EVENTS = 40  # written while both replicas are frozen, during the Redis r
 SERVE_FLAGS = ("--heartbeat", "1", "--log-level", "info")
 #: The faults, each at a fraction of the deltas sent.
 FAULTS = (("serve-kill", 0.2), ("worker-kill", 0.4), ("redis-kill", 0.6), ("serve-stop", 0.8))
-
-
-@dataclass
-class Client:
-    """One follower of one turn, across all its connections."""
-
-    rid: str
-    index: int
-    events: list[tuple[str | None, str]] = field(default_factory=list)  # (id, data)
-    last_id: str | None = None
-    connections: int = 0
-    replicas: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)
-    statuses: Counter[int] = field(default_factory=Counter)  # answers other than 200
-    breaks: Counter[str] = field(default_factory=Counter)  # connections that broke, by how
-    cuts: int = 0  # connections it closed itself
-    connected: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: bool = False
 
 
 class Replicas:
@@ -138,71 +120,6 @@ class _Merged(msgspec.Struct):
 
 
 _decode_merged = msgspec.json.Decoder(_Merged)
-
-
-async def follow(session: aiohttp.ClientSession, client: Client, replicas: Replicas,
-                 rng: random.Random) -> None:
-    """Follow the turn to its terminal event, reconnecting on every break."""
-    n = client.index
-    while True:
-        base = replicas.base(n)
-        n += 1
-        headers = bearer(client.rid)
-        if client.last_id is not None:
-            headers["Last-Event-ID"] = client.last_id
-        try:
-            async with session.get(f"{base}/v1/turns/{client.rid}/events", headers=headers,
-                                   timeout=aiohttp.ClientTimeout(sock_connect=5,
-                                                                 sock_read=20)) as response:
-                if response.status != 200:
-                    client.statuses[response.status] += 1
-                    if response.status not in (503,):  # 503: Redis is restarting
-                        client.problems.append(f"{base} answered {response.status}: "
-                                               f"{await response.text()}")
-                        return
-                    await asyncio.sleep(0.1)
-                    continue
-                client.connections += 1
-                client.replicas.add(base)
-                client.connected.set()
-                cut_after = rng.randint(1, 20) if rng.random() < CUT_CHANCE else None
-                if await _read(client, response, cut_after):
-                    return
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            client.breaks[type(exc).__name__] += 1
-        await asyncio.sleep(0.05)
-
-
-async def _read(client: Client, response: aiohttp.ClientResponse,
-                cut_after: int | None) -> bool:
-    """Read one connection; True once the terminal event came (or the
-    stream cannot go on: a ``gone`` turn, a problem)."""
-    parser = sse.Parser()
-    read = 0
-    async for chunk in response.content.iter_any():
-        for item in parser.feed(chunk):
-            if not isinstance(item, sse.Event):
-                continue
-            read += 1
-            client.events.append((item.id, item.data))
-            kind = json.loads(item.data)["type"]
-            if item.id is not None:
-                client.last_id = item.id
-            if kind == "dropped":  # a slow client: it resumes from the id it is given
-                notice = json.loads(item.data)
-                if notice["last_event_id"] != client.last_id:
-                    client.problems.append(f"dropped with {notice}, last id {client.last_id}")
-            if kind == "gone":
-                client.problems.append(f"the turn is gone: {item.data}")
-                return True
-            if kind == "synthesis":
-                client.finished = True
-                return True
-        if cut_after is not None and read >= cut_after:
-            client.cuts += 1
-            return False  # leaving the block closes the connection
-    client.breaks["closed"] += 1  # by the server: stopping, Redis failed, dropped
-    return False
 
 
 # --------------------------------------------------------------------------- the run
@@ -352,7 +269,8 @@ async def test_streams_survive_killed_replicas_workers_and_a_redis_restart(
 
                 def start(client: Client) -> None:
                     followers.append(asyncio.create_task(
-                        follow(session, client, replicas, random.Random(rng.random()))))
+                        follow(session, client, replicas.base, random.Random(rng.random()),
+                               CUT_CHANCE)))
 
                 slots = asyncio.Semaphore(WINDOW)
                 faults = asyncio.create_task(run.faults())

@@ -97,10 +97,22 @@ async def test_cancel_ends_the_stream_cancelled_with_the_partial_merge(
                 async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
                                         json={"reason": 5}) as response:
                     assert response.status == 400
+                # 513 characters, 1,026 bytes: past the function's bound (1 KiB).
+                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                        json={"reason": "é" * 513}) as response:
+                    assert response.status == 400
+                    assert "1 to 1024 bytes" in (await response.json())["detail"]
+                # A second cancel keeps the first one's reason.
+                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                        json={"reason": "again"}) as response:
+                    assert response.status == 202
+                assert await harness.client.get(key) == b"user pressed stop"
         finally:
             await serve.close()
         assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
         assert data[-2]["status"] == data[-1]["status"] == "cancelled"
+        assert data[-1]["cancel_reason"] == "user pressed stop"  # the native stream passes it
+        assert data[-2]["meta"]["cancel_reason"] == "user pressed stop"
         assert data[-2]["response"]["messages"][0]["contents"] == [
             {"type": "text", "text": "half an answer"}]
 
@@ -116,7 +128,6 @@ async def test_tokens_open_only_their_turn_until_they_expire(redis_url, namespac
         ("/v1/turns/a?token=" + expired, {}, 401, "expired"),
         ("/v1/turns/a", bearer("b"), 403, "forbidden"),
         ("/v1/turns/a/events?token=" + token("b"), {}, 403, "forbidden"),
-        ("/v1/turns/a/view", {}, 401, "missing"),
         ("/v1/turns/a", bearer("a"), 404, None),  # allowed: the turn is just unknown
         ("/v1/turns/a?token=" + token("a"), {}, 404, None),
         ("/v1/turns/a", {"Authorization": "Basic eDp5"}, 401, "missing"),
@@ -131,6 +142,10 @@ async def test_tokens_open_only_their_turn_until_they_expire(redis_url, namespac
                         assert body["error"] == reason, path
                     if status == 401:
                         assert response.headers["WWW-Authenticate"].startswith("Bearer")
+            async with session.get("/v1/turns/a/view") as response:  # the page says why
+                assert response.status == 401
+                assert response.headers["Content-Type"].startswith("text/html")
+                assert response.headers["WWW-Authenticate"].startswith("Bearer")
             async with session.get("/v1/turns/a/view?token=" + token("a")) as response:
                 assert response.status == 200
                 assert response.headers["Content-Type"].startswith("text/html")
@@ -342,6 +357,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
+               "processor.wire.cancels",  # (a cancel's bounds: the client's too)
                "processor.wire.models", "processor.service", "processor.service.options",
                "processor.service.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)
@@ -349,7 +365,10 @@ def test_serve_imports_no_worker_module() -> None:
                # The pure merge, to fold a running turn's logged updates into its snapshot.
                "processor.engine", "processor.engine.merge", "processor.engine.combine",
                "processor.engine.turn_state",
-               "processor.engine.agui"}  # (pure AG-UI, as --agui's)
+               "processor.engine.agui",  # (pure AG-UI, as --agui's)
+               # The pure AI SDK UI message stream, and the one rule it shares with
+               # live progress: how a call's chunks spell its arguments.
+               "processor.engine.ui_messages", "processor.engine.live"}
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []

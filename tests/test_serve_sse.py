@@ -63,7 +63,10 @@ def test_fields_follow_the_standard() -> None:
                       b"data: two\n\n")
     assert got == [sse.Event("\nno space", "e", None, ""), sse.Event("two", "message", None, "")]
     assert parser.retry_ms == 250
-    assert sse.retry(1000) == b"retry: 1000\n\n"
+    assert sse.retry(1000) == b"retry: 1000\n"
+    # neither a retry nor a comment dispatches an event, also for a reader
+    # that dispatches on every blank line (@microsoft/fetch-event-source)
+    assert b"\n\n" not in sse.retry(1000) + sse.comment("ping") + sse.comment("a\nb")
 
 
 def test_text_utf8_cannot_hold_is_replaced() -> None:

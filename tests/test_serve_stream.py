@@ -31,6 +31,7 @@ from serve_harness import (
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
+from processor.client.joining import GONE_ID
 from processor.serve import sse
 
 
@@ -303,6 +304,9 @@ async def test_a_client_that_does_not_read_is_dropped_with_its_resume_id(
             sock.close()
         head, _, body = received.partition(b"\r\n\r\n")
         assert b" 200 " in head.split(b"\r\n")[0] and b"chunked" in head.lower()
+        # ended as a broken connection (no last chunk): every client resumes,
+        # also one that takes a clean end for the turn's (fetch-event-source)
+        assert not body.endswith(b"0\r\n\r\n")
         events = [e for e in sse.Parser().feed(_unchunk(body)) if isinstance(e, sse.Event)]
         notice = json.loads(events[-1].data)
         assert notice["type"] == "dropped" and notice["reason"] == "slow_client"
@@ -352,9 +356,16 @@ async def test_a_finished_turn_whose_outputs_were_trimmed_says_so(redis_url, nam
             await harness.client.xtrim(shard.events, maxlen=0)
             async with aiohttp.ClientSession(serve.url) as session:
                 stream = await open_stream(session, "/v1/turns/old/events", bearer("old"))
-                data = payloads(await stream.rest())
+                events = await stream.rest()
+                data = payloads(events)
                 assert [d["type"] for d in data] == ["merged", "gone"]
                 assert data[0]["response"] == merged and data[1]["status"] == "completed"
+                # gone has an id: EventSource's reconnect with it is told 204 (it
+                # stops), not gone again every second
+                assert [e.id for e in events] == [None, str(GONE_ID)]
+                async with session.get("/v1/turns/old/events", headers={
+                        **bearer("old"), "Last-Event-ID": events[-1].id}) as response:
+                    assert response.status == 204
                 await harness.client.xtrim(shard.merged, maxlen=0)
                 stream = await open_stream(session, "/v1/turns/old/events", bearer("old"))
                 assert payloads(await stream.rest()) == [

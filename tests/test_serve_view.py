@@ -2,21 +2,34 @@
 browser: Debian's headless Chromium driven by Playwright, against a real
 ``processor serve``, a real ``processor run --progress`` and a private
 Redis. What it renders is the merged response, also when the test kills
-the server mid-turn and starts it again (the page resumes by itself)."""
+the server mid-turn and starts it again (the page resumes by itself); its
+live view is already the merged one when the turn ends (a handoff with a
+tool call and result); a refused token is said on the page, on the first
+load and while it reconnects (no more retries then); a cancelled turn's
+reason is shown.
+
+``PROCESSOR_SCREENSHOTS=docs`` (a directory) makes the tests save the
+screenshots docs/serve.md shows there: ``serve-view.png`` (the demo's
+handoff), ``serve-view-expired.png``, ``serve-view-cancelled.png``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from playwright.async_api import Page, async_playwright
-from serve_harness import spawn_serve, token
+from playwright.async_api import Browser, Page, Playwright, Route, async_playwright
+from serve_harness import SECRET, bearer, config, spawn_serve, start_local, token
 from worker_harness import Harness
 
+from processor.cli.demo import HANDOFF
 from processor.client import Producer, Subscriber
+from processor.serve.tokens import issue
 
 #: Debian's Chromium (.ci/run installs it); Playwright drives it, never downloads one.
 CHROMIUM = "/usr/bin/chromium"
@@ -26,6 +39,7 @@ CHROMIUM = "/usr/bin/chromium"
 READ_VIEW = """() => [...document.querySelectorAll('.message')].map(m => ({
   author: m.dataset.author || null,
   role: m.dataset.role,
+  label: m.querySelector('.author').textContent,
   parts: [...m.children].slice(1).map(p =>
     p.classList.contains('call')
       ? ['call', p.querySelector('.name').textContent, p.querySelector('.args').textContent]
@@ -35,29 +49,49 @@ READ_VIEW = """() => [...document.querySelectorAll('.message')].map(m => ({
 
 
 def rendered(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the page must show for a merged response (its rendering rules)."""
+    """What the page must show for a merged response (its rendering rules):
+    per message, labelled with its author (else its role), its reasoning,
+    its text, its calls, its results (the order live progress can say), and
+    no message that shows nothing."""
     out = []
     for message in response["messages"]:
+        contents = message["contents"]
         parts: list[list[str]] = []
-        for content in message["contents"]:
-            kind = content["type"]
-            if kind in ("text", "text_reasoning"):
-                name = "text" if kind == "text" else "reasoning"
-                if parts and parts[-1][0] == name:
-                    parts[-1][1] += content.get("text") or ""
-                else:
-                    parts.append([name, content.get("text") or ""])
-            elif kind == "function_call":
+        for kind, name in (("text_reasoning", "reasoning"), ("text", "text")):
+            joined = "".join(c.get("text") or "" for c in contents if c["type"] == kind)
+            if joined:
+                parts.append([name, joined])
+        for content in contents:
+            if content["type"] == "function_call":
                 arguments = content.get("arguments")
                 parts.append(["call", content.get("name") or "", arguments
                               if isinstance(arguments, str) else json.dumps(arguments)])
-            elif kind == "function_result":
-                parts.append(["result", str(content.get("result"))])
-            elif kind != "usage":
-                parts.append(["other", f"[{kind}]"])
-        out.append({"author": message.get("author_name"), "role": message["role"],
-                    "parts": parts})
+        parts += [["result", str(c.get("result"))] for c in contents
+                  if c["type"] == "function_result"]
+        parts += [["other", f"[{c['type']}]"] for c in contents if c["type"] not in (
+            "text", "text_reasoning", "function_call", "function_result", "usage")]
+        if parts:
+            out.append({"author": message.get("author_name"), "role": message["role"],
+                        "label": message.get("author_name") or message["role"],
+                        "parts": parts})
     return out
+
+
+async def _browser(playwright: Playwright) -> Browser:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
+    return await playwright.chromium.launch(executable_path=CHROMIUM,
+                                            args=["--no-sandbox", "--headless"])
+
+
+async def _screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    """The page as a picture, in the test's directory and, with
+    ``PROCESSOR_SCREENSHOTS=<dir>``, in that directory (docs/ for serve.md)."""
+    await page.set_viewport_size({"width": 900, "height": 200})  # full_page grows to fit
+    await page.screenshot(path=str(tmp_path / name), full_page=True)
+    where = os.environ.get("PROCESSOR_SCREENSHOTS")
+    if where:
+        await page.screenshot(path=str(Path(where) / name), full_page=True)
 
 
 def update(contents: list[dict[str, Any]], author: str | None, message_id: str | None = None,
@@ -104,8 +138,6 @@ async def _shows(page: Page, expected: str) -> None:
 async def test_the_page_renders_the_merged_response_across_a_server_restart(
     redis_url, namespace, tmp_path: Path
 ) -> None:
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
     rid = "turn-view-1"
     async with Harness(redis_url, namespace, log_dir=tmp_path) as harness, \
             async_playwright() as playwright:
@@ -113,8 +145,7 @@ async def test_the_page_renders_the_merged_response_across_a_server_restart(
         await harness.wait_started([worker])  # the namespace's record, which serve reads
         serve = spawn_serve(redis_url, namespace, tmp_path)
         producer = Producer(harness.client, namespace)
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM,
-                                                   args=["--no-sandbox", "--headless"])
+        browser = await _browser(playwright)
         try:
             await harness.wait_started([worker])
             await serve.wait_serving()
@@ -147,3 +178,222 @@ async def test_the_page_renders_the_merged_response_across_a_server_restart(
         finally:
             await browser.close()
             serve.kill()
+
+
+async def test_the_live_view_of_a_handoff_is_already_the_merged_view(
+    redis_url, namespace, tmp_path: Path
+) -> None:
+    """The demo's handoff (alice reasons, calls a tool, its result comes,
+    bob speaks, alice's last line, bob again), one update per batch: what
+    the page shows from the live deltas, just before the merged response
+    arrives, is what it shows after (no jump at the end): the tool result a
+    tool's, no empty author block for alice's id-less reasoning (folded into
+    her call's message), alice's last line above bob's message, as merged."""
+    rid = "turn-view-handoff"
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness, \
+            async_playwright() as playwright:
+        worker = harness.spawn(progress=True, log_level="info")
+        await harness.wait_started([worker])
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        browser = await _browser(playwright)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
+            await page.wait_for_function(
+                "document.getElementById('connection').textContent === 'live'")
+            for update in HANDOFF:
+                await producer.send(rid, update, ids={"thread_id": "thread-1"})
+                await harness.wait_applied()  # each update its own batch of live deltas
+            await _shows(page, "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3.")
+            live = await page.evaluate(READ_VIEW)
+            assert await page.get_attribute("body", "data-state") == "running"
+
+            await producer.end(rid)
+            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+            await page.wait_for_selector("body[data-state=completed]", timeout=30_000)
+            final = await page.evaluate(READ_VIEW)
+            assert live == final
+            assert final == rendered(merged)
+            assert [m["label"] for m in final] == ["alice", "tool", "alice", "bob"]
+            await _screenshot(page, tmp_path, "serve-view.png")
+        finally:
+            await browser.close()
+            await serve.close()
+
+
+_REFUSALS = [  # (what the token is, HTTP status, the page's heading)
+    ("nonsense", 401, "This link's token is not valid here"),
+    ("expired", 401, "This link has expired"),
+    ("another turn's", 403, "This link is for another turn"),
+    ("missing", 401, "This link has no token for the turn"),
+]
+
+
+async def test_a_refused_token_on_first_load_is_said_on_the_page(
+    redis_url, namespace, tmp_path: Path
+) -> None:
+    """A bad, expired, another turn's or no token: the page (with the
+    refusal's status) says what happened and what to do, in words."""
+    rid = "turn-view-refused"
+    tokens = {"nonsense": "nonsense", "expired": issue(SECRET, rid, int(time.time()) - 5),
+              "another turn's": token("another-turn"), "missing": None}
+    serve = await start_local(config(redis_url, namespace))
+    async with async_playwright() as playwright:
+        browser = await _browser(playwright)
+        try:
+            for kind, status, heading in _REFUSALS:
+                page = await browser.new_page()
+                given = tokens[kind]
+                query = f"?token={given}" if given else ""
+                response = await page.goto(f"{serve.url}/v1/turns/{rid}/view{query}")
+                assert response is not None and response.status == status, kind
+                await page.wait_for_selector("#problem:not([hidden])", timeout=30_000)
+                assert await page.inner_text("#problem-title") == heading, kind
+                assert "new one" in await page.inner_text("#problem-advice")
+                assert '"error"' not in await page.inner_text("body")
+                assert await page.get_attribute("body", "data-connection") == "stopped"
+                await page.close()
+        finally:
+            await browser.close()
+            await serve.close()
+
+
+async def test_a_token_that_expires_while_the_page_reconnects_stops_it_and_says_so(
+    redis_url, namespace, tmp_path: Path
+) -> None:
+    """The server goes away mid-turn; the turn ends; the page's token
+    expires before the server is back: its reconnect gets a 401, and the
+    page stops (one 401, no retries after it) and says so, instead of
+    "reconnecting" for good."""
+    rid = "turn-view-expiring"
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness, \
+            async_playwright() as playwright:
+        worker = harness.spawn(progress=True, log_level="info")
+        await harness.wait_started([worker])
+        serve = spawn_serve(redis_url, namespace, tmp_path)
+        producer = Producer(harness.client, namespace)
+        browser = await _browser(playwright)
+        refused: list[int] = []
+        try:
+            await serve.wait_serving()
+            page = await browser.new_page()
+            page.on("response", lambda r: refused.append(r.status)
+                    if "/events" in r.url and r.status == 401 else None)
+            expires = int(time.time()) + 6
+            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={issue(SECRET, rid, expires)}")
+            await producer.send(rid, HANDOFF[5])
+            await _shows(page, "Hi, I'm Bob from billing. ")
+
+            serve.kill()
+            await producer.send(rid, HANDOFF[7])
+            await producer.end(rid)
+            await Subscriber(harness.client, namespace).wait_for(rid, 30)
+            await asyncio.sleep(max(0.0, expires + 1 - time.time()))  # the token has expired
+            serve = spawn_serve(redis_url, namespace, tmp_path, port=serve.port)
+            await serve.wait_serving()
+
+            await page.wait_for_selector("#problem:not([hidden])", timeout=30_000)
+            assert await page.inner_text("#problem-title") == "This link has expired"
+            assert "Stopped following" in await page.inner_text("#problem-advice")
+            assert await page.get_attribute("body", "data-connection") == "stopped"
+            assert await page.get_attribute("body", "data-state") == "unknown"
+            await asyncio.sleep(3)  # three of the page's retry periods: it asks no more
+            assert refused == [401]
+            await _screenshot(page, tmp_path, "serve-view-expired.png")
+        finally:
+            await browser.close()
+            serve.kill()
+
+
+def _sse(*events: tuple[int | None, dict[str, Any]]) -> str:
+    return "retry: 1000\n\n" + "".join(
+        (f"id: {seq}\n" if seq is not None else "") + f"data: {json.dumps(event)}\n\n"
+        for seq, event in events)
+
+
+def _cancelled_stream(rid: str, reason_in: str) -> str:
+    """A cancelled turn's stream with a cancel reason where the worker puts
+    it (the terminal event, the merged entry's meta) or only in meta."""
+    reason = "user pressed stop"
+    common = {"response_id": rid, "synthesis_id": f"{rid}:", "ts": 0}
+    message = {"type": "message", "role": "assistant", "author_name": "writer",
+               "message_id": "m1", "contents": [{"type": "text", "text": "Let me write a "}]}
+    terminal = {**common, "type": "synthesis", "seq": 2, "status": "cancelled",
+                "content": "Let me write a ", "error": None, "agents": [],
+                "counts": {"entries": 2, "updates": 1, "dropped": 0, "dlq": 0, "messages": 1}}
+    if reason_in == "event":
+        terminal["cancel_reason"] = reason
+    return _sse(
+        (0, {**common, "type": "synthesis.started", "seq": 0}),
+        (1, {**common, "type": "synthesis.chunk", "seq": 1, "message_id": "m1",
+             "agent_id": None, "author_name": "writer", "delta": "Let me write a ",
+             "replace": False, "role": "assistant", "previous_message_id": None}),
+        (None, {"type": "merged", "response_id": rid, "synthesis_id": f"{rid}:",
+                "status": "cancelled",
+                "response": {"type": "agent_response", "response_id": rid,
+                             "messages": [message]},
+                "meta": {"response_id": rid, "cancel_reason": reason}}),
+        (2, terminal),
+    )
+
+
+async def test_a_cancelled_turn_shows_its_reason(redis_url, namespace, tmp_path: Path) -> None:
+    """The page given a cancelled turn's events with ``cancel_reason`` (on
+    the terminal event, or only in the merged entry's meta): "cancelled:
+    <reason>". The events are the test's (the route stubs the stream): the
+    worker's side is tested where the worker writes the reason."""
+    rid = "turn-view-cancelled"
+    serve = await start_local(config(redis_url, namespace))
+    async with async_playwright() as playwright:
+        browser = await _browser(playwright)
+        try:
+            for reason_in in ("meta", "event"):
+                page = await browser.new_page()
+
+                async def stream(route: Route, reason_in: str = reason_in) -> None:
+                    await route.fulfill(status=200, content_type="text/event-stream",
+                                        body=_cancelled_stream(rid, reason_in))
+
+                await page.route("**/events*", stream)
+                await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
+                await page.wait_for_selector("body[data-state=cancelled]", timeout=30_000)
+                assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
+                assert await page.get_attribute("body", "data-connection") == "done"
+                assert await page.evaluate(READ_VIEW) == [{
+                    "author": "writer", "role": "assistant", "label": "writer",
+                    "parts": [["text", "Let me write a "]]}]
+            await _screenshot(page, tmp_path, "serve-view-cancelled.png")
+        finally:
+            await browser.close()
+            await serve.close()
+
+
+async def test_a_turn_cancelled_through_serve_shows_its_reason_end_to_end(
+    redis_url, namespace
+) -> None:
+    """The same with a real worker: a turn cancelled with ``POST .../cancel``
+    and a reason shows "cancelled: <reason>" and the partial merge."""
+    rid = "turn-view-cancel-e2e"
+    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        browser = await _browser(playwright)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
+            await Producer(harness.client, namespace).send(rid, {
+                "role": "assistant", "author_name": "writer", "message_id": "m1",
+                "contents": [{"type": "text", "text": "Let me write a "}]})
+            await _shows(page, "Let me write a ")
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{serve.url}/v1/turns/{rid}/cancel", headers=bearer(rid),
+                    json={"reason": "user pressed stop"}) as response:
+                assert response.status == 202
+            await page.wait_for_selector("body[data-state=cancelled]", timeout=30_000)
+            assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
+            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+            assert await page.evaluate(READ_VIEW) == rendered(merged)
+        finally:
+            await browser.close()
+            await serve.close()

@@ -196,3 +196,27 @@ async def test_a_memory_error_in_a_read_fails_that_batch_like_any_error(
         assert result["events"][-1]["error"]["code"] == "turn_timeout"
         assert result["response"]["messages"][0]["contents"][0]["text"] == text
     assert outputs.turns[TurnKey("ok", "")].merged[0]["status"] == "completed"
+
+
+#: Busy for ARGV[1] seconds, then answers: a reply that takes that long to come.
+_SLOW_REPLY = """
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > ARGV[1] * 1000000
+return 'done'
+"""
+
+
+async def test_the_harness_waits_for_a_reply_slower_than_5_s(
+    make_redis_server: Callable[..., EmbeddedRedis], namespace: str,
+) -> None:
+    """Why ``test_a_backlog_of_big_entries_merges_whole_under_512_mib[stored]``
+    failed under load (``TimeoutError: Timeout reading from 127.0.0.1:...``)
+    and passed alone: the harness read the ten merged turns, 560 MB, in one
+    XRANGE on a client with redis-py 8's default 5 s socket timeout, which
+    bounds the whole reply; on a busy machine the reply took longer. Any
+    reply slower than 5 s did the same; the harness's client now has no
+    per-reply deadline (the tests' own waits are bounded)."""
+    server = make_redis_server()
+    async with Harness(server.url, namespace) as harness:
+        assert await harness.client.eval(_SLOW_REPLY, 0, 6) == b"done"

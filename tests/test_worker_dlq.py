@@ -16,6 +16,7 @@ from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
 import processor.worker.batches
+from processor.engine.live import replay_texts
 from processor.engine.offline import merge_lines
 from processor.wire.ids import shard_of
 
@@ -280,3 +281,43 @@ async def test_a_dead_lettered_first_entry_counts_in_its_turns_meta(
     [turn] = outputs.turns.values()
     assert json.loads(turn.merged[0]["meta"])["counts"]["dlq"] == 1
     assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_live_progress_goes_on_after_a_dead_lettered_entry(
+    redis_url: str, namespace: str, hold: bool
+) -> None:
+    """A turn with one bad entry in its middle: its later valid updates are
+    merged and told live too (their chunks, replayed, are the merged text).
+    The bad entry used to silence the turn for good: it moved the turn's
+    version past the worker's copy, which was dropped, and a stored turn
+    without a copy publishes no deltas (``'after-bad'`` merged, live chunks [])."""
+    rid = "mid-bad"
+    steps = [[{"response_id": rid, "update": _update("before ")}],
+             [{"response_id": rid, "update": "{not json"}],
+             [{"response_id": rid, "update": _update("after-bad")}],
+             [{"response_id": rid, "update": _update(" and more")}]]
+    config = {} if hold else {"hold_turns": False}
+    async with Harness(redis_url, namespace, **config) as harness:
+        await harness.start_workers(1)
+        for step in steps:  # one batch each: each is told before the next comes
+            await harness.add(step)
+            await harness.wait_applied()
+        live_before_end = (await harness.outputs()).turns
+        await harness.add([{"response_id": rid, "kind": "end"}])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    [turn] = outputs.turns.values()
+    [message] = json.loads(turn.merged[0]["response"])["messages"]
+    merged_text = "".join(c["text"] for c in message["contents"] if c["type"] == "text")
+    assert merged_text == "before after-bad and more"
+    assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
+    # (finalised from the worker's copy, which counts the dead letter as the hash does)
+    assert json.loads(turn.merged[0]["meta"])["counts"]["dlq"] == 1
+    assert replay_texts(turn.events, "synthesis.chunk") == {message["message_id"]: merged_text}
+    # and live, before the turn ended (not only with its outcome)
+    [running] = live_before_end.values()
+    told = "".join(replay_texts(running.events, "synthesis.chunk").values())
+    assert told == merged_text
+    seqs = [int(e["seq"]) for e in turn.events]
+    assert seqs == list(range(len(seqs)))

@@ -80,7 +80,17 @@ class Harness(Subprocesses):
         self._serial = 0
 
     def connect(self, **kwargs: Any) -> Any:
-        """A new client on the harness's Redis (bytes responses)."""
+        """A new client on the harness's Redis (bytes responses).
+
+        Without a ``socket_timeout`` of the caller's (in-process workers
+        give theirs), none: redis-py 8 gives every client a 5 s one by
+        default, and it bounds the whole of a reply, not a pause in it. The
+        harness reads replies of any size (``outputs()`` read the ten ~56 MB
+        merged turns of tests/test_worker_bytes.py, 560 MB, in one XRANGE),
+        which took over 5 s on a machine busy with other work: that test
+        failed with ``TimeoutError: Timeout reading from 127.0.0.1:...``
+        although nothing was wrong. The tests' own deadlines bound their waits."""
+        kwargs.setdefault("socket_timeout", None)
         if self.cluster:
             return RedisCluster.from_url(self.url, **kwargs)
         return redis.asyncio.Redis.from_url(self.url, **kwargs)

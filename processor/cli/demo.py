@@ -10,8 +10,10 @@ It also serves the turns as ``processor serve`` does (in this process, on
 the watch page's URL of the handoff before streaming it at ``--pace``
 seconds per update, so the page shows it live; or, with ``--serve-url`` (and ``--redis-url`` and the
 server's ``PROCESSOR_TOKEN_SECRET``), the page on a server already running
-on namespace ``demo``. ``--linger`` keeps the page served after the turns
-end (by default 30 s on a terminal, none otherwise; Ctrl-C ends it).
+on namespace ``demo``. After the turns end, on a terminal, it keeps serving
+the pages until Ctrl-C (and says so), so that a page opened late still
+shows the turns; otherwise (a pipe, CI) it exits at once. ``--linger
+SECONDS`` serves them that long instead, either way (0: exit at once).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -151,7 +154,8 @@ class Options:
     token_secret: str | None = None  # that server's
     port: int = 0  # of the serve the demo starts (0: any free port)
     pace: float = 0.5  # seconds between the handoff's updates
-    linger: float = 0.0  # seconds the page stays served after the turns end
+    # Seconds the pages stay served after the turns end (None: until Ctrl-C).
+    linger: float | None = 0.0
 
 
 class _Serve:
@@ -221,6 +225,8 @@ async def run_demo(options: Options | None = None) -> int:
     server = start_embedded() if options.redis_url is None else None
     redis_url = options.redis_url or (server.url if server is not None else "")
     serve: _Serve | None = None
+    workers: list[Worker] = []
+    tasks: list[asyncio.Task[None]] = []
     try:
         client = await connect(RedisOptions(redis_url))
         workers = [Worker(client, WorkerConfig(namespace=NAMESPACE, shards=SHARDS,
@@ -245,23 +251,53 @@ async def run_demo(options: Options | None = None) -> int:
         for _, fields in merged:
             _print_turn(fields, events)
         sys.stdout.flush()
-        if serve is not None and options.linger > 0:
-            print(f"\nserving the pages for {options.linger:g} s more (Ctrl-C ends it)",
-                  flush=True)
-            await asyncio.sleep(options.linger)
+        if serve is not None and options.linger != 0:
+            await _linger(serve.url, options.linger)
         for w in workers:
             w.stop()
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks)  # (raises what a worker raised)
+        tasks.clear()
         if serve is not None:
             await serve.close()
             serve = None
         await client.aclose()
         return 0
     finally:
+        # Also on Ctrl-C or an error: the workers leave before their Redis goes.
+        await _stop(workers, tasks)
         if serve is not None:
             await serve.close()
         if server is not None:
             server.close()
+
+
+async def _linger(url: str, seconds: float | None) -> None:
+    """Keep serving the pages for ``seconds``, or until Ctrl-C (None); a
+    Ctrl-C here ends the wait only, and the demo stops as it does after it."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    try:
+        if seconds is None:
+            print(f"\nstill serving the pages at {url} until Ctrl-C "
+                  "(--linger SECONDS: for that long instead)", flush=True)
+        else:
+            print(f"\nserving the pages for {seconds:g} s more (Ctrl-C ends it)", flush=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(interrupted.wait(), seconds)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if interrupted.is_set():
+        print("\nprocessor demo: stopped", file=sys.stderr, flush=True)
+
+
+async def _stop(workers: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
+    """Stop the workers and wait for them (at most 10 s: a Redis gone meanwhile)."""
+    for w in workers:
+        w.stop()
+    if tasks:
+        await asyncio.wait(tasks, timeout=10)
+    tasks.clear()
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -271,22 +307,23 @@ def main(args: argparse.Namespace | None = None) -> int:
     options = Options(
         redis_url=given.get("redis_url"), serve_url=given.get("serve_url"),
         token_secret=secret, port=given.get("port", 0), pace=given.get("pace", 0.5),
-        linger=(30.0 if sys.stdout.isatty() else 0.0) if linger is None else linger)
+        linger=(None if sys.stdout.isatty() else 0.0) if linger is None else linger)
     problems = []
     if options.serve_url and not options.redis_url:
         problems.append("--serve-url needs --redis-url: the Redis that server reads")
     if options.serve_url and not secret:
         problems.append("--serve-url needs the server's --token-secret (or "
                         "PROCESSOR_TOKEN_SECRET) to make the page's token")
-    if options.pace < 0 or options.linger < 0:
+    if options.pace < 0 or (options.linger or 0) < 0:
         problems.append("--pace and --linger must be 0 or more")
     for problem in problems:
         print(f"processor demo: {problem}", file=sys.stderr)
     if problems:
         return 2
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            return asyncio.run(run_demo(options))
+        return asyncio.run(run_demo(options))
+    except KeyboardInterrupt:  # Ctrl-C: everything it started is stopped (run_demo's finally)
+        print("\nprocessor demo: stopped", file=sys.stderr, flush=True)
         return 0
     except (TimeoutError, _Problem) as exc:
         print(f"processor demo: {exc}", file=sys.stderr)

@@ -58,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"processor run: {problem}", file=sys.stderr)
     if problems:
         return 2
-    logs.setup(values["log_level"])
+    logs.setup(values["log_level"], fmt=values["log_format"])
     from processor.service.run import run_worker
 
     return asyncio.run(run_worker(values, config.given(args)))
@@ -110,7 +110,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
-    logs.setup(values["log_level"])
+    logs.setup(values["log_level"], fmt=values["log_format"])
     return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
@@ -127,13 +127,41 @@ def _redis_flags(parser: argparse.ArgumentParser) -> None:
     add_options(parser, TOOL_OPTIONS)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command (``processor run``, ``processor dlq list``):
+    an argument it does not know is its error, with its usage, not the
+    top-level ``usage: processor [-h] ...`` argparse gives by default (a
+    command's leftovers go up to the top-level parser, which reports them
+    with its own usage). A mistyped option names the one it resembles."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
+        return parsed, extras
+
+    def _did_you_mean(self, extras: Sequence[str]) -> str:
+        import difflib
+
+        known = [flag for action in self._actions for flag in action.option_strings]
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.partition("=")[0], known, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="processor",
         description="Merge streaming AI agent output from Redis Streams into final responses.",
     )
     parser.add_argument("--version", action="version", version=f"processor {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CommandParser)
 
     merge = sub.add_parser(
         "merge",
@@ -187,18 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
         "is live (docs/cluster.md)")
     init.set_defaults(func=_cmd_init)
 
+    from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, MAX_TTL
+
     cancel = sub.add_parser(
         "cancel",
         help="cancel a turn (sets its cancellation key)",
-        description="SET {ns:s}:cancel:<RESPONSE_ID> with a TTL: cancels every attempt of "
-        "the ResponseId, including turns not started yet. A turn (without attempt id) that "
-        "has already ended, within the workers' --done-ttl, is left alone: it says so and "
-        "exits 0.",
+        description="Set {ns:s}:cancel:<RESPONSE_ID> with a TTL (the cancel_turn Redis "
+        "Function: a cancel already set keeps its reason, and its TTL if longer): cancels "
+        "every attempt of the ResponseId, including turns not started yet. A user that may not "
+        "set cancel keys (the serve and producer ACL users) asks the workers and waits for the "
+        "key. A turn (without attempt id) that has already ended, within the workers' "
+        "--done-ttl, is left alone: it says so and exits 0.",
     )
     cancel.add_argument("response_id", metavar="RESPONSE_ID")
-    cancel.add_argument("--reason", default="cancelled", help="stored as the key's value")
+    cancel.add_argument("--reason", default=DEFAULT_REASON,
+                        help="stored as the key's value: 1 to 1024 bytes (the turn's "
+                        "cancel_reason)")
     cancel.add_argument(
-        "--ttl", type=int, default=3600, help="seconds the key lives (default 3600)"
+        "--ttl", type=int, default=DEFAULT_TTL,
+        help=f"seconds the key lives (default {DEFAULT_TTL}, at most {MAX_TTL})"
     )
     cancel.add_argument(
         "--turn-id",
@@ -262,6 +297,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A closed stdout (``processor schema
+    | head``: the reader exited) ends any command quietly with 0, as it
+    does ``cat`` or ``grep`` (:func:`~processor.service.tool_shell.stdout_closed`)."""
+    from processor.service.tool_shell import stdout_closed
+
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # Before anything slow: a SIGTERM during start-up must not kill a worker
     # (see processor/stopping.py). Other commands get the usual handling back.
     stopping.catch_early()
@@ -273,7 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     if getattr(args, "func", None) not in (_cmd_run, _cmd_serve):
         stopping.release()
-    return int(args.func(args) or 0)
+    status = int(args.func(args) or 0)
+    sys.stdout.flush()  # what is still buffered fails here, not at the interpreter's exit
+    return status
 
 
 def _demo_options(parser: argparse.ArgumentParser) -> None:
@@ -283,9 +334,10 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", type=float, default=0.5,
                         help="seconds between the handoff's updates (default 0.5), so the "
                         "page shows it streaming")
-    parser.add_argument("--linger", type=float, default=None,
+    parser.add_argument("--linger", type=float, default=None, metavar="SECONDS",
                         help="seconds to keep serving the pages after the turns end "
-                        "(default 30 on a terminal, else 0)")
+                        "(default: until Ctrl-C when stdout is a terminal, else 0: exit "
+                        "once the turns are printed)")
     parser.add_argument("--redis-url", default=None,
                         help="use this Redis instead of an embedded one (namespace 'demo')")
     parser.add_argument("--serve-url", default=None,

@@ -9,7 +9,9 @@ user); it also sets and reads cancellation keys
 shard (section 5), resumable from the positions it reports, and waits for the
 merged response of one turn. A send to a turn that has ended raises
 :class:`TurnEnded`; one on a Redis 7 where no worker or ``processor init``
-has loaded the producers' functions yet, :class:`LibraryNotLoaded`.
+has loaded the producers' functions yet, :class:`LibraryNotLoaded`. A cancel
+asked of the workers (a user that may not set cancel keys) that none carried
+out in time raises :class:`CancelNotTaken`.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
 ``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.redis_io.connections.connect`),
@@ -30,7 +32,7 @@ from processor.client.entries import CORRELATION_IDS as CORRELATION_IDS
 from processor.client.entries import Encoding as Encoding
 from processor.client.entries import Sent
 from processor.client.entries import encode_update as encode_update
-from processor.client.errors import TurnEnded
+from processor.client.errors import CancelNotTaken, TurnEnded
 from processor.client.items import EntryItem, EventItem, Item, MergedItem
 from processor.client.producer import AUTO_IDEMPOTENCY_TTL as AUTO_IDEMPOTENCY_TTL
 from processor.client.producer import Producer
@@ -42,6 +44,7 @@ from processor.scripts.library import LibraryNotLoaded
 from processor.scripts.meta import Mismatch, NamespaceError, NotInitialised
 
 __all__ = [
+    "CancelNotTaken",
     "CancelWatch",
     "EntryItem",
     "EventItem",

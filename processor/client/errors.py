@@ -18,3 +18,18 @@ class TurnEnded(Exception):
             f"turn {turn} has already ended ({status}); nothing was sent: turn ids are "
             "single-use within the workers' --done-ttl, so start a new turn with a new "
             "response_id")
+
+
+class CancelNotTaken(Exception):
+    """A cancel asked of the workers (the caller may not set cancellation keys
+    itself: the ``serve`` and ``producer`` ACL users) that no worker carried
+    out in time: no worker is running, or none could reach Redis. The turn
+    is not cancelled yet; retry, or set the key as an administrator."""
+
+    def __init__(self, key: str, waited: float) -> None:
+        self.key = key
+        self.waited = waited
+        super().__init__(
+            f"no worker set the cancellation key {key} within {waited:g} s: this client may "
+            "not set it itself and asks the workers to; is a worker of this namespace "
+            "running? (an administrator's SET of the key also cancels)")

@@ -20,10 +20,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from processor.client.items import xread_entries
+from processor.client.joining import join
 from processor.client.retry import RetryPolicy
 from processor.client.source import (
+    Final,
+    History,
     LogSource,
     TurnSource,
+    TurnState,
     entry_field,
     owned_event,
     owned_merged,
@@ -46,10 +50,12 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
                  *, source: TurnSource | None = None, block_ms: int = 1000,
                  retry: RetryPolicy | None = None) -> AsyncIterator[Followed]:
     """The turn's snapshot (a fresh join of a running turn, when the source
-    has one) or its events after ``after``, then its live events, its
-    merged output and its terminal event; then the iteration ends. A finished
-    turn gives its merged output and terminal event (nothing when ``after``
-    is its terminal seq already)."""
+    has one, or a resume whose missed events are no longer all there) or
+    its events after ``after``, then its live events, its merged output and
+    its terminal event; then the iteration ends. A finished turn gives the
+    events after ``after`` it missed, its merged output and terminal event
+    (nothing when ``after`` is its terminal seq already). The same rules as
+    the server's streams: :func:`processor.client.joining.join`."""
     retry = retry or RetryPolicy()
     source = source or default_source(client, namespace)
     shard = turn.shard(namespace)
@@ -65,26 +71,18 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
     async def final_merged() -> MergedOutput | None:
         return merged or (await retry.run(lambda: source.final(turn))).merged
 
-    state = await retry.run(lambda: source.state(turn))
-    past: list[LiveEvent | MergedOutput] = []
-    if state.phase == "finished":
-        final = await retry.run(lambda: source.final(turn, after))
-        if final.terminal is None:  # no longer retained: the merged output is all there is
-            if final.merged is not None:
-                yield final.merged
-            return
-        if cursor.last >= final.terminal.seq:
-            return  # the caller has it all (the server answers 204)
-        past = [*(final.missed if final.complete else []),
-                *(item for item in (final.merged, final.terminal) if item is not None)]
-    elif state.phase == "running":
-        snapshot = await retry.run(lambda: source.snapshot(turn)) if after is None else None
-        if snapshot is not None:
-            cursor.jump(snapshot.seq)
-            yield snapshot
-        else:
-            history = await retry.run(lambda: source.history(turn, cursor.last))
-            past = list(history.events)
+    start = await join(_Retrying(source, retry), turn, after)
+    if start.has_all:
+        return  # the caller has it all (the server answers 204)
+    if start.gone:  # no longer retained: the merged output is all there is
+        for item in start.past:
+            if isinstance(item, MergedOutput):
+                yield item
+        return
+    if start.snapshot is not None:
+        cursor.jump(start.snapshot.seq)
+        yield start.snapshot
+    past: list[LiveEvent | MergedOutput] = list(start.past)
     while True:
         for item in past:
             if isinstance(item, MergedOutput):
@@ -107,6 +105,26 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
                 found = _owned(turn, stream == shard.merged, fields)
                 if found is not None:
                     past.append(found)
+
+
+class _Retrying:
+    """A :class:`TurnSource` whose reads are retried by ``retry``."""
+
+    def __init__(self, source: TurnSource, retry: RetryPolicy) -> None:
+        self.source = source
+        self.retry = retry
+
+    async def state(self, turn: TurnRef) -> TurnState:
+        return await self.retry.run(lambda: self.source.state(turn))
+
+    async def snapshot(self, turn: TurnRef) -> Snapshot | None:
+        return await self.retry.run(lambda: self.source.snapshot(turn))
+
+    async def history(self, turn: TurnRef, after: int) -> History:
+        return await self.retry.run(lambda: self.source.history(turn, after))
+
+    async def final(self, turn: TurnRef, after: int | None = None) -> Final:
+        return await self.retry.run(lambda: self.source.final(turn, after))
 
 
 def _owned(turn: TurnRef, merged: bool,

@@ -7,6 +7,8 @@ idempotently and with retries; it also sets and reads cancellation keys
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterable, Mapping
 from typing import Any, TypeVar
@@ -21,12 +23,13 @@ from processor.client.entries import (
     turn_ids,
     update_body,
 )
-from processor.client.errors import TurnEnded
+from processor.client.errors import CancelNotTaken, TurnEnded
 from processor.client.retry import RetryPolicy
 from processor.client.watch import CancelWatch
 from processor.redis_io.replies import as_text
 from processor.scripts.library import Function
 from processor.scripts.meta import require
+from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, check_reason, check_ttl
 from processor.wire.ids import response_id_for_turn
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
 
@@ -34,6 +37,12 @@ T = TypeVar("T")
 
 #: How long an auto-generated idempotency key lives: it only guards the built-in retry.
 AUTO_IDEMPOTENCY_TTL = 600
+#: A cancel asked of the workers (:meth:`Producer.cancel`): how long to wait for
+#: its key by default, how often to look (the first pause, doubling up to the
+#: second: a worker usually sets it within a few ms), and how often to ask again.
+CANCEL_WAIT_S = 5.0
+CANCEL_POLL_S = (0.002, 0.05)
+CANCEL_ASK_EVERY_S = 1.0
 
 
 class Producer:
@@ -88,6 +97,7 @@ class Producer:
         self._keys: Namespace | None = None
         self.inbox = inbox
         self._send_update = Function(client, "send_inbox" if inbox else "send_update")
+        self._cancel_turn = Function(client, "cancel_turn")
 
     @property
     def keys(self) -> Namespace:
@@ -195,18 +205,49 @@ class Producer:
     async def cancel(
         self,
         response_id: str | None,
-        reason: str = "cancelled",
-        ttl: int = 3600,
+        reason: str = DEFAULT_REASON,
+        ttl: int = DEFAULT_TTL,
         *,
         turn_id: str | None = None,
-    ) -> None:
-        """Cancel every attempt of a turn: SET ``{ns:s}:cancel:<response_id>`` for ``ttl`` s.
+        wait: float = CANCEL_WAIT_S,
+    ) -> str:
+        """Cancel every attempt of a turn: set ``{ns:s}:cancel:<response_id>``
+        to ``reason`` (1 to 1024 bytes of UTF-8) for ``ttl`` seconds (1 to
+        86,400), with the Redis Function of ``cancel_turn.lua``. A cancel
+        already there is never shortened or replaced: its reason stays, its
+        TTL becomes the longer of the two. Returns ``"set"`` or ``"kept"``.
+
+        A client whose Redis user may not set cancel keys (the shipped
+        ``serve`` and ``producer`` users: docs/security.md) has the function
+        ask the workers, and waits up to ``wait`` seconds until the key
+        exists (returns ``"asked"``); :class:`CancelNotTaken` if no worker set
+        it by then. ``ValueError`` for a reason or TTL out of bounds (nothing
+        sent); :class:`LibraryNotLoaded` before any worker or ``processor
+        init`` loaded the function library.
 
         For a turn sent with only a ``turn_id``, pass ``response_id=None, turn_id=...``.
         """
-        await self.ready()
+        check_reason(reason)
+        check_ttl(ttl)
+        keys = await self.ready()
         key = self.cancel_key(response_id, turn_id=turn_id)
-        await self.retry.run(lambda: self.client.set(key, reason, ex=ttl))
+        args = [reason, ttl, keys.cancels]
+        outcome = as_text((await self.retry.run(
+            lambda: self._cancel_turn(keys=[key], args=args)))[0])
+        if outcome != "asked":
+            return outcome
+        deadline = time.monotonic() + wait
+        asked, pause = time.monotonic(), CANCEL_POLL_S[0]
+        while not await self.retry.run(lambda: self.client.exists(key)):
+            now = time.monotonic()
+            if now >= deadline:
+                raise CancelNotTaken(key, wait)
+            if now - asked >= CANCEL_ASK_EVERY_S:  # (a worker between two subscriptions)
+                await self.retry.run(lambda: self._cancel_turn(keys=[key], args=args))
+                asked = now
+            await asyncio.sleep(min(pause, max(0.0, deadline - now)))
+            pause = min(pause * 2, CANCEL_POLL_S[1])
+        return "asked"
 
     async def cancelled(self, response_id: str | None, *, turn_id: str | None = None) -> bool:
         """True when the turn's cancellation key exists (one EXISTS)."""

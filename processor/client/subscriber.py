@@ -206,11 +206,14 @@ class Subscriber(AsyncClosing):
         Yields a :class:`~processor.client.turns.Snapshot` (the merge so far,
         when joining a running turn whose source keeps one), then
         :class:`~processor.client.turns.LiveEvent` s in seq order, each once
-        (``item.seq``; ``item.data`` is the worker's event JSON), and the
-        turn's :class:`~processor.client.turns.MergedOutput` (its ``response``
-        and ``meta`` JSON; authoritative) just before the terminal
+        (``item.seq``), and the turn's
+        :class:`~processor.client.turns.MergedOutput` (authoritative) just
+        before the terminal
         ``synthesis`` event, after which the iteration ends. ``after`` resumes
-        after the last seq seen (the same as ``Last-Event-ID``).
+        after the last seq seen (the same as ``Last-Event-ID``). Every item
+        reads alike: ``item.type``, ``item.data`` (the event's JSON, bytes, as
+        the server sends it) and ``item.json()`` (decoded); a snapshot and the
+        merged output also have ``item.text`` and ``item.response_json()``.
 
         Read directly from Redis with the server's rules and pure pieces
         (processor/client/follow.py says why not over HTTP). Independent of

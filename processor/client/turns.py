@@ -10,6 +10,12 @@ when the turn has one). What it is sent:
 - :class:`MergedOutput`: the turn's ``merged`` entry (the ``merged`` event),
   sent just before the terminal event: the final response, authoritative.
 
+All three are read alike: ``item.type`` (the event's type: ``snapshot``,
+``merged`` or the worker's), ``item.data`` (bytes: the event's JSON, what
+the SSE ``data:`` line carries) and ``item.json()`` (that JSON decoded);
+the two that hold a response also have ``item.text`` (its text, joined as
+``AgentResponse.text`` joins it) and ``item.response_json()``.
+
 :class:`Cursor` sends each seq once, in order. Pure: no Redis, no HTTP; in
 the client package so that ``processor serve`` and ``Subscriber.follow``
 (processor/client/follow.py) keep one rule (serve sits above the client).
@@ -18,10 +24,11 @@ the client package so that ``processor serve`` and ``Subscriber.follow``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
+from processor.client.items import response_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
 
@@ -59,6 +66,7 @@ class _EventHead(msgspec.Struct):
 
 
 _head = msgspec.json.Decoder(_EventHead)
+_decode_object = msgspec.json.Decoder(dict[str, Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,10 @@ class LiveEvent:
     @property
     def terminal(self) -> bool:
         return self.type == TERMINAL
+
+    def json(self) -> dict[str, Any]:
+        """``data`` decoded: the event's fields (docs/contract.md §5.2)."""
+        return _decode_object.decode(self.data)
 
 
 class _Merged(msgspec.Struct, omit_defaults=True):
@@ -103,8 +115,32 @@ class _Snapshot(msgspec.Struct, omit_defaults=True):
 _encode = msgspec.json.Encoder().encode
 
 
+class _Response:
+    """What an item holding a response (its JSON text, ``response``) offers."""
+
+    __slots__ = ()
+    response: bytes
+
+    @property
+    def data(self) -> bytes:
+        raise NotImplementedError
+
+    def json(self) -> dict[str, Any]:
+        """``data`` decoded: the event's fields."""
+        return _decode_object.decode(self.data)
+
+    def response_json(self) -> dict[str, Any]:
+        """The response decoded: an ``agent_response`` object (docs/contract.md §5.1)."""
+        return _decode_object.decode(self.response)
+
+    @property
+    def text(self) -> str:
+        """The response's text (:func:`processor.client.items.response_text`)."""
+        return response_text(self.response_json())
+
+
 @dataclass(frozen=True, slots=True)
-class MergedOutput:
+class MergedOutput(_Response):
     """A turn's ``merged`` entry: ``response`` and ``meta`` are its JSON texts."""
 
     turn: TurnRef
@@ -112,6 +148,11 @@ class MergedOutput:
     response: bytes
     meta: bytes
 
+    @property
+    def type(self) -> str:
+        return "merged"
+
+    @property
     def data(self) -> bytes:
         """The ``merged`` event's JSON: the entry with its response and meta as objects."""
         return _encode(_Merged("merged", self.turn.response_id, self.turn.key.synthesis_id(),
@@ -120,14 +161,20 @@ class MergedOutput:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(_Response):
     """The merge of a running turn up to ``seq`` (the merged response's shape)."""
 
     turn: TurnRef
     seq: int
     response: bytes
 
+    @property
+    def type(self) -> str:
+        return "snapshot"
+
+    @property
     def data(self) -> bytes:
+        """The ``snapshot`` event's JSON: ids, seq and the response as an object."""
         return _encode(_Snapshot("snapshot", self.turn.response_id, self.turn.key.synthesis_id(),
                                  self.seq, msgspec.Raw(self.response),
                                  self.turn.attempt_id or None))

@@ -102,7 +102,8 @@ class _Run:
         for message in response.messages:
             self.message(message)
         self.events.append(ending(self.thread_id, self.run_id, status, self.meta.error,
-                                  _usage(response.usage_details), self.ts))
+                                  _usage(response.usage_details), self.ts,
+                                  self.meta.cancel_reason))
         return self.events
 
     def message(self, message: Message) -> None:
@@ -166,9 +167,12 @@ class _Run:
 
 
 def ending(thread_id: str, run_id: str, status: Status | str, error: ErrorInfo | None,
-           usage: list[dict[str, int]] | None, ts: int | None) -> dict[str, Any]:
+           usage: list[dict[str, int]] | None, ts: int | None,
+           cancel_reason: str | None = None) -> dict[str, Any]:
     """The terminal event of a run: ``RUN_ERROR`` for a failed turn, else
-    ``RUN_FINISHED`` with outcome ``success`` or ``cancelled``."""
+    ``RUN_FINISHED`` with outcome ``success`` or ``cancelled``; a cancel's
+    reason in its ``metadata`` (``cancel_reason``: AG-UI's cancelled outcome
+    has no field for one, and every event may carry metadata)."""
     if status == "error":
         event: dict[str, Any] = {
             "type": "RUN_ERROR", "timestamp": ts,
@@ -178,6 +182,8 @@ def ending(thread_id: str, run_id: str, status: Status | str, error: ErrorInfo |
         outcome = "cancelled" if status == "cancelled" else "success"
         event = {"type": "RUN_FINISHED", "timestamp": ts, "threadId": thread_id,
                  "runId": run_id, "outcome": {"type": outcome}, "usage": usage}
+        if status == "cancelled" and cancel_reason is not None:
+            event["metadata"] = {"cancel_reason": cancel_reason}
     return {k: v for k, v in event.items() if v is not None}
 
 
@@ -319,7 +325,8 @@ class LiveRun:
             thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
             error = event.get("error")
             info = ErrorInfo(error["code"], error["message"]) if error else None
-            return [ending(thread, run, event.get("status", ""), info, None, ts)]
+            return [ending(thread, run, event.get("status", ""), info, None, ts,
+                           event.get("cancel_reason"))]
         return [{"type": "CUSTOM", "timestamp": ts, "name": f"processor.{kind}",
                  "value": dict(event)}]
 

@@ -42,18 +42,20 @@ _json = msgspec.json.Encoder()
 
 
 class Outcome(msgspec.Struct, frozen=True):
-    """How a turn ended: the status and, for errors, the code and message."""
+    """How a turn ended: the status and, for errors, the code and message;
+    for a cancel, its reason (None when its key had none)."""
 
     status: Status
     error: ErrorInfo | None = None
+    cancel_reason: str | None = None  # a cancel's, as processor.wire.cancels.reason_of made it
 
     @classmethod
     def completed(cls) -> Outcome:
         return cls("completed")
 
     @classmethod
-    def cancelled(cls) -> Outcome:
-        return cls("cancelled")
+    def cancelled(cls, reason: str | None = None) -> Outcome:
+        return cls("cancelled", cancel_reason=reason)
 
     @classmethod
     def failed(cls, code: str, message: str) -> Outcome:
@@ -182,6 +184,7 @@ def terminal(
         counts=counts,
         agents=agents(response),
         error=outcome.error,
+        cancel_reason=outcome.cancel_reason,
     )
 
 

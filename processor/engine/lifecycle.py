@@ -180,11 +180,12 @@ class TurnLife:
             f"{lim.max_turn_bytes} bytes)"
         )
 
-    def cancel(self) -> bool:
-        """Cancel the turn; False if it had already ended (nothing changes)."""
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the turn (``reason``: its cancel key's, if any); False if it
+        had already ended (nothing changes)."""
         if self.outcome is not None:
             return False
-        self.outcome = Outcome.cancelled()
+        self.outcome = Outcome.cancelled(reason)
         return True
 
     def expire(self) -> bool:
@@ -225,6 +226,7 @@ class TurnLife:
         key = self.key
         counts = msgspec.structs.replace(self.counts, messages=len(response.messages))
         error: ErrorInfo | None = self.outcome.error if self.outcome else None
+        reason = self.outcome.cancel_reason if self.outcome else None
         return Meta(
             response_id=key.response_id,
             attempt_id=key.attempt_id or None,
@@ -236,6 +238,7 @@ class TurnLife:
             started_ms=started_ms,
             finished_ms=finished_ms,
             error=error,
+            cancel_reason=reason,
         )
 
 

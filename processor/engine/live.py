@@ -5,9 +5,11 @@ batch (the real merge, :meth:`processor.engine.merge.Turn.finish`) with what the
 turn's live events have said so far (:class:`Shown`), and returns the
 events that bring a reader from one to the other, coalesced: per message
 at most one text chunk, one reasoning chunk, one chunk per function call
-and one event per new or changed function result, plus a ``step`` when
-the turn's latest activity moved. Ids and order are the merged
-response's, so a reader that applies the events holds exactly the merge:
+and one event per new or changed function result (a message's reasoning
+chunk before its text chunk when its reasoning began first, as in its
+contents), plus a ``step`` when the turn's latest activity moved. Ids and
+order are the merged response's, so a reader that applies the events
+holds exactly the merge:
 
 - ``synthesis.chunk`` / ``reasoning.chunk`` / ``tool_call.chunk``: the
   ``delta`` is appended to what the earlier chunks of the same message
@@ -16,10 +18,22 @@ response's, so a reader that applies the events holds exactly the merge:
   ``replace``), an id-less run folded into the keyed message after it, a
   keyed update rejoining its message: the next chunk of that message then
   replaces. A message that is no longer in the merge (folded into the next
-  one) gets a ``replace`` chunk with an empty text.
+  one) gets a ``replace`` chunk with an empty text and ``role`` None (and
+  one for its reasoning, if it had any): a reader drops it, calls and
+  results included. So does a message that has fewer calls or results
+  than were shown (the merge moved one elsewhere); then everything it has
+  is sent again, each chunk with ``replace`` (so a reader that does not
+  drop messages still holds every text, reasoning and call right).
 - ``tool_result``: a function result, whole, when it appears or changes.
 - ``step``: what the turn does now (``thinking``, ``tool_call``,
   ``tool_result``, ``text``), the message in ``step_data.message_id``.
+
+Every event of a message also says where the message stands in the
+merge: its ``role`` and ``previous_message_id`` (the nearest message
+before it that has live events, None when there is none), so a reader
+that places each message after its previous one holds the merged order
+(a message can land above one shown before it: the merge groups messages
+by their agent run).
 
 So, for every turn: per message, the text of its chunks since its last
 ``replace`` one, concatenated, is that message's text in the merged
@@ -68,6 +82,11 @@ class Shown(msgspec.Struct, gc=False):
     calls: dict[tuple[str, int], str] = msgspec.field(default_factory=dict)
     results: dict[tuple[str, int], Any] = msgspec.field(default_factory=dict)
     step: tuple[str, str] | None = None
+    #: Messages in the merge with calls or results shown.
+    tooled: frozenset[str] = frozenset()
+    #: Messages with calls or results that left the merge (a reader dropped
+    #: them; their calls and results are kept for a reader that did not).
+    dropped: frozenset[str] = frozenset()
 
 
 def message_text(message: Message, kind: str = "text") -> str:
@@ -115,17 +134,23 @@ def live_events(
     calls and results only when it has any."""
     made = _Made(key, ids, ts)
     events: list[Event] = []
-    # (Calls and results of a message no longer in the merge stay known as
-    # shown: if it comes back, its next chunk follows on from what a reader has.)
-    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step)
+    # (Calls and results are copied: a message's are known until it leaves
+    # the merge, below.)
+    after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step,
+                  tooled=shown.tooled, dropped=shown.dropped)
     texts, reasoning = after.texts, after.reasoning
     was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
     step_message: Message | None = None
+    previous: str | None = None
+    tooled, dropped = shown.tooled, shown.dropped
+    tooled_here = 0  # of them, in the merge now
     for message in response.messages:
         mid = message.message_id or ""
+        role = message.role
         contents = message.contents
         tools = False
+        thought_first = False  # its reasoning begins before its text: its chunk goes first
         last: str | None
         if len(contents) == 1:  # (the usual message)
             only = contents[0]
@@ -144,6 +169,8 @@ def live_events(
                 if kind == "text":
                     text_parts.append(content.text or "")
                 elif kind == "text_reasoning":
+                    if content.text and not thought_first and not any(text_parts):
+                        thought_first = True
                     thought_parts.append(content.text or "")
                 elif kind == "function_call" or kind == "function_result":
                     tools = True
@@ -151,27 +178,52 @@ def live_events(
                     last = kind
             text, thought = "".join(text_parts), "".join(thought_parts)
         agent: Any = _UNSET
+        # A message with fewer calls or results than shown (the merge moved
+        # one to another message): a reader drops it and gets it anew; so
+        # does one back in the merge after it left.
+        fresh = False
+        if tooled or dropped:  # (only turns with calls or results pay)
+            if mid in tooled:
+                tooled_here += 1
+                fresh = _shrunk(message, mid, shown)
+                if fresh:
+                    events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
+                                           delta="", replace=True))
+            elif mid in dropped:
+                fresh = True
+                after.dropped = after.dropped - {mid}
+            if fresh:
+                after.calls = {k: v for k, v in after.calls.items() if k[0] != mid}
+                after.results = {k: v for k, v in after.results.items() if k[0] != mid}
+        at = len(events)  # where this message's events begin (after a drop marker)
         if text or mid in was_texts:
             texts[mid] = text
-            found = _delta(was_texts.get(mid), text)
+            found = (_again if fresh else _delta)(was_texts.get(mid), text)
             if found is not None:
                 agent = message.additional_properties.get("agent_id")
                 events.append(_replace(made.proto(SynthesisChunk), message_id=mid,
                                        agent_id=agent, author_name=message.author_name,
-                                       delta=found[0], replace=found[1]))
+                                       delta=found[0], replace=found[1], role=role,
+                                       previous_message_id=previous))
         if thought or mid in was_reasoning:
             reasoning[mid] = thought
-            found = _delta(was_reasoning.get(mid), thought)
+            found = (_again if fresh else _delta)(was_reasoning.get(mid), thought)
             if found is not None:
                 if agent is _UNSET:
                     agent = message.additional_properties.get("agent_id")
                 events.append(_replace(made.proto(ReasoningChunk), message_id=mid,
                                        agent_id=agent, author_name=message.author_name,
-                                       delta=found[0], replace=found[1]))
+                                       delta=found[0], replace=found[1], role=role,
+                                       previous_message_id=previous))
+                if thought_first and len(events) > at + 1:
+                    events.insert(at, events.pop())  # in the message's order
         if tools:
-            _tool_events(events, made, message, mid, shown, after)
+            _tool_events(events, made, message, mid, previous, Shown() if fresh else shown,
+                         after, fresh)
         if last is not None:
             step, step_message = (mid, last), message
+        if text or thought or tools:  # (a reader knows it: it had events)
+            previous = mid
     # Messages no longer in the merge: their text (and reasoning) is gone.
     for mid, text in was_texts.items():
         if mid not in texts and text:
@@ -183,6 +235,8 @@ def live_events(
             events.append(_replace(made.proto(ReasoningChunk), message_id=mid, delta="",
                                    replace=True))
             reasoning[mid] = ""
+    if tooled_here < len(tooled):
+        _gone_tools(events, made, response, was_texts, after)
     if step is not None and step != shown.step and step_message is not None:
         after.step = step
         events.insert(0, _replace(
@@ -248,11 +302,14 @@ class _Made:
 
 
 def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
-                 shown: Shown, after: Shown) -> None:
+                 previous: str | None, shown: Shown, after: Shown, fresh: bool = False) -> None:
     """A message's call chunks and results (in its contents' order) that
-    ``shown`` lacks, appended to ``events``; ``after`` records them."""
+    ``shown`` lacks, appended to ``events``; ``after`` records them.
+    ``previous``: the id of the message before it in the merge; ``fresh``:
+    the message is sent anew, its calls' chunks replace."""
     agent = message.additional_properties.get("agent_id")
     author = message.author_name
+    role = message.role
     calls = results = 0
     for content in message.contents:
         kind = content.type
@@ -270,7 +327,8 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
                     made.proto(ToolCallChunk), message_id=mid, index=where[1],
                     call_id=content.call_id, name=content.name, agent_id=agent,
                     author_name=author, delta=found[0],
-                    replace=found[1] or not isinstance(content.arguments, str | None)))
+                    replace=found[1] or fresh or not isinstance(content.arguments, str | None),
+                    role=role, previous_message_id=previous))
         elif kind == "function_result":
             where = (mid, results)
             results += 1
@@ -278,7 +336,47 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
             if where not in shown.results or shown.results[where] != content.result:
                 events.append(_replace(made.proto(ToolResult), message_id=mid, index=where[1],
                                        call_id=content.call_id, agent_id=agent,
-                                       author_name=author, result=content.result))
+                                       author_name=author, result=content.result, role=role,
+                                       previous_message_id=previous))
+    if (calls or results) and mid not in after.tooled:
+        after.tooled = after.tooled | {mid}
+
+
+def _again(before: str | None, now: str) -> tuple[str, bool] | None:
+    """The chunk of a message sent anew: its whole text, replacing (so a
+    reader that did not drop the message holds it too); None when there
+    was and is nothing."""
+    if before is None and not now:
+        return None
+    return now, True
+
+
+def _shrunk(message: Message, mid: str, shown: Shown) -> bool:
+    """Whether ``shown`` has more calls or more results of the message than
+    the merge now gives it (their indices are 0, 1, ...)."""
+    calls = results = 0
+    for content in message.contents:
+        if content.type == "function_call":
+            calls += 1
+        elif content.type == "function_result":
+            results += 1
+    return (mid, calls) in shown.calls or (mid, results) in shown.results
+
+
+def _gone_tools(events: list[Event], made: _Made, response: Response,
+                was_texts: dict[str, str], after: Shown) -> None:
+    """Messages with calls or results shown that are no longer in the merge
+    (folded into another): unless their text's empty ``replace`` chunk says
+    so already, an empty ``replace`` text chunk (``role`` None) tells a
+    reader the message is gone. Should one come back, it is sent anew."""
+    present = {m.message_id or "" for m in response.messages}
+    gone = [mid for mid in sorted(after.tooled) if mid not in present]
+    after.tooled = after.tooled.difference(gone)
+    after.dropped = after.dropped.union(gone)
+    for mid in gone:
+        if not was_texts.get(mid):
+            events.append(_replace(made.proto(SynthesisChunk), message_id=mid, delta="",
+                                   replace=True))
 
 
 def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") -> dict[str, str]:
@@ -292,3 +390,28 @@ def replay_texts(events: list[dict[str, Any]], kind: str = "synthesis.chunk") ->
         mid = str(event.get("message_id"))
         out[mid] = event["delta"] if event.get("replace") else out.get(mid, "") + event["delta"]
     return out
+
+
+def replay_order(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """The messages a reader holds after ``events`` (decoded JSON), in order,
+    each with its role: each event of a message with a role places it just
+    after its ``previous_message_id`` (first when None; where it was, or
+    last when new, when that message is not known). Messages emptied since
+    (an empty ``replace`` chunk) are still listed. The reference a UI
+    follows for its messages' order (the tests check it)."""
+    order: list[str] = []
+    roles: dict[str, str | None] = {}
+    for event in events:
+        if "previous_message_id" not in event or event.get("role") is None:
+            continue
+        mid = str(event.get("message_id"))
+        roles[mid] = event["role"]
+        before = event["previous_message_id"]
+        if before is not None and before not in order:
+            if mid not in order:
+                order.append(mid)
+            continue
+        if mid in order:
+            order.remove(mid)
+        order.insert(0 if before is None else order.index(before) + 1, mid)
+    return [(mid, roles[mid]) for mid in order]

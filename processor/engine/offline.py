@@ -21,6 +21,7 @@ import msgspec
 from processor.engine import events as ev
 from processor.engine.lifecycle import LATE, MERGED, Limits, TurnLife, finish, late_detail
 from processor.ingest.decode import EntryError, decode_entry, entry_size, turn_key
+from processor.wire.cancels import reason_of
 from processor.wire.ids import TurnKey
 from processor.wire.models import Event, TurnResult
 
@@ -58,7 +59,7 @@ class OfflineMerge:
         self._clock_ms = clock_ms
         self._last_ms = 0
         self.turns: dict[TurnKey, _Open] = {}
-        self.cancelled: set[str] = set()
+        self.cancelled: dict[str, str | None] = {}  # response id -> its cancel's reason
         self.dead: list[DeadLetter] = []
         # Dead letters of turns not started yet: counted once they start.
         self._early_dlq: dict[TurnKey, int] = {}
@@ -126,7 +127,7 @@ class OfflineMerge:
             life.counts.dlq += self._early_dlq.pop(key, 0)
             turn = self.turns[key] = _Open(life, [], ts)
             if key.response_id in self.cancelled:
-                life.cancel()  # a cancel that arrives first still wins
+                life.cancel(self.cancelled[key.response_id])  # a cancel that arrives first wins
                 turn.finished_ms = ts
         return turn
 
@@ -136,10 +137,16 @@ class OfflineMerge:
         except EntryError as exc:
             self._dead(line_no, source_id, exc.reason, exc.detail)
             return
-        self.cancelled.add(response_id)
+        reason = fields.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            self._dead(line_no, source_id, "invalid_entry",
+                       f"a cancel's reason is text, not {type(reason).__name__}", response_id)
+            return
+        # (as a worker reads a cancel key: its first 1 KiB, as text)
+        self.cancelled.setdefault(response_id, reason_of(reason))
         ts = self._ts(source_id)
         for key, turn in self.turns.items():
-            if key.response_id == response_id and turn.life.cancel():
+            if key.response_id == response_id and turn.life.cancel(self.cancelled[response_id]):
                 turn.finished_ms = ts
 
     def _ts(self, source_id: str) -> int:

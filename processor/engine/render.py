@@ -137,10 +137,12 @@ def replay_render(
     limits: Limits,
     now_ms: int,
     with_agui: bool = False,
+    cancel_reason: str | None = None,
 ) -> Settled | None:
     """Replay a turn's stored records in entry-id order and render its outputs
     (:func:`render`)."""
-    return render(key, replay(key, recs, limits), turn_hash, reason, now_ms, with_agui)
+    return render(key, replay(key, recs, limits), turn_hash, reason, now_ms, with_agui,
+                  cancel_reason=cancel_reason)
 
 
 def render(
@@ -151,11 +153,13 @@ def render(
     now_ms: int,
     with_agui: bool = False,
     response: Response | None = None,
+    cancel_reason: str | None = None,
 ) -> Settled | None:
     """End a replayed turn as ``reason`` says and render what ``finalise_turns``
     publishes. Consumes ``done`` (cancels or expires its life). ``response``:
     its merged response if the caller has it already (nothing fed since),
-    so that it is not rendered again.
+    so that it is not rendered again. ``cancel_reason``: for a ``cancel``, the
+    reason read from its key (:func:`processor.wire.cancels.reason_of`).
 
     Returns None when a ``closing`` turn turns out not to be finished (its
     closing record is not in the state any more), which only a concurrent
@@ -163,7 +167,7 @@ def render(
     """
     life = done.life
     if reason == "cancel":
-        life.cancel()
+        life.cancel(cancel_reason)
     elif reason == "timeout":
         life.expire()
     elif reason == "lost":

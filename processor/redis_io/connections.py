@@ -426,11 +426,10 @@ async def connect_retrying(
             if deadline is not None and loop.time() >= deadline:
                 raise SystemExit(f"{prog}: cannot reach Redis at {redact(options.url)} "
                                  f"(gave up after {give_up_after:g} s): {exc}") from None
-            log.warning(
-                "redis unreachable, retrying", extra={"url": redact(options.url), "error": str(exc)}
-            )
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - loop.time()))
+            log.warning("redis unreachable, retrying", extra={
+                "url": redact(options.url), "error": str(exc), "retry_in": round(delay, 1)})
             if stop is None:
                 await asyncio.sleep(delay)
             else:  # the delay, cut short by a stop request

@@ -63,7 +63,7 @@ NAMES = (
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
     "read_inputs", "create_namespace", "reshard_namespace", "dead_letter_lost",
     "publish_lost_turns", "recreate_group", "send_inbox", "admit_inbox",
-    "publish_live",
+    "publish_live", "cancel_turn",
 )
 
 

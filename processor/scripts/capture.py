@@ -34,6 +34,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from processor.redis_io.replies import as_text
 from processor.scripts import source
+from processor.wire.cancels import REASON_BYTES, reason_of
 from processor.wire.keys import Namespace, Shard
 
 _ID = re.compile(r"^\d+(-\d+)?$")
@@ -90,9 +91,13 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def cancel_line(response_id: str) -> bytes:
-    """The line ``processor merge`` reads as "the turn was cancelled here"."""
-    return msgspec.json.encode({"response_id": response_id, "kind": "cancel"})
+def cancel_line(response_id: str, reason: str | None = None) -> bytes:
+    """The line ``processor merge`` reads as "the turn was cancelled here"
+    (with the cancel's reason, when its key had one)."""
+    line = {"response_id": response_id, "kind": "cancel"}
+    if reason is not None:
+        line["reason"] = reason
+    return msgspec.json.encode(line)
 
 
 @dataclass
@@ -146,7 +151,10 @@ class Capture:
             if self._write(batch, write, warn):
                 break
             if cancelled and self.turn:
-                write(cancel_line(self.turn))
+                # Its reason as a worker reads it: the first 1 KiB, as text.
+                raw = await self.client.getrange(self.shards[0].cancel(self.turn), 0,
+                                                 REASON_BYTES - 1)
+                write(cancel_line(self.turn, reason_of(raw)))
                 break
             if not batch and not self.follow:
                 break

@@ -37,9 +37,11 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from processor.scripts import source
 
 #: The functions of the library, each ``processor/scripts/<name>.lua``: a send to
-#: the updates stream (``XADD``) and a send to the shard's inbox, which
-#: workers admit into the stream (:mod:`processor.worker.inbox`).
-FUNCTIONS = ("send_update", "send_inbox")
+#: the updates stream (``XADD``), a send to the shard's inbox, which
+#: workers admit into the stream (:mod:`processor.worker.inbox`), and a
+#: cancel (bounded; for a caller that may not write cancel keys, a request
+#: a worker carries out: :mod:`processor.worker.cancel_requests`).
+FUNCTIONS = ("send_update", "send_inbox", "cancel_turn")
 
 # (The second: redis-py's cluster client, once it read a 6.2 server's COMMAND
 # table, refuses FCALL itself: found when a client ran a script before it.)

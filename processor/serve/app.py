@@ -32,23 +32,24 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from processor.client import Producer
+from processor.client import CancelNotTaken, LibraryNotLoaded, Producer, joining
+from processor.client.joining import Join
 from processor.client.source import TurnSource
 from processor.client.turns import (
     Cursor,
     LiveEvent,
     MergedOutput,
-    Snapshot,
     TurnRef,
     parse_after,
 )
 from processor.redis_io.connections import is_redis_failure
-from processor.serve import formats, sse
+from processor.serve import formats, sse, ui_format
 from processor.serve.config import ServeConfig
 from processor.serve.gate import RedisGate
 from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 from processor.serve.tokens import Verdict, verify
+from processor.wire.cancels import REASON_BYTES, check_reason
 from processor.wire.ids import response_id_for_turn
 
 log = logging.getLogger("processor.serve")
@@ -59,8 +60,8 @@ REDIS_WAIT = 5.0
 RETRY_MS = 1000
 #: Seconds /readyz waits for Redis's answer.
 READY_TIMEOUT = 2.0
-#: The longest cancellation reason taken (the worker reads at most 1 KiB of it).
-MAX_REASON = 1024
+#: The longest cancellation reason taken, in bytes of UTF-8 (cancel_turn.lua's bound).
+MAX_REASON = REASON_BYTES
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
@@ -154,7 +155,7 @@ async def get_turn(request: web.Request) -> web.Response:
     if state.phase == "running":
         snapshot = await server.source.snapshot(turn)
         return _json(202, {"status": "running",
-                           "snapshot": msgspec.Raw(snapshot.data()) if snapshot else None})
+                           "snapshot": msgspec.Raw(snapshot.data) if snapshot else None})
     raise refusal(404, "unknown_turn", "no such turn: not started yet, never sent, or finished "
                   "longer ago than the workers remember (--done-ttl)")
 
@@ -175,16 +176,18 @@ async def cancel_turn(request: web.Request) -> web.Response:
                 from None
         given = body.get("reason") if isinstance(body, dict) else None
         if given is not None:
-            if not isinstance(given, str) or not given or len(given) > MAX_REASON:
-                raise refusal(400, "bad_request", f"reason must be text of 1 to {MAX_REASON} "
-                              "characters")
+            try:
+                check_reason(given)
+            except ValueError as exc:
+                raise refusal(400, "bad_request", f"reason: {exc}") from None
             reason = given
     server.metrics.redis_calls.labels("cancel").inc()
     async with server.slots.slot():
-        if turn.turn_id:
-            await server.producer.cancel(None, reason, turn_id=turn.turn_id)
-        else:
-            await server.producer.cancel(turn.response_id, reason)
+        try:  # (the serve ACL user asks the workers: cancel_turn.lua)
+            await server.producer.cancel(turn.response_id if not turn.turn_id else None, reason,
+                                         turn_id=turn.turn_id or None)
+        except (CancelNotTaken, LibraryNotLoaded) as exc:
+            raise refusal(503, "cancel_not_taken", str(exc)) from None
     log.info("turn cancelled", extra={"response_id": turn.response_id})
     return _json(202, {"cancelled": turn.response_id})
 
@@ -264,11 +267,22 @@ class EventStream:
             if items is None:
                 if subscription.dropped:
                     raise SlowClient
-                return  # the server is stopping: the client reconnects to another
+                self.cut()  # the server is stopping: the client reconnects to another
+                return
             if items:
                 await self.send(items)
             else:
                 await self.write([sse.comment("ping")], 0)
+
+    def cut(self) -> None:
+        """End the stream as a broken connection ends, without the chunked
+        body's last chunk: every client takes it for a fault and reconnects
+        with its last id, also one that takes a clean end for the end of the
+        turn (``@microsoft/fetch-event-source``'s default handlers resolve
+        their promise then). ``EventSource`` reconnects either way."""
+        self.response.force_close()
+        if self.request.transport is not None:
+            self.request.transport.abort()
 
     async def gone(self, status: str | None) -> None:
         """A finished turn whose terminal event is no longer in its stream:
@@ -285,58 +299,29 @@ class EventStream:
                                   "response_id": self.turn.response_id,
                                   "last_event_id": self.cursor.resume_id})
         self.response.force_close()  # no keep-alive for a connection that fell behind
+        told = False
         with contextlib.suppress(SlowClient, ConnectionError):
             await self.write([notice], 1)
+            told = True
+        transport = self.request.transport
+        if transport is None:
             return
-        if self.request.transport is not None:
-            self.request.transport.abort()
-
-
-@dataclass
-class Join:
-    """What a stream sends before the live feed (docs/serve.md, "Joining and resuming")."""
-
-    snapshot: Snapshot | None = None
-    past: list[LiveEvent | MergedOutput] = field(default_factory=list)
-    folded: list[LiveEvent] = field(default_factory=list)  # the client has them (AG-UI's state)
-    gone: bool = False  # finished, and its terminal event is no longer retained
-    status: str | None = None  # of a finished turn
-    has_all: bool = False  # the client has the terminal event already: 204
+        # Ended without the last chunk, as :meth:`cut` does (a client that took
+        # a clean end for the turn's end would not resume): closed once what
+        # was written (the notice) is out, or at once if it could not be written.
+        if told:
+            transport.close()
+        else:
+            transport.abort()
 
 
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
-    """A finished turn: its merged response and terminal event. A running
-    one: a snapshot (a fresh join, when the source has one), else the events
-    after ``after``. A turn not started yet: nothing (the feed brings it).
-    ``whole``: a running turn's history is read from its start, and what the
-    client has (up to ``after`` or the snapshot) comes back in ``folded``
-    (an AG-UI stream's ids depend on the events before)."""
-    server.metrics.redis_calls.labels("state").inc()
-    state = await server.source.state(turn)
-    if state.phase == "finished":
-        server.metrics.redis_calls.labels("final").inc()
-        # A native resume gets the events it missed before the end (AG-UI's
-        # MESSAGES_SNAPSHOT replaces them); the merged event makes the end
-        # exact if they are no longer there.
-        final = await server.source.final(turn, None if whole else after)
-        if final.terminal is not None and after is not None and after >= final.terminal.seq:
-            return Join(has_all=True)
-        missed: list[LiveEvent | MergedOutput] = list(final.missed) if final.complete else []
-        past = missed + [item for item in (final.merged, final.terminal) if item is not None]
-        return Join(past=past, gone=final.terminal is None, status=state.status)
-    if state.phase == "unknown":
-        return Join()
-    snapshot = await server.source.snapshot(turn) if after is None else None
-    if snapshot is not None and not whole:
-        return Join(snapshot=snapshot)
-    server.metrics.redis_calls.labels("history").inc()
-    has = snapshot.seq if snapshot is not None else -1 if after is None else after
-    history = await server.source.history(turn, -1 if whole else has)
-    if not history.complete:
+    """What the stream sends before the live feed (:func:`processor.client.joining.join`)."""
+    start = await joining.join(server.source, turn, after, whole=whole,
+                               count=lambda kind: server.metrics.redis_calls.labels(kind).inc())
+    if start.incomplete:
         server.metrics.incomplete_history.inc()
-    folded = [event for event in history.events if event.seq <= has]
-    past = [event for event in history.events if event.seq > has]
-    return Join(snapshot=snapshot, past=list(past), folded=folded)
+    return start
 
 
 async def turn_events(request: web.Request) -> web.StreamResponse:
@@ -391,11 +376,97 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
         server.metrics.redis_errors.inc()
         log.warning("stream ended by a redis failure", extra={
             "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+        stream.cut()  # the client resumes (on another replica, or once Redis is back)
     finally:
         server.hub.unsubscribe(subscription)
         if opened:
             server.metrics.open_streams.dec()
     return stream.response
+
+
+# --------------------------------------------------------------------------- AI SDK
+
+#: The longest ``?wait=`` a UI message stream takes, in seconds.
+MAX_WAIT = 60.0
+
+
+async def turn_ui_stream(request: web.Request) -> web.StreamResponse:
+    """The turn as the AI SDK's UI message stream (docs/serve.md, "The AI
+    SDK"): what ``DefaultChatTransport.reconnectToStream`` asks for with
+    ``api`` set to ``/v1/turns``. A turn the server does not know: 204 (the
+    AI SDK's "nothing to resume"), at once or, with ``?wait=<seconds>``, if
+    it has not started by then. Every connection is a fresh join."""
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT:  # (also NaN)
+        raise refusal(400, "bad_request", f"wait must be 0 to {MAX_WAIT:g} seconds")
+    try:  # subscribed before the past is read: nothing falls between the two
+        subscription = await asyncio.wait_for(
+            server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
+    except TimeoutError:
+        raise refusal(503, "not_ready", "not reading Redis yet") from None
+    fmt = ui_format.UiMessages(turn)
+    stream = EventStream(server, request, turn, Cursor(), fmt)
+    stream.response.headers[ui_format.HEADER[0]] = ui_format.HEADER[1]
+    opened = False
+    try:
+        start = await join(server, turn, None)
+        early: list[LiveEvent | MergedOutput] = []
+        if start.unknown:
+            early = await _started(subscription, wait)
+            if not early:
+                return web.Response(status=204)  # useChat: no stream to resume
+        server.metrics.open_streams.inc()
+        server.metrics.streams.inc()
+        opened = True
+        await stream.open()
+        if start.snapshot is not None:
+            stream.cursor.jump(start.snapshot.seq)
+            frames = fmt.snapshot(start.snapshot, None)
+            await stream.write(frames, len(frames))
+        await stream.send([*start.past, *early])
+        if start.gone:
+            await stream.gone(start.status)
+            return stream.response
+        await stream.follow(subscription)
+    except SlowClient:
+        await stream.drop()
+    except ConnectionError:
+        pass
+    except Exception as exc:
+        if not opened or not is_redis_failure(exc):
+            raise
+        server.metrics.redis_errors.inc()
+        log.warning("stream ended by a redis failure", extra={
+            "response_id": turn.response_id, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        server.hub.unsubscribe(subscription)
+        if opened:
+            server.metrics.open_streams.dec()
+    if not stream.cursor.ended and request.transport is not None:
+        # Cut before its end (the server stopping, a slow client, Redis): a
+        # broken connection, not a clean end, so that useChat takes it as a
+        # disconnect (resumable) and not as a finished, truncated message.
+        request.transport.abort()
+    return stream.response
+
+
+async def _started(subscription: Subscription, wait: float) -> list[LiveEvent | MergedOutput]:
+    """What the feed brings of a turn not started yet within ``wait`` seconds
+    (nothing: it did not start)."""
+    deadline = time.monotonic() + wait
+    while True:  # (once at least: it may have started since the join read its state)
+        left = deadline - time.monotonic()
+        items = await subscription.take(max(0.0, left))
+        if items is None:
+            return []
+        if items or left <= 0:
+            return items
 
 
 # --------------------------------------------------------------------------- page
@@ -431,11 +502,24 @@ PAGE = web.AppKey("page", Page)
 
 
 async def view(request: web.Request) -> web.Response:
+    """The page, also for a request the stream would refuse (a bad or expired
+    token, a bad turn_id): then with the refusal's status, and the page says
+    what happened in words, from its event stream's answer (one place for
+    those words: the page, for a first load and a reconnect alike). The page
+    holds no data of the turn: its stream is authorised on its own."""
     server = request.app[SERVER]
-    turn = turn_of(request)
-    server.authorize(request, turn.response_id)
+    status, headers = 200, {}
+    try:
+        turn = turn_of(request)
+        server.authorize(request, turn.response_id)
+    except web.HTTPException as refused:
+        status = refused.status
+        if "WWW-Authenticate" in refused.headers:
+            headers["WWW-Authenticate"] = refused.headers["WWW-Authenticate"]
     page = request.app[PAGE]
-    return web.Response(body=page.html, content_type="text/html", charset="utf-8", headers={
+    return web.Response(status=status, body=page.html, content_type="text/html",
+                        charset="utf-8", headers={
+        **headers,
         "Content-Security-Policy": page.policy,
         "Referrer-Policy": "no-referrer",  # the URL holds the token
         "Cache-Control": "no-store",
@@ -560,6 +644,7 @@ def make_app(server: Server) -> web.Application:
     turn = "/v1/turns/{response_id:[^/]+}"
     app.router.add_get(turn, get_turn)
     app.router.add_get(turn + "/events", turn_events)
+    app.router.add_get(turn + "/stream", turn_ui_stream)
     app.router.add_post(turn + "/cancel", cancel_turn)
     app.router.add_get(turn + "/view", view)
     app.router.add_get("/healthz", healthz)

@@ -13,6 +13,7 @@ from processor.redis_io.connections import RedisOptions
 from processor.serve.tokens import MIN_SECRET_LENGTH
 from processor.service import options
 from processor.service.options import (
+    LOG_FORMAT,
     LOG_LEVEL,
     NAMESPACE,
     SHARDS,
@@ -61,6 +62,7 @@ OPTIONS: tuple[Option, ...] = (
            "workers' default --max-turn-bytes); past it the client gets what stays exact, the "
            "merged response at the end", 4096),
     LOG_LEVEL,
+    LOG_FORMAT,
     SSL_CA_CERTS,
     SSL_CERTFILE,
     SSL_KEYFILE,
@@ -81,6 +83,7 @@ class ServeConfig:
     client_queue: int
     write_timeout: float
     log_level: str
+    log_format: str = "auto"  # --log-format (processor.logs.formatter)
     # Where --shards came from ("" when not given): the namespace's record
     # says the count (processor.scripts.meta), a given one is checked against it.
     shards_from: str = ""
@@ -135,6 +138,7 @@ def resolve(
         client_queue=values["client_queue"],
         write_timeout=values["write_timeout"],
         log_level=values["log_level"],
+        log_format=values["log_format"],
         shards_from=given.get("shards", ""),
         redis_connections=values["redis_connections"],
         header_timeout=values["header_timeout"],

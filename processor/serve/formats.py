@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from processor.client import joining
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine import agui
 from processor.serve import sse
@@ -56,15 +57,16 @@ class Native:
         pass
 
     def snapshot(self, snapshot: Snapshot, first: LiveEvent | None) -> list[bytes]:
-        return [sse.frame(snapshot.data(), id=str(snapshot.seq))]
+        return [sse.frame(snapshot.data, id=str(snapshot.seq))]
 
     def event(self, event: LiveEvent, merged: MergedOutput | None) -> list[bytes]:
-        head = [sse.frame(merged.data())] if merged is not None and event.terminal else []
+        head = [sse.frame(merged.data)] if merged is not None and event.terminal else []
         return [*head, sse.frame(event.data, id=str(event.seq))]
 
     def gone(self, turn: TurnRef, merged: MergedOutput | None, status: str | None) -> list[bytes]:
         notice = json.dumps({"type": "gone", "response_id": turn.response_id, "status": status})
-        return [*([sse.frame(merged.data())] if merged else []), sse.frame(notice)]
+        return [*([sse.frame(merged.data)] if merged else []),
+                sse.frame(notice, id=str(joining.GONE_ID))]
 
     def notice(self, body: dict[str, Any]) -> bytes:
         return sse.frame(json.dumps(body))

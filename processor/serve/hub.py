@@ -142,6 +142,10 @@ class Hub:
             raise
         return subscription
 
+    def followers(self, response_id: str) -> int:
+        """How many open streams follow ``response_id`` here."""
+        return len(self._subs.get(response_id, ()))
+
     def unsubscribe(self, subscription: Subscription) -> None:
         subs = self._subs.get(subscription.turn.response_id)
         if subs is not None:

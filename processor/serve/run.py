@@ -128,7 +128,7 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 def main(config: ServeConfig) -> int:
-    logs.setup(config.log_level, libraries=True)
+    logs.setup(config.log_level, fmt=config.log_format, libraries=True)
     try:
         return asyncio.run(serve(config))
     except socket.gaierror as exc:

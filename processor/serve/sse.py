@@ -33,14 +33,19 @@ def frame(data: bytes | str, *, id: str | None = None, event: str | None = None)
 
 
 def comment(text: str) -> bytes:
-    """A comment (``: text``): readers ignore it; proxies see the stream alive."""
+    """A comment (``: text``): readers ignore it; proxies see the stream alive.
+    No blank line after it: that would dispatch an event with no data, which
+    ``EventSource`` drops but ``@microsoft/fetch-event-source`` hands to
+    ``onmessage`` (``data: ""``, which a ``JSON.parse`` throws on)."""
     lines = _LINE_BREAK.split(text)
-    return _utf8("".join(f": {line}\n" for line in lines)) + b"\n"
+    return _utf8("".join(f": {line}\n" for line in lines))
 
 
 def retry(milliseconds: int) -> bytes:
-    """How long a reader waits before it reconnects after the stream breaks."""
-    return f"retry: {int(milliseconds)}\n\n".encode("ascii")
+    """How long a reader waits before it reconnects after the stream breaks
+    (a field line of its own: it takes effect as it is read, and, as with
+    :func:`comment`, no blank line dispatches an empty event)."""
+    return f"retry: {int(milliseconds)}\n".encode("ascii")
 
 
 def _field_value(name: str, value: str) -> bytes:

@@ -16,6 +16,7 @@ from typing import Any
 from processor.engine.lifecycle import Limits
 from processor.service import options
 from processor.service.options import (
+    LOG_FORMAT,
     LOG_LEVEL,
     NAMESPACE,
     SHARDS,
@@ -88,6 +89,7 @@ OPTIONS: tuple[Option, ...] = (
            "stored path (the stream keeps every entry since the oldest held one; held "
            "entries' idle time is reset every third of --reclaim-idle-ms)", 1),
     LOG_LEVEL,
+    LOG_FORMAT,
     Option("log_interval", _number, 60.0, "seconds between progress lines in the log at "
            "info: turns published, entries applied, their rates, dead letters, lag "
            "(0 = none)", 0),
@@ -96,14 +98,14 @@ OPTIONS: tuple[Option, ...] = (
     SSL_CA_CERTS,
     SSL_CERTFILE,
     SSL_KEYFILE,
-    Option("connect_timeout", _number, 60.0, "processor init only: seconds to keep retrying "
+    Option("connect_timeout", _number, 10.0, "processor init only: seconds to keep retrying "
            "an unreachable Redis before giving up with exit status 1", 0),
 )
 
 #: The options of the operator tools (stats, tail, dlq, cancel, capture).
 TOOL_OPTIONS = ("namespace", "shards", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 #: The options ``processor init`` uses.
-INIT_OPTIONS = ("namespace", "shards", "group", "connect_timeout", "log_level",
+INIT_OPTIONS = ("namespace", "shards", "group", "connect_timeout", "log_level", "log_format",
                 "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 #: The options ``processor run`` takes: all but init's own.
 RUN_OPTIONS = tuple(opt.name for opt in OPTIONS if opt.name != "connect_timeout")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from processor.logs import FORMATS
 from processor.redis_io.connections import redact
 from processor.wire.keys import DEFAULT_NAMESPACE
 
@@ -68,6 +69,8 @@ SHARDS = Option("shards", int, 1, "number of shards S of a new namespace; a name
                 "the count its record ({ns:0}:meta) got when it was created, and a different "
                 "value is refused (docs/cluster.md: changing it)", 1)
 LOG_LEVEL = Option("log_level", str, "info", "debug, info, warning or error")
+LOG_FORMAT = Option("log_format", str, "auto", "json (one object a line), text (one line for "
+                    "a person) or auto: text when stderr is a terminal, else json")
 SSL_CA_CERTS = Option("ssl_ca_certs", str, None, "CA bundle for rediss:// URLs")
 SSL_CERTFILE = Option("ssl_certfile", str, None, "client certificate for rediss:// URLs")
 SSL_KEYFILE = Option("ssl_keyfile", str, None, "client key for rediss:// URLs")
@@ -177,6 +180,9 @@ def connection_checks(values: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"log level must be debug, info, warning or error, got {values['log_level']!r}"
         )
+    if values.get("log_format", "auto") not in FORMATS:
+        problems.append(f"--log-format must be {', '.join(FORMATS[:-1])} or {FORMATS[-1]}, "
+                        f"got {values['log_format']!r}")
     url = values["redis_url"]
     if url:
         problems += url_problems(url)

@@ -198,16 +198,23 @@ def serve_metrics(values: dict[str, Any], health: Health) -> Server | None:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    """``processor cancel``: SET the cancellation key with a TTL (via the client,
-    so the CLI and producers route the key the same way)."""
-    from processor.client import Producer
+    """``processor cancel``: set the cancellation key with a TTL (via the client's
+    ``cancel_turn`` function, so the CLI and producers route and bound the key
+    the same way)."""
+    from processor.client import CancelNotTaken, LibraryNotLoaded, Producer
     from processor.service.tool_shell import fail, run_tool
+    from processor.wire.cancels import check_reason, check_ttl
     from processor.wire.ids import TurnKey, response_id_for_turn
     from processor.wire.keys import Namespace
 
     if args.turn_id and args.response_id != response_id_for_turn(args.turn_id):
         return fail("cancel", f"turn_id {args.turn_id!r} has the ResponseId "
                     f"{response_id_for_turn(args.turn_id)!r}, not {args.response_id!r}", 2)
+    try:
+        check_reason(args.reason)
+        check_ttl(args.ttl)
+    except ValueError as exc:
+        return fail("cancel", str(exc), 2)
 
     async def body(client: Any, keys: Namespace) -> int:
         # A turn that has ended (its done marker, kept --done-ttl) is left alone.
@@ -223,9 +230,17 @@ def cancel(args: argparse.Namespace) -> int:
             return 0
         producer = Producer(client, namespace=keys.name, shards=keys.shards)
         rid = None if args.turn_id else args.response_id
-        await producer.cancel(rid, reason=args.reason, ttl=args.ttl, turn_id=args.turn_id)
+        try:
+            outcome = await producer.cancel(rid, reason=args.reason, ttl=args.ttl,
+                                            turn_id=args.turn_id)
+        except (CancelNotTaken, LibraryNotLoaded) as exc:
+            return fail("cancel", str(exc), 1)
         key = producer.cancel_key(rid, turn_id=args.turn_id)
-        print(f"cancelled {args.response_id} ({key}, ttl {args.ttl}s)")
+        if outcome == "kept":
+            print(f"{args.response_id} was cancelled already ({key}): its reason kept, "
+                  f"its TTL at least {args.ttl}s")
+        else:
+            print(f"cancelled {args.response_id} ({key}, ttl {args.ttl}s)")
         return 0
 
     return run_tool("cancel", args, body)

@@ -94,17 +94,38 @@ def run_tool(
         return fail(prog, str(exc), 1)
     except NamespaceError as exc:  # --shards disagrees with the record, or a bad record
         return fail(prog, str(exc), 2 if isinstance(exc, Mismatch) else 1)
-    except BrokenPipeError:
-        # The reader went away (| head): stop quietly, and keep the interpreter's
-        # final flush of stdout from failing again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError as exc:
+        if stdout_closed():  # the reader went away (| head): quietly
+            return 0
+        return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
     except TRANSIENT as exc:
         return fail(prog, f"Redis at {redact(url)} failed: {exc}", 1)
     except RedisError as exc:  # an error reply: NOPERM for a user without the command, ...
         return fail(prog, f"Redis at {redact(url)} refused: {exc}", 1)
     except KeyboardInterrupt:  # before a tool installed its own handler
         return 130
+
+
+def stdout_closed() -> bool:
+    """After a ``BrokenPipeError``: whether it was stdout's reader that went
+    away (``| head`` exited). If so, stdout now writes to /dev/null, so that
+    nothing still buffered fails again at the interpreter's exit (Python's
+    advice, docs.python.org/3/library/signal.html#note-on-sigpipe); a broken
+    pipe elsewhere (a socket) is not this and is raised as it was. Not
+    SIGPIPE's default action instead: it would also kill a command whose
+    Redis connection breaks."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # replaced (tests) or closed
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poll.poll(0)):
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True
 
 
 def redis_options(url: str, args: argparse.Namespace) -> RedisOptions:

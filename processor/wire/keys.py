@@ -35,6 +35,10 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:0}:workers:<group>`` zset: consumer -> last heartbeat (ms), the live
   workers of a group that split the shards (shard affinity); one per
   namespace, under shard 0's hash tag
+- ``{ns:0}:cancels`` a Pub/Sub channel, not a key: cancel requests of clients
+  that may not write cancel keys (the ``serve`` and ``producer`` ACL users),
+  published by ``cancel_turn.lua``; every worker takes them
+  (:mod:`processor.worker.cancel_requests`) and sets the key itself
 - ``{ns:0}:meta`` hash: the namespace's record (shards, group, epoch), written
   once by ``processor init`` or the first worker, read by every party
   (:mod:`processor.scripts.meta`); one per namespace, under shard 0's hash tag
@@ -157,3 +161,20 @@ class Namespace:
     def shard_for(self, routing_id: str) -> Shard:
         """The shard of a turn: from its response_id, or its turn_id when it has none."""
         return Shard(self.name, shard_of(routing_id, self.shards))
+
+    @property
+    def cancels(self) -> str:
+        """The Pub/Sub channel of the namespace's cancel requests (``cancel_turn.lua``)."""
+        return f"{self.shard(0).tag}:cancels"
+
+    def cancel_key_shard(self, key: str) -> Shard | None:
+        """The shard whose cancellation key ``key`` is (:meth:`Shard.cancel`),
+        or None when it is not one of this namespace's."""
+        head, sep, _response_id = key.partition("}:cancel:")
+        prefix = f"{{{self.name}:"
+        if not sep or not _response_id or not head.startswith(prefix):
+            return None
+        index = head[len(prefix):]
+        if not index.isdigit() or index != str(int(index)) or int(index) >= self.shards:
+            return None
+        return self.shard(int(index))

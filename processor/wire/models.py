@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from processor.wire.cancels import REASON_BYTES
+
 # ---------------------------------------------------------------- inputs
 
 EntryKind = Literal["update", "end", "error"]
@@ -203,6 +205,11 @@ class Counts(msgspec.Struct):
     messages: int = 0
 
 
+#: A cancel's reason as the outputs carry it: at most 1,024 characters
+#: (processor.wire.cancels.reason_of: the first 1 KiB of the key's value).
+CancelReason = Annotated[str, msgspec.Meta(max_length=REASON_BYTES)]
+
+
 class ErrorInfo(msgspec.Struct):
     code: str
     message: str
@@ -221,6 +228,10 @@ class Meta(msgspec.Struct):
     started_ms: int | None
     finished_ms: int | None
     error: ErrorInfo | None = None
+    #: A cancelled turn's reason (its cancel key's value, at most 1 KiB of it
+    #: read: docs/contract.md §6); null for any other turn, or a cancel key
+    #: that had no value left to read.
+    cancel_reason: CancelReason | None = None
 
 
 class Agent(msgspec.Struct):
@@ -253,13 +264,22 @@ class SynthesisStarted(_EventBase, tag="synthesis.started", kw_only=True):
 class SynthesisChunk(_EventBase, tag="synthesis.chunk", kw_only=True):
     """A text delta of one message (live progress, :mod:`processor.engine.live`):
     appended to what the message's earlier chunks said, or, with
-    ``replace``, its whole text so far (the merge rewrote it)."""
+    ``replace``, its whole text so far (the merge rewrote it).
+
+    ``role`` and ``previous_message_id`` place the message as the merged
+    response does: its role there, and the id of the message just before it
+    (None: it is the first). Both None on the empty ``replace`` chunk of a
+    message no longer in the merge, and on ``processor merge --progress``'s
+    chunks (one per entry, not the merge's). The same on every live event
+    of a message (reasoning, call and result events)."""
 
     message_id: str | None
     agent_id: str | None
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
@@ -270,6 +290,8 @@ class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
@@ -285,6 +307,8 @@ class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
     author_name: str | None
     delta: str
     replace: bool = False
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 class ToolResult(_EventBase, tag="tool_result", kw_only=True):
@@ -297,6 +321,8 @@ class ToolResult(_EventBase, tag="tool_result", kw_only=True):
     agent_id: str | None
     author_name: str | None
     result: Any
+    role: str | None = None
+    previous_message_id: str | None = None
 
 
 StepKind = Literal["thinking", "tool_call", "tool_result", "text"]
@@ -326,6 +352,7 @@ class Synthesis(_EventBase, tag="synthesis", kw_only=True):
     counts: Counts
     agents: list[Agent]
     error: ErrorInfo | None = None
+    cancel_reason: CancelReason | None = None  # as Meta.cancel_reason
 
 
 Event = (SynthesisStarted | SynthesisChunk | ReasoningChunk | ToolCallChunk | ToolResult | Step

@@ -93,6 +93,17 @@ class ApplyCall:
                 found.append((as_text(flat[i]), as_text(flat[i + 3]), tk))
         return found
 
+    def dead_by_turn(self) -> dict[TurnKey, int]:
+        """How many entries of each turn this call asks ``apply_entries`` to
+        dead-letter (each moves a started turn's version, as a record does:
+        :mod:`processor.worker.stored.mirror` keeps its copy across them)."""
+        counts: dict[TurnKey, int] = {}
+        for _, _, tk in self.dead_letters():
+            if tk:
+                key = TurnKey.decode(tk)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def argv(self, consumer: str = "", floor: str = "") -> list[Any]:
         """The ARGV, with the calling consumer and its floor (``floor`` of
         includes/watermark.lua, given only with --hold-turns) in their place."""

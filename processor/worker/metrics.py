@@ -133,6 +133,10 @@ class Metrics:
         self.inbox_admitted = Counter(
             "processor_inbox_admitted", "Entries this worker moved from a shard's inbox "
             "(Producer(inbox=True)) into its updates stream", ["shard"], registry=r)
+        self.cancel_requests = Counter(
+            "processor_cancel_requests", "Cancel requests taken from the namespace's channel "
+            "(clients that may not SET cancel keys), by outcome: set, kept (a cancel was "
+            "there), refused (malformed or out of bounds)", ["outcome"], registry=r)
         self.inbox_length = Gauge(
             "processor_inbox_length", "Entries waiting in the shard's inbox (sampled)",
             ["shard"], registry=r)

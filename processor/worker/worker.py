@@ -32,6 +32,7 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
 from processor.worker.batches import ApplyCall, parse_member
 from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
+from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer
 from processor.worker.continuity import Continuity, is_nogroup
 from processor.worker.held.held_batch import HeldCall
@@ -110,6 +111,7 @@ class Worker:
         self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
                                  self.membership, self.metrics, self.dead_letters,
                                  config.dlq_maxlen)
+        self.cancel_requests = CancelRequests(client, self.namespace, self.metrics)
         self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
                                      self.apply_isolated, self.stop, self._stopping,
                                      self.ensure_groups)
@@ -174,6 +176,7 @@ class Worker:
             await asyncio.gather(self.membership.run(self._stopping),
                                  self.continuity.watch_namespace(),
                                  self.admitter.run(self._stopping),
+                                 self.cancel_requests.run(self._stopping),
                                  *(runner.run() for runner in self._runners.values()))
         finally:
             await self.membership.leave()

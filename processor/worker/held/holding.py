@@ -33,7 +33,7 @@ from processor.worker.membership import Membership
 from processor.worker.publishing import LivePublisher, Rendered
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
-from processor.worker.stored.storing import StoredPath
+from processor.worker.stored.storing import StoredPath, cancel_reasons
 
 log = logging.getLogger("processor.worker")
 
@@ -146,7 +146,7 @@ class HeldPath:
 
     async def _finalise_held(
         self, shard: Shard, todo: dict[TurnKey, Reason], rendered: Rendered | None = None,
-        defer: bool = False,
+        defer: bool = False, reasons: Mapping[TurnKey, str | None] | None = None,
     ) -> list[TurnKey]:
         """Publish held turns, ended (``closing``), cancelled or timed out,
         with what is held of them; spill any that finalise_held refuses.
@@ -159,7 +159,8 @@ class HeldPath:
         next batch, and :meth:`settle` commits it before anything next
         reads or changes the held turns (the next finalise, a spill, a
         sweep's, a take-back or a reclaim; the next batch first if it has
-        an entry of one of them)."""
+        an entry of one of them). ``reasons``: the cancelled turns' reasons
+        (:func:`~processor.worker.stored.storing.cancel_reasons`)."""
         state = self.shards[shard.index]
         if state.unknown_pending():
             # One of them may be a held turn's: finalise_held's argument needs
@@ -185,7 +186,8 @@ class HeldPath:
                 known = None  # (fed since: its events would not end at its merge)
             with self.metrics.timed(self.metrics.merge_seconds):
                 outcome = render(key, held.replay, held.turn_hash(), reason, now,
-                                 self.config.agui, known[1] if known else None)
+                                 self.config.agui, known[1] if known else None,
+                                 (reasons or {}).get(key))
             if outcome is not None:
                 settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else "",
                                 known[2] if known else [], known[3] if known else 0))
@@ -335,7 +337,8 @@ class HeldPath:
                                        if why != "closing" and key in holds}
         if held:
             await self.settle(shard)
-            for key in await self._finalise_held(shard, held):
+            reasons = await cancel_reasons(self.client, shard, held)
+            for key in await self._finalise_held(shard, held, reasons=reasons):
                 del todo[key]
 
     async def spill_ready(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:

@@ -8,11 +8,16 @@ kept while this worker stored *every* record of the turn, in entry-id
 order. ``apply_entries`` reports each turn's version before and after a call
 and how many records it stored; a mirror whose version is not exactly the
 one before, or a call that did not store every entry it was given for the
-turn, or an entry older than the mirror's last one (a reclaimed entry), and
-the mirror is dropped (a dead letter or a dropped entry of the turn moves
-its version too). The finalise uses a mirror only if the turn hash it reads
-has the mirror's version and start time, or, without reading it, if the
-apply call that made the turn ready left it at the mirror's version
+turn, or whose version moved by more than those records and the turn's
+dead letters the worker asked for (each counted in the turn's hash, as the
+mirror counts them), or an entry older than the mirror's last one (a
+reclaimed entry), and the mirror is dropped (a dropped entry of the turn,
+or one dead-lettered by the script itself, moves its version too). A dead
+letter the worker decided (an entry that does not decode) no longer drops
+it: the turn's live progress, told from the mirror, goes on after it.
+The finalise uses a mirror only if the turn hash it reads has the
+mirror's version and start time, or, without reading it, if the apply
+call that made the turn ready left it at the mirror's version
 (:meth:`Mirrors.update` names those turns); ``finalise_turns`` checks that
 version again atomically with the publish: whatever happened since, the
 published response is the replay of exactly the stored records, as before.
@@ -23,6 +28,7 @@ Bounded: at most ``max_turns`` mirrors and ``max_bytes`` of their entries
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -73,11 +79,15 @@ class TurnCopy:
     replay: Replay
     started: str  # ms, as the turn's hash has it
     version: int = 0
+    dlq: int = 0  # the turn's dead letters counted in its hash (``dlq``)
 
     def turn_hash(self) -> dict[bytes, bytes]:
-        """The turn's hash as this copy knows it: its version and start, and
-        nothing dropped or dead-lettered (either moves the version past a mirror)."""
-        return {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+        """The turn's hash as this copy knows it: its version, start and count
+        of dead letters, and nothing dropped (that moves the version past a mirror)."""
+        known = {b"ver": str(self.version).encode(), b"started": self.started.encode()}
+        if self.dlq:
+            known[b"dlq"] = str(self.dlq).encode()
+        return known
 
 
 @dataclass
@@ -113,22 +123,27 @@ class _Fed:
         self.count = 0
         self.last = ""
 
-    def confirmed(self, version: Version) -> bool:
+    def confirmed(self, version: Version, dead: int) -> bool:
         started = self.mirror.started if self.known else None
-        return _confirms(version, started, self.version, self.count)
+        return _confirms(version, started, self.version, self.count, dead)
 
 
-def _confirms(version: Version, started: str | None, before: int, count: int) -> bool:
+def _confirms(version: Version, started: str | None, before: int, count: int,
+              dead: int = 0) -> bool:
     """Whether an ``apply_entries`` call that reported ``version`` for a turn
     stored exactly the ``count`` entries given for it on top of the mirror's
-    state: version ``before`` and start ``started`` (None: a turn not
-    followed yet, which must have had no record before the call)."""
+    state, and dead-lettered the ``dead`` the worker asked it to (each moves
+    a started turn's version by one, as a record does): version ``before``
+    and start ``started`` (None: a turn not followed yet, which must have
+    had nothing before the call: a dead letter before its first entry makes
+    its version start at 1)."""
     if started is None:
         if version.before != 0:
             return False  # records stored before this worker followed the turn
     elif started != version.started:
         return False  # a turn started again under the same key
-    return before == version.before and version.stored == count == version.after - version.before
+    return (before == version.before and version.stored == count
+            and version.after - version.before == count + dead)
 
 
 @dataclass
@@ -150,29 +165,34 @@ class Mirrors:
     bytes: int = 0
 
     def update(
-        self, applied: list[Applied], versions: dict[TurnKey, Version], newest: bool = False
+        self, applied: list[Applied], versions: dict[TurnKey, Version], newest: bool = False,
+        dead: Mapping[TurnKey, int] | None = None,
     ) -> set[TurnKey]:
         """Feed what one ``apply_entries`` call stored into the mirrors, and
         return the turns whose mirror is now exactly the state that call left.
         ``newest``: the entries came from one ``XREADGROUP >``, so they are
-        in id order and newer than anything applied before (no check needed)."""
+        in id order and newer than anything applied before (no check needed).
+        ``dead``: per turn, the entries the call was asked to dead-letter."""
         if self.max_turns == 0:
             return set()  # --mirror-turns 0: every finalise reads the records back
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
+        dead = dead or {}
         for key, version in versions.items():
-            self._keep(key, self._follow(key, version, by_turn.get(key, []), newest))
+            self._keep(key, self._follow(key, version, by_turn.get(key, []), newest,
+                                         dead.get(key, 0)))
         self._bound()
         return {key for key in versions if key in self.turns}
 
     def _follow(
-        self, key: TurnKey, version: Version, entries: list[Applied], newest: bool
+        self, key: TurnKey, version: Version, entries: list[Applied], newest: bool,
+        dead: int = 0,
     ) -> Mirror | None:
         """The turn's mirror after this call, or None when it cannot be trusted."""
         mirror = self.turns.get(key)
         started = mirror.started if mirror is not None else None
-        if not _confirms(version, started, mirror.version if mirror else 0, len(entries)):
+        if not _confirms(version, started, mirror.version if mirror else 0, len(entries), dead):
             return None
         if mirror is None:
             mirror = Mirror(Replay(TurnLife(key, self.limits)), version.started)
@@ -186,6 +206,7 @@ class Mirrors:
             feed(entry.entry_id, entry.record, entry.size)
         self.bytes += life.bytes - before
         mirror.version = version.after
+        mirror.dlq += dead
         return mirror
 
     def feed_ahead(self, applied: list[Applied], ahead: Ahead) -> None:
@@ -215,24 +236,27 @@ class Mirrors:
                 if fed.known:
                     self.bytes += fed.mirror.replay.life.bytes - fed.bytes
 
-    def confirm(self, ahead: Ahead, versions: dict[TurnKey, Version]) -> set[TurnKey]:
+    def confirm(self, ahead: Ahead, versions: dict[TurnKey, Version],
+                dead: Mapping[TurnKey, int] | None = None) -> set[TurnKey]:
         """What :meth:`update` returns, for a batch fed by :meth:`feed_ahead`
         (the same checks, made after feeding: a mirror that fails them is
         dropped, fed or not)."""
         if self.max_turns == 0:
             return set()
+        dead = dead or {}
         for key in ahead.turns.keys() - versions.keys():
             self.drop(key)  # (apply_entries reports every turn it was given)
         for key, version in versions.items():
             fed = ahead.turns.get(key)
             if fed is None:  # none of its entries in the batch: as update() does
-                self._keep(key, self._follow(key, version, [], True))
+                self._keep(key, self._follow(key, version, [], True, dead.get(key, 0)))
                 continue
-            if not fed.confirmed(version):
+            if not fed.confirmed(version, dead.get(key, 0)):
                 self.drop(key)
                 continue
             mirror = fed.mirror
             mirror.version, mirror.started = version.after, version.started
+            mirror.dlq += dead.get(key, 0)
             mirror.last_id = id_order(fed.last)
             if not fed.known:
                 self.turns[key] = mirror

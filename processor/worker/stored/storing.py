@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from processor.engine.render import Reason, Settled, render, replay_render, text_hash
 from processor.redis_io.connections import handed_over
 from processor.redis_io.replies import as_text
+from processor.wire.cancels import REASON_BYTES, reason_of
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (
@@ -35,6 +36,30 @@ from processor.worker.stored.compaction import compact_turns
 from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
 
 log = logging.getLogger("processor.worker")
+
+
+async def cancel_reasons(client: Any, shard: Shard,
+                         todo: Mapping[TurnKey, Reason]) -> dict[TurnKey, str | None]:
+    """The reason of each turn ``todo`` finalises as cancelled: the first
+    :data:`~processor.wire.cancels.REASON_BYTES` of its cancel key's value
+    (``GETRANGE``, never the whole value: an administrator's plain ``SET``
+    may be of any size), as text (:func:`~processor.wire.cancels.reason_of`).
+    None for a key gone meanwhile (expired), empty, or not a string."""
+    keys = [key for key, why in todo.items() if why == "cancel"]
+    if not keys:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.getrange(shard.cancel(key.response_id), 0, REASON_BYTES - 1)
+        raw = await pipe.execute(raise_on_error=False)
+    reasons: dict[TurnKey, str | None] = {}
+    for key, value in zip(keys, raw, strict=True):
+        if isinstance(value, Exception):
+            if not str(value).startswith("WRONGTYPE"):
+                raise value  # (a refused right, a lost connection: the finalise retries)
+            value = None  # an administrator's key of another type cancels, with no reason
+        reasons[key] = reason_of(value)
+    return reasons
 
 
 class StoredShard(Protocol):
@@ -116,7 +141,7 @@ class StoredPath:
         else:
             cancelled, ready, counts, full, versions = await applying
             lost = await self.losses.lost_under(shard, call, counts, parse_versions(versions))
-            fresh = set() if lost else self._follow(shard, call.applied, versions, call.newest)
+            fresh = set() if lost else self._follow(shard, call, versions)
         self.metrics.applied(counts)
         self._log_dead_letters(shard, call, counts)
         if lost is not None:  # the namespace's state found lost under this call
@@ -173,24 +198,23 @@ class StoredPath:
         if lost is not None:
             return (*reply, set(), lost)  # (the copies are published, then dropped)
         try:
-            fresh = mirrors.confirm(ahead, versions)
+            fresh = mirrors.confirm(ahead, versions, call.dead_by_turn())
         except Exception:
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             mirrors.forget(ahead)
             fresh = set()
         return (*reply, fresh, None)
 
-    def _follow(
-        self, shard: Shard, applied: list[Applied], versions: list[Any], newest: bool
-    ) -> set[TurnKey]:
+    def _follow(self, shard: Shard, call: ApplyCall, versions: list[Any]) -> set[TurnKey]:
         """Keep this worker's copies of the batch's turns (:mod:`processor.worker.stored.mirror`);
         returns the turns whose copy is the state this very call left."""
         mirrors = self.shards[shard.index].mirrors
         try:
-            return mirrors.update(applied, parse_versions(versions), newest)
+            return mirrors.update(call.applied, parse_versions(versions), call.newest,
+                                  call.dead_by_turn())
         except Exception:  # a copy is only a shortcut: without it the finalise reads back
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
-            for entry in applied:
+            for entry in call.applied:
                 mirrors.drop(entry.key)
             return set()
 
@@ -235,6 +259,7 @@ class StoredPath:
             keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
         if not keys:
             return {}
+        reasons = await cancel_reasons(self.client, shard, {k: todo[k] for k in keys})
         mirrors = self.shards[shard.index].mirrors
         copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
         # A closing turn whose copy the apply call just confirmed needs no read:
@@ -254,20 +279,23 @@ class StoredPath:
             turn_hash = hashes.get(key)
             stored = int(turn_hash.get(b"bytes", 0)) if turn_hash and key not in copies else 0
             if chunk and size + stored > FINALISE_BYTES:
-                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies,
+                                                        reasons))
                 chunk, size = [], 0
             chunk.append(key)
             size += stored
         if chunk:
-            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies))
+            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies,
+                                                        reasons))
         return again
 
     async def _finalise_chunk(
         self, shard: Shard, todo: dict[TurnKey, Reason], keys: list[TurnKey],
         known: dict[TurnKey, dict[Any, Any]], hashes: dict[TurnKey, dict[Any, Any]],
-        copies: dict[TurnKey, Mirror],
+        copies: dict[TurnKey, Mirror], reasons: dict[TurnKey, str | None],
     ) -> dict[TurnKey, Reason]:
-        """Settle and publish ``keys`` (one finalise_turns call); the turns to retry."""
+        """Settle and publish ``keys`` (one finalise_turns call); the turns to
+        retry. ``reasons``: the cancelled turns' (:func:`cancel_reasons`)."""
         reads = [key for key in keys if key not in known and key not in copies and hashes[key]]
         records = dict(zip(reads, await self._read_records(shard, reads), strict=True))
         now = now_ms()
@@ -290,7 +318,8 @@ class StoredPath:
                 again[key] = todo[key]  # changed behind this worker: read it back
                 continue
             try:
-                outcome = self._render(key, turn_hash, copy, recs, todo[key], now)
+                outcome = self._render(key, turn_hash, copy, recs, todo[key], now,
+                                       reasons.get(key))
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
                 continue
@@ -362,12 +391,15 @@ class StoredPath:
             return list(await pipe.execute())
 
     def _render(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
-                recs: dict[Any, Any] | None, reason: Reason, now: int) -> Settled | None:
+                recs: dict[Any, Any] | None, reason: Reason, now: int,
+                cancel_reason: str | None = None) -> Settled | None:
         """Render the turn from this worker's copy, or replay its stored records."""
         agui, limits = self.config.agui, self.config.limits
         with self.metrics.timed(self.metrics.merge_seconds):
             if copy is not None:
                 self.metrics.settled.labels("mirror").inc()
-                return render(key, copy.replay, turn_hash, reason, now, agui)
+                return render(key, copy.replay, turn_hash, reason, now, agui,
+                              cancel_reason=cancel_reason)
             self.metrics.settled.labels("replay").inc()
-            return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui)
+            return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui,
+                                 cancel_reason)

@@ -1,0 +1,464 @@
+"""The Vercel AI SDK's UI message stream (protocol v1) of one turn
+(``GET /v1/turns/{id}/stream``, docs/serve.md "The AI SDK").
+
+Pure: the worker's live events, a snapshot or the merged response in, UI
+message chunks (``UIMessageChunk`` JSON objects, as ``ai``'s
+``uiMessageChunkSchema`` has them) out; the serve side frames them as SSE.
+
+What a client builds from them (``readUIMessageStream``, ``useChat``): one
+assistant ``UIMessage`` per turn, ``id`` its synthesis id, in one step
+(``start``, ``start-step`` ... ``finish-step``, then ``finish``, ``abort``
+or ``error``). Its parts, in the merged response's order:
+
+- per merged message, one ``text`` part (chunk id: the message id) with the
+  message's text contents joined, where its first non-empty text is, and
+  one ``reasoning`` part (``id``: the message id) the same way;
+- per function call, a ``dynamic-tool`` part (``toolCallId``: the call's
+  id, ``~`` appended if another call of the turn has it; ``toolName``: its
+  name; ``providerExecuted``: the agent ran it, not the browser) with its
+  ``input``, the arguments as parsed JSON (``{}`` for none; arguments
+  that never became JSON stay ``input-streaming`` with their text as
+  ``rawInput``, or, once answered, are the input as a string), and its
+  ``output``, the result of the last function result naming the call
+  (``output-available``). Results that name no call of the turn, and
+  other contents (data, uri, errors, unknown types), stay in the merged
+  response only;
+- every part's ``providerMetadata`` (``callProviderMetadata`` for tools)
+  is ``{"processor": {"messageId", "authorName", "agentId"}}`` (the names
+  known): how a UI tells agents apart and sees a handoff.
+
+Live, the message grows by appends: deltas to open parts, new parts at the
+end. Every part stays open until the turn ends (agents interleave). When
+what the live events say can no longer be reached by appends (the merge
+rewrote the past: a ``replace`` chunk, a message folded into another, a
+call's input that changed after it was complete), the stream sends
+``reset-step``, which removes every part of the current step, and then
+the whole message as it now is. That is the only rewrite the protocol
+has, and it reaches only the current step: this is why a turn is one
+step (steps per agent would leave an earlier agent's text uncorrectable).
+At the end, the message is brought to the merged response the same way
+(appends when they suffice), so every client ends with the merged
+response's parts, however it joined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from processor.engine.live import arguments_text
+from processor.wire.models import Response
+
+#: One UI message chunk, as its JSON object.
+Chunk = dict[str, Any]
+
+#: The merged response's ``finish_reason`` -> the AI SDK's ``finishReason``.
+FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool-calls",
+                  "content_filter": "content-filter"}
+
+_encode = msgspec.json.Encoder().encode
+_EMPTY_INPUT = b"{}"
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Who wrote a part: its merged message's id, author and agent."""
+
+    message_id: str
+    author_name: str | None = None
+    agent_id: str | None = None
+
+    def provider_metadata(self) -> dict[str, dict[str, str]]:
+        named = {"messageId": self.message_id, "authorName": self.author_name,
+                 "agentId": self.agent_id}
+        return {"processor": {k: v for k, v in named.items() if v is not None}}
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """A ``text`` or ``reasoning`` part (``kind``), its chunk id and text."""
+
+    kind: str
+    id: str
+    text: str
+    meta: Meta
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPart:
+    """A ``dynamic-tool`` part. ``args``: the arguments as text so far;
+    ``done``: its input is known (``input``, JSON); ``output``: the result's
+    JSON, None before there is one."""
+
+    id: str
+    name: str
+    args: str
+    done: bool
+    input: bytes
+    output: bytes | None
+    meta: Meta
+
+
+Part = TextPart | ToolPart
+
+
+# --------------------------------------------------------------------------- the turn
+
+
+@dataclass
+class _Call:
+    call_id: str | None
+    name: str | None
+    args: str
+
+
+@dataclass
+class _Message:
+    meta: Meta
+    #: The parts of the message in order: ("text", 0), ("reasoning", 0), ("call", index).
+    order: list[tuple[str, int]] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=lambda: {"text": "", "reasoning": ""})
+    calls: dict[int, _Call] = field(default_factory=dict)
+    results: dict[int, tuple[str | None, bytes]] = field(default_factory=dict)
+
+
+_TEXT_KINDS = {"synthesis.chunk": "text", "reasoning.chunk": "reasoning"}
+#: The live events that change a turn's parts.
+LIVE_KINDS = frozenset({*_TEXT_KINDS, "tool_call.chunk", "tool_result"})
+
+
+class TurnParts:
+    """What a turn's parts are: built from a response (a snapshot, the
+    merged response) or moved by live events, the same way."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, _Message] = {}
+
+    @classmethod
+    def of_response(cls, response: Response) -> TurnParts:
+        turn = cls()
+        for message in response.messages:
+            mid = message.message_id or ""
+            meta = Meta(mid, message.author_name, message.additional_properties.get("agent_id"))
+            held = turn.messages.setdefault(mid, _Message(meta))
+            calls = results = 0
+            for content in message.contents:
+                kind = content.type
+                if kind in ("text", "text_reasoning"):
+                    part = "text" if kind == "text" else "reasoning"
+                    held.texts[part] += content.text or ""
+                    if content.text and (part, 0) not in held.order:
+                        held.order.append((part, 0))
+                elif kind == "function_call":
+                    held.calls[calls] = _Call(content.call_id, content.name,
+                                              arguments_text(content.arguments))
+                    held.order.append(("call", calls))
+                    calls += 1
+                elif kind == "function_result":
+                    held.results[results] = (content.call_id, _encode(content.result))
+                    results += 1
+        return turn
+
+    def apply(self, event: Mapping[str, Any]) -> _Message | None:
+        """Take in a live event (:mod:`processor.engine.live`); its message, or
+        None for an event that changes no part."""
+        kind = event.get("type")
+        if kind not in LIVE_KINDS or not _well_formed(kind, event):
+            return None
+        mid = event.get("message_id") or ""
+        held = self.messages.get(mid)
+        author, agent = event.get("author_name"), event.get("agent_id")
+        if held is None:
+            held = self.messages[mid] = _Message(Meta(mid, author, agent))
+        elif (author is not None and author != held.meta.author_name) or (
+                agent is not None and agent != held.meta.agent_id):
+            held.meta = Meta(mid, author or held.meta.author_name, agent or held.meta.agent_id)
+        part = _TEXT_KINDS.get(kind)
+        if part is not None:
+            delta: str = event["delta"]
+            text = delta if event.get("replace") else held.texts[part] + delta
+            held.texts[part] = text
+            if text and (part, 0) not in held.order:
+                held.order.append((part, 0))
+            elif not text and (part, 0) in held.order:
+                held.order.remove((part, 0))  # folded into another message: gone
+        elif kind == "tool_call.chunk":
+            index: int = event["index"]
+            call = held.calls.get(index)
+            if call is None:
+                call = held.calls[index] = _Call(None, None, "")
+                held.order.append(("call", index))
+            call.args = event["delta"] if event.get("replace") else call.args + event["delta"]
+            call.call_id = event.get("call_id") or call.call_id
+            call.name = event.get("name") or call.name
+        else:
+            held.results[event["index"]] = (event.get("call_id"), _encode(event.get("result")))
+        return held
+
+    def parts(self, final: bool) -> list[Part]:
+        """The parts, in order. ``final``: of the merged response (a call
+        without arguments is complete, with input ``{}``)."""
+        out: list[Part] = []
+        used: set[str] = set()
+        owner: dict[str, int] = {}  # a producer call id -> the index of its (first) part
+        for mid, held in self.messages.items():
+            for part, index in held.order:
+                if part != "call":
+                    out.append(TextPart(part, mid, held.texts[part], held.meta))
+                    continue
+                call = held.calls[index]
+                tool_id = call.call_id or f"{mid}:call"
+                while tool_id in used:
+                    tool_id += "~"
+                used.add(tool_id)
+                if call.call_id is not None:
+                    owner.setdefault(call.call_id, len(out))
+                out.append(ToolPart(tool_id, call.name or "", call.args, False, b"", None,
+                                    held.meta))
+        outputs: dict[int, bytes] = {}
+        for held in self.messages.values():
+            for _index, (call_id, result) in sorted(held.results.items()):
+                if call_id is not None and call_id in owner:
+                    outputs[owner[call_id]] = result
+        for i, made in enumerate(out):
+            if isinstance(made, ToolPart):
+                output = outputs.get(i)
+                done, value = _input(made.args, output is not None, final)
+                out[i] = ToolPart(made.id, made.name, made.args, done, value, output, made.meta)
+        return out
+
+
+def _well_formed(kind: str, event: Mapping[str, Any]) -> bool:
+    """Whether a live event has the fields its kind needs (docs/contract.md
+    §5.2): one that does not is left out, not a crash of the stream."""
+    if kind != "tool_result" and not isinstance(event.get("delta"), str):
+        return False
+    if kind in ("tool_call.chunk", "tool_result") and not isinstance(event.get("index"), int):
+        return False
+    return all(isinstance(event.get(name), str | None) for name in (
+        "message_id", "author_name", "agent_id", "call_id", "name"))
+
+
+def _input(args: str, answered: bool, final: bool) -> tuple[bool, bytes]:
+    """Whether a call's input is complete, and its JSON: the arguments once
+    they parse as JSON; none at the end or once answered: ``{}``; text that
+    never parsed but was answered: that text, as a string."""
+    if not args:
+        return final or answered, _EMPTY_INPUT
+    try:
+        return True, _encode(msgspec.json.decode(args))
+    except msgspec.DecodeError:
+        return answered, _encode(args)
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+def reconcile(client: list[Part], target: list[Part]) -> tuple[list[Chunk], list[Part]]:
+    """The chunks that take a client holding ``client`` to ``target``, and
+    what it holds after them: appends when they suffice, else ``reset-step``
+    and the whole of ``target``."""
+    if len(target) >= len(client):
+        chunks: list[Chunk] = []
+        for have, want in zip(client, target, strict=False):
+            step = _extend(have, want)
+            if step is None:
+                break
+            chunks += step
+        else:
+            for want in target[len(client):]:
+                chunks += _open(want)
+            return chunks, list(target)
+    chunks = [{"type": "reset-step"}]
+    for want in target:
+        chunks += _open(want)
+    return chunks, list(target)
+
+
+def _extend(have: Part, want: Part) -> list[Chunk] | None:
+    """The chunks that update part ``have`` in place to ``want``; None if
+    the protocol has none (then the message is sent again)."""
+    if isinstance(have, TextPart):
+        if not isinstance(want, TextPart) or (want.kind, want.id) != (have.kind, have.id):
+            return None
+        if want.text is not have.text and not want.text.startswith(have.text):
+            return None
+        rest = want.text[len(have.text):]
+        if not rest and want.meta == have.meta:
+            return []
+        chunk: Chunk = {"type": f"{have.kind}-delta", "id": have.id, "delta": rest}
+        if want.meta != have.meta:
+            chunk["providerMetadata"] = want.meta.provider_metadata()
+        return [chunk]
+    if not isinstance(want, ToolPart) or want.id != have.id:
+        return None
+    if (have.output is not None and want.output is None) or (have.done and not want.done):
+        return None
+    if not want.done:
+        if (want.name, want.meta) != (have.name, have.meta) or not want.args.startswith(have.args):
+            return None
+        rest = want.args[len(have.args):]
+        return [{"type": "tool-input-delta", "toolCallId": have.id, "inputTextDelta": rest}] \
+            if rest else []
+    out: list[Chunk] = []
+    # (tool-input-available resets a part's output: sent again after it)
+    again = not have.done or (want.input, want.name, want.meta) != (
+        have.input, have.name, have.meta)
+    if again:
+        out.append(_available(want))
+    if want.output is not None and (again or want.output != have.output):
+        out.append(_output(want))
+    return out
+
+
+def _open(part: Part) -> list[Chunk]:
+    """The chunks that add ``part`` at the end of the message."""
+    if isinstance(part, TextPart):
+        start: list[Chunk] = [{"type": f"{part.kind}-start", "id": part.id,
+                               "providerMetadata": part.meta.provider_metadata()}]
+        if part.text:
+            start.append({"type": f"{part.kind}-delta", "id": part.id, "delta": part.text})
+        return start
+    out: list[Chunk] = [{"type": "tool-input-start", "toolCallId": part.id,
+                         "toolName": part.name, "dynamic": True, "providerExecuted": True,
+                         "providerMetadata": part.meta.provider_metadata()}]
+    if part.done:
+        out.append(_available(part))
+    elif part.args:
+        out.append({"type": "tool-input-delta", "toolCallId": part.id,
+                    "inputTextDelta": part.args})
+    if part.output is not None:
+        out.append(_output(part))
+    return out
+
+
+def _available(part: ToolPart) -> Chunk:
+    return {"type": "tool-input-available", "toolCallId": part.id, "toolName": part.name,
+            "input": msgspec.Raw(part.input), "dynamic": True, "providerExecuted": True,
+            "providerMetadata": part.meta.provider_metadata()}
+
+
+def _output(part: ToolPart) -> Chunk:
+    assert part.output is not None
+    return {"type": "tool-output-available", "toolCallId": part.id,
+            "output": msgspec.Raw(part.output), "dynamic": True, "providerExecuted": True}
+
+
+# --------------------------------------------------------------------------- one stream
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a turn ended, as its terminal event says (docs/contract.md §5.2)."""
+
+    status: str
+    error_message: str | None = None
+    cancel_reason: str | None = None
+
+    @classmethod
+    def of_event(cls, event: Mapping[str, Any]) -> Ending:
+        error = event.get("error")
+        message = error.get("message") if isinstance(error, Mapping) else None
+        reason = event.get("cancel_reason")
+        return cls(str(event.get("status", "")), message if isinstance(message, str) else None,
+                   reason if isinstance(reason, str) else None)
+
+
+class UiStream:
+    """The chunks of one open stream, in order: what the client holds is
+    known here (every chunk sent is folded into :attr:`client`), so each
+    change is sent as the fewest chunks that reach it."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.started = False
+        self.ended = False
+        self.turn = TurnParts()
+        self.client: list[Part] = []
+        self._at: dict[tuple[str, str], int] = {}  # (kind, id) of a text part -> its index
+
+    def _start(self) -> list[Chunk]:
+        if self.started:
+            return []
+        self.started = True
+        return [{"type": "start", "messageId": self.message_id}, {"type": "start-step"}]
+
+    def _sync(self, final: bool) -> list[Chunk]:
+        chunks, self.client = reconcile(self.client, self.turn.parts(final))
+        self._at = {(p.kind, p.id): i for i, p in enumerate(self.client)
+                    if isinstance(p, TextPart)}
+        return chunks
+
+    def snapshot(self, response: Response) -> list[Chunk]:
+        """A running turn's merge so far (a client that has nothing)."""
+        self.turn = TurnParts.of_response(response)
+        return [*self._start(), *self._sync(False)]
+
+    def event(self, event: Mapping[str, Any]) -> list[Chunk]:
+        """One live event (the terminal one: :meth:`end`)."""
+        if self.ended:
+            return []
+        head = self._start()
+        kind = event.get("type")
+        part = _TEXT_KINDS.get(kind)  # type: ignore[arg-type]
+        delta = event.get("delta")
+        if part is not None and not event.get("replace") and isinstance(delta, str) and delta:
+            fast = self._append(part, event)
+            if fast is not None:
+                return [*head, *fast]
+        if self.turn.apply(event) is None:
+            return head
+        return [*head, *self._sync(False)]
+
+    def _append(self, part: str, event: Mapping[str, Any]) -> list[Chunk] | None:
+        """The usual event, a delta to a text part the client has, with
+        nothing else changed: one delta chunk, without a full compare."""
+        mid = event.get("message_id") or ""
+        at = self._at.get((part, mid))
+        held = self.turn.messages.get(mid)
+        if at is None or held is None:
+            return None
+        meta = held.meta
+        if (event.get("author_name") or meta.author_name) != meta.author_name or (
+                event.get("agent_id") or meta.agent_id) != meta.agent_id:
+            return None
+        have = self.client[at]
+        assert isinstance(have, TextPart)
+        if have.text is not held.texts[part]:
+            return None
+        self.turn.apply(event)
+        self.client[at] = TextPart(part, mid, held.texts[part], meta)
+        return [{"type": f"{part}-delta", "id": mid, "delta": event["delta"]}]
+
+    def end(self, ending: Ending, merged: Response | None,
+            finish_reason: str | None = None) -> list[Chunk]:
+        """The end of the turn: the message brought to the merged response
+        (when known), its parts closed, the step finished, and ``finish``
+        (completed), ``abort`` (cancelled, ``reason``: the cancel's) or
+        ``error`` (``errorText``)."""
+        if self.ended:
+            return []
+        out = self._start()
+        if merged is not None:
+            self.turn = TurnParts.of_response(merged)
+            out += self._sync(True)
+        out += [{"type": f"{p.kind}-end", "id": p.id} for p in self.client
+                if isinstance(p, TextPart)]
+        out.append({"type": "finish-step"})
+        if ending.status == "completed":
+            finish: Chunk = {"type": "finish"}
+            reason = FINISH_REASONS.get(finish_reason or "", "other" if finish_reason else None)
+            if reason is not None:
+                finish["finishReason"] = reason
+            out.append(finish)
+        elif ending.status == "cancelled":
+            out.append({"type": "abort", **({"reason": ending.cancel_reason}
+                                            if ending.cancel_reason is not None else {})})
+        else:
+            out.append({"type": "error", "errorText": ending.error_message or
+                        f"the turn ended with status {ending.status or 'unknown'}"})
+        self.ended = True
+        return out
