@@ -37,7 +37,9 @@ class ServeMetrics:
             "not all be found (a turn's live log expired, or workers run with --no-progress)",
             registry=r)
         self.redis_calls = Counter(
-            "processor_serve_redis_calls", "Redis commands sent, by purpose (live: the "
+            "processor_serve_redis_calls", "Redis reads and writes asked for, by purpose "
+            "(state, history and final through the per-turn cache, which answers some without "
+            "Redis: processor_serve_turn_cache_total; live: the "
             "readers' XREAD, one per shard at a time whatever the number of clients)",
             ["kind"], registry=r)
         self.redis_errors = Counter(
