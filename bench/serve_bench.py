@@ -3,7 +3,8 @@ redis-server with ``processor run`` workers (live progress on, the default).
 
     python bench/serve_bench.py [--clients 1000] [--turns 200] [--workers 1]
                                 [--seconds 20] [--fractions 0.5,0.25,0.1]
-                                [--rate R]
+                                [--rate R] [--burst 3000] [--burst-rate 500]
+                                [--burst-only]
                                 [--idle 10] [--no-write]
                                 [--format native|agui|ai-sdk]
 
@@ -26,7 +27,17 @@ redis-server with ``processor run`` workers (live progress on, the default).
    the window (waiting until every one has arrived); and, read from the
    events stream afterwards, XADD to the chunk event's entry (the worker's
    part of it: the entry id is Redis's clock).
-4. Idle: the producer and the workers stop (the turns stay running, so the
+4. Burst: while a producer paces ``--burst-rate`` updates/s over the turns,
+   ``--burst`` more clients open a stream at the same moment (a replica
+   restart or a network blip makes every browser reconnect at once),
+   spread over the running turns, on top of the open ones: each join's
+   time to its response headers and first event (p50/p99/max), the answers
+   other than 200 (``EventSource`` gives up for good on one), the waits
+   for a Redis slot (serve's ``processor_serve_redis_wait_seconds``) and the
+   Redis calls the burst made (``INFO commandstats`` deltas). Its own
+   section of docs/benchmarks.md; ``--burst-only`` runs it alone (no
+   calibration, load or idle phases).
+5. Idle: the producer and the workers stop (the turns stay running, so the
    streams stay open); serve's process CPU time (``/proc/<pid>/stat``) and
    Redis calls (``INFO commandstats`` deltas, less this script's INFO) over
    ``--idle`` s, with every client open, then with a tenth of them: the
@@ -41,9 +52,11 @@ the workers, redis-server and serve.
 ``--format``: what the clients read, the native event stream (default),
 its AG-UI form (``/events?format=agui``) or the AI SDK's UI message
 stream (``/stream``; a reconnect there is a fresh join, not a resume).
+The burst's joins are native streams whatever the format.
 
-Writes its section of docs/benchmarks.md between the serve-bench markers
-(``serve-bench-<format>`` for the other formats) unless ``--no-write``.
+Writes its sections of docs/benchmarks.md between the serve-bench markers
+(``serve-bench-<format>`` for the other formats) and the serve-burst ones
+(replacing them) unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -77,6 +90,7 @@ from processor.wire.keys import Namespace
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "serve-bench"  # (its markers in docs/benchmarks.md: write_section)
+BURST_SECTION = "serve-burst"
 NAMESPACE = "sbench"
 SECRET = "serve-bench-secret-0123456789"
 #: Where each ``--format``'s clients read a turn (after ``/v1/turns/<id>``).
@@ -235,6 +249,83 @@ class Bench:
         self.errors: list[str] = []
 
 
+# --------------------------------------------------------------------------- burst
+
+
+WAIT = "processor_serve_redis_wait_seconds"
+
+
+async def burst(url: str, client: Any, rids: list[str], count: int,
+                serve_pid: int) -> dict[str, Any]:
+    """``count`` streams opened at the same moment; each join's time to its
+    headers and first event, and its status."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    go = asyncio.Event()
+    tokens = {rid: issue(SECRET, rid, int(time.time()) + 3600) for rid in rids}
+
+    async def join(session: aiohttp.ClientSession, rid: str) -> tuple[int, float, float]:
+        await go.wait()
+        started = time.monotonic()
+        try:
+            async with session.get(f"{url}/v1/turns/{rid}/events",
+                                   headers={"Authorization": f"Bearer {tokens[rid]}"}) as r:
+                headers = time.monotonic() - started
+                if r.status != 200:
+                    return r.status, headers, headers
+                buffer = b""
+                while (at := buffer.find(b"data:")) < 0 or buffer.find(b"\n\n", at) < 0:
+                    chunk = await r.content.readany()
+                    if not chunk:
+                        break
+                    buffer += chunk
+                return 200, headers, time.monotonic() - started
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return -1 if not isinstance(exc, TimeoutError) else -2, 0.0, 0.0
+
+    before = await client.info("commandstats")
+    wait0 = await serve_metric(url, WAIT)
+    cache0 = await serve_metric(url, "processor_serve_turn_cache_total")
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = [asyncio.create_task(join(session, rids[i % len(rids)])) for i in range(count)]
+        await asyncio.sleep(0.5)  # every task waits on the same event
+        started, cpu0, own0 = time.monotonic(), cpu_seconds(serve_pid), time.process_time()
+        go.set()
+        results = await asyncio.gather(*tasks)
+        took = time.monotonic() - started
+        cpu = (cpu_seconds(serve_pid) - cpu0) / took, (time.process_time() - own0) / took
+    after = await client.info("commandstats")
+    wait1 = await serve_metric(url, WAIT)
+    cache1 = await serve_metric(url, "processor_serve_turn_cache_total")
+    calls = {name[len("cmdstat_"):]: int(after[name]["calls"]) - int(
+        before.get(name, {}).get("calls", 0)) for name in after}
+    calls = {k: v for k, v in calls.items() if v and k not in ("info",)}
+    ok = [r for r in results if r[0] == 200]
+    statuses: dict[str, int] = {}
+    for status, _, _ in results:
+        if status != 200:
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+    figures = {"count": count, "seconds": took, "headers": [r[1] * 1000 for r in ok],
+               "first": [r[2] * 1000 for r in ok], "non_200": statuses, "calls": calls,
+               "waits": wait1[f"{WAIT}_count"] - wait0[f"{WAIT}_count"],
+               "wait_sum": wait1[f"{WAIT}_sum"] - wait0[f"{WAIT}_sum"],
+               "cache": {k: cache1[k] - cache0.get(k, 0.0) for k in cache1},
+               "serve_cpu": cpu[0], "client_cpu": cpu[1]}
+    print(f"burst of {count}: headers p50 {percentile(figures['headers'] or [0], 50):.0f} ms, "
+          f"p99 {percentile(figures['headers'] or [0], 99):.0f} ms, non-200 {statuses}, "
+          f"cache {figures['cache']}",
+          flush=True)
+    return figures
+
+
+async def serve_metric(url: str, name: str) -> dict[str, float]:
+    """The samples of one metric of serve's /metrics, by name and labels."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name)}
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -389,7 +480,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         await wait_until(group_ready, 60, "the workers' consumer group")
         fractions = [float(f) for f in args.fractions.split(",")]
-        throughput = 0.0 if args.rate else await calibrate(client, ns, args)
+        throughput = 0.0 if args.rate or args.burst_only else await calibrate(client, ns, args)
         running = 0.0
         print(f"workers alone on fresh turns: {throughput:,.0f} updates/s", flush=True)
 
@@ -432,7 +523,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             return bool(int(await client.zcard(ns.shard(0).active)) >= args.turns)
 
         await wait_until(all_active, 120, f"{args.turns} running turns")
-        if not args.rate:
+        if not args.rate and not args.burst_only:
             await asyncio.sleep(HOLD_MS / 1000 + 1)  # (stored from here on, as under the load)
             running = await calibrate_running(client, ns, args, rids)
             print(f"workers alone on the running turns: {running:,.0f} updates/s", flush=True)
@@ -454,9 +545,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await wait_until(all_open, 120, f"{args.clients} open streams")
         print(f"{bench.opened} streams open", flush=True)
 
-        loads = [await load(args, bench, client, ns, serve.pid, server.url, running * f)
-                 for f in fractions] if not args.rate else \
+        loads = [] if args.burst_only else \
+            [await load(args, bench, client, ns, serve.pid, server.url, running * f)
+             for f in fractions] if not args.rate else \
             [await load(args, bench, client, ns, serve.pid, server.url, args.rate)]
+        bursts = []
+        if args.burst:
+            producer = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--produce", server.url, "--turns", str(args.turns),
+                "--rate", str(args.burst_rate), "--seconds", "600",
+                stdout=asyncio.subprocess.DEVNULL, cwd=ROOT) if args.burst_rate else None
+            await asyncio.sleep(WARMUP)
+            bursts.append(await burst(url, client, rids, args.burst, serve.pid))
+            bursts[-1]["rate"] = args.burst_rate
+            if producer is not None:
+                producer.terminate()
+                await producer.wait()
+        if args.burst_only:
+            bench.closing = True
+            for c in clients:
+                assert c.task is not None
+                c.task.cancel()
+            await asyncio.gather(*(c.task for c in clients if c.task), return_exceptions=True)
+            await session.close()
+            return {"version": server.version, "throughput": 0.0, "running": 0.0,
+                    "loads": [], "bursts": bursts, "idle": []}
 
         # Idle: nothing writes; the turns stay running, the streams open.
         for proc in workers:
@@ -483,7 +596,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                              return_exceptions=True)
         await session.close()
         return {"version": server.version, "throughput": throughput, "running": running,
-                "loads": loads,
+                "loads": loads, "bursts": bursts,
                 "idle": [idle_all, idle_few]}
     finally:
         if serve is not None and serve.poll() is None:
@@ -572,6 +685,58 @@ Every process here shares the machine's 2 logical CPUs: the clients' process rea
 Python {platform.python_version()}, {platform.platform()}."""
 
 
+def burst_section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]) -> str:
+    """The burst's section of docs/benchmarks.md."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip() or "?"
+    command = shlex.join(["python", "bench/serve_bench.py", *sys.argv[1:]])
+    rows = []
+    for b in r["bursts"]:
+        heads, firsts = b["headers"] or [0.0], b["first"] or [0.0]
+        non_200 = sum(b["non_200"].values())
+        detail = f" ({', '.join(f'{k}: {v}' for k, v in sorted(b['non_200'].items()))})" \
+            if non_200 else ""
+        mean_wait = b["wait_sum"] / b["waits"] * 1000 if b["waits"] else 0.0
+        calls = ", ".join(f"`{k}` {v:,}" for k, v in sorted(b["calls"].items(),
+                                                            key=lambda kv: -kv[1])[:6])
+        rows.append(
+            f"| {b['count']:,} | {percentile(heads, 50):,.0f} / {percentile(heads, 99):,.0f} / "
+            f"{max(heads):,.0f} ms | {percentile(firsts, 50):,.0f} / "
+            f"{percentile(firsts, 99):,.0f} ms | {non_200}{detail} | {mean_wait:,.0f} ms "
+            f"over {b['waits']:,.0f} | {b['seconds']:.1f} s | {b['serve_cpu'] * 100:.0f}% | "
+            f"{b['client_cpu'] * 100:.0f}% | {calls} |")
+    paced = f"a producer pacing {r['bursts'][0]['rate']:,.0f} text updates/s round-robin over " \
+        "the turns (from 2 s before the burst to its end)" if r["bursts"][0]["rate"] else \
+        "nothing written meanwhile"
+    after = "after the load phases above" if r["loads"] else \
+        "with no load phases before it (`--burst-only`)"
+    return f"""## `processor serve`: a burst of joins
+
+Measured at commit `{head}` with `{command}` (redis-server {r['version']}, \
+{args.workers} `processor run` worker(s), one `processor serve` process with tokens on and \
+its default options, {args.clients:,} SSE clients already open over {args.turns} running \
+turns, {after}; {paced}). `--burst` more clients open a stream at the same moment, spread \
+over the running turns: what a replica restart or a network blip brings, every browser \
+reconnecting at once; each is a fresh join (a `snapshot` first). Join = the time to the \
+response's headers (the turn's state and past are read by then); first event = to the \
+`snapshot`; non-200: answers other than 200 (`EventSource` gives up for good on one; issue 33 saw \
+2,574 of 3,000 get 503 before joins waited for a Redis connection); wait = serve's \
+`processor_serve_redis_wait_seconds` (a request waits for one of `--redis-connections` slots \
+instead of failing); CPU = process CPU time over the burst, in share of one core; Redis \
+calls = `INFO commandstats` deltas over the burst, the workers' \
+included (serve's per-turn cache shares one read of a turn's past among its joins; a \
+running turn's state is read per join).
+
+| clients | join p50 / p99 / max | first event p50 / p99 | non-200 | mean wait for a slot \
+| all answered in | serve CPU | clients' CPU | Redis calls |
+|---:|---:|---:|---:|---:|---:|---:|---:|---|
+{chr(10).join(rows)}
+
+Every process shares the machine's 2 logical CPUs (the clients' process, the producer, the \
+worker(s), redis-server and serve); load average {load[0]:.2f} / {load[1]:.2f} / \
+{load[2]:.2f} at the start. Python {platform.python_version()}, {platform.platform()}."""
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -585,6 +750,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="updates/s to pace at, one phase (skips the calibration)")
     parser.add_argument("--calibrate", type=int, default=40000,
                         help="updates the calibration sends")
+    parser.add_argument("--burst", type=int, default=3000,
+                        help="streams opened at the same moment after the loads (0: none)")
+    parser.add_argument("--burst-rate", type=float, default=500,
+                        help="updates/s a producer paces during the burst (0: none)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="no calibration, load or idle phases: the burst alone, written "
+                        "to its own section")
     parser.add_argument("--idle", type=float, default=10)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--format", choices=sorted(PATHS), default="native",
@@ -600,14 +772,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     load = os.getloadavg()
     r = asyncio.run(run(args))
-    body = section(args, r, load)
-    print(body)
-    if not args.no_write:
-        if args.format == "native":
-            write_section(DOC, SECTION, body)
-        else:
-            write_section(DOC, f"{SECTION}-{args.format}", body, after=SECTION)
-        print(f"wrote {DOC.relative_to(ROOT)}")
+    name = SECTION if args.format == "native" else f"{SECTION}-{args.format}"
+    bodies = [] if args.burst_only else [(name, section(args, r, load))]
+    if r["bursts"]:
+        bodies.append((BURST_SECTION, burst_section(args, r, load)))
+    for name, body in bodies:
+        print(body)
+        if not args.no_write:
+            write_section(DOC, name, body, after=SECTION)
+            print(f"wrote {name} in {DOC.relative_to(ROOT)}")
     return 0
 
 

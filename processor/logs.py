@@ -8,7 +8,13 @@ the default: text when stderr is a terminal, JSON otherwise (a container's
 log, a pipe, a file). Update text is user data: it is never
 passed to a log call, except the merged text of a published turn when the
 debug flag ``--log-payloads`` is on (:func:`turn_fields`). Anything that
-looks like a Redis URL has its password masked, whatever logger wrote it.
+looks like a Redis URL has its password masked, and anything that looks
+like a turn token (``v1.<payload>.<mac>``, processor/serve/tokens.py) is
+cut to ``v1.***``, whatever logger wrote it. With ``libraries=True``
+(``processor serve``) the lines of every other library (aiohttp, asyncio,
+warnings) come in the same format, one line each, without their exception
+text: aiohttp's error lines quote the raw request, whose URL or headers
+may hold a token.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
 # hold "@"), and a password given as a query parameter.
 _URL_PASSWORD = re.compile(r"((?:rediss?|unix)://[^:/@\s\"]*:)[^\s/\"]*@")
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s\"]+")
+# A token: "v1.", its base64url payload and MAC (or what is left of them).
+_TOKEN = re.compile(r"v1\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 _unpack = msgspec.msgpack.Decoder()
 
 _payloads = False
 
 
 def redact_text(text: str) -> str:
-    """Mask passwords inside any Redis URL in ``text``."""
-    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+    """Mask passwords inside any Redis URL in ``text``, and turn tokens."""
+    text = _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+    return _TOKEN.sub("v1.***", text)
 
 
 def iso_utc(seconds: float) -> str:
@@ -59,6 +68,18 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return redact_text(json.dumps(line, default=str))
+
+
+class LibraryLines(logging.Filter):
+    """A line of a library (not a ``processor`` logger): its exception goes
+    as its class name only (``error``), never its text or traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not record.name.startswith("processor"):
+            error = record.exc_info[1]
+            record.__dict__["error"] = type(error).__name__ if error else None
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
 
 
 class TextFormatter(logging.Formatter):
@@ -96,10 +117,12 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None,
-          fmt: str = "auto") -> None:
+          fmt: str = "auto", libraries: bool = False) -> None:
     """Send the ``processor`` loggers to stderr (JSON lines, or text on a
     terminal: :func:`formatter`); ``payloads`` lets published turns' text
-    into debug lines (``--log-payloads``)."""
+    into debug lines (``--log-payloads``); ``libraries``: every other
+    logger's lines too, in the same format (:class:`LibraryLines`), and
+    Python's warnings."""
     global _payloads
     _payloads = payloads
     stream = stream or sys.stderr
@@ -110,6 +133,13 @@ def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = N
     root.setLevel(level.upper())
     root.propagate = False
     logging.Formatter.converter = time.gmtime
+    if libraries:
+        others = logging.StreamHandler(stream)
+        others.setFormatter(formatter(fmt, stream))
+        others.addFilter(LibraryLines())
+        logging.root.handlers[:] = [others]
+        logging.root.setLevel(level.upper())
+        logging.captureWarnings(True)
 
 
 def set_payloads(enabled: bool) -> None:

@@ -26,7 +26,7 @@ from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
 from processor.serve.app import Server
 from processor.serve.config import ServeConfig
-from processor.serve.run import bound_port, build
+from processor.serve.run import bound_port, build, make_runner, make_site, pool_size
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
@@ -71,11 +71,11 @@ class LocalServe:
 
 
 async def start_local(cfg: ServeConfig) -> LocalServe:
-    client = await connect(cfg.redis)
+    client = await connect(cfg.redis, pool_size(cfg))
     app, server = build(cfg, client)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
+    runner = make_runner(app)
     await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.port).start()
+    await make_site(runner, cfg).start()
     server.hub.start()
     return LocalServe(server, runner, client, bound_port(runner))
 

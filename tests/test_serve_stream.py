@@ -341,10 +341,12 @@ def _unchunk(body: bytes) -> bytes:
 
 async def test_a_finished_turn_whose_outputs_were_trimmed_says_so(redis_url, namespace) -> None:
     """Streams are capped (--events-maxlen, --merged-maxlen): once a finished
-    turn's terminal event is gone, a client is told so instead of waiting."""
+    turn's terminal event is gone, a client is told so instead of waiting
+    (the per-turn cache off: with it, a trim shows once its ``turn_cache`` s
+    have passed)."""
     async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+        serve = await start_local(config(redis_url, namespace, turn_cache=0.0))
         producer = Producer(harness.client, namespace)
         shard = harness.ns.shard(0)
         try:

@@ -17,7 +17,7 @@ outputs (one ``XRANGE`` each).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -25,6 +25,7 @@ import msgspec
 
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine.merge import Turn, UsageOverflow
+from processor.redis_io.connections import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 from processor.wire.models import Update
@@ -120,9 +121,15 @@ class LogSource:
     (``{ns:s}:live:<tk>``, written by ``publish_live.lua``) for its past
     and its snapshot, and its done marker's entry ids for its outputs."""
 
-    def __init__(self, client: Any, namespace: Namespace) -> None:
+    def __init__(self, client: Any, namespace: Namespace, read_budget: int | None = None,
+                 over_budget: Callable[[], object] | None = None) -> None:
         self.client = client
         self.namespace = namespace
+        self.over_budget = over_budget  # told of each read cut at the budget
+        # The bytes one read of a turn's past may take (None: no bound):
+        # past it, a snapshot is None, a history and a finished turn's
+        # missed events incomplete (what stays exact: the merged response).
+        self.read_budget = read_budget
 
     async def state(self, turn: TurnRef) -> TurnState:
         shard, tk = turn.shard(self.namespace), turn.key.encode()
@@ -141,16 +148,41 @@ class LogSource:
         return TurnState("unknown")
 
     async def _log(self, turn: TurnRef) -> list[tuple[Any, Mapping[Any, Any]]]:
-        shard = turn.shard(self.namespace)
-        entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(
-            shard.live(turn.key.encode()))
-        return entries
+        """The turn's live log (:class:`PastTooLarge` past the read budget)."""
+        key = turn.shard(self.namespace).live(turn.key.encode())
+        if self.read_budget is None:
+            entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(key)
+            return entries
+        found: list[tuple[Any, Mapping[Any, Any]]] = []
+        reader = PagedRead(self.read_budget, self.over_budget)
+        start: Any = "-"
+        pages = 0
+        while True:
+            page = await reader.page(self.client.xrange, key, min=start, max="+", count=LOG_PAGE)
+            if page is None:
+                raise PastTooLarge(reader.read)
+            found += page
+            pages += 1
+            if len(page) < reader.asked:
+                break
+            start = "(" + as_text(page[-1][0])
+        # One XRANGE reads the log at one instant; pages do not. The log only
+        # grows while its turn runs, and goes whole when the turn is published:
+        # if it went between two pages, what came is a cut log that looks
+        # complete. Answered as the log read after it went: empty.
+        if pages > 1 and not await self.client.exists(key):
+            return []
+        return found
 
     async def snapshot(self, turn: TurnRef) -> Snapshot | None:
         """The logged updates folded with the merge, at the log's last seq
         (an empty log: the empty merge at seq 0, ``synthesis.started``)."""
         merge, seq = Turn(turn.key), 0
-        for _entry_id, fields in await self._log(turn):
+        try:
+            log = await self._log(turn)
+        except PastTooLarge:
+            return None
+        for _entry_id, fields in log:
             seq = max(seq, _int(fields, "seq"))
             for raw in _raws(fields, "updates"):
                 try:
@@ -163,7 +195,11 @@ class LogSource:
         """The logged events after seq ``after``: complete when they follow
         on from it (the log starts after ``synthesis.started``, seq 0)."""
         found: list[LiveEvent] = []
-        for _entry_id, fields in await self._log(turn):
+        try:
+            log = await self._log(turn)
+        except PastTooLarge:
+            return History([], complete=False)
+        for _entry_id, fields in log:
             if _int(fields, "seq") <= after:
                 continue
             for raw in _raws(fields, "events"):
@@ -204,8 +240,12 @@ class LogSource:
         events = turn.shard(self.namespace).events
         found: dict[int, LiveEvent] = {}
         top, read, reached = "(" + terminal_id, 0, False
+        reader = PagedRead(self.read_budget, self.over_budget)
         while not reached and read < LOOK_BACK:
-            entries = await self.client.xrevrange(events, max=top, min="-", count=LOOK_BACK_PAGE)
+            entries = await reader.page(self.client.xrevrange, events, max=top, min="-",
+                                        count=LOOK_BACK_PAGE)
+            if entries is None:
+                return None  # past the read budget: the merged response makes the end exact
             read += len(entries)
             for _, fields in entries:
                 event = owned_event(turn, fields)
@@ -214,7 +254,7 @@ class LogSource:
                 if after < event.seq < last:
                     found[event.seq] = event
                 reached = reached or event.seq <= after + 1  # (nothing older is missed)
-            if len(entries) < LOOK_BACK_PAGE:
+            if len(entries) < reader.asked:
                 break
             top = "(" + as_text(entries[-1][0])
         if len(found) != last - after - 1:
@@ -227,6 +267,78 @@ class LogSource:
 #: events the client missed (pages of :data:`LOOK_BACK_PAGE`).
 LOOK_BACK = 10_000
 LOOK_BACK_PAGE = 500
+
+
+#: Entries of a turn's live log read at once under a read budget, at most
+#: (fewer while the budget left holds fewer at the average size so far).
+LOG_PAGE = 1000
+#: Entries of the first page of a read under a budget (later ones follow
+#: the average entry size).
+FIRST_PAGE = 4
+
+
+class PastTooLarge(Exception):
+    """A turn's live log is larger than the source's read budget."""
+
+    def __init__(self, read: int) -> None:
+        super().__init__(f"the turn's live log is past the read budget (read {read} bytes)")
+        self.read = read
+
+
+class PagedRead:
+    """Pages of one stream read under a total byte ``budget`` (None: no
+    bound). Redis sends a page whole once asked, so a page asks for as many
+    entries as the budget left holds at the average size read so far
+    (:data:`FIRST_PAGE` to begin with): what Redis sends past the budget is
+    at most one page. Each page's reply is also cut once past what is left
+    (clients of :func:`processor.redis_io.connections.connect`; a cluster
+    client's page is counted once parsed)."""
+
+    def __init__(self, budget: int | None, over: Callable[[], object] | None = None) -> None:
+        self.budget = budget
+        self.over = over
+        self.read = 0
+        self.entries = 0
+        self.asked = 0  # entries the last page asked for (fewer came: the stream ended)
+
+    async def page(self, command: Any, *args: Any, count: int, **kwargs: Any) -> list[Any] | None:
+        """Up to ``count`` entries, or None once the budget is spent."""
+        if self.budget is None:
+            self.asked = count
+            entries: list[Any] = await command(*args, count=count, **kwargs)
+            return entries
+        left = self.budget - self.read
+        if left <= 0:
+            return self._spent()
+        if self.entries:
+            count = max(1, min(count, left * self.entries // max(self.read, 1)))
+        else:
+            count = min(count, FIRST_PAGE)
+        self.asked = count
+        try:
+            with bounded(ReadBudget(left)) as budget:
+                entries = await command(*args, count=count, **kwargs)
+        except ReplyTooLarge:
+            self.read = self.budget
+            return self._spent()
+        self.read += max(budget.bytes, _size(entries))
+        self.entries += len(entries)
+        return self._spent() if self.read > self.budget else entries
+
+    def _spent(self) -> list[Any] | None:
+        """None: the budget is spent (and whoever asked is told)."""
+        if self.over is not None:
+            self.over()
+        return None
+
+
+
+def _size(entries: list[Any]) -> int:
+    """About the bytes of a stream reply: its ids, names and values."""
+    total = 0
+    for entry_id, fields in entries:
+        total += len(entry_id) + sum(len(k) + len(v) for k, v in fields.items())
+    return total
 
 
 _update = msgspec.json.Decoder(Update)

@@ -375,17 +375,20 @@ async def is_cluster(options: RedisOptions) -> bool:
         await probe.aclose()
 
 
-async def connect(options: RedisOptions) -> Any:
+async def connect(options: RedisOptions, max_connections: int | None = None) -> Any:
     """A client for the URL: the cluster client when the node is in a cluster,
-    its stream reads parsed by :func:`parse_stream_read`."""
+    its stream reads parsed by :func:`parse_stream_read`. ``max_connections``:
+    the pool's size (per node in a cluster; redis-py's default otherwise, 100)."""
     client: Any
+    kwargs = _kwargs(options)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
     if await is_cluster(options):
-        client = RedisCluster.from_url(options.url, **_kwargs(options))
+        client = RedisCluster.from_url(options.url, **kwargs)
     else:
         # redis-py's cluster client takes no parser class: there a read is
         # bounded by its COUNT following the entries' size only.
-        client = aioredis.Redis.from_url(options.url, parser_class=LimitedParser,
-                                         **_kwargs(options))
+        client = aioredis.Redis.from_url(options.url, parser_class=LimitedParser, **kwargs)
     fast_stream_reads(client)
     return client
 
@@ -393,6 +396,7 @@ async def connect(options: RedisOptions) -> Any:
 async def connect_retrying(
     options: RedisOptions, stop: Stop | None = None,
     give_up_after: float | None = None, prog: str = "processor",
+    max_connections: int | None = None,
 ) -> Any:
     """Connect, retrying while Redis is unreachable (it may still be starting),
     for ever or until ``give_up_after`` seconds have passed (then the process
@@ -407,7 +411,7 @@ async def connect_retrying(
         if stop is not None and stop.requested.is_set():
             return None
         try:
-            return await connect(options)
+            return await connect(options, max_connections)
         except ValueError as exc:  # a URL redis-py cannot read
             raise SystemExit(f"{prog}: bad Redis URL {redact(options.url)}: {exc}") from None
         except (AuthenticationError, NoPermissionError) as exc:

@@ -45,6 +45,7 @@ from processor.client.turns import (
 from processor.redis_io.connections import is_redis_failure
 from processor.serve import formats, sse, ui_format
 from processor.serve.config import ServeConfig
+from processor.serve.gate import RedisGate
 from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 from processor.serve.tokens import Verdict, verify
@@ -84,10 +85,13 @@ class Server:
     source: TurnSource
     metrics: ServeMetrics = field(default_factory=ServeMetrics)
     clock: Callable[[], float] = time.time
+    gate: RedisGate | None = None  # (None: one of config.redis_connections slots)
 
     def __post_init__(self) -> None:
         self.producer = Producer(self.client, self.config.namespace.name,
                                  self.config.namespace.shards)
+        self.slots = self.gate or RedisGate(self.config.redis_connections,
+                                            self.metrics.redis_wait)
 
     def authorize(self, request: web.Request, response_id: str) -> None:
         """Raise 401 or 403 unless the request's token is for ``response_id``."""
@@ -162,8 +166,11 @@ async def cancel_turn(request: web.Request) -> web.Response:
     server.authorize(request, turn.response_id)
     reason = "cancelled"
     if request.can_read_body:
-        try:
-            body = await request.json()
+        try:  # a body sent slowly holds the connection no longer than its headers could
+            async with asyncio.timeout(server.config.header_timeout):
+                body = await request.json()
+        except TimeoutError:
+            raise refusal(400, "bad_request", "the body did not arrive in time") from None
         except ValueError:
             raise refusal(400, "bad_request", "the body must be JSON: {\"reason\": \"...\"}") \
                 from None
@@ -175,11 +182,12 @@ async def cancel_turn(request: web.Request) -> web.Response:
                 raise refusal(400, "bad_request", f"reason: {exc}") from None
             reason = given
     server.metrics.redis_calls.labels("cancel").inc()
-    try:  # (the serve ACL user asks the workers: cancel_turn.lua)
-        await server.producer.cancel(turn.response_id if not turn.turn_id else None, reason,
-                                     turn_id=turn.turn_id or None)
-    except (CancelNotTaken, LibraryNotLoaded) as exc:
-        raise refusal(503, "cancel_not_taken", str(exc)) from None
+    async with server.slots.slot():
+        try:  # (the serve ACL user asks the workers: cancel_turn.lua)
+            await server.producer.cancel(turn.response_id if not turn.turn_id else None, reason,
+                                         turn_id=turn.turn_id or None)
+        except (CancelNotTaken, LibraryNotLoaded) as exc:
+            raise refusal(503, "cancel_not_taken", str(exc)) from None
     log.info("turn cancelled", extra={"response_id": turn.response_id})
     return _json(202, {"cancelled": turn.response_id})
 
@@ -532,7 +540,8 @@ async def readyz(request: web.Request) -> web.Response:
     server = request.app[SERVER]
     server.metrics.redis_calls.labels("ready").inc()
     try:
-        await uncancelled(server.client.ping(), READY_TIMEOUT)
+        async with server.slots.slot(READY_TIMEOUT):
+            await uncancelled(server.client.ping(), READY_TIMEOUT)
     except TimeoutError:
         return web.Response(status=503, text=f"redis did not answer within {READY_TIMEOUT:g}s\n")
     except Exception as exc:
@@ -630,11 +639,14 @@ def make_app(server: Server) -> web.Application:
     app[PAGE] = Page.load()
     app[CORS] = Cors(server.config.cors_origins)
     app.on_response_prepare.append(cors_headers)
-    app.router.add_get("/v1/turns/{response_id}", get_turn)
-    app.router.add_get("/v1/turns/{response_id}/events", turn_events)
-    app.router.add_get("/v1/turns/{response_id}/stream", turn_ui_stream)
-    app.router.add_post("/v1/turns/{response_id}/cancel", cancel_turn)
-    app.router.add_get("/v1/turns/{response_id}/view", view)
+    # Any path part names a turn: aiohttp's default pattern, [^{}/]+, refused
+    # the braces workers accept in ids (the route's own braces are its syntax).
+    turn = "/v1/turns/{response_id:[^/]+}"
+    app.router.add_get(turn, get_turn)
+    app.router.add_get(turn + "/events", turn_events)
+    app.router.add_get(turn + "/stream", turn_ui_stream)
+    app.router.add_post(turn + "/cancel", cancel_turn)
+    app.router.add_get(turn + "/view", view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

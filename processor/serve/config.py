@@ -24,6 +24,7 @@ from processor.service.options import (
     flag,
     number,
 )
+from processor.wire.defaults import MAX_TURN_BYTES
 from processor.wire.keys import Namespace
 
 OPTIONS: tuple[Option, ...] = (
@@ -44,6 +45,22 @@ OPTIONS: tuple[Option, ...] = (
            "dropped as too slow (it is told its resume id)", 1),
     Option("write_timeout", number, 10.0, "seconds a write to a client may block before the "
            "client is dropped as too slow", 0.1),
+    Option("redis_connections", int, 64, "requests whose Redis calls run at once; the others "
+           "wait their turn (a burst of joins waits instead of failing; the connection pool "
+           "holds this many plus one per shard and 4)", 1, 10_000),
+    Option("header_timeout", number, 10.0, "seconds a connection may take to send a whole "
+           "request's headers, from its accept or its previous request's end (slow-header "
+           "attacks are cut here)", 0.1),
+    Option("max_pending", int, 4096, "connections not in a request (headers on the way, or "
+           "idle between requests) kept at once, past it the oldest is closed; also the listen "
+           "backlog (keep it above the reconnect burst a replica may get)", 1),
+    Option("turn_cache", number, 1.0, "seconds a turn's past read from Redis is shared: "
+           "repeated joins, resumes and GETs of one turn cost Redis about one read of it per "
+           "this many seconds (0: each request reads, still shared while one is waiting)", 0),
+    Option("read_budget", int, MAX_TURN_BYTES, "bytes one read of a turn's past may make "
+           "Redis send (its live log, or the events a resume of a finished turn missed; the "
+           "workers' default --max-turn-bytes); past it the client gets what stays exact, the "
+           "merged response at the end", 4096),
     LOG_LEVEL,
     LOG_FORMAT,
     SSL_CA_CERTS,
@@ -70,6 +87,11 @@ class ServeConfig:
     # Where --shards came from ("" when not given): the namespace's record
     # says the count (processor.scripts.meta), a given one is checked against it.
     shards_from: str = ""
+    redis_connections: int = 64
+    header_timeout: float = 10.0
+    max_pending: int = 4096
+    turn_cache: float = 1.0
+    read_budget: int = MAX_TURN_BYTES
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +140,11 @@ def resolve(
         log_level=values["log_level"],
         log_format=values["log_format"],
         shards_from=given.get("shards", ""),
+        redis_connections=values["redis_connections"],
+        header_timeout=values["header_timeout"],
+        max_pending=values["max_pending"],
+        turn_cache=values["turn_cache"],
+        read_budget=values["read_budget"],
     ), []
 
 

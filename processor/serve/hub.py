@@ -69,6 +69,15 @@ class Subscription:
         self._items.clear()
         self._wake.set()
 
+    def held(self) -> list[Item]:
+        """What came and waits, in order (left where it is)."""
+        return list(self._items)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing has come for it (nor been lost) since it was made."""
+        return not self._items and not self.over
+
     @property
     def over(self) -> bool:
         """Dropped or closed: nothing more will come."""

@@ -4,7 +4,7 @@ reason code or a kind of Redis call, never a response id or a token."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from processor.serve.tokens import Verdict
 
@@ -37,12 +37,36 @@ class ServeMetrics:
             "not all be found (a turn's live log expired, or workers run with --no-progress)",
             registry=r)
         self.redis_calls = Counter(
-            "processor_serve_redis_calls", "Redis commands sent, by purpose (live: the "
+            "processor_serve_redis_calls", "Redis reads and writes asked for, by purpose "
+            "(state, history and final through the per-turn cache, which answers some without "
+            "Redis: processor_serve_turn_cache_total; live: the "
             "readers' XREAD, one per shard at a time whatever the number of clients)",
             ["kind"], registry=r)
         self.redis_errors = Counter(
             "processor_serve_redis_errors", "Redis calls that failed (retried for the "
             "readers, an error answer for a request)", registry=r)
+        self.redis_wait = Histogram(
+            "processor_serve_redis_wait_seconds", "Seconds a request waited for one of the "
+            "--redis-connections slots before its Redis calls (a burst of joins waits here "
+            "instead of failing)", registry=r,
+            buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+        self.cache = Counter(
+            "processor_serve_turn_cache", "Reads of a turn's past by outcome: hit (answered "
+            "from the per-turn cache), shared (a read another request started), read (a "
+            "read of Redis)", ["outcome"], registry=r)
+        self.over_budget = Counter(
+            "processor_serve_reads_over_budget", "Reads of a turn's past cut at --read-budget "
+            "bytes (the request gets what stays exact: the merged response at the end)",
+            registry=r)
+        self.connections_closed = Counter(
+            "processor_serve_connections_closed", "Connections closed before a request, by "
+            "reason: header_timeout (no whole request within --header-timeout), too_many "
+            "(past --max-pending waiting connections, the oldest first)", ["reason"],
+            registry=r)
+        for outcome in ("hit", "shared", "read"):
+            self.cache.labels(outcome)
+        for reason in ("header_timeout", "too_many"):
+            self.connections_closed.labels(reason)
         for verdict in Verdict:
             if verdict is not Verdict.OK:
                 self.auth_refusals.labels(verdict.value)

@@ -17,7 +17,10 @@ from processor.client.source import LogSource
 from processor.redis_io.connections import connect_retrying, redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
 from processor.serve.app import Server, make_app
+from processor.serve.cache import TurnCache
 from processor.serve.config import ServeConfig, unknown_env
+from processor.serve.gate import RedisGate
+from processor.serve.guard import PENDING, GuardedRunner, PendingConnections, in_request
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
 
@@ -31,9 +34,37 @@ def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]
     """The application on a connected client (also what the tests run)."""
     metrics = ServeMetrics()
     hub = Hub(client, config.namespace, metrics)
-    source = LogSource(client, config.namespace)
-    server = Server(config, client, hub, source, metrics)
-    return make_app(server), server
+    gate = RedisGate(config.redis_connections, metrics.redis_wait)
+    past = LogSource(client, config.namespace, config.read_budget, metrics.over_budget.inc)
+    source = TurnCache(past, hub, gate, metrics, config.turn_cache)
+    server = Server(config, client, hub, source, metrics, gate=gate)
+    app = make_app(server)
+    app[PENDING] = PendingConnections(config.header_timeout, config.max_pending, metrics)
+    app.middlewares.insert(0, in_request)
+    return app, server
+
+
+def pool_size(config: ServeConfig) -> int:
+    """Redis connections the process may hold: the requests' slots, one
+    blocking reader per shard, and a few more (a reader reconnecting)."""
+    return config.redis_connections + config.namespace.shards + 4
+
+
+def make_site(runner: web.AppRunner, config: ServeConfig) -> web.TCPSite:
+    """Where :func:`make_runner`'s runner listens. Its backlog (connections
+    the kernel holds until they are accepted, at most ``net.core.somaxconn``)
+    is ``--max-pending``: a burst of reconnects past the default of 128 had
+    its SYNs dropped and retried after 1, 3, 7 s..."""
+    return web.TCPSite(runner, config.host, config.port, backlog=config.max_pending)
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner of :func:`build`'s app: no access log (a browser's token
+    is in its URL), connections not in a request bounded
+    (processor/serve/guard.py). Handlers are not cancelled when their
+    client goes (a stream notices at its next write, a heartbeat at the
+    latest): a Redis call is never cancelled (see app.uncancelled)."""
+    return GuardedRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
 
 
 async def serve(config: ServeConfig) -> int:
@@ -46,7 +77,7 @@ async def serve(config: ServeConfig) -> int:
                     "and cancels every turn")
     log.info("connecting", extra={"url": redact(config.redis.url),
                                   "namespace": config.namespace.name})
-    client = await connect_retrying(config.redis, stop)
+    client = await connect_retrying(config.redis, stop, max_connections=pool_size(config))
     if client is None:
         return 0
     try:  # the namespace's shard count, from its record (processor.scripts.meta)
@@ -58,14 +89,14 @@ async def serve(config: ServeConfig) -> int:
         await client.aclose()
         return 2 if isinstance(exc, Mismatch) else 1
     config = replace(config, namespace=meta.keys)
+    pool = getattr(client, "connection_pool", None)  # (a cluster's node pools keep theirs)
+    if pool is not None:  # the record's shard count may exceed --shards'
+        pool.max_connections = max(pool.max_connections, pool_size(config))
     app, server = build(config, client)
-    # No access log: a browser's token is in its URL. Handlers are not cancelled
-    # when their client goes (a stream notices at its next write, a heartbeat at
-    # the latest): a Redis call is never cancelled (see app.uncancelled).
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    runner = make_runner(app)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = make_site(runner, config)
         try:
             await site.start()
         except OSError as exc:
@@ -97,7 +128,7 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 def main(config: ServeConfig) -> int:
-    logs.setup(config.log_level, fmt=config.log_format)
+    logs.setup(config.log_level, fmt=config.log_format, libraries=True)
     try:
         return asyncio.run(serve(config))
     except socket.gaierror as exc:
