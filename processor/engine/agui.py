@@ -421,6 +421,8 @@ class LiveRun:
         self.call_ids: dict[tuple[str, int], str] = {}  # (message id, index) -> toolCallId
         self.producer_calls: dict[str, str] = {}  # producer call_id -> toolCallId
         self.result_ids: dict[tuple[str, int], str] = {}  # (message id, index) -> messageId
+        self.folded = False  # events came from the turn's history, not sent on this connection
+        self.known = True  # self.client is what the client holds (else: a guess, see finish)
 
     # ------------------------------------------------------------- a connection
 
@@ -431,6 +433,8 @@ class LiveRun:
         if given is not None:
             self.given = [_copy(m) for m in given if m.get("id") not in self.used]
             self.client = ClientState(given)
+        elif self.folded:
+            self.known = False  # it says nothing: it may have joined by a snapshot, or missed some
 
     def reopen(self) -> list[dict[str, Any]]:
         """For a connection that starts after seq 0 (after its ``RUN_STARTED``):
@@ -472,6 +476,7 @@ class LiveRun:
 
     def fold(self, event: Mapping[str, Any]) -> None:
         """Take in an event the client already has (its output is not needed)."""
+        self.folded = True
         self.event(event)
 
     def event(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -509,14 +514,18 @@ class LiveRun:
         A stock client keeps what it holds in place and appends what only the
         snapshot has; where its messages stand in another order than the
         merged response's (the merge placed a message before one shown
-        earlier, e.g. an agent's block in a handoff), one
-        ``MESSAGES_SNAPSHOT`` of the longest prefix that keeps the order goes
-        first, so the client ends with exactly the merged order."""
+        earlier, e.g. an agent's block in a handoff, or a message's reasoning
+        and text came in one batch), one ``MESSAGES_SNAPSHOT`` of the longest
+        prefix that keeps the order goes first, so the client ends with
+        exactly the merged order. (Only reasoning that the merged response no
+        longer has at all can stay: a snapshot without reasoning keeps it.)"""
         run = project(response, meta, status)
         merged = messages(run[1:-1])
-        final = self._own(merged) + merged
+        own = self._own(merged)
+        final = own + merged
         ts = run[-1].get("timestamp")
-        group = [*self.close(steps=True), *self._trim(final), _snapshot(final, ts), run[-1]]
+        trim = self._trim(final) if self.known else self._clear(own, final)
+        group = [*self.close(steps=True), *trim, _snapshot(final, ts), run[-1]]
         return self._stamped(group, None)
 
     def close(self, *, steps: bool = False, keep: str | None = None) -> list[dict[str, Any]]:
@@ -667,11 +676,28 @@ class LiveRun:
 
         if lands(self.client.messages):
             return []
+        # A snapshot without reasoning keeps the client's reasoning messages:
+        # one to drop them holds a placeholder reasoning message, which the
+        # final snapshot (it has reasoning) drops in turn.
+        reasoning = any(m["role"] == "reasoning" for m in final)
+        placeholder = {"id": self._unique("processor:trim"), "role": "reasoning", "content": ""}
         for keep in range(len(final) - 1, -1, -1):
-            trimmed = after_snapshot(self.client.messages, final[:keep])
-            if lands(trimmed):
-                return [_snapshot(final[:keep], None)]
+            tries = [final[:keep]]
+            if reasoning and not any(m["role"] == "reasoning" for m in final[:keep]):
+                tries.append([*final[:keep], placeholder])
+            for trim in tries:
+                if lands(after_snapshot(self.client.messages, trim)):
+                    return [_snapshot(trim, None)]
         return []  # no prefix can (reasoning the merge no longer has): the snapshot decides
+
+    def _clear(self, own: list[AguiMessage], final: list[AguiMessage]) -> list[dict[str, Any]]:
+        """For a client whose messages are not known (it resumed without
+        posting them): a ``MESSAGES_SNAPSHOT`` of its own messages only (and
+        a placeholder reasoning message, so its reasoning goes too, when the
+        final snapshot has reasoning to drop the placeholder)."""
+        placeholder = {"id": self._unique("processor:trim"), "role": "reasoning", "content": ""}
+        reasoning = any(m["role"] == "reasoning" for m in final)
+        return [_snapshot([*own, *([placeholder] if reasoning else [])], None)]
 
     def _stamped(self, group: list[dict[str, Any]], ts: int | None) -> list[dict[str, Any]]:
         """The group with its timestamps, applied to what the client holds."""
