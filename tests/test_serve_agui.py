@@ -273,3 +273,81 @@ async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
         assert _held([head, again_events]) == _final_messages(item)
         deltas = sorted(d["delta"] for d in _data(run) if d["type"] == "TEXT_MESSAGE_CONTENT")
         assert deltas == ["It is 42.", "more from bob"]
+
+
+async def test_a_posted_run_agent_input_attaches_and_bad_ones_get_clear_errors(
+    redis_url, namespace
+) -> None:
+    """``POST ...?format=agui`` (what ``HttpAgent`` sends) answers the same
+    run as GET and never starts a turn; the client's own messages stay first
+    in the snapshots; a body that is not a RunAgentInput, too large, names
+    another turn's run, or wants another media type is refused in JSON."""
+    app_origin = "https://app.example.com"
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace, cors_origins=(app_origin,)))
+        producer = Producer(harness.client, namespace)
+        url = f"{serve.url}/v1/turns/p1/events?format=agui"
+        user = {"id": "u1", "role": "user", "content": "What about my invoice?"}
+        body = {"threadId": "t-any", "runId": "r-any", "messages": [user], "tools": [],
+                "state": {}, "context": [], "forwardedProps": {}}
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def refused(status: int, code: str, data: bytes | str = b"",
+                                  headers: dict[str, str] | None = None,
+                                  target: str = url) -> None:
+                    async with session.post(target, data=data, headers={
+                            **bearer("p1"), **(headers or {})}) as response:
+                        assert response.status == status, (status, await response.text())
+                        assert response.content_type == "application/json"
+                        assert (await response.json())["error"] == code
+
+                await refused(400, "bad_request", b"{not json")
+                await refused(400, "bad_request", b"[1, 2]")
+                await refused(400, "bad_request", json.dumps({"messages": {"id": 1}}))
+                await refused(400, "bad_request", json.dumps({"messages": [{"role": "user"}]}))
+                await refused(400, "bad_request", json.dumps({"runId": 7}))
+                await refused(413, "too_large", b" " * (4 * 1024 * 1024 + 1))
+                await refused(409, "other_turn", json.dumps({**body, "runId": "p2:synthesis"}))
+                await refused(406, "not_acceptable", json.dumps(body),
+                              {"Accept": "application/vnd.ag-ui.event+proto"})
+                await refused(400, "bad_request", json.dumps(body),
+                              target=url.replace("agui", "native"))
+                async with session.post(url, json=body) as response:
+                    assert response.status == 401  # the token is checked first
+                preflight = {"Origin": app_origin, "Access-Control-Request-Method": "POST",
+                             "Access-Control-Request-Headers":
+                                 "authorization, content-type, last-event-id"}
+                async with session.options(url, headers=preflight) as response:
+                    assert response.status == 204
+                    assert "POST" in response.headers["Access-Control-Allow-Methods"]
+                    allowed = response.headers["Access-Control-Allow-Headers"]
+                    assert {"Authorization", "Content-Type", "Last-Event-ID"} <= {
+                        h.strip() for h in allowed.split(",")}
+                # The turn does not exist yet: the POST waits for it, it starts nothing.
+                posted = await session.post(url, json={**body, "runId": "p1:synthesis"},
+                                            headers={**bearer("p1"), "Origin": app_origin,
+                                                     "Accept": "text/event-stream"})
+                assert posted.status == 200
+                assert posted.headers["Content-Type"] == "text/event-stream"
+                assert posted.headers["Access-Control-Allow-Origin"] == app_origin
+                assert await harness.merged_count() == 0
+                for update in _updates()[:4]:
+                    await producer.send("p1", update)
+                await producer.end("p1")
+                parser, events = sse.Parser(), []
+                async for chunk in posted.content.iter_any():
+                    events += [e for e in parser.feed(chunk) if isinstance(e, sse.Event)]
+                posted.release()
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("p1", 30)
+    data = _data(events)
+    assert data[0]["type"] == "RUN_STARTED" and events[0].id == "0"
+    assert data[-1]["type"] == "RUN_FINISHED"
+    merged = _final_messages(item)
+    assert data[-2]["messages"] == [user, *merged]
+    state = agui.ClientState([user])
+    for event in data:
+        state.apply(event)
+    assert state.messages == [user, *merged]
