@@ -9,12 +9,17 @@ response: the same messages, in the same order, with the same ids."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 import node_clients
+import pytest
 from serve_harness import LocalServe, bearer, config, start_local, text_update, token, wait_logged
 from worker_harness import Harness
 
@@ -202,3 +207,82 @@ async def test_httpagent_of_a_failed_turn_holds_its_partial_merge(redis_url, nam
     _check(result, merged)
     assert result["runs"][0][-1] == "RUN_ERROR"
     assert result["outcomes"][-1]["error"] == "producer_error"
+
+
+# --------------------------------------------------------------------------- AGUIChatClient
+
+
+@pytest.fixture(scope="session")
+def agui_chat_client(request: pytest.FixtureRequest) -> Path:
+    """A venv with ``agent-framework-ag-ui`` 1.7.0 (which pins
+    ``ag-ui-protocol`` < 0.2, so it cannot share the suite's venv), made once
+    under the pytest cache; its python."""
+    where = Path(request.config.cache.mkdir("agui-chat-client-venv"))
+    python = where / "bin" / "python"
+    stamp = where / "installed-1.7.0"
+    with open(where.parent / "agui-chat-client-venv.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        if not stamp.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(where)], check=True)
+            done = subprocess.run([str(python), "-m", "pip", "install", "-q",
+                                   "agent-framework-ag-ui==1.7.0"],
+                                  capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                pytest.fail(f"pip install agent-framework-ag-ui==1.7.0 failed: "
+                            f"{done.stderr.strip()[-2000:]}")
+            stamp.touch()
+    return python
+
+
+async def _chat_client(python: Path, serve: LocalServe, rid: str) -> Any:
+    url = f"{serve.url}/v1/turns/{rid}/events?format=agui"
+    proc = await asyncio.create_subprocess_exec(
+        str(python), str(Path(__file__).parent / "agui_chat_client.py"), url, token(rid),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-4000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def test_agent_frameworks_aguichatclient_gets_the_text_calls_and_results(
+    redis_url, namespace, agui_chat_client: Path
+) -> None:
+    """``AGUIChatClient`` (it POSTs, reads TEXT_MESSAGE_*, TOOL_CALL_* and
+    RUN_*, and ignores reasoning, steps and MESSAGES_SNAPSHOT) gets each
+    message's text, the call with its arguments and the result, live, and
+    the same for a finished turn and a cancelled one."""
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        producer = Producer(harness.client, namespace)
+        try:
+            client = asyncio.create_task(_chat_client(agui_chat_client, serve, "af1"))
+            await _streams(serve, 1)
+            await _produce(producer, "af1", _handoff())
+            await producer.end("af1")
+            live = await client
+            after = await _chat_client(agui_chat_client, serve, "af1")
+            await _produce(producer, "af2", [text_update("half an ", "m1", "alice")], 0)
+            await wait_logged(harness, "af2", 1)
+            cancelled = asyncio.create_task(_chat_client(agui_chat_client, serve, "af2"))
+            await _streams(serve, 1)
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{serve.url}/v1/turns/af2/cancel", headers=bearer("af2")) as response:
+                assert response.status == 202
+            cut = await cancelled
+        finally:
+            await serve.close()
+    for got in (live, after):
+        # Per message id, its text: a message that goes on after another one
+        # (bob's, after alice's handoff line) is a second message of the same id.
+        texts: dict[str, str] = {}
+        for m in got["messages"]:
+            if m["text"]:
+                texts[m["message_id"]] = texts.get(m["message_id"], "") + m["text"]
+        assert texts == {"al-3": "Handing over.",
+                         "bob-1": "Hi, I'm Bob. Your invoice was paid."}, got
+        calls = [c for m in got["messages"] for c in m["calls"]]
+        assert calls == [["c1", "handoff", '{"to": "billing"}']], got
+        results = [r for m in got["messages"] for r in m["results"]]
+        assert results == [["c1", "transferred"]], got
+    assert [m["text"] for m in cut["messages"]] == ["half an "], cut

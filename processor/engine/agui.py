@@ -463,14 +463,19 @@ class LiveRun:
         """A client that gets a snapshot has no message open: none is reopened."""
         self.text = self.thought = self.calling = None
 
-    def join(self, response: Response, seq_meta: Meta) -> list[dict[str, Any]]:
-        """A client that joins a running turn: the merge so far as a
-        ``MESSAGES_SNAPSHOT`` (its own messages first); call :meth:`forget_open`
+    def join(self, response: Response, meta: Meta) -> list[dict[str, Any]]:
+        """A client that joins a running turn: the merge so far as
+        :func:`project`'s run of it (so a client that reads only
+        ``TEXT_MESSAGE_*`` and ``TOOL_CALL_*`` gets the text too), after a
+        ``MESSAGES_SNAPSHOT`` of the client's own messages (the group starts
+        from them, whatever of the turn it held); call :meth:`forget_open`
         before this connection's :meth:`reopen`."""
-        merged = messages(project(response, seq_meta, "completed")[1:-1])
-        snapshot = _snapshot(self._own(merged) + merged, None)
-        self.client.apply(snapshot)
-        return [snapshot]
+        return self._stamped(self._replay(response, meta, "completed"), None)
+
+    def _replay(self, response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
+        run = project(response, meta, status)
+        merged = messages(run[1:-1])
+        return [_snapshot(self._own(merged), None), *run[1:-1]]
 
     # ------------------------------------------------------------- the events
 
@@ -524,8 +529,11 @@ class LiveRun:
         own = self._own(merged)
         final = own + merged
         ts = run[-1].get("timestamp")
-        trim = self._trim(final) if self.known else self._clear(own, final)
-        group = [*self.close(steps=True), *trim, _snapshot(final, ts), run[-1]]
+        if not self.used and not self.folded:  # a new client of a finished turn
+            head = self._replay(response, meta, status)  # the text, for clients that want it
+        else:
+            head = self._trim(final) if self.known else self._clear(own, final)
+        group = [*self.close(steps=True), *head, _snapshot(final, ts), run[-1]]
         return self._stamped(group, None)
 
     def close(self, *, steps: bool = False, keep: str | None = None) -> list[dict[str, Any]]:

@@ -402,10 +402,12 @@ async def _run_input(request: web.Request) -> RunInput:
     if not isinstance(given, list):
         raise refusal(400, "bad_request", "messages must be a list of AG-UI messages")
     for i, message in enumerate(given):
-        if not isinstance(message, dict) or not isinstance(message.get("id"), str) \
-                or not isinstance(message.get("role"), str):
-            raise refusal(400, "bad_request", f"messages[{i}] must be an object with a "
-                          "string id and role")
+        if not isinstance(message, dict):
+            raise refusal(400, "bad_request", f"messages[{i}] must be an object (an AG-UI "
+                          "message)")
+    # A message without a string id and role cannot be named by a snapshot:
+    # not kept (Agent Framework's AGUIChatClient posts its prompt without an id).
+    given = [m for m in given if isinstance(m.get("id"), str) and isinstance(m.get("role"), str)]
     return RunInput(body.get("runId"), given)
 
 
