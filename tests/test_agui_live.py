@@ -57,15 +57,17 @@ def _meta(response: Response) -> Meta:
 
 
 def _connection(events: list[dict[str, Any]], after: int, final: Response,
-                join: tuple[int, Response] | None = None) -> list[tuple[int | None, dict]]:
+                join: tuple[int, Response] | None = None,
+                given: list[dict[str, Any]] | None = None) -> list[tuple[int | None, dict]]:
     """What one connection gets, as (SSE id, event): the groups after
-    ``after`` (a new client: -1), as processor serve's Agui format frames them."""
+    ``after`` (a new client: -1), as processor serve's Agui format frames
+    them; ``given``: the messages the client posts (HttpAgent), else None (GET)."""
     live = agui.LiveRun()
     out: list[tuple[int | None, dict[str, Any]]] = []
     cut = join[0] if join else after
     for event in events[:cut + 1]:
         live.fold(event)
-    live.attach(None)  # a GET client: it posts nothing of what it holds
+    live.attach(given)
     if cut >= 0:
         if join:
             live.forget_open()
@@ -118,8 +120,30 @@ def test_a_client_ends_holding_the_merged_response_live_late_or_resumed(
     again = _connection(events, ids[-1] if ids else -1, final)
     _valid(again)
     assert _held(head, again) == want
+    # ... the same, posting what it holds (HttpAgent's RunAgentInput.messages).
+    posted = _connection(events, ids[-1] if ids else -1, final, given=_held(head))
+    _valid(posted)
+    assert _held(head, posted) == want
     # Joined late, by the snapshot of the merge after some batch.
     seq, so_far = data.draw(st.sampled_from(merges), label="join at")
     late = _connection(events, -1, final, (seq, so_far))
     _valid(late)
     assert _held(late) == want
+
+
+def test_a_cancel_reason_rides_on_run_finished_metadata() -> None:
+    """The cancel's reason (the terminal event's ``cancel_reason``) where
+    AG-UI 1.0 has room for it: ``RUN_FINISHED.metadata.cancelReason``."""
+    base = {"response_id": "c", "synthesis_id": "c:synthesis", "ts": 5, "seq": 3}
+    live = agui.LiveRun()
+    [end] = live.event({**base, "type": "synthesis", "status": "cancelled", "error": None,
+                        "cancel_reason": "user pressed stop"})
+    assert end["outcome"] == {"type": "cancelled"}
+    assert end["metadata"] == {"cancelReason": "user pressed stop"}
+    check_models([end])
+    final = Response(messages=[], response_id="c")
+    *_, finished = agui.LiveRun().finish(final, _meta(final), "cancelled", "user pressed stop")
+    assert finished["metadata"] == {"cancelReason": "user pressed stop"}
+    [plain] = agui.LiveRun().event({**base, "type": "synthesis", "status": "cancelled",
+                                    "error": None, "cancel_reason": None})
+    assert "metadata" not in plain

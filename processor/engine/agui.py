@@ -113,7 +113,8 @@ class _Run:
         for message in response.messages:
             self.message(message)
         self.events.append(ending(self.thread_id, self.run_id, status, self.meta.error,
-                                  _usage(response.usage_details), self.ts))
+                                  _usage(response.usage_details), self.ts,
+                                  cancel_reason_of(self.meta)))
         return self.events
 
     def message(self, message: Message) -> None:
@@ -191,9 +192,11 @@ def result_text(value: Any) -> str:
 
 
 def ending(thread_id: str, run_id: str, status: Status | str, error: ErrorInfo | None,
-           usage: list[dict[str, int]] | None, ts: int | None) -> dict[str, Any]:
+           usage: list[dict[str, int]] | None, ts: int | None,
+           cancel_reason: str | None = None) -> dict[str, Any]:
     """The terminal event of a run: ``RUN_ERROR`` for a failed turn, else
-    ``RUN_FINISHED`` with outcome ``success`` or ``cancelled``."""
+    ``RUN_FINISHED`` with outcome ``success`` or ``cancelled`` (a cancel's
+    reason in its ``metadata.cancelReason``: the outcome has no field for it)."""
     if status == "error":
         event: dict[str, Any] = {
             "type": "RUN_ERROR", "timestamp": ts,
@@ -203,7 +206,15 @@ def ending(thread_id: str, run_id: str, status: Status | str, error: ErrorInfo |
         outcome = "cancelled" if status == "cancelled" else "success"
         event = {"type": "RUN_FINISHED", "timestamp": ts, "threadId": thread_id,
                  "runId": run_id, "outcome": {"type": outcome}, "usage": usage}
+        if outcome == "cancelled" and cancel_reason:
+            event["metadata"] = {"cancelReason": cancel_reason}
     return {k: v for k, v in event.items() if v is not None}
+
+
+def cancel_reason_of(meta: Meta) -> str | None:
+    """A cancelled turn's reason, when its meta has one (``cancel_reason``)."""
+    reason = getattr(meta, "cancel_reason", None)
+    return reason if isinstance(reason, str) else None
 
 
 def _usage(details: dict[str, int] | None) -> list[dict[str, int]] | None:
@@ -506,13 +517,16 @@ class LiveRun:
             thread, run = thread_and_run_of(event, event["response_id"], event["synthesis_id"])
             error = event.get("error")
             info = ErrorInfo(error["code"], error["message"]) if error else None
+            reason = event.get("cancel_reason")
             group = [*self.close(steps=True),
-                     ending(thread, run, event.get("status", ""), info, None, None)]
+                     ending(thread, run, event.get("status", ""), info, None, None,
+                            reason if isinstance(reason, str) else None)]
         else:
             group = [{"type": "CUSTOM", "name": f"processor.{kind}", "value": dict(event)}]
         return self._stamped(group, event.get("ts"))
 
-    def finish(self, response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
+    def finish(self, response: Response, meta: Meta, status: Status,
+               cancel_reason: str | None = None) -> list[dict[str, Any]]:
         """The terminal group: everything closed, the merged response's
         ``MESSAGES_SNAPSHOT`` (after the client's own messages), the outcome.
 
@@ -525,6 +539,9 @@ class LiveRun:
         exactly the merged order. (Only reasoning that the merged response no
         longer has at all can stay: a snapshot without reasoning keeps it.)"""
         run = project(response, meta, status)
+        if cancel_reason and "metadata" not in run[-1] and run[-1].get("outcome") == {
+                "type": "cancelled"}:
+            run[-1] = {**run[-1], "metadata": {"cancelReason": cancel_reason}}
         merged = messages(run[1:-1])
         own = self._own(merged)
         final = own + merged

@@ -107,7 +107,8 @@ class Agui:
         self._attach()
         self.needs_start = False
         if event.terminal and merged is not None:
-            group = self._finish(merged)
+            reason = data.get("cancel_reason")
+            group = self._finish(merged, reason if isinstance(reason, str) else None)
         else:
             group = self.live.event(data)
         return [*frames, *_group(group, event.seq)]
@@ -129,10 +130,10 @@ class Agui:
             self.attached = True
             self.live.attach(self.given)
 
-    def _finish(self, merged: MergedOutput) -> list[dict[str, Any]]:
+    def _finish(self, merged: MergedOutput, reason: str | None = None) -> list[dict[str, Any]]:
         status: Status = merged.status  # type: ignore[assignment]  # the worker wrote it
         return self.live.finish(_response.decode(merged.response), _meta.decode(merged.meta),
-                                status)
+                                status, reason)
 
     def _start(self, first: dict[str, Any] | None, turn: TurnRef | None,
                meta: Meta | None = None) -> list[bytes]:
