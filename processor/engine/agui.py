@@ -50,6 +50,9 @@ from processor.wire.ids import TurnKey
 from processor.wire.models import Content, ErrorInfo, Message, Meta, Response, Status
 
 PROTOCOL_VERSION = "1.0"
+#: The id of the empty reasoning message a trimming snapshot holds (see
+#: :meth:`LiveRun.finish`); never one of a client's own messages.
+PLACEHOLDER = "processor:trim"
 #: Roles a TEXT_MESSAGE_START may carry (AG-UI's TextMessageRole).
 _TEXT_ROLES = frozenset({"developer", "system", "assistant", "user"})
 #: Agent Framework usage counters -> AG-UI TokenUsage fields.
@@ -258,18 +261,27 @@ class ClientState:
     """
 
     def __init__(self, messages: list[AguiMessage] | None = None) -> None:
-        self.messages: list[AguiMessage] = [_copy(m) for m in messages or []]
+        self.messages: list[AguiMessage] = []
+        self._reset([_copy(m) for m in messages or []])
+
+    def _reset(self, held: list[AguiMessage]) -> None:
+        self.messages = held
+        self._ids: dict[str, AguiMessage] = {}  # (the first message of each id)
+        self._calls: dict[str, dict[str, Any]] = {}
+        for message in held:
+            self._index(message)
+
+    def _index(self, message: AguiMessage) -> None:
+        self._ids.setdefault(message.get("id"), message)  # type: ignore[arg-type]
+        for call in message.get("toolCalls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                self._calls.setdefault(call["id"], call)
 
     def find(self, mid: str) -> AguiMessage | None:
-        return next((m for m in self.messages if m.get("id") == mid), None)
+        return self._ids.get(mid)
 
     def call(self, call_id: str) -> dict[str, Any] | None:
-        for message in self.messages:
-            for call in message.get("toolCalls") or ():
-                if call.get("id") == call_id:
-                    found: dict[str, Any] = call
-                    return found
-        return None
+        return self._calls.get(call_id)
 
     def apply(self, event: Mapping[str, Any]) -> None:
         kind = event["type"]
@@ -280,6 +292,7 @@ class ClientState:
                 if kind == "TEXT_MESSAGE_START" and "name" in event:
                     message["name"] = event["name"]
                 self.messages.append(message)
+                self._index(message)
         elif kind in ("TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"):
             found = self.find(event["messageId"])
             if found is not None:
@@ -298,7 +311,7 @@ class ClientState:
         elif kind == "TOOL_CALL_RESULT":
             self._result(event)
         elif kind == "MESSAGES_SNAPSHOT":
-            self.messages = after_snapshot(self.messages, event["messages"])
+            self._reset(after_snapshot(self.messages, event["messages"]))
 
     def _call_start(self, event: Mapping[str, Any]) -> None:
         call_id, name = event["toolCallId"], event["toolCallName"]
@@ -312,8 +325,10 @@ class ClientState:
             parent = {"id": call_id if parent is not None or parent_id is None else parent_id,
                       "role": "assistant", "toolCalls": []}
             self.messages.append(parent)
-        parent.setdefault("toolCalls", []).append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}})
+            self._index(parent)
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        parent.setdefault("toolCalls", []).append(call)
+        self._calls.setdefault(call_id, call)
 
     def _result(self, event: Mapping[str, Any]) -> None:
         message = {"id": event["messageId"], "toolCallId": event["toolCallId"],
@@ -321,6 +336,7 @@ class ClientState:
         holder = next((i for i, m in enumerate(self.messages) if m["role"] == "assistant"
                        and any(c.get("id") == event["toolCallId"]
                                for c in m.get("toolCalls") or ())), None)
+        self._index(message)
         if holder is None:
             self.messages.append(message)
             return
@@ -442,7 +458,7 @@ class LiveRun:
         posts as ``RunAgentInput.messages``) instead of what the folded
         events built, when it says; nothing is open on its side yet."""
         if given is not None:
-            self.given = [_copy(m) for m in given if m.get("id") not in self.used]
+            self.given = [_copy(m) for m in given]
             self.client = ClientState(given)
         elif self.folded:
             self.known = False  # it says nothing: it may have joined by a snapshot, or missed some
@@ -468,7 +484,7 @@ class LiveRun:
                           None)
             out.append(_bare({"type": "TOOL_CALL_START", "toolCallId": self.calling,
                               "toolCallName": name, "parentMessageId": parent}))
-        return out
+        return self._stamped(out, None)  # (a client that lacks one gets it: it is applied)
 
     def forget_open(self) -> None:
         """A client that gets a snapshot has no message open: none is reopened."""
@@ -683,9 +699,12 @@ class LiveRun:
         return [*out, _snapshot(now, None)]
 
     def _own(self, merged: list[AguiMessage]) -> list[AguiMessage]:
-        """The client's own messages: those it posted that are not the turn's."""
+        """The client's own messages: those it posted that are not the turn's
+        (not in the merge, and no id this projection handed out, up to now:
+        a message of a group it had in part is handed out when sent again)."""
         ids = {m["id"] for m in merged}
-        return [m for m in self.given if m.get("id") not in ids]
+        return [m for m in self.given if m.get("id") not in ids and m.get("id") not in self.used
+                and not str(m.get("id")).startswith(PLACEHOLDER)]
 
     def _unique(self, candidate: str) -> str:
         while candidate in self.used:
@@ -694,33 +713,44 @@ class LiveRun:
         return candidate
 
     def _trim(self, final: list[AguiMessage]) -> list[dict[str, Any]]:
-        want = [m["id"] for m in final]
-
-        def lands(held: list[AguiMessage]) -> bool:
-            return [m["id"] for m in after_snapshot(held, final)] == want
-
-        if lands(self.client.messages):
-            return []
+        """The ``MESSAGES_SNAPSHOT`` that makes ``final`` land in its order
+        (none when it does as it is). After a snapshot ``T``, a client holds
+        its messages that ``T`` names, in its own order, then the rest of
+        ``T``; so ``final[:k]`` fits when it is messages the client holds, in
+        the client's order, then messages it does not hold; the longest such
+        prefix is found in one pass."""
+        held = {m["id"]: i for i, m in enumerate(self.client.messages)}
+        keep, last, fresh = 0, -1, False
+        for message in final:
+            at = held.get(message["id"])
+            if at is None:
+                fresh = True
+            elif fresh or at < last:
+                break
+            else:
+                last = at
+            keep += 1
+        if keep == len(final):
+            return []  # (reasoning the merge no longer has stays: no snapshot drops it)
+        trim = final[:keep]
         # A snapshot without reasoning keeps the client's reasoning messages:
         # one to drop them holds a placeholder reasoning message, which the
         # final snapshot (it has reasoning) drops in turn.
-        reasoning = any(m["role"] == "reasoning" for m in final)
-        placeholder = {"id": self._unique("processor:trim"), "role": "reasoning", "content": ""}
-        for keep in range(len(final) - 1, -1, -1):
-            tries = [final[:keep]]
-            if reasoning and not any(m["role"] == "reasoning" for m in final[:keep]):
-                tries.append([*final[:keep], placeholder])
-            for trim in tries:
-                if lands(after_snapshot(self.client.messages, trim)):
-                    return [_snapshot(trim, None)]
-        return []  # no prefix can (reasoning the merge no longer has): the snapshot decides
+        kept = {m["id"] for m in trim}
+        if not any(m["role"] == "reasoning" for m in trim) \
+                and any(m["role"] == "reasoning" for m in final) \
+                and any(m["role"] == "reasoning" and m["id"] not in kept
+                        for m in self.client.messages):
+            trim = [*trim, {"id": self._unique(PLACEHOLDER), "role": "reasoning",
+                            "content": ""}]
+        return [_snapshot(trim, None)]
 
     def _clear(self, own: list[AguiMessage], final: list[AguiMessage]) -> list[dict[str, Any]]:
         """For a client whose messages are not known (it resumed without
         posting them): a ``MESSAGES_SNAPSHOT`` of its own messages only (and
         a placeholder reasoning message, so its reasoning goes too, when the
         final snapshot has reasoning to drop the placeholder)."""
-        placeholder = {"id": self._unique("processor:trim"), "role": "reasoning", "content": ""}
+        placeholder = {"id": self._unique(PLACEHOLDER), "role": "reasoning", "content": ""}
         reasoning = any(m["role"] == "reasoning" for m in final)
         return [_snapshot([*own, *([placeholder] if reasoning else [])], None)]
 
