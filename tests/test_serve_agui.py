@@ -310,6 +310,7 @@ async def test_a_posted_run_agent_input_attaches_and_bad_ones_get_clear_errors(
 
                 await refused(400, "bad_request", b"{not json")
                 await refused(400, "bad_request", b"[1, 2]")
+                await refused(400, "bad_request", b"[" * 100_000)  # too deep for a parser
                 await refused(400, "bad_request", json.dumps({"messages": {"id": 1}}))
                 await refused(400, "bad_request", json.dumps({"messages": [7]}))
                 await refused(400, "bad_request", json.dumps({"runId": 7}))

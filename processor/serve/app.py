@@ -381,14 +381,19 @@ class RunInput:
 async def _run_input(request: web.Request) -> RunInput:
     if request.content_length is not None and request.content_length > MAX_RUN_INPUT:
         raise refusal(413, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
-    raw = await request.content.read(MAX_RUN_INPUT + 1)
-    if len(raw) > MAX_RUN_INPUT:
-        raise refusal(413, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):  # read() may stop short: to EOF
+        size += len(chunk)
+        if size > MAX_RUN_INPUT:
+            raise refusal(413, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
+        parts.append(chunk)
+    raw = b"".join(parts)
     if not raw.strip():
         return RunInput(None, None)
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise refusal(400, "bad_request", "the body must be JSON: AG-UI's RunAgentInput "
                       "({threadId, runId, messages, ...})") from None
     if not isinstance(body, dict):

@@ -1,11 +1,12 @@
 """How a stream's items are written: the worker's events as they are
 (:class:`Native`), or as AG-UI 1.0 events (:class:`Agui`, ``?format=agui``).
 
-Both send one SSE event per seq at most with that seq as its ``id:``, so a
-resume (``Last-Event-ID``) is the same in both: every seq after it, once.
-What has no seq of its own (the native ``merged``, AG-UI's final
-``MESSAGES_SNAPSHOT``) goes just before the terminal event without an id,
-so a client cut off between the two gets both again. Pure: items in, SSE
+Both put a seq on one SSE event at most, as its ``id:``, so a resume
+(``Last-Event-ID``) is the same in both: every seq after it, once. Native
+sends one event per seq; AG-UI a group per seq whose last event alone
+carries the id. What has no seq of its own (the native ``merged``, AG-UI's
+final ``MESSAGES_SNAPSHOT``) goes just before the terminal event without an
+id, so a client cut off between the two gets both again. Pure: items in, SSE
 frames out; the AG-UI rendering itself is :mod:`processor.engine.agui`'s.
 """
 
@@ -76,7 +77,8 @@ class Agui:
     (``HttpAgent``) sees a request. It starts with ``RUN_STARTED``: the
     turn's own (id 0) from its start, else one without an id and what is
     open at the client's point opened again; then, for a client that has
-    nothing, the ``MESSAGES_SNAPSHOT`` of the merge so far (id: its seq);
+    nothing, the merge so far as ``--agui``'s run of it (the group's id: the
+    snapshot's seq);
     then each worker event as a group of AG-UI events whose last one alone
     carries the seq; the terminal group ends with the merged response's
     ``MESSAGES_SNAPSHOT`` and ``RUN_FINISHED`` (``success``, ``cancelled``)
@@ -87,8 +89,7 @@ class Agui:
 
     def __init__(self, fresh: bool, given: list[dict[str, Any]] | None = None) -> None:
         self.live = agui.LiveRun()
-        self.needs_start = True  # this connection has no RUN_STARTED yet
-        self.fresh = fresh
+        self.needs_start = True  # this connection has no RUN_STARTED yet (fresh or not)
         self.given = given
         self.attached = False
 
