@@ -33,6 +33,8 @@ async def main(url: str, token: str) -> dict[str, Any]:
                       if c.type == "function_call"],
             "results": [[c.call_id, c.result] for c in message.contents
                         if c.type == "function_result"],
+            "errors": [getattr(c, "message", None) for c in message.contents
+                       if c.type == "error"],
         })
     return {"text": response.text, "messages": messages,
             "finish_reason": str(response.finish_reason) if response.finish_reason else None}

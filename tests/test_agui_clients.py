@@ -250,7 +250,8 @@ async def test_agent_frameworks_aguichatclient_gets_the_text_calls_and_results(
     """``AGUIChatClient`` (it POSTs, reads TEXT_MESSAGE_*, TOOL_CALL_* and
     RUN_*, and ignores reasoning, steps and MESSAGES_SNAPSHOT) gets each
     message's text, the call with its arguments and the result, live, and
-    the same for a finished turn and a cancelled one."""
+    the same for a finished turn; a cancelled turn's text; a failed turn's
+    text and error."""
     async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
@@ -270,6 +271,12 @@ async def test_agent_frameworks_aguichatclient_gets_the_text_calls_and_results(
                     f"{serve.url}/v1/turns/af2/cancel", headers=bearer("af2")) as response:
                 assert response.status == 202
             cut = await cancelled
+            await _produce(producer, "af3", [text_update("Thinking about ", "m1", "alice")], 0)
+            await wait_logged(harness, "af3", 1)
+            failing = asyncio.create_task(_chat_client(agui_chat_client, serve, "af3"))
+            await _streams(serve, 1)
+            await producer.error("af3", "model quota exceeded", code="429")
+            failed = await failing
         finally:
             await serve.close()
     for got in (live, after):
@@ -286,3 +293,7 @@ async def test_agent_frameworks_aguichatclient_gets_the_text_calls_and_results(
         results = [r for m in got["messages"] for r in m["results"]]
         assert results == [["c1", "transferred"]], got
     assert [m["text"] for m in cut["messages"]] == ["half an "], cut
+    # A failed turn: its text, then RUN_ERROR's message as an error content.
+    assert failed["messages"][0]["text"] == "Thinking about ", failed
+    errors = [e for m in failed["messages"] for e in m["errors"]]
+    assert len(errors) == 1 and "model quota exceeded" in errors[0], failed
