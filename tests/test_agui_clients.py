@@ -143,15 +143,17 @@ async def test_httpagent_cut_and_resumed_with_last_event_id_holds_the_merged_res
     redis_url, namespace
 ) -> None:
     """Cut after each of several numbers of events, then run again with
-    ``Last-Event-ID``: the same messages as the merged response."""
+    ``Last-Event-ID`` (while the turn runs, and once after it ended): the
+    same messages as the merged response."""
     async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
         producer = Producer(harness.client, namespace)
-        cuts = (3, 7, 12, 20)
+        cuts = (3, 7, 12, 20, 5)  # the last one resumes after the turn ended
         try:
-            clients = [asyncio.create_task(_client(serve, "h3", cutAfter=n, resumeDelayMs=300))
-                       for n in cuts]
+            clients = [asyncio.create_task(_client(
+                serve, "h3", cutAfter=n, resumeDelayMs=300 if i < 4 else 6000))
+                for i, n in enumerate(cuts)]
             await _streams(serve, len(cuts))
             await _produce(producer, "h3", _handoff(), 0.3)
             await producer.end("h3")

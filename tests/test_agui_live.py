@@ -67,7 +67,7 @@ def _connection(events: list[dict[str, Any]], after: int, final: Response,
     cut = join[0] if join else after
     for event in events[:cut + 1]:
         live.fold(event)
-    live.attach(given)
+    live.attach(given, resumed=after >= 0 and join is None)
     if cut >= 0:
         if join:
             live.forget_open()
@@ -83,6 +83,16 @@ def _connection(events: list[dict[str, Any]], after: int, final: Response,
             group = live.event(event)
         out += [(event["seq"] if i == len(group) - 1 else None, e) for i, e in enumerate(group)]
     return out
+
+
+def _after_the_end(final: Response, given: list[dict[str, Any]] | None
+                   ) -> list[tuple[int | None, dict[str, Any]]]:
+    """A client that resumes a finished turn: RUN_STARTED, then the end."""
+    live = agui.LiveRun()
+    live.attach(given, resumed=True)
+    thread, run = agui.thread_and_run(_meta(final))
+    return [(None, {"type": "RUN_STARTED", "threadId": thread, "runId": run}),
+            *((None, e) for e in live.finish(final, _meta(final), "completed"))]
 
 
 def _held(*connections: list[tuple[int | None, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -124,6 +134,12 @@ def test_a_client_ends_holding_the_merged_response_live_late_or_resumed(
     posted = _connection(events, ids[-1] if ids else -1, final, given=_held(head))
     _valid(posted)
     assert _held(head, posted) == want
+    # ... or after the turn ended: serve reads no history then (the merged
+    # response replaces it), only the end.
+    for posted_messages in (None, _held(head)):
+        ended = _after_the_end(final, posted_messages)
+        _valid(ended)
+        assert _held(head, ended) == want
     # Joined late, by the snapshot of the merge after some batch.
     seq, so_far = data.draw(st.sampled_from(merges), label="join at")
     late = _connection(events, -1, final, (seq, so_far))

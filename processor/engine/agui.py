@@ -41,11 +41,13 @@ The same ids are what :class:`LiveRun` (a running turn, ``processor serve
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from processor.engine.combine import turn_tag
 from processor.wire.ids import TurnKey
 from processor.wire.models import Content, ErrorInfo, Message, Meta, Response, Status
 
@@ -53,6 +55,8 @@ PROTOCOL_VERSION = "1.0"
 #: The id of the empty reasoning message a trimming snapshot holds (see
 #: :meth:`LiveRun.finish`); never one of a client's own messages.
 PLACEHOLDER = "processor:trim"
+#: The suffixes this module derives AG-UI ids with (and ``~``, made unique).
+_DERIVED = re.compile(r"(?::reasoning|:result|:call\d+)?~*$")
 #: Roles a TEXT_MESSAGE_START may carry (AG-UI's TextMessageRole).
 _TEXT_ROLES = frozenset({"developer", "system", "assistant", "user"})
 #: Agent Framework usage counters -> AG-UI TokenUsage fields.
@@ -450,17 +454,20 @@ class LiveRun:
         self.result_ids: dict[tuple[str, int], str] = {}  # (message id, index) -> messageId
         self.folded = False  # events came from the turn's history, not sent on this connection
         self.known = True  # self.client is what the client holds (else: a guess, see finish)
+        self.resumed = False  # the client has some of the turn from an earlier connection
 
     # ------------------------------------------------------------- a connection
 
-    def attach(self, given: list[AguiMessage] | None) -> None:
+    def attach(self, given: list[AguiMessage] | None, resumed: bool = False) -> None:
         """A new connection: the client holds ``given`` (what a stock client
         posts as ``RunAgentInput.messages``) instead of what the folded
-        events built, when it says; nothing is open on its side yet."""
+        events built, when it says; nothing is open on its side yet.
+        ``resumed``: it has some of the turn (it sent ``Last-Event-ID``)."""
+        self.resumed = resumed
         if given is not None:
             self.given = [_copy(m) for m in given]
             self.client = ClientState(given)
-        elif self.folded:
+        elif self.folded or resumed:
             self.known = False  # it says nothing: it may have joined by a snapshot, or missed some
 
     def reopen(self) -> list[dict[str, Any]]:
@@ -502,7 +509,7 @@ class LiveRun:
     def _replay(self, response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
         run = project(response, meta, status)
         merged = messages(run[1:-1])
-        return [_snapshot(self._own(merged), None), *run[1:-1]]
+        return [_snapshot(self._own(merged, response, meta), None), *run[1:-1]]
 
     # ------------------------------------------------------------- the events
 
@@ -559,10 +566,10 @@ class LiveRun:
                 "type": "cancelled"}:
             run[-1] = {**run[-1], "metadata": {"cancelReason": cancel_reason}}
         merged = messages(run[1:-1])
-        own = self._own(merged)
+        own = self._own(merged, response, meta)
         final = own + merged
         ts = run[-1].get("timestamp")
-        if not self.used and not self.folded:  # a new client of a finished turn
+        if not self.used and not self.folded and not self.resumed:  # new, of a finished turn
             head = self._replay(response, meta, status)  # the text, for clients that want it
         else:
             head = self._trim(final) if self.known else self._clear(own, final)
@@ -698,13 +705,27 @@ class LiveRun:
         now = [m for m in now if m["id"] != target or m.get("content") or m.get("toolCalls")]
         return [*out, _snapshot(now, None)]
 
-    def _own(self, merged: list[AguiMessage]) -> list[AguiMessage]:
-        """The client's own messages: those it posted that are not the turn's
-        (not in the merge, and no id this projection handed out, up to now:
-        a message of a group it had in part is handed out when sent again)."""
-        ids = {m["id"] for m in merged}
-        return [m for m in self.given if m.get("id") not in ids and m.get("id") not in self.used
-                and not str(m.get("id")).startswith(PLACEHOLDER)]
+    def _own(self, merged: list[AguiMessage], response: Response,
+             meta: Meta) -> list[AguiMessage]:
+        """The client's own messages: those it posted that are not the turn's.
+        The turn's: in the merge, an id this projection handed out (up to
+        now: a message of a group the client had in part is handed out when
+        sent again), or derived from one of the turn's (``<message id>:...``
+        of a message in the merge, of an id-less one the merge assigned
+        ``msg-<n>-<turn tag>``, which may have folded away since, or the
+        trim placeholder)."""
+        ids = {m["id"] for m in merged} | self.used
+        messages_of_turn = {m.message_id for m in response.messages if m.message_id}
+        tag = turn_tag(TurnKey(meta.response_id, meta.attempt_id or ""))
+        assigned = re.compile(rf"msg-\d+-{tag}~*")
+
+        def turns(mid: str) -> bool:
+            if mid in ids or mid.startswith(PLACEHOLDER):
+                return True
+            base = _DERIVED.sub("", mid)
+            return base in messages_of_turn or assigned.fullmatch(base) is not None
+
+        return [m for m in self.given if not turns(str(m.get("id")))]
 
     def _unique(self, candidate: str) -> str:
         while candidate in self.used:

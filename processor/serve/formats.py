@@ -90,6 +90,7 @@ class Agui:
     def __init__(self, fresh: bool, given: list[dict[str, Any]] | None = None) -> None:
         self.live = agui.LiveRun()
         self.needs_start = True  # this connection has no RUN_STARTED yet (fresh or not)
+        self.resumed = not fresh
         self.given = given
         self.attached = False
 
@@ -129,7 +130,7 @@ class Agui:
     def _attach(self) -> None:
         if not self.attached:
             self.attached = True
-            self.live.attach(self.given)
+            self.live.attach(self.given, self.resumed)
 
     def _finish(self, merged: MergedOutput, reason: str | None = None) -> list[dict[str, Any]]:
         status: Status = merged.status  # type: ignore[assignment]  # the worker wrote it
