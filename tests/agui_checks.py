@@ -40,6 +40,35 @@ from pydantic import TypeAdapter
 _EVENT = TypeAdapter(Event)
 
 
+
+_OPENS = {"TEXT_MESSAGE_START": "messageId", "REASONING_START": "messageId",
+          "REASONING_MESSAGE_START": "messageId", "TOOL_CALL_START": "toolCallId"}
+_SAME = {"TEXT_MESSAGE_CONTENT": "messageId", "TEXT_MESSAGE_END": "messageId",
+         "REASONING_MESSAGE_CONTENT": "messageId", "REASONING_MESSAGE_END": "messageId",
+         "REASONING_END": "messageId", "TOOL_CALL_ARGS": "toolCallId",
+         "TOOL_CALL_END": "toolCallId", "TOOL_CALL_RESULT": "toolCallId"}
+
+
+def distinct_reopens(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events with each reopening of an id (a START after its END, which
+    AG-UI 1.0 allows and the validator's 0.x catalog does not) under an id of
+    its own (``<id>#<n>``), so the validator checks every span strictly."""
+    spans: dict[tuple[str, str], int] = {}
+    out = []
+    for event in events:
+        kind = event["type"]
+        field = _OPENS.get(kind) or _SAME.get(kind)
+        if field is None or field not in event:
+            out.append(event)
+            continue
+        key = (kind.partition("_")[0] + ("_MSG" if "MESSAGE" in kind else ""), event[field])
+        if kind in _OPENS:
+            spans[key] = spans.get(key, -1) + 1
+        n = spans.get(key, 0)
+        out.append({**event, field: event[field] if n == 0 else f"{event[field]}#{n}"})
+    return out
+
+
 def check_models(events: list[dict[str, Any]]) -> None:
     """Every event is exactly an AG-UI 1.0 event of its type."""
     for event in events:

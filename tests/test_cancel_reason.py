@@ -137,4 +137,4 @@ def test_agui_run_finished_carries_the_reason_in_its_metadata() -> None:
         for event in (stored, live):
             check_models([event])
             assert event["type"] == "RUN_FINISHED"
-            assert event.get("metadata") == ({"cancel_reason": reason} if reason else None)
+            assert event.get("metadata") == ({"cancelReason": reason} if reason else None)

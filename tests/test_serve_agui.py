@@ -1,9 +1,13 @@
 """``GET /v1/turns/{id}/events?format=agui`` over real HTTP, against real
-workers (``--progress``) and a private Redis: every stream a client reads
+workers (``--progress``) and a private Redis: every connection a client reads
 (live, a late join, a join by snapshot, resumed after a cut anywhere) is an
 AG-UI 1.0 run that the ``ag-ui-protocol`` models and ``ag-ui-validate``
-accept with no rule turned off, ends on the turn's outcome (cancelled
-included), and holds the merged response in its last ``MESSAGES_SNAPSHOT``."""
+accept (each reopened id as a span of its own, :func:`agui_checks.distinct_reopens`),
+ends on the turn's outcome (cancelled included), and holds the merged
+response in its last ``MESSAGES_SNAPSHOT``; a client applying the events
+(:class:`processor.engine.agui.ClientState`, @ag-ui/client's rules) ends with
+exactly its messages, however it was cut. tests/test_agui_clients.py runs
+the real ``HttpAgent``."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from ag_ui_validate.pytest_plugin import assert_valid_agui
-from agui_checks import check_models
+from agui_checks import check_models, distinct_reopens
 from serve_harness import (
     bearer,
     config,
@@ -58,23 +62,41 @@ def _data(events: list[sse.Event]) -> list[dict[str, Any]]:
     return [json.loads(e.data) for e in events]
 
 
+def _final_messages(item: Any) -> list[dict[str, Any]]:
+    response = msgspec.json.decode(json.dumps(item.response), type=Response)
+    meta = msgspec.json.decode(json.dumps(item.meta), type=Meta)
+    return agui.messages(agui.project(response, meta, item.status)[1:-1])
+
+
+def _held(connections: list[list[sse.Event]]) -> list[dict[str, Any]]:
+    """What a client holds after reading these connections one after the other."""
+    state = agui.ClientState()
+    for events in connections:
+        for event in _data(events):
+            state.apply(event)
+    return state.messages
+
+
 def _check_run(events: list[sse.Event], item: Any, outcome: str = "success") -> None:
-    """A whole AG-UI run, as one client read it (over one or more connections)."""
+    """A whole AG-UI run, as one client read it on one connection."""
     data = _data(events)
-    check_models(data)
-    assert_valid_agui(data, max_warnings=0)  # no rule turned off
+    check_models([{k: v for k, v in d.items() if k != "rawEvent"} for d in data])
+    # Every rule on but AGUI204 (arguments closed as streamed so far); an id
+    # reopened after its END (AG-UI 1.0) is checked as a span of its own.
+    assert_valid_agui(distinct_reopens(data), severity_overrides={"AGUI204": "off"},
+                      max_warnings=0)
     types = [d["type"] for d in data]
     assert types[0] == "RUN_STARTED" and types.count("RUN_STARTED") == 1, types
     assert types[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"], types
     assert data[-1]["outcome"] == {"type": outcome}
     assert data[0]["threadId"] == data[-1]["threadId"] and data[0]["runId"] == data[-1]["runId"]
-    # The last snapshot is the merged response, as --agui's run of it says it.
-    response = msgspec.json.decode(json.dumps(item.response), type=Response)
-    meta = msgspec.json.decode(json.dumps(item.meta), type=Meta)
-    assert data[-2]["messages"] == agui.messages(agui.project(response, meta, item.status)[1:-1])
-    # ids are seqs, increasing; the snapshot before the end has none.
+    # The last snapshot is the merged response, as --agui's run of it says it,
+    # and what the client holds.
+    assert data[-2]["messages"] == _final_messages(item) == _held([events])
+    # ids are seqs, increasing, also as rawEvent.seq; the snapshot before the end has none.
     ids = [int(e.id) for e in events if e.id is not None]
     assert ids == sorted(set(ids)), ids
+    assert [d["rawEvent"]["seq"] for d in data if "rawEvent" in d] == ids
     assert events[-2].id is None and events[-1].id is not None
 
 
@@ -103,21 +125,24 @@ async def test_a_turn_streams_as_a_valid_agui_run_ending_with_the_merged_respons
         item = await Subscriber(harness.client, namespace).wait_for("a1", 30)
         _check_run(events, item)
         data = _data(events)
-        # Each delta once (a batch's events come in the turn's merge order, not send order).
-        deltas = sorted(d["delta"] for d in data if d["type"] == "TEXT_MESSAGE_CHUNK")
+        # Each delta once (a batch's events come in the turn's merge order, not send order),
+        # under the message's own id.
+        deltas = sorted(d["delta"] for d in data if d["type"] == "TEXT_MESSAGE_CONTENT")
         assert deltas == sorted(["Hello ", "Hi ", "there. ", "more from bob", "It is 42."])
-        chunk_ids = [d["messageId"] for d in data if d["type"] == "TEXT_MESSAGE_CHUNK"]
-        assert all(i.partition("~")[0] in ("m1", "m2") for i in chunk_ids), chunk_ids
-        custom = [d for d in data if d["type"] == "CUSTOM"]
-        assert {d["name"] for d in custom} <= {"processor.step", "processor.reasoning.chunk",
-                                               "processor.tool_call.chunk",
-                                               "processor.tool_result"}
-        assert all(d["name"] == f"processor.{d['value']['type']}" for d in custom)
-        calls = [d["value"] for d in custom if d["name"] == "processor.tool_call.chunk"]
-        assert calls  # the call's argument pieces, as the worker streamed them (a batch joins them)
+        assert {d["messageId"] for d in data if d["type"] == "TEXT_MESSAGE_CONTENT"} == {
+            "m1", "m2"}
+        assert not [d for d in data if d["type"] in ("CUSTOM", "TEXT_MESSAGE_CHUNK")]
+        types = {d["type"] for d in data}
+        assert {"REASONING_MESSAGE_CONTENT", "TOOL_CALL_START", "TOOL_CALL_ARGS",
+                "TOOL_CALL_RESULT", "STEP_STARTED"} <= types, types
+        args = "".join(d["delta"] for d in data if d["type"] == "TOOL_CALL_ARGS")
+        assert args == '{"q": "x"}'  # the call's argument pieces, as the worker streamed them
         _check_run(late, item)
-        assert [d["type"] for d in _data(late)] == ["RUN_STARTED", "MESSAGES_SNAPSHOT",
-                                                    "RUN_FINISHED"]
+        # ... as --agui's run of it (a client that reads only TEXT_MESSAGE_* gets the
+        # text too), then the snapshot and the end.
+        late_types = [d["type"] for d in _data(late)]
+        assert late_types[0] == "RUN_STARTED" and "TEXT_MESSAGE_CONTENT" in late_types
+        assert late_types[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
         assert merged_text(item.response) == "Hello there. It is 42.Hi more from bob"
 
 
@@ -131,7 +156,7 @@ async def test_a_cancelled_turn_finishes_its_run_cancelled(redis_url, namespace)
                 stream = await open_stream(session, f"{serve.url}/v1/turns/c1/events{AGUI}",
                                            bearer("c1"))
                 await producer.send("c1", text_update("half an answer"))
-                while json.loads((await stream.event()).data)["type"] != "TEXT_MESSAGE_CHUNK":
+                while json.loads((await stream.event()).data)["type"] != "TEXT_MESSAGE_CONTENT":
                     pass
                 async with session.post(f"{serve.url}/v1/turns/c1/cancel",
                                         headers=bearer("c1")) as response:
@@ -149,8 +174,10 @@ async def test_a_cancelled_turn_finishes_its_run_cancelled(redis_url, namespace)
 async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
     redis_url, namespace
 ) -> None:
-    """Clients cut after each number of events and resumed with their last
-    id (header or ?after=) read the same events as a client never cut."""
+    """Clients cut after each number of events (inside a group too) and
+    resumed with their last id (header or ?after=) hold what a client never
+    cut holds; each resumed connection is a valid run of its own, from a
+    RUN_STARTED without an id, then the events after that id."""
     async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
@@ -193,16 +220,25 @@ async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
         item = await Subscriber(harness.client, namespace).wait_for("cut", 30)
         _check_run(reference, item)
         assert json.loads(reference[0].data)["type"] == "RUN_STARTED" and reference[0].id == "0"
-        for n, run in zip(cut_points, runs, strict=True):
-            assert [(e.id, e.data) for e in run] == [(e.id, e.data) for e in reference], n
+        for n, ((head, _again), run) in zip(cut_points, zip(resumed, runs, strict=True),
+                                            strict=True):
+            again = run[len(head):]
+            _check_run(again, item)
+            assert again[0].id is None and json.loads(again[0].data)["type"] == "RUN_STARTED"
+            last = int([e.id for e in head if e.id is not None][-1])
+            assert [e.id for e in again if e.id is not None] == [
+                e.id for e in reference if e.id is not None and int(e.id) > last], n
+            assert _held([head, again]) == _held([reference]) == _final_messages(item), (
+                n, [json.loads(e.data) for e in head], [json.loads(e.data) for e in again])
 
 
 async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
     redis_url, namespace
 ) -> None:
     """A client joining a running turn gets RUN_STARTED (no id: a client with
-    no id yet starts over) and the MESSAGES_SNAPSHOT of the merge so far (id:
-    its seq), then the live events; cut and resumed, its run is still valid."""
+    no id yet starts over) and the merge so far (a MESSAGES_SNAPSHOT of its
+    own messages, then --agui's run of the merge; the last event's id: its
+    seq), then the live events; cut and resumed, its run is still valid."""
     async with Harness(redis_url, namespace) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
@@ -215,11 +251,13 @@ async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
                     await producer.send("snap", update)
                 await wait_logged(harness, "snap", 3)
                 late = await open_stream(session, url, bearer("snap"))
-                head = await late.events(2)
-                assert [json.loads(e.data)["type"] for e in head] == ["RUN_STARTED",
-                                                                     "MESSAGES_SNAPSHOT"]
-                assert head[0].id is None and head[1].id is not None
-                texts = {m["id"]: m["content"] for m in json.loads(head[1].data)["messages"]}
+                head = [await late.event()]
+                while head[-1].id is None:
+                    head.append(await late.event())
+                assert json.loads(head[0].data)["type"] == "RUN_STARTED"
+                assert "MESSAGES_SNAPSHOT" in [json.loads(e.data)["type"] for e in head]
+                texts = {m["id"]: m["content"] for m in _held([head])}
+                joined = len(head)
                 assert texts == {"m1": "Hello there. ", "m2": "Hi "}
                 for update in updates[3:8]:
                     await producer.send("snap", update)
@@ -234,6 +272,89 @@ async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
         finally:
             await serve.close()
         item = await Subscriber(harness.client, namespace).wait_for("snap", 30)
-        _check_run(run, item)
-        deltas = sorted(d["delta"] for d in _data(run) if d["type"] == "TEXT_MESSAGE_CHUNK")
+        cut = len(head)
+        _check_run(again_events := run[cut:], item)
+        assert json.loads(again_events[0].data)["type"] == "RUN_STARTED"
+        assert _held([head, again_events]) == _final_messages(item)
+        deltas = sorted(d["delta"] for d in _data(run[joined:])
+                        if d["type"] == "TEXT_MESSAGE_CONTENT")
         assert deltas == ["It is 42.", "more from bob"]
+
+
+async def test_a_posted_run_agent_input_attaches_and_bad_ones_get_clear_errors(
+    redis_url, namespace
+) -> None:
+    """``POST ...?format=agui`` (what ``HttpAgent`` sends) answers the same
+    run as GET and never starts a turn; the client's own messages stay first
+    in the snapshots; a body that is not a RunAgentInput, too large, names
+    another turn's run, or wants another media type is refused in JSON."""
+    app_origin = "https://app.example.com"
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace, cors_origins=(app_origin,)))
+        producer = Producer(harness.client, namespace)
+        url = f"{serve.url}/v1/turns/p1/events?format=agui"
+        user = {"id": "u1", "role": "user", "content": "What about my invoice?"}
+        body = {"threadId": "t-any", "runId": "r-any", "messages": [user], "tools": [],
+                "state": {}, "context": [], "forwardedProps": {}}
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def refused(status: int, code: str, data: bytes | str = b"",
+                                  headers: dict[str, str] | None = None,
+                                  target: str = url) -> None:
+                    async with session.post(target, data=data, headers={
+                            **bearer("p1"), **(headers or {})}) as response:
+                        assert response.status == status, (status, await response.text())
+                        assert response.content_type == "application/json"
+                        assert (await response.json())["error"] == code
+
+                await refused(400, "bad_request", b"{not json")
+                await refused(400, "bad_request", b"[1, 2]")
+                await refused(400, "bad_request", b"[" * 100_000)  # too deep for a parser
+                await refused(400, "bad_request", json.dumps({"messages": {"id": 1}}))
+                await refused(400, "bad_request", json.dumps({"messages": [7]}))
+                await refused(400, "bad_request", json.dumps({"runId": 7}))
+                await refused(413, "too_large", b" " * (4 * 1024 * 1024 + 1))
+                await refused(409, "other_turn", json.dumps({**body, "runId": "p2:synthesis"}))
+                await refused(406, "not_acceptable", json.dumps(body),
+                              {"Accept": "application/vnd.ag-ui.event+proto"})
+                await refused(400, "bad_request", json.dumps(body),
+                              target=url.replace("agui", "native"))
+                async with session.post(url, json=body) as response:
+                    assert response.status == 401  # the token is checked first
+                preflight = {"Origin": app_origin, "Access-Control-Request-Method": "POST",
+                             "Access-Control-Request-Headers":
+                                 "authorization, content-type, last-event-id"}
+                async with session.options(url, headers=preflight) as response:
+                    assert response.status == 204
+                    assert "POST" in response.headers["Access-Control-Allow-Methods"]
+                    allowed = response.headers["Access-Control-Allow-Headers"]
+                    assert {"Authorization", "Content-Type", "Last-Event-ID"} <= {
+                        h.strip() for h in allowed.split(",")}
+                # The turn does not exist yet: the POST waits for it, it starts nothing.
+                posted = await session.post(url, json={**body, "runId": "p1:synthesis"},
+                                            headers={**bearer("p1"), "Origin": app_origin,
+                                                     "Accept": "text/event-stream"})
+                assert posted.status == 200
+                assert posted.headers["Content-Type"] == "text/event-stream"
+                assert posted.headers["Access-Control-Allow-Origin"] == app_origin
+                assert await harness.merged_count() == 0
+                for update in _updates()[:4]:
+                    await producer.send("p1", update)
+                await producer.end("p1")
+                parser, events = sse.Parser(), []
+                async for chunk in posted.content.iter_any():
+                    events += [e for e in parser.feed(chunk) if isinstance(e, sse.Event)]
+                posted.release()
+        finally:
+            await serve.close()
+        item = await Subscriber(harness.client, namespace).wait_for("p1", 30)
+    data = _data(events)
+    assert data[0]["type"] == "RUN_STARTED" and events[0].id == "0"
+    assert data[-1]["type"] == "RUN_FINISHED"
+    merged = _final_messages(item)
+    assert data[-2]["messages"] == [user, *merged]
+    state = agui.ClientState([user])
+    for event in data:
+        state.apply(event)
+    assert state.messages == [user, *merged]

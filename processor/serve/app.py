@@ -2,6 +2,8 @@
 stream of one turn (docs/serve.md is the reference for clients).
 
 - ``GET /v1/turns/{response_id}/events``: the turn as server-sent events.
+- ``POST /v1/turns/{response_id}/events?format=agui``: the same for an AG-UI
+  client, which posts a ``RunAgentInput`` (it attaches, it never starts a turn).
 - ``GET /v1/turns/{response_id}``: its outcome (200), or 202 while it runs, 404 unknown.
 - ``POST /v1/turns/{response_id}/cancel``: sets its cancellation key.
 - ``GET /v1/turns/{response_id}/view``: a page that watches it.
@@ -62,16 +64,23 @@ RETRY_MS = 1000
 READY_TIMEOUT = 2.0
 #: The longest cancellation reason taken, in bytes of UTF-8 (cancel_turn.lua's bound).
 MAX_REASON = REASON_BYTES
+#: The largest ``RunAgentInput`` body an AG-UI client may post (its whole
+#: conversation rides along), in bytes.
+MAX_RUN_INPUT = 4 * 1024 * 1024
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
-    404: web.HTTPNotFound, 503: web.HTTPServiceUnavailable,
+    404: web.HTTPNotFound, 406: web.HTTPNotAcceptable,
+    409: web.HTTPConflict, 413: web.HTTPRequestEntityTooLarge, 503: web.HTTPServiceUnavailable,
 }
 
 
 def refusal(status: int, code: str, detail: str, **headers: str) -> web.HTTPException:
     """An error answer: ``{"error": code, "detail": detail}``."""
     body = json.dumps({"error": code, "detail": detail})
+    if status == 413:
+        return web.HTTPRequestEntityTooLarge(MAX_RUN_INPUT, 0, text=body,
+                                             content_type="application/json")
     return _ERRORS[status](text=body, content_type="application/json", headers=headers or None)
 
 
@@ -328,11 +337,100 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     turn = turn_of(request)
     server.authorize(request, turn.response_id)
+    return await _events(request, server, turn, request.query.get("format", "native"), None)
+
+
+async def turn_events_posted(request: web.Request) -> web.StreamResponse:
+    """An AG-UI client's ``POST`` of a ``RunAgentInput``: the turn's AG-UI
+    stream, as ``GET ?format=agui`` answers it (docs/serve.md, "AG-UI")."""
+    server = request.app[SERVER]
+    turn = turn_of(request)
+    server.authorize(request, turn.response_id)
+    name = request.query.get("format", "agui")
+    if name != "agui":
+        raise refusal(400, "bad_request", "POST answers AG-UI clients (format=agui); "
+                      "GET serves the other formats")
+    run_input = await _run_input(request)
+    run_id = run_input.run_id
+    if run_id is not None and run_id.endswith(":synthesis") \
+            and run_id != turn.key.synthesis_id():
+        raise refusal(409, "other_turn", f"runId {run_id!r} names another turn than "
+                      f"{turn.key.synthesis_id()!r} (the path's); leave runId to the client, "
+                      "or set it to this turn's")
+    return await _events(request, server, turn, name, run_input.messages)
+
+
+@dataclass
+class RunInput:
+    """What ``processor serve`` reads of a posted ``RunAgentInput``: its
+    ``runId`` (checked) and ``messages`` (what the client holds); its
+    ``threadId``, ``tools``, ``state``, ``context`` and ``forwardedProps``
+    are ignored (the turn is the path's)."""
+
+    run_id: str | None
+    messages: list[dict[str, Any]] | None
+
+
+async def _run_input(request: web.Request) -> RunInput:
+    if request.content_length is not None and request.content_length > MAX_RUN_INPUT:
+        raise refusal(413, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):  # read() may stop short: to EOF
+        size += len(chunk)
+        if size > MAX_RUN_INPUT:
+            raise refusal(413, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
+        parts.append(chunk)
+    raw = b"".join(parts)
+    if not raw.strip():
+        return RunInput(None, None)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise refusal(400, "bad_request", "the body must be JSON: AG-UI's RunAgentInput "
+                      "({threadId, runId, messages, ...})") from None
+    if not isinstance(body, dict):
+        raise refusal(400, "bad_request", "the body must be a JSON object (RunAgentInput)")
+    for name in ("threadId", "runId"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise refusal(400, "bad_request", f"{name} must be a string")
+    given = body.get("messages")
+    if given is None:
+        return RunInput(body.get("runId"), None)
+    if not isinstance(given, list):
+        raise refusal(400, "bad_request", "messages must be a list of AG-UI messages")
+    for i, message in enumerate(given):
+        if not isinstance(message, dict):
+            raise refusal(400, "bad_request", f"messages[{i}] must be an object (an AG-UI "
+                          "message)")
+    # A message without a string id and role cannot be named by a snapshot:
+    # not kept (Agent Framework's AGUIChatClient posts its prompt without an id).
+    given = [m for m in given if isinstance(m.get("id"), str) and isinstance(m.get("role"), str)]
+    return RunInput(body.get("runId"), given)
+
+
+def _accepts_event_stream(request: web.Request) -> bool:
+    """Whether the request's ``Accept`` (absent: anything) takes ``text/event-stream``."""
+    accept = request.headers.get("Accept")
+    if not accept:
+        return True
+    for part in accept.split(","):
+        media, _, params = part.strip().partition(";")
+        if media.strip().lower() in ("text/event-stream", "text/*", "*/*") \
+                and params.replace(" ", "").lower() not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            return True
+    return False
+
+
+async def _events(request: web.Request, server: Server, turn: TurnRef, name: str,
+                  given: list[dict[str, Any]] | None) -> web.StreamResponse:
+    if not _accepts_event_stream(request):
+        raise refusal(406, "not_acceptable", "this answers text/event-stream only (Accept: "
+                      f"{request.headers.get('Accept')!r})")
     try:
         after = parse_after(request.headers.get("Last-Event-ID") or request.query.get("after"))
     except ValueError as exc:
         raise refusal(400, "bad_request", str(exc)) from None
-    name = request.query.get("format", "native")
     if name not in formats.FORMATS:
         raise refusal(400, "bad_request", f"format must be one of {', '.join(formats.FORMATS)}, "
                       f"got {name!r}")
@@ -343,7 +441,7 @@ async def turn_events(request: web.Request) -> web.StreamResponse:
             server.hub.subscribe(turn, server.config.client_queue), REDIS_WAIT)
     except TimeoutError:
         raise refusal(503, "not_ready", "not reading Redis yet") from None
-    fmt = formats.make(name, fresh=after is None)
+    fmt = formats.make(name, fresh=after is None, given=given)
     stream = EventStream(server, request, turn, Cursor(-1 if after is None else after), fmt)
     opened = False
     try:
@@ -644,6 +742,7 @@ def make_app(server: Server) -> web.Application:
     turn = "/v1/turns/{response_id:[^/]+}"
     app.router.add_get(turn, get_turn)
     app.router.add_get(turn + "/events", turn_events)
+    app.router.add_post(turn + "/events", turn_events_posted)
     app.router.add_get(turn + "/stream", turn_ui_stream)
     app.router.add_post(turn + "/cancel", cancel_turn)
     app.router.add_get(turn + "/view", view)

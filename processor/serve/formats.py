@@ -1,11 +1,12 @@
 """How a stream's items are written: the worker's events as they are
 (:class:`Native`), or as AG-UI 1.0 events (:class:`Agui`, ``?format=agui``).
 
-Both send one SSE event per seq at most with that seq as its ``id:``, so a
-resume (``Last-Event-ID``) is the same in both: every seq after it, once.
-What has no seq of its own (the native ``merged``, AG-UI's final
-``MESSAGES_SNAPSHOT``) goes just before the terminal event without an id,
-so a client cut off between the two gets both again. Pure: items in, SSE
+Both put a seq on one SSE event at most, as its ``id:``, so a resume
+(``Last-Event-ID``) is the same in both: every seq after it, once. Native
+sends one event per seq; AG-UI a group per seq whose last event alone
+carries the id. What has no seq of its own (the native ``merged``, AG-UI's
+final ``MESSAGES_SNAPSHOT``) goes just before the terminal event without an
+id, so a client cut off between the two gets both again. Pure: items in, SSE
 frames out; the AG-UI rendering itself is :mod:`processor.engine.agui`'s.
 """
 
@@ -73,60 +74,79 @@ class Native:
 
 
 class Agui:
-    """AG-UI 1.0 events (:class:`processor.engine.agui.LiveRun`): ``RUN_STARTED``
-    first (made from the first event sent when the client joins after seq
-    0), deltas as ``TEXT_MESSAGE_CHUNK``, a ``MESSAGES_SNAPSHOT`` for a late
-    join and before the end (the merged response, authoritative), and the
-    outcome on ``RUN_FINISHED`` (``success``, ``cancelled``) or
-    ``RUN_ERROR``. Server notices are ``CUSTOM`` events (``processor.*``)."""
+    """AG-UI 1.0 events (:class:`processor.engine.agui.LiveRun`), for one
+    connection: every connection is one AG-UI run, as a stock client
+    (``HttpAgent``) sees a request. It starts with ``RUN_STARTED``: the
+    turn's own (id 0) from its start, else one without an id and what is
+    open at the client's point opened again; then, for a client that has
+    nothing, the merge so far as ``--agui``'s run of it (the group's id: the
+    snapshot's seq);
+    then each worker event as a group of AG-UI events whose last one alone
+    carries the seq; the terminal group ends with the merged response's
+    ``MESSAGES_SNAPSHOT`` and ``RUN_FINISHED`` (``success``, ``cancelled``)
+    or ``RUN_ERROR``. Server notices are ``CUSTOM`` events (``processor.*``).
 
-    def __init__(self, fresh: bool) -> None:
+    ``given``: the messages a client posted (``RunAgentInput.messages``):
+    what it holds, which its snapshots keep (docs/serve.md, "AG-UI")."""
+
+    def __init__(self, fresh: bool, given: list[dict[str, Any]] | None = None) -> None:
         self.live = agui.LiveRun()
-        self.needs_start = fresh  # the client has no RUN_STARTED yet
+        self.needs_start = True  # this connection has no RUN_STARTED yet (fresh or not)
+        self.resumed = not fresh
+        self.given = given
+        self.attached = False
 
     def fold(self, event: LiveEvent) -> None:
         self.live.fold(_decode(event))
 
     def snapshot(self, snapshot: Snapshot, first: LiveEvent | None) -> list[bytes]:
+        self.live.forget_open()
         start = self._start(_decode(first) if first else None, snapshot.turn)
-        meta = _bare_meta(snapshot.turn)
-        run = agui.project(_response.decode(snapshot.response), meta, "completed")
-        body = agui.messages_snapshot(run[1:-1], None)
-        return [*start, _frame(body, snapshot.seq)]
+        body = self.live.join(_response.decode(snapshot.response), _bare_meta(snapshot.turn))
+        return [*start, *_group(body, snapshot.seq)]
 
     def event(self, event: LiveEvent, merged: MergedOutput | None) -> list[bytes]:
         data = _decode(event)
         frames = self._start(data, None) if data.get("type") != "synthesis.started" else []
+        self._attach()
         self.needs_start = False
         if event.terminal and merged is not None:
-            snapshot, end = _ending(merged)
-            self.live.fold(data)
-            return [*frames, _frame(snapshot), _frame(end, event.seq)]
-        rendered = self.live.event(data)
-        if not rendered:
-            return frames
-        (one,) = rendered  # at most one AG-UI event per seq: an id never falls inside a group
-        return [*frames, _frame(one, event.seq)]
+            reason = data.get("cancel_reason")
+            group = self._finish(merged, reason if isinstance(reason, str) else None)
+        else:
+            group = self.live.event(data)
+        return [*frames, *_group(group, event.seq)]
 
     def gone(self, turn: TurnRef, merged: MergedOutput | None, status: str | None) -> list[bytes]:
         if merged is not None:
-            snapshot, end = _ending(merged)
             start = self._start(None, turn, _meta.decode(merged.meta))
-            return [*start, _frame(snapshot), _frame(end)]
+            return [*start, *_group(self._finish(merged), None)]
         thread, run = agui.thread_and_run_of({}, turn.response_id, turn.key.synthesis_id())
         end = agui.ending(thread, run, status or "", None, None, None)
-        return [*self._start(None, turn), _frame(end)]
+        return [*self._start(None, turn), *_group([*self.live.close(steps=True), end], None)]
 
     def notice(self, body: dict[str, Any]) -> bytes:
         kind = body.get("type", "notice")
         return _frame({"type": "CUSTOM", "name": f"processor.{kind}", "value": body})
 
+    def _attach(self) -> None:
+        if not self.attached:
+            self.attached = True
+            self.live.attach(self.given, self.resumed)
+
+    def _finish(self, merged: MergedOutput, reason: str | None = None) -> list[dict[str, Any]]:
+        status: Status = merged.status  # type: ignore[assignment]  # the worker wrote it
+        return self.live.finish(_response.decode(merged.response), _meta.decode(merged.meta),
+                                status, reason)
+
     def _start(self, first: dict[str, Any] | None, turn: TurnRef | None,
                meta: Meta | None = None) -> list[bytes]:
-        """``RUN_STARTED`` (without an id) when the client has none yet."""
+        """``RUN_STARTED`` (without an id) and what is open, opened again,
+        when this connection has no ``RUN_STARTED`` yet."""
         if not self.needs_start:
             return []
         self.needs_start = False
+        self._attach()
         if meta is not None:
             thread, run = agui.thread_and_run(meta)
             ts = meta.started_ms
@@ -140,12 +160,14 @@ class Agui:
             ts = None
         body = {"type": "RUN_STARTED", "timestamp": ts, "threadId": thread, "runId": run,
                 "protocolVersion": agui.PROTOCOL_VERSION}
-        return [_frame({k: v for k, v in body.items() if v is not None})]
+        started = {k: v for k, v in body.items() if v is not None}
+        return [_frame(e) for e in [started, *self.live.reopen()]]
 
 
-def make(name: str, fresh: bool) -> Format:
-    """The format ``?format=`` names (one of :data:`FORMATS`)."""
-    return Agui(fresh) if name == "agui" else Native()
+def make(name: str, fresh: bool, given: list[dict[str, Any]] | None = None) -> Format:
+    """The format ``?format=`` names (one of :data:`FORMATS`); ``given``: the
+    messages an AG-UI client posted."""
+    return Agui(fresh, given) if name == "agui" else Native()
 
 
 def _decode(event: LiveEvent) -> dict[str, Any]:
@@ -157,11 +179,14 @@ def _frame(body: dict[str, Any], seq: int | None = None) -> bytes:
     return sse.frame(_encode(body), id=None if seq is None else str(seq))
 
 
-def _ending(merged: MergedOutput) -> tuple[dict[str, Any], dict[str, Any]]:
-    status: Status = merged.status  # type: ignore[assignment]  # the worker wrote it
-    snapshot, end = agui.snapshot_and_end(_response.decode(merged.response),
-                                          _meta.decode(merged.meta), status)
-    return snapshot, end
+def _group(events: list[dict[str, Any]], seq: int | None) -> list[bytes]:
+    """One worker event's AG-UI events: only the last carries the seq (its
+    SSE id, and ``rawEvent.seq`` for a client that sees events, not SSE
+    ids), so a client that has the id has the whole group (docs/serve.md,
+    "AG-UI")."""
+    last = len(events) - 1
+    return [_frame({**e, "rawEvent": {"seq": seq}} if i == last and seq is not None else e,
+                   seq if i == last else None) for i, e in enumerate(events)]
 
 
 def _bare_meta(turn: TurnRef) -> Meta:
