@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from turn_reference import end_entry, response_text, text_delta
 from worker_harness import Harness, Stepped
 
@@ -159,6 +160,54 @@ async def test_an_end_read_before_the_cancel_was_seen_still_completes_the_turn(
         outputs = await harness.outputs()
     assert status(outputs, "e") == "completed"
     assert response_text(outputs, "e") == "all"
+
+
+@pytest.mark.parametrize("hold_turns", [True, False], ids=["held", "stored"])
+async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_turn(
+    redis_url: str, namespace: str, hold_turns: bool
+) -> None:
+    """The cancel key is set, then the turn's last delta and its end are sent
+    (Producer.stream over Producer.watch does exactly this: the watch stops
+    on the key, and stream sends the end), and the worker takes the end in
+    before any sweep saw the key. The stored path meets the key applying the
+    end's batch and cuts before it: cancelled. The held path reads no key
+    when it routes a batch, and its finalise published the turn `completed`:
+    same entries, same key, another outcome depending on which path held the
+    turn (tests/test_acl.py's producer test failed so once numbered entries
+    took the held path). Now finalise_held meets the key and cuts at the end
+    (what the holder routed before it, which it may have shown live, is
+    merged): cancelled on both paths, without the end."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=hold_turns).start()
+        worker, shard = stepped.worker, stepped.shard
+
+        async def step() -> None:  # (the stored path: as the shard loop prepares a batch)
+            if hold_turns:
+                await stepped.step()
+                return
+            read = [stream_entry(e) for e in await stepped.read()]
+            call = build_apply(shard, read, {}, worker.options, 0)
+            call.newest, call.read_from = True, read[0][0]  # (read with XREADGROUP >)
+            await worker.process_batch(shard, read, {}, call)
+
+        await harness.add([text_delta("x", "kept "), text_delta("x", "whole")])
+        await step()
+        assert (TurnKey("x") in worker.shard(0).held_turns) == hold_turns
+        await harness.cancel("x", reason="user")
+        await harness.add([text_delta("x", " last"), end_entry("x")])
+        await step()  # the end's batch, read after the key was set
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "x") == "cancelled"
+    assert meta(outputs, "x")["cancel_reason"] == "user"
+    if hold_turns:  # the cut: the end
+        assert response_text(outputs, "x") == "kept whole last"
+        assert meta(outputs, "x")["counts"]["dropped"] == 1
+    else:  # the cut: the end's batch
+        assert response_text(outputs, "x") == "kept whole"
+        assert meta(outputs, "x")["counts"]["dropped"] == 2
+    assert outputs.terminal_counts()[TurnKey("x")] == 1
+    assert outputs.dlq == []
 
 
 def _idle_past(harness: Harness, shard: Any, ms: int) -> Any:

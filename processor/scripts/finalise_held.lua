@@ -8,7 +8,9 @@ dead-lettered one of its entries, so this worker's copy is not the whole
 turn), or another consumer has a pending entry older than the entry that
 ended it or, for a cancel, older than what this consumer has routed (2:
 that entry may be one of the turn's; not checked for a timeout, after which
-such entries are dead-lettered turn_closed):
+such entries are dead-lettered turn_closed), or, for a turn its end (or
+error, or a limit) closed, its cancel key exists (3: a cancel the end was
+taken in after wins, as on the stored path; the cut is the end):
 XACK every entry of the turn this consumer holds (one call), then publish
 its outcome as finalise_turns does (merged response, terminal event, dead
 letters, done marker) and trim what is acked from the stream. The entries
@@ -35,8 +37,8 @@ back its own pending entries when it starts).
 
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] updates stream
-KEYS[5 + 3*(t-1) + 1..3]   per turn t: turn hash, done hash, live log
-KEYS[5 + 3*T + 1]          agui stream (only with --agui)
+KEYS[5 + 4*(t-1) + 1..4]   per turn t: turn hash, done hash, live log, cancel key
+KEYS[5 + 4*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
@@ -59,7 +61,9 @@ ARGV[9]                    the turns: one msgpack array (the client packs each
 ARGV[10]                   the speaker (this worker's, as publish_live.lua's)
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
-changed, 2 another consumer holds an older entry
+changed, 2 another consumer holds an older entry, 3 cancelled before its
+end was published (its cut recorded at the end: the caller spills it, and
+the stored path publishes it cancelled without its end)
 ]==]
 
 local merged, events, dlq, active, updates = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -69,7 +73,7 @@ local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
 local dlq_fields_max = tonumber(ARGV[8])
 local speaker = ARGV[10] .. ' '
-local agui = KEYS[5 + 3 * nturns + 1]
+local agui = KEYS[5 + 4 * nturns + 1]
 
 --- includes/dead_letter
 --- includes/pad_id
@@ -94,11 +98,24 @@ end
 local turns = cmsgpack.unpack(ARGV[9])
 local acked = false
 local function finalise(t)
-  local k = 5 + 3 * (t - 1)
-  local tkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local k = 5 + 4 * (t - 1)
+  local tkey, dkey, lkey, ckey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local tk, version, status, outputs, dead, ids, ending, late, routed, found, n =
     unpack(turns[t], 1, 11)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
+  if ending ~= '' and redis.call('EXISTS', ckey) == 1 then
+    -- Cancelled before its end was published: this call is the first to
+    -- meet the key after the end was taken in (the held path reads no key
+    -- when it routes a batch), as apply_entries meets it applying the end's
+    -- batch. The cut is the end (includes/cancel_cut: what this worker
+    -- routed before it, shown live already, is merged; the end and after
+    -- are dropped), unless a script cut the turn already; the stored path
+    -- publishes it cancelled from there (3: the caller spills it).
+    if not redis.call('HGET', tkey, 'cut') then
+      redis.call('HSET', tkey, 'cut', pad_id(ending))
+    end
+    return 3
+  end
   if (redis.call('HGET', tkey, 'ver') or '0') ~= version then return -1 end
   if ending ~= '' then
     local oldest = others_first()

@@ -344,7 +344,7 @@ def build_finalise_held(
     rows = []
     for key, ids, late, outcome, routed, found, spoken in settled:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
+        keys += [shard.turn(tk), shard.done(tk), shard.live(tk), shard.cancel(key.response_id)]
         rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed,
                      live_fields(key, found), spoken))

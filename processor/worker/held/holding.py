@@ -249,9 +249,11 @@ class HeldPath:
         those it refused spill. Returns the turns published."""
         holds = self.shards[shard.index].holds
         self.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
-        published, refused, acked, reasons = [], [], 0, []
+        published, refused, cancelled, acked, reasons = [], [], [], 0, []
         for (key, ids, late, *_), result in zip(settled, results, strict=True):
-            if int(result) == 1:
+            if int(result) == 3:  # cancelled before its end was published: cut at the end
+                cancelled.append(key)
+            elif int(result) == 1:
                 holds.take(key)
                 published.append(key)
                 acked += len(ids)
@@ -264,6 +266,8 @@ class HeldPath:
             self.metrics.held_published(len(published), acked, reasons)
         if refused:
             await self._spill(shard, refused, "refused")
+        if cancelled:  # (the stored path publishes them cancelled, from the cut)
+            await self._spill(shard, cancelled, "cancelled")
         return published
 
     async def spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
