@@ -118,6 +118,53 @@ def test_of_two_moved_results_the_first_in_the_response_keeps_the_id() -> None:
     assert len({m.message_id for m in response.messages}) == 5
 
 
+def test_a_moved_result_still_names_its_messages_role_and_author() -> None:
+    # m1's second update names role and author and holds the result of a
+    # call in a later block: the result moves after its call, and m1 is
+    # still (tool, alice), the first ones its updates name (§4.3).
+    rid = "turn-moved-names"
+    entries = [
+        update_entry(rid, message_id="m1", contents=[{"type": "text", "text": "looking"}]),
+        update_entry(rid, response_id="B", message_id="b1", author_name="alice", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, message_id="m1", role="tool", author_name="alice",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ]
+    response = merge_entries(entries)
+    summary = [(m.message_id, m.role, m.author_name, [c.type for c in m.contents])
+               for m in response.messages]
+    assert summary == [("m1", "tool", "alice", ["text"]),
+                       ("b1", "assistant", "alice", ["function_call"]),
+                       (summary[2][0], "tool", "alice", ["function_result"])]
+    assert summary[2][0].startswith("msg-2-")
+    # The same whatever the state went through.
+    key, records = decoded(entries)
+    turn = Turn(key)
+    for record in records:
+        turn = Turn.from_bytes(turn.to_bytes())
+        turn.apply(record)
+    assert turn.finish() == response
+
+
+def test_a_moved_result_that_takes_its_id_takes_its_messages_names() -> None:
+    # m1 holds nothing but the moved result, so the moved message is m1; its
+    # author is the first one m1's updates name (bob, on an update that only
+    # carried usage), not the moved update's own.
+    rid = "turn-moved-id-names"
+    response = merge_entries([
+        update_entry(rid, message_id="a1", contents=[{"type": "text", "text": "A speaks"}]),
+        update_entry(rid, message_id="m1", role="tool", author_name="bob", contents=[
+            {"type": "usage", "usage_details": {"input_token_count": 1}}]),
+        update_entry(rid, response_id="B", message_id="b1", contents=[
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]),
+        update_entry(rid, message_id="m1", role="tool", author_name="alice",
+               contents=[{"type": "function_result", "call_id": "c", "result": "ok"}]),
+    ])
+    summary = [(m.message_id, m.role, m.author_name) for m in response.messages]
+    assert summary == [("a1", "assistant", None), ("b1", "assistant", None),
+                       ("m1", "tool", "bob")]
+
+
 def test_a_result_in_the_message_of_its_call_stays_there() -> None:
     rid = "turn-same"
     response = merge_entries([

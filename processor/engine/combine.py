@@ -14,7 +14,7 @@ import msgspec
 
 from processor.engine.turn_state import Segment, TurnState
 from processor.wire.ids import TurnKey, new_turn_key
-from processor.wire.models import Content, Message, Response
+from processor.wire.models import Content, Message, Response, Update
 
 FOLDABLE_TEXT = ("text", "text_reasoning")
 
@@ -28,6 +28,20 @@ def call_owners(st: TurnState, contents: list[Content]) -> list[int]:
             if c.type == "function_result" and c.call_id is not None and c.call_id in calls:
                 owners.append(calls[c.call_id])
     return owners
+
+
+def take_names(seg: Segment, update: Update) -> None:
+    """A message's role, author, agent and created_at are the first ones its
+    updates name (docs/contract.md §4.3). (``Turn`` writes it out inline on
+    its usual paths.)"""
+    if seg.role is None:
+        seg.role = update.role
+    if seg.author_name is None:
+        seg.author_name = update.author_name
+    if seg.agent_id is None:
+        seg.agent_id = update.agent_id
+    if seg.created_at is None:
+        seg.created_at = update.created_at
 
 
 def position(st: TurnState, seg: int) -> tuple[int, int]:
@@ -71,11 +85,13 @@ def keep_moved_ids(st: TurnState, order: list[Segment]) -> list[Segment]:
     id-less message. If the keyed message it names is empty (the result was
     all it held), the first such moved message in ``order`` (the merged
     order of the non-empty messages) is rendered as that keyed message: it
-    carries the producer's id and, like any keyed message, an id-less run
-    may fold into it but it does not fold into the next one. Any other
-    message renders as before. The id is unique: its own message is not
-    rendered, assigned ids never equal a producer's, and only one moved
-    message takes it.
+    carries the producer's id and the keyed message's role, author, agent
+    and created_at (the first ones its updates name, the moved ones
+    included: ``Turn`` names the keyed message from them too, §4.3) and,
+    like any keyed message, an id-less run may fold into it but it does not
+    fold into the next one. Any other message renders as before. The id is
+    unique: its own message is not rendered, assigned ids never equal a
+    producer's, and only one moved message takes it.
     """
     if not any(map(_moved_from, order)):
         return order  # (the usual turn: checked in C)
@@ -88,11 +104,24 @@ def keep_moved_ids(st: TurnState, order: list[Segment]) -> list[Segment]:
         taken.add(origin)
         if out is order:
             out = list(order)
-        out[i] = msgspec.structs.replace(seg, message_id=origin)
+        own = st.segments[st.keyed[origin]]
+        out[i] = msgspec.structs.replace(
+            seg, message_id=origin,
+            # (A state stored before the moved update named the keyed one
+            # may leave a name unset there: the moved message's stands in.)
+            role=_first(own.role, seg.role),
+            author_name=_first(own.author_name, seg.author_name),
+            agent_id=_first(own.agent_id, seg.agent_id),
+            created_at=_first(own.created_at, seg.created_at),
+        )
     return out
 
 
 _moved_from = attrgetter("moved_from")
+
+
+def _first(named: str | None, fallback: str | None) -> str | None:
+    return named if named is not None else fallback
 
 
 def _usage(st: TurnState) -> dict[str, int] | None:

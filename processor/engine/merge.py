@@ -31,6 +31,7 @@ from processor.engine.combine import (
     merged_response,
     merged_text,
     position,
+    take_names,
     turn_tag,
 )
 from processor.engine.turn_state import Block, Segment, TurnState
@@ -242,12 +243,18 @@ class Turn:
             if st.open_run != -1:
                 st.open_run = -1
             if st.calls:  # (no call yet: no result can answer one)
-                seg = self._result_after_call(seg, contents, ordinal, message_id)
+                moved = self._result_after_call(seg, contents, ordinal, message_id)
+                if moved != seg:
+                    # Its contents move, but it is still one of the message's
+                    # updates: the names it gives count for the message too.
+                    take_names(st.segments[seg], update)
+                    seg = moved
         else:
             if st.calls:
                 block = self._result_block(block, contents)
             seg = self._idless_segment(update, block, ordinal)
-        # Role, author, agent and created_at: the first ones named win.
+        # Role, author, agent and created_at: the first ones named win
+        # (take_names, written out).
         target = st.segments[seg]
         if target.role is None:
             target.role = update.role
@@ -378,8 +385,9 @@ class Turn:
         A keyed update can rejoin a message that sits before the message
         holding the call its result answers; then the update starts a new
         id-less message at the end of the call's block instead (the
-        producer's id names the earlier message). The new message remembers
-        that id: it takes it if the earlier message ends up empty
+        producer's id names the earlier message, and the role and author the
+        update names count for it, rule 3). The new message remembers that
+        id: it takes it if the earlier message ends up empty
         (``combine.keep_moved_ids``).
         """
         owners = call_owners(self.state, contents)
