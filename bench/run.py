@@ -37,6 +37,7 @@ from typing import Any
 
 import charts
 import latency
+import live_turns
 import memory_scenarios
 import profile_sections
 import ratios
@@ -95,6 +96,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-live-off", action="store_true",
                    help="skip the run of 1 worker with --no-progress (live progress off), "
                         "the default's comparison")
+    p.add_argument("--live-turns", type=int, default=1000,
+                   help="turns of the many-live-turns and paced workloads (default 1,000)")
+    p.add_argument("--live-updates", type=int,
+                   help="text updates per turn of the many-live-turns workload, round-robin "
+                        "(default 100; 30 with --quick)")
+    p.add_argument("--paced-seconds", type=float,
+                   help="how long each paced turn streams, one update per 100 ms (default 20; "
+                        "10 with --quick: still longer than --hold-ms)")
+    p.add_argument("--no-live", action="store_true",
+                   help="skip the many-live-turns and paced workloads")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
@@ -107,6 +118,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.latency_turns = args.latency_turns or 0
         args.memory_turns = args.rss_updates = 0
         args.skip_merge = args.skip_cancel = args.no_docs = True
+        args.live_updates = args.live_updates or 30
+        args.paced_seconds = args.paced_seconds or 10.0
+    args.live_updates = args.live_updates or 100
+    args.paced_seconds = args.paced_seconds or 20.0
     args.turns = args.turns or 20_000
     args.repeat = args.repeat or 3
     args.worker_flags = tuple(shlex.split(args.worker_flags))
@@ -238,6 +253,11 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["tree_file"] = tree
             say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
+        if not args.no_live:
+            r["live"] = await live_turns.measure(
+                ctx, args.live_turns, args.live_updates,
+                live_turns.Pace(args.live_turns, args.paced_seconds), args.repeat,
+                peer=True, say=say)
         one = ratios.one_worker(runs)
         if args.latency_turns:  # the default worker (it holds turns), at half the 1-worker rate
             rate = args.latency_rate or one.rate / 2
@@ -313,6 +333,8 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         "figures.")
     r["load_note"] = note
     report.write_section(PAGE, "e2e-bench", report.summary(r))
+    if "live" in r:
+        report.write_section(PAGE, "e2e-headline", report.headline(r))
     charts.throughput_chart(r["throughput"], DOCS / "bench-throughput.png")
     if "latency" in r:
         report.write_section(PAGE, "e2e-latency", report.latency_section(r["latency"], r),
@@ -378,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         also += (f"; live progress on/off {median['live']:.2f} "
                  f"(target >= {report.LIVE_TARGET:g})")
     of = f" (median of {len(r['rounds'])} rounds)" if len(r["rounds"]) > 1 else ""
+    if "live" in r:
+        say(report.live_line(r["live"]))
     say(f"ratio processor/drain {median['drain']:.2f} (target >= {report.DRAIN_TARGET:g}), "
         f"processor/FastStream {median['peer']:.2f}x (target >= {report.PEER_TARGET:g}x)"
         + also + of)
