@@ -446,17 +446,18 @@ def build_publish_live(
     return call
 
 
-def live_fields(key: TurnKey, found: list[Event]) -> list[list[str]]:
+def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
     """The ``events`` stream entries' fields of a turn's live events
-    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once)."""
+    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once;
+    each event's JSON packed as the msgpack str it is, never decoded)."""
     if not found:
         return []
     same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
     if key.attempt_id:
         same += ["attempt_id", key.attempt_id]
     encode = _json.encode  # (ev.encode_event's encoding, without its call)
-    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event", encode(e).decode()]
-            for e in found]
+    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event",
+             msgpack_str(encode(e))] for e in found]
 
 
 def updates_json(texts: list[bytes]) -> bytes:
