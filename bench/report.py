@@ -397,9 +397,10 @@ def headline(r: dict[str, Any]) -> str:
     lines = [
         "## Headline: three workloads",
         "",
-        f"From `{r['command']}` ({r['date']}, commit `{r['commit']}`); `python bench/run.py "
-        "--quick` prints the same ratios as its last lines (30 updates per live turn, "
-        "paced turns of 10 s). One worker, one shard, default settings (live progress "
+        f"From `{r['command']}` ({r['date']}, commit `{r['commit']}`). {r['load_note']} "
+        "`python bench/run.py --quick` prints the same ratios as its last lines (30 updates "
+        "per live turn, paced turns of 10 s). One worker, one shard, default settings (live "
+        "progress "
         "on), each beside the raw drain (`XREADGROUP COUNT 500` + `XACK`) of the same "
         "input in the same run. CPU is per update, in µs: the consumer process's and "
         "redis-server's, less sensitive than wall time to the machine's other load.",
