@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio
 import scenarios
 import workload
 from agent_framework import AgentResponseUpdate, Content
@@ -102,20 +103,29 @@ def paced(ctx: Ctx, pace: Pace) -> Feed:
 
     async def feed(streams: list[str]) -> int:
         (stream,) = streams
-        start_ms = await workload.redis_ms(ctx.client)
+        # Its own connection, which waits out a script that blocks redis-server
+        # for seconds (the longest call is reported) rather than time out.
+        client = redis.asyncio.Redis.from_url(ctx.url, socket_timeout=120)
+        try:
+            return await produce(client, stream)
+        finally:
+            await client.aclose()
+
+    async def produce(client: Any, stream: str) -> int:
+        start_ms = await workload.redis_ms(client)
         began = time.monotonic()
         step = pace.period / slices
         tick = 0
         for one in rounds:
             size = -(-len(one) // slices)
             for k in range(slices):
-                async with ctx.client.pipeline(transaction=False) as pipe:
+                async with client.pipeline(transaction=False) as pipe:
                     for fields in one[k * size:(k + 1) * size]:
                         pipe.xadd(stream, fields)
                     await pipe.execute()
                 tick += 1
                 await asyncio.sleep(max(0.0, began + tick * step - time.monotonic()))
-        await workload.fill(ctx.client, stream, ends(pace.turns, "paced"))
+        await workload.fill(client, stream, ends(pace.turns, "paced"))
         return start_ms
 
     return feed
@@ -200,19 +210,29 @@ async def _paced(ctx: Ctx, pace: Pace, say: Any) -> list[Throughput]:
         f"{pace.period * 1000:g} ms for {pace.seconds:g} s")
     shape = pace.workload()
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
+    longest = [await _longest_call(ctx.client)]
     for name, flags in ((PACED_DEFAULT, ()), (PACED_HELD, ("--hold-ms", "60000"))):
         paced_rows.append(await scenarios.processor(ctx, shape, 1, flags=flags,
                                                     feed=paced(ctx, pace), label=name))
-    for t in paced_rows:
+        longest.append(await _longest_call(ctx.client))
+    for t, ms in zip(paced_rows, longest, strict=True):
         w, r = per_update_us(t)
         say(f"{t.name:>24}: CPU per update: consumers {w:.1f} us, redis {r:.1f} us, "
-            f"together {w + r:.1f} us ({t.seconds:.1f} s)")
+            f"together {w + r:.1f} us ({t.seconds:.1f} s; longest Redis call {ms:.0f} ms)")
     return paced_rows
 
 
-async def _main(args: argparse.Namespace) -> None:
-    import redis.asyncio
+async def _longest_call(client: Any) -> float:
+    """The longest command redis-server ran since the last call (``SLOWLOG``,
+    commands over 10 ms), in ms: a script that blocks every other client."""
+    longest = max((e["duration"] for e in await client.slowlog_get(100_000)), default=0) / 1000
+    await client.config_set("slowlog-log-slower-than", 10_000)
+    await client.config_set("slowlog-max-len", 100_000)  # (the default 128 drops the oldest)
+    await client.slowlog_reset()
+    return float(longest)
 
+
+async def _main(args: argparse.Namespace) -> None:
     from processor.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory(prefix="bench-") as tmp:
