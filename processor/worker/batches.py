@@ -158,8 +158,19 @@ class _Turns:
             # Turn-level ids are left null: apply_entries fills in the ones
             # the turn has (first applied wins), on this and every event.
             started = ev.started(key, {}, ts)
-            self.args += [key.encode(), _pack.encode(event_fields(key, started))]
+            self.args += [key.encode(), _pack.encode(_started_fields(key, started))]
         return n
+
+
+def _started_fields(key: TurnKey, started: Event) -> list[str | msgspec.Raw]:
+    """:func:`~processor.engine.render.event_fields` of a turn's
+    ``synthesis.started``, its JSON packed as the msgpack str it is encoded
+    to (never decoded: :func:`live_fields`)."""
+    fields: list[str | msgspec.Raw] = ["type", "synthesis.started", "response_id",
+                                       key.response_id, "synthesis_id", key.synthesis_id()]
+    if key.attempt_id:
+        fields += ["attempt_id", key.attempt_id]
+    return [*fields, "event", msgpack_str(_json.encode(started))]
 
 
 def build_apply(
