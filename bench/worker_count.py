@@ -8,7 +8,7 @@ and with none (the workload built, nothing consumed), and prints the
 difference divided by the updates consumed::
 
     python bench/worker_count.py [--turns 1000] [--no-hold-turns] [--live UPDATES]
-                                 [--hold-ms MS]
+                                 [--hold-ms MS] [--no-progress]
 
 The worker holds turns, as by default; with ``--no-hold-turns`` it stores
 every entry (the stored path). With ``--live N`` the workload is the many
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--hold-ms", type=int,
                         help="the worker's --hold-ms (under callgrind a turn may outlive "
                              "the default 5 s: 600000 keeps every turn held)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="the worker without live progress")
     args = parser.parse_args()
     compileall.compile_dir(HERE.parent / "processor", quiet=1)
     compileall.compile_dir(HERE, quiet=1)
@@ -70,6 +72,8 @@ def main() -> None:
         flags += ["--live", str(args.live)]
     if args.hold_ms is not None:
         flags += ["--hold-ms", str(args.hold_ms)]
+    if args.no_progress:
+        flags.append("--no-progress")
     worked, printed = count(args.turns, 1, flags)
     idle, _ = count(args.turns, 0, flags)
     updates = args.turns * args.live if args.live else _updates(args.turns)
