@@ -209,6 +209,7 @@ async def _paced(ctx: Ctx, pace: Pace, say: Any) -> list[Throughput]:
     say(f"{'paced long turns':>24}: {pace.turns:,} turns, one update each per "
         f"{pace.period * 1000:g} ms for {pace.seconds:g} s")
     shape = pace.workload()
+    await _longest_call(ctx.client)  # (from here on)
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
     longest = [await _longest_call(ctx.client)]
     for name, flags in ((PACED_DEFAULT, ()), (PACED_HELD, ("--hold-ms", "60000"))):
