@@ -113,22 +113,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
-    if args.headline_only:
+    if args.quick or args.headline_only:
+        # The backlog: three rounds of 6,000 turns (one round of 2,000 gave
+        # 0.43-0.51 of the drain on 2026-11-26, where full runs' medians gave
+        # 0.54-0.56), one worker, the throughput rows only.
         args.turns = args.turns or 6000
         args.peer_turns = args.peer_turns or 1500
         args.workers = args.workers or "1"
         args.latency_turns = args.latency_turns or 0
         args.memory_turns = args.rss_updates = 0
         args.skip_merge = args.skip_cancel = True
-    if args.quick:
-        # Three rounds of 6,000 turns: one round of 2,000 gave 0.43-0.51 of
-        # the drain on 2026-11-26, where full runs' medians gave 0.54-0.56.
-        args.turns = args.turns or 6000
-        args.peer_turns = args.peer_turns or 1500
-        args.workers = args.workers or "1"
-        args.latency_turns = args.latency_turns or 0
-        args.memory_turns = args.rss_updates = 0
-        args.skip_merge = args.skip_cancel = args.no_docs = True
+    if args.quick:  # and the workloads of real turns shortened, docs untouched
+        args.no_docs = True
         args.live_updates = args.live_updates or 30
         args.paced_seconds = args.paced_seconds or 10.0
     args.live_updates = args.live_updates or 100
