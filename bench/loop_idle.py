@@ -10,7 +10,7 @@ its own redis-server::
 
     python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
         [--no-hold-turns] [--drain] [--gen0 N] [--live UPDATES] [--hold-ms MS]
-        [--no-progress]
+        [--no-progress] [--sweep-interval S]
 
 The worker holds turns, as by default; with ``--no-hold-turns`` it stores
 every entry (the stored path). A diagnostic for trying a change to the
@@ -104,7 +104,8 @@ class GcClock:
 async def one_round(client: Any, url: str, work: workload.Workload, index: int,
                     idle: IdleClock, hold: bool = False, batch: int = 500,
                     hold_ms: int | None = None,
-                    progress: bool = True) -> tuple[float, float, float]:
+                    progress: bool = True,
+                    sweep_interval: float | None = None) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
@@ -115,6 +116,8 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     more: dict[str, Any] = {"progress": progress}
     if hold_ms is not None:
         more["hold_ms"] = hold_ms
+    if sweep_interval is not None:
+        more["sweep_interval"] = sweep_interval
     worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold, batch=batch, **more))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()
@@ -171,7 +174,7 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
 
 async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
                gen0: int | None, batch: int, live: int = 0, hold_ms: int | None = None,
-               progress: bool = True) -> None:
+               progress: bool = True, sweep_interval: float | None = None) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -188,7 +191,7 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
             drained = await drain_round(client, work, index) if drain else 0.0
             collector.reset()
             wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold,
-                                                  batch, hold_ms, progress)
+                                                  batch, hold_ms, progress, sweep_interval)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
@@ -216,9 +219,11 @@ if __name__ == "__main__":
                         help="the worker's --hold-ms (default: processor run's)")
     parser.add_argument("--no-progress", action="store_true",
                         help="the worker without live progress (--no-progress)")
+    parser.add_argument("--sweep-interval", type=float,
+                        help="the worker's --sweep-interval (default: processor run's)")
     parser.add_argument("--batch", type=int, default=500,
                         help="the worker's --batch (XREADGROUP COUNT); the drain keeps 500")
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, not args.no_hold_turns,
                      args.drain, args.gen0, args.batch, args.live, args.hold_ms,
-                     not args.no_progress))
+                     not args.no_progress, args.sweep_interval))
