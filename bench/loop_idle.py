@@ -9,7 +9,8 @@ the worker's Python with redis-server's scripts could win at most. Starts
 its own redis-server::
 
     python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
-        [--no-hold-turns] [--drain] [--gen0 N]
+        [--no-hold-turns] [--drain] [--gen0 N] [--live UPDATES] [--hold-ms MS]
+        [--no-progress] [--sweep-interval S]
 
 The worker holds turns, as by default; with ``--no-hold-turns`` it stores
 every entry (the stored path). A diagnostic for trying a change to the
@@ -40,6 +41,7 @@ import selectors
 import time
 from typing import Any
 
+import live_turns
 import redis.asyncio
 import workload
 from drain import drain_group
@@ -100,8 +102,10 @@ class GcClock:
 
 
 async def one_round(client: Any, url: str, work: workload.Workload, index: int,
-                    idle: IdleClock, hold: bool = False,
-                    batch: int = 500) -> tuple[float, float, float]:
+                    idle: IdleClock, hold: bool = False, batch: int = 500,
+                    hold_ms: int | None = None,
+                    progress: bool = True,
+                    sweep_interval: float | None = None) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
@@ -109,7 +113,12 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     # its own reply parsing, which the drain's client must not get).
     own = redis.asyncio.Redis.from_url(url)
     fast_stream_reads(own)
-    worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold, batch=batch))
+    more: dict[str, Any] = {"progress": progress}
+    if hold_ms is not None:
+        more["hold_ms"] = hold_ms
+    if sweep_interval is not None:
+        more["sweep_interval"] = sweep_interval
+    worker = Worker(own, WorkerConfig(namespace=namespace, hold_turns=hold, batch=batch, **more))
     task = asyncio.create_task(worker.run())
     await worker.ready.wait()
     await asyncio.sleep(0.3)  # its first idle reads are under way
@@ -164,12 +173,13 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
 
 
 async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
-               gen0: int | None, batch: int) -> None:
+               gen0: int | None, batch: int, live: int = 0, hold_ms: int | None = None,
+               progress: bool = True, sweep_interval: float | None = None) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
         client = redis.asyncio.Redis.from_url(server.url)
-        work = workload.build(turns)
+        work = live_turns.round_robin(turns, live) if live else workload.build(turns)
         await workload.make_template(client, TEMPLATE, work, [WorkerConfig().group])
         if free:
             free_decode_merge(work)
@@ -181,7 +191,7 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
             drained = await drain_round(client, work, index) if drain else 0.0
             collector.reset()
             wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold,
-                                                  batch)
+                                                  batch, hold_ms, progress, sweep_interval)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
@@ -202,8 +212,18 @@ if __name__ == "__main__":
                         help="also time a drain of the stream each round, and the ratio")
     parser.add_argument("--gen0", type=int,
                         help="generation-0 threshold instead of the worker's")
+    parser.add_argument("--live", type=int, default=0, metavar="UPDATES",
+                        help="the many-live-turns workload instead (bench/live_turns.py): "
+                             "--turns turns of this many text updates, round-robin")
+    parser.add_argument("--hold-ms", type=int,
+                        help="the worker's --hold-ms (default: processor run's)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="the worker without live progress (--no-progress)")
+    parser.add_argument("--sweep-interval", type=float,
+                        help="the worker's --sweep-interval (default: processor run's)")
     parser.add_argument("--batch", type=int, default=500,
                         help="the worker's --batch (XREADGROUP COUNT); the drain keeps 500")
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, not args.no_hold_turns,
-                     args.drain, args.gen0, args.batch))
+                     args.drain, args.gen0, args.batch, args.live, args.hold_ms,
+                     not args.no_progress, args.sweep_interval))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from latency import Latency, percentile
+from live_turns import PACED_DEFAULT, PACED_DRAIN, PACED_HELD, Live, per_update_us
 from memory_scenarios import Memory, RssRun
 from ratios import QUIET_ROW, Round, median_ratios, one_worker, stored_worker
 from scenarios import Throughput
@@ -22,6 +23,9 @@ DRAIN_TARGET = 0.5
 PEER_TARGET = 5.0
 LIVE_TARGET = 0.85  # the default worker with live progress on, over off (issue 28)
 LATENCY_TARGET_MS = 20.0
+MANY_LIVE_TARGET = 0.3  # many live turns: processor / drain (issue 34)
+PACED_TARGET_US = 35.0  # paced long turns: worker + redis-server CPU per update
+PACED_CLIFF = 1.1  # paced long turns: default / held throughout, at most
 FULL_COMMAND = "python bench/run.py --profile 20000 --pyinstrument 20000"
 
 
@@ -352,3 +356,85 @@ def _mem_row(name: str, cells: list[str]) -> str:
 
 def _mem_name(mem: Memory) -> str:
     return "held (default)" if mem.held else "stored (`--no-hold-turns`)"
+
+
+# --------------------------------------------------------------------------- headline
+
+
+def live_line(live: Live) -> str:
+    """``bench/run.py``'s last lines for the two workloads of real turns."""
+    peer = f", processor/FastStream {live.peer_ratio:.2f}x" if live.peer_ratio else ""
+    default, held = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    return (f"many live turns: ratio processor/drain {live.ratio:.2f} (target >= "
+            f"{MANY_LIVE_TARGET:g}){peer}; paced long turns: worker + redis CPU "
+            f"{default:.1f} us/update (target <= {PACED_TARGET_US:g}), held throughout "
+            f"{held:.1f} us, default/held {default / held:.2f} (target <= {PACED_CLIFF:g}), "
+            f"drain {live.paced_us(PACED_DRAIN):.1f} us")
+
+
+def _row(name: str, t: Throughput, drain: Throughput, ratio: str, peer: str,
+         target: str) -> str:
+    w, r = per_update_us(t)
+    dw, dr = per_update_us(drain)
+    return (f"| {name} | {t.rate:,.0f} | {t.seconds:.1f} | {ratio} | {peer} | {w:.1f} | "
+            f"{r:.1f} | {w + r:.1f} | {dw + dr:.1f} | {target} |")
+
+
+def headline(r: dict[str, Any]) -> str:
+    """The three workloads side by side: the backlog of whole turns, many live
+    turns, paced long turns; wall time and CPU time, each with the raw drain
+    of the same input in the same run."""
+    live: Live = r["live"]
+    runs: list[Throughput] = r["throughput"]
+    drain = next(t for t in runs if t.name == "drain")
+    one = one_worker(runs)
+    median = median_ratios([Round.of(x) for x in r.get("rounds", [runs])])
+    backlog_ok = median["drain"] >= DRAIN_TARGET and median.get("peer", 0) >= 7
+    many = max(live.rounds, key=lambda one_round: one_round[1].rate)
+    many_peer = live.peer_ratio
+    paced = {t.name: t for t in live.paced}
+    default_us, held_us = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    lines = [
+        "## Headline: three workloads",
+        "",
+        f"From `{r['command']}` ({r['date']}, commit `{r['commit']}`). {r['load_note']} "
+        "`python bench/run.py --quick` prints the same ratios as its last lines (30 updates "
+        "per live turn, paced turns of 10 s). One worker, one shard, default settings (live "
+        "progress "
+        "on), each beside the raw drain (`XREADGROUP COUNT 500` + `XACK`) of the same "
+        "input in the same run. CPU is per update, in µs: the consumer process's and "
+        "redis-server's, less sensitive than wall time to the machine's other load.",
+        "",
+        "- **Backlog**: the whole-turn stream below (*End to end*), all at once: a read "
+        "batch holds many updates of each of 8 turns in flight.",
+        f"- **Many live turns**: {live.turns:,} turns x {live.updates} text updates, "
+        "round-robin (update i of every turn before update i+1 of any), all at once: a "
+        "read batch holds about one update of each of many turns.",
+        f"- **Paced long turns**: {live.pace.turns:,} turns at once, each one update per "
+        f"{live.pace.period * 1000:g} ms for {live.pace.seconds:g} s "
+        f"({live.pace.turns / live.pace.period:,.0f} updates/s offered by a producer), so "
+        "every turn outlives `--hold-ms` (5 s); the rate is the producer's, the CPU is "
+        "what counts. `--hold-ms 60000` holds the turns throughout: the default should "
+        "cost no more (no cliff at `--hold-ms`).",
+        "",
+        "| workload | updates/s | seconds | / drain | / FastStream | worker µs | "
+        "redis µs | together µs | drain's µs | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        _row("backlog", one, drain, f"{median['drain']:.2f}",
+             _times(median.get("peer")),
+             f">= {DRAIN_TARGET:g} of the drain and >= 7x FastStream: "
+             f"{verdict(backlog_ok)}"),
+        _row("many live turns", many[1], many[0], f"{live.ratio:.2f}", _times(many_peer),
+             f">= {MANY_LIVE_TARGET:g} of the drain: {verdict(live.ratio >= MANY_LIVE_TARGET)}"),
+        _row("paced long turns, default", paced[PACED_DEFAULT], paced[PACED_DRAIN], "-", "-",
+             f"together <= {PACED_TARGET_US:g} µs: {verdict(default_us <= PACED_TARGET_US)}; "
+             f"<= {PACED_CLIFF:g}x held throughout ({default_us / held_us:.2f}x): "
+             f"{verdict(default_us <= PACED_CLIFF * held_us)}"),
+        _row("paced long turns, `--hold-ms 60000`", paced[PACED_HELD], paced[PACED_DRAIN],
+             "-", "-", "-"),
+        "",
+        "The ratios of the backlog and of the many live turns are the median of "
+        f"{len(live.rounds)} rounds' (each round ran the drain, the worker and FastStream "
+        "one after the other); the other columns are the fastest round's.",
+    ]
+    return "\n".join(lines)

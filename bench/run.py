@@ -37,6 +37,7 @@ from typing import Any
 
 import charts
 import latency
+import live_turns
 import memory_scenarios
 import profile_sections
 import ratios
@@ -95,18 +96,39 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-live-off", action="store_true",
                    help="skip the run of 1 worker with --no-progress (live progress off), "
                         "the default's comparison")
+    p.add_argument("--live-turns", type=int, default=1000,
+                   help="turns of the many-live-turns and paced workloads (default 1,000)")
+    p.add_argument("--live-updates", type=int,
+                   help="text updates per turn of the many-live-turns workload, round-robin "
+                        "(default 100; 30 with --quick)")
+    p.add_argument("--paced-seconds", type=float,
+                   help="how long each paced turn streams, one update per 100 ms (default 20; "
+                        "10 with --quick: still longer than --hold-ms)")
+    p.add_argument("--no-live", action="store_true",
+                   help="skip the many-live-turns and paced workloads")
+    p.add_argument("--headline-only", action="store_true",
+                   help="the backlog as --quick measures it (6,000 turns, 1 worker), then the "
+                        "two workloads of real turns at their full size; rewrites only the "
+                        "headline section of docs/benchmarks.md")
     p.add_argument("--no-docs", action="store_true", help="print only")
     p.add_argument("--note", default="", help="a sentence on the machine's load for the docs")
     args = p.parse_args(argv)
-    if args.quick:
-        # Three rounds of 6,000 turns: one round of 2,000 gave 0.43-0.51 of
-        # the drain on 2026-11-26, where full runs' medians gave 0.54-0.56.
+    if args.quick or args.headline_only:
+        # The backlog: three rounds of 6,000 turns (one round of 2,000 gave
+        # 0.43-0.51 of the drain on 2026-11-26, where full runs' medians gave
+        # 0.54-0.56), one worker, the throughput rows only.
         args.turns = args.turns or 6000
         args.peer_turns = args.peer_turns or 1500
         args.workers = args.workers or "1"
         args.latency_turns = args.latency_turns or 0
         args.memory_turns = args.rss_updates = 0
-        args.skip_merge = args.skip_cancel = args.no_docs = True
+        args.skip_merge = args.skip_cancel = True
+    if args.quick:  # and the workloads of real turns shortened, docs untouched
+        args.no_docs = True
+        args.live_updates = args.live_updates or 30
+        args.paced_seconds = args.paced_seconds or 10.0
+    args.live_updates = args.live_updates or 100
+    args.paced_seconds = args.paced_seconds or 20.0
     args.turns = args.turns or 20_000
     args.repeat = args.repeat or 3
     args.worker_flags = tuple(shlex.split(args.worker_flags))
@@ -238,6 +260,11 @@ async def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             r["tree_file"] = tree
             say(f"{'pyinstrument':>24}: {r['tree'].rate:,.0f} updates/s under the profiler")
         await scenarios.forget(client, "bench:template*")
+        if not args.no_live:
+            r["live"] = await live_turns.measure(
+                ctx, args.live_turns, args.live_updates,
+                live_turns.Pace(args.live_turns, args.paced_seconds), args.repeat,
+                peer=True, say=say)
         one = ratios.one_worker(runs)
         if args.latency_turns:  # the default worker (it holds turns), at half the 1-worker rate
             rate = args.latency_rate or one.rate / 2
@@ -312,6 +339,11 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         "noisy (±20% or worse); ratios from one run are more telling than absolute "
         "figures.")
     r["load_note"] = note
+    if "live" in r:
+        report.write_section(PAGE, "e2e-headline", report.headline(r))
+    if args.headline_only:
+        say(f"{'docs':>24}: updated the headline of {PAGE.relative_to(ROOT)}")
+        return
     report.write_section(PAGE, "e2e-bench", report.summary(r))
     charts.throughput_chart(r["throughput"], DOCS / "bench-throughput.png")
     if "latency" in r:
@@ -378,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         also += (f"; live progress on/off {median['live']:.2f} "
                  f"(target >= {report.LIVE_TARGET:g})")
     of = f" (median of {len(r['rounds'])} rounds)" if len(r["rounds"]) > 1 else ""
+    if "live" in r:
+        say(report.live_line(r["live"]))
     say(f"ratio processor/drain {median['drain']:.2f} (target >= {report.DRAIN_TARGET:g}), "
         f"processor/FastStream {median['peer']:.2f}x (target >= {report.PEER_TARGET:g}x)"
         + also + of)

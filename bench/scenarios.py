@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,14 +152,35 @@ async def last_id_ms(client: Any, key: str) -> int:
 # --------------------------------------------------------------------------- the limit
 
 
-async def drain(ctx: Ctx, work: Workload) -> Throughput:
+#: How a run's input gets in: given the update streams of its shards, it
+#: fills them and returns the Redis time (ms) the clock starts at. By
+#: default a ``COPY`` of the template (:func:`copied`); the paced runs
+#: (:mod:`live_turns`) produce instead.
+Feed = Callable[[list[str]], Awaitable[int]]
+
+
+def copied(ctx: Ctx, shards: int = 1) -> Feed:
+    """The feed of the throughput runs: each shard's stream a ``COPY`` of its
+    template, the clock starting when the first is in."""
+
+    async def feed(streams: list[str]) -> int:
+        copied = []
+        for index, stream in enumerate(streams):
+            template = ctx.template if shards == 1 else shard_template(ctx, shards, index)
+            copied.append(await copy_into(ctx.client, template, stream))
+        return copied[0]
+
+    return feed
+
+
+async def drain(ctx: Ctx, work: Workload, feed: Feed | None = None) -> Throughput:
     client, stream = ctx.client, "{drain:0}:updates"
     proc = Consumer([str(BENCH / "drain.py"), ctx.url, stream, str(work.size)])
     try:
         await proc.line("ready", 60)
         meter = CpuMeter([proc.proc.pid], ctx.server_pid)
-        start = await copy_into(client, ctx.template, stream)
-        done = int((await proc.line("done", 600)).split()[1])
+        start = await (feed or copied(ctx))([stream])
+        done = int((await proc.line("done", 3600)).split()[1])
         return Throughput("drain", work.updates, (done - start) / 1000, meter.read())
     finally:
         proc.stop()
@@ -225,10 +247,13 @@ async def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
 async def processor(
     ctx: Ctx, work: Workload, workers: int, profile: Path | None = None,
     flags: tuple[str, ...] = (), shards: int = 1, launcher: tuple[str, ...] = (),
+    feed: Feed | None = None, label: str = "",
 ) -> Throughput:
     """``workers`` ``processor run`` processes (with extra ``flags``, started
     through ``launcher``, e.g. pyinstrument) on the stream, or on ``shards``
-    shards of it (templates :func:`shard_template`)."""
+    shards of it (templates :func:`shard_template`), filled by ``feed``
+    (default: :func:`copied`); ``label`` names the row (default: from the
+    flags)."""
     client, ns = ctx.client, f"e2e{workers}s{shards}"
     turns = [len(part.turns) for part in work.split(shards)] if shards > 1 else [len(work.turns)]
     async with Harness(ctx.url, ns, shards, log_dir=ctx.log_dir) as harness:
@@ -243,11 +268,7 @@ async def processor(
             await asyncio.sleep(1.5 if workers > 1 and shards > 1 else 0)
             spy = await profiler(subs[0].proc.pid, profile) if profile else None
             meter = CpuMeter([s.proc.pid for s in subs], ctx.server_pid)
-            copied = []  # (the clock starts when the first shard's copy is in)
-            for shard in harness.shards:
-                template = ctx.template if shards == 1 else shard_template(ctx, shards, shard.index)
-                copied.append(await copy_into(client, template, shard.updates))
-            start = copied[0]
+            start = await (feed or copied(ctx, shards))([s.updates for s in harness.shards])
             end = 0
             for shard, count in zip(harness.shards, turns, strict=True):
                 await wait_len(client, shard.merged, count, 3600, harness.assert_workers_alive)
@@ -264,6 +285,12 @@ async def processor(
             for sub in list(harness.procs):
                 harness.terminate(sub)
         await forget(client, f"{{{ns}:*")
+    return Throughput(label or _label(workers, shards, flags), work.updates,
+                      (end - start) / 1000, cpu, str(profile or ""), len(work.turns), settled)
+
+
+def _label(workers: int, shards: int, flags: tuple[str, ...]) -> str:
+    """A processor row's name, from its workers, shards and flags."""
     label = f"processor, {workers} worker" + ("s" if workers > 1 else "")
     if workers > 1 or shards > 1:
         label += f", {shards} shard" + ("s" if shards > 1 else "")
@@ -271,8 +298,7 @@ async def processor(
         label += ", stored turns"
     if "--no-progress" in flags:  # no live progress events, no live log
         label += ", no live progress"
-    return Throughput(label, work.updates, (end - start) / 1000, cpu, str(profile or ""),
-                      len(work.turns), settled)
+    return label
 
 
 def shard_template(ctx: Ctx, shards: int, index: int) -> str:

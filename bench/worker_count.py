@@ -7,10 +7,17 @@ redis-server) under ``valgrind --tool=callgrind`` twice, with one round
 and with none (the workload built, nothing consumed), and prints the
 difference divided by the updates consumed::
 
-    python bench/worker_count.py [--turns 1000] [--no-hold-turns]
+    python bench/worker_count.py [--turns 1000] [--no-hold-turns] [--live UPDATES]
+                                 [--hold-ms MS] [--no-progress]
 
 The worker holds turns, as by default; with ``--no-hold-turns`` it stores
-every entry (the stored path). Only the worker's process is counted
+every entry (the stored path). With ``--live N`` the workload is the many
+live turns' (``--turns`` turns of N text updates, round-robin). The
+worker's sweep is left out (``--sweep-interval 3600``): it runs by the
+clock, ten times a second over every active turn, and under callgrind a
+run lasts ten times longer, so its instructions per update would be what
+the machine's speed decided (30,000 per update between two runs of the
+same code on many live turns). Only the worker's process is counted
 (redis-server is not). The modules
 are compiled first and ``PYTHONHASHSEED`` is fixed, so that two runs of the
 same code count within about 0.5% of each other. Needs valgrind; about a
@@ -54,13 +61,28 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--no-hold-turns", action="store_true",
                         help="the worker stores every entry (the stored path)")
+    parser.add_argument("--live", type=int, default=0, metavar="UPDATES",
+                        help="the many-live-turns workload: --turns turns of this many "
+                             "text updates, round-robin")
+    parser.add_argument("--hold-ms", type=int,
+                        help="the worker's --hold-ms (under callgrind a turn may outlive "
+                             "the default 5 s: 600000 keeps every turn held)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="the worker without live progress")
     args = parser.parse_args()
     compileall.compile_dir(HERE.parent / "processor", quiet=1)
     compileall.compile_dir(HERE, quiet=1)
     flags = ["--no-hold-turns"] if args.no_hold_turns else []
+    if args.live:
+        flags += ["--live", str(args.live)]
+    if args.hold_ms is not None:
+        flags += ["--hold-ms", str(args.hold_ms)]
+    if args.no_progress:
+        flags.append("--no-progress")
+    flags += ["--sweep-interval", "3600"]
     worked, printed = count(args.turns, 1, flags)
     idle, _ = count(args.turns, 0, flags)
-    updates = _updates(args.turns)
+    updates = args.turns * args.live if args.live else _updates(args.turns)
     side = "stored" if args.no_hold_turns else "default"
     print(f"{side}: {(worked - idle) / updates:,.0f} instructions per update "
           f"({worked - idle:,} over {updates:,} updates; {printed.strip().splitlines()[-1]})")

@@ -54,7 +54,7 @@ class Workload:
     def head(self, turns: int) -> Workload:
         """The first ``turns`` turns (by first appearance), entries in the same order."""
         keep = set(self.turns[:turns])
-        return _workload([e for e in self.entries if e["response_id"] in keep],
+        return of([e for e in self.entries if e["response_id"] in keep],
                          self.turns[:turns])
 
     def split(self, shards: int) -> list[Workload]:
@@ -66,15 +66,16 @@ class Workload:
             turns[shard_of(rid, shards)].append(rid)
         for e in self.entries:
             parts[shard_of(e["response_id"], shards)].append(e)
-        return [_workload(p, t) for p, t in zip(parts, turns, strict=True)]
+        return [of(p, t) for p, t in zip(parts, turns, strict=True)]
 
     def renamed(self, suffix: str) -> Workload:
         """The same entries for turns named ``<response_id><suffix>``."""
         entries = [{**e, "response_id": e["response_id"] + suffix} for e in self.entries]
-        return _workload(entries, [rid + suffix for rid in self.turns])
+        return of(entries, [rid + suffix for rid in self.turns])
 
 
-def _workload(entries: list[Fields], turns: list[str]) -> Workload:
+def of(entries: list[Fields], turns: list[str]) -> Workload:
+    """The workload of ``entries`` (in arrival order) of ``turns``."""
     updates = sum(1 for e in entries if e.get("kind") != "end")
     raw = sum(len(k) + len(v) for e in entries for k, v in e.items())
     return Workload(entries, turns, updates, raw)
@@ -101,7 +102,7 @@ def build(turns: int, seed: int = SEED) -> Workload:
         entries.append({"response_id": rid, "update": text})
         if last[rid] == i:
             entries.append({"response_id": rid, "kind": "end"})
-    return _workload(entries, list(order)[:turns])
+    return of(entries, list(order)[:turns])
 
 
 async def fill(client: Any, key: str, entries: list[Fields], chunk: int = 5000) -> None:

@@ -613,3 +613,42 @@ async def test_a_batch_finalise_that_fails_leaves_its_turns_to_spill_and_finish_
         failed = _metric(running.worker, "processor_step_failures_total")
     compare_with_offline(outputs, offline_results(entries))
     assert calls == 1 and spilled == 1 and failed == 1
+
+
+async def test_turns_held_past_hold_ms_spill_in_calls_of_about_a_batch(
+    redis_url: str, namespace: str
+) -> None:
+    """All the turns due at once used to spill in one apply_entries call
+    (1,000 paced turns: 50,000 entries, redis-server busy 2.5 s for every
+    client); they spill in calls of whole turns of about ``--batch`` entries,
+    each turn's entries in one call, and finish as ``processor merge`` says."""
+    turns = [[text_delta(f"t{i}", str(j)) for j in range(5)] for i in range(30)]
+    ends = [end_entry(f"t{i}") for i in range(30)]
+    calls: list[tuple[int, list[str]]] = []  # entries, and their turns, of each store
+    async with Harness(redis_url, namespace, hold_ms=300, batch=20, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        stored = running.worker.held.stored
+        store = stored.store
+
+        async def recorded(shard: Any, entries: list[Any], *args: Any, **kw: Any) -> None:
+            rids = {fields.get(b"response_id") or fields.get("response_id")
+                    for _, fields in entries}
+            calls.append((len(entries), sorted(map(str, rids))))
+            await store(shard, entries, *args, **kw)
+
+        stored.store = recorded  # type: ignore[method-assign]
+        await harness.add(interleave(turns, random.Random(3)))
+        await harness.wait_for(
+            lambda: _metric(running.worker, "processor_held_turns_spilled_total") == 30, 20,
+            "not all spilled")
+        await harness.wait_applied()
+        spill = list(calls)
+        await harness.add(ends)
+        await harness.wait_merged(30)
+        outputs = await harness.outputs()
+    assert sum(n for n, _ in spill) == 150
+    assert max(n for n, _ in spill) <= 20
+    every = [tk for _, tks in spill for tk in tks]
+    assert len(every) == len(set(every)) == 30  # each turn's entries in one call
+    for i in range(30):
+        assert response_text(outputs, f"t{i}") == "01234"

@@ -87,9 +87,19 @@ def _base(key: TurnKey, ids: dict[str, str], seq: int, ts: int) -> dict[str, Any
     }
 
 
+#: ``synthesis.started`` with every turn-level id null: a turn's is a copy
+#: (``msgspec.structs.replace`` of a few fields costs a fraction of building
+#: the Struct from keywords, and the stored path builds one per turn per call).
+_STARTED = SynthesisStarted(synthesis_id="", response_id="", seq=0, ts=0)
+
+
 def started(key: TurnKey, ids: dict[str, str], ts: int) -> SynthesisStarted:
     """``synthesis.started`` (always ``seq = 0``)."""
-    return SynthesisStarted(**_base(key, ids, 0, ts))
+    if ids:
+        return SynthesisStarted(**_base(key, ids, 0, ts))
+    return msgspec.structs.replace(_STARTED, synthesis_id=key.synthesis_id(),
+                                   response_id=key.response_id, ts=ts,
+                                   attempt_id=key.attempt_id or None)
 
 
 def progress(key: TurnKey, ids: dict[str, str], record: Record, ts: int) -> list[Event]:

@@ -48,7 +48,7 @@ Internal keys (the state machine, see docs/design.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from processor.wire import defaults
 from processor.wire.ids import TurnKey, shard_of
@@ -63,10 +63,12 @@ class Shard:
 
     namespace: str
     index: int
+    #: ``{<namespace>:<index>}``, every key's prefix (its hash tag): made
+    #: once, as every turn's keys of every batch begin with it.
+    tag: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def tag(self) -> str:
-        return f"{{{self.namespace}:{self.index}}}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag", f"{{{self.namespace}:{self.index}}}")
 
     @property
     def updates(self) -> str:

@@ -158,8 +158,19 @@ class _Turns:
             # Turn-level ids are left null: apply_entries fills in the ones
             # the turn has (first applied wins), on this and every event.
             started = ev.started(key, {}, ts)
-            self.args += [key.encode(), _pack.encode(event_fields(key, started))]
+            self.args += [key.encode(), _pack.encode(_started_fields(key, started))]
         return n
+
+
+def _started_fields(key: TurnKey, started: Event) -> list[str | msgspec.Raw]:
+    """:func:`~processor.engine.render.event_fields` of a turn's
+    ``synthesis.started``, its JSON packed as the msgpack str it is encoded
+    to (never decoded: :func:`live_fields`)."""
+    fields: list[str | msgspec.Raw] = ["type", "synthesis.started", "response_id",
+                                       key.response_id, "synthesis_id", key.synthesis_id()]
+    if key.attempt_id:
+        fields += ["attempt_id", key.attempt_id]
+    return [*fields, "event", msgpack_str(_json.encode(started))]
 
 
 def build_apply(
@@ -446,17 +457,18 @@ def build_publish_live(
     return call
 
 
-def live_fields(key: TurnKey, found: list[Event]) -> list[list[str]]:
+def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
     """The ``events`` stream entries' fields of a turn's live events
-    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once)."""
+    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once;
+    each event's JSON packed as the msgpack str it is, never decoded)."""
     if not found:
         return []
     same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
     if key.attempt_id:
         same += ["attempt_id", key.attempt_id]
     encode = _json.encode  # (ev.encode_event's encoding, without its call)
-    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event", encode(e).decode()]
-            for e in found]
+    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event",
+             msgpack_str(encode(e))] for e in found]
 
 
 def updates_json(texts: list[bytes]) -> bytes:

@@ -67,6 +67,8 @@ class Run:
         False if any entry is not a plain update after all (its text not
         bytes, not ASCII, or over the limit)."""
         texts = self.texts
+        if len(texts) == 1:  # (many live turns: one update of each per batch)
+            return self._check_one(base, max_entry_bytes)
         try:
             joined = b"".join(texts)
         except TypeError:  # a str value: not as Redis returns it
@@ -83,6 +85,19 @@ class Run:
             self.ids = list(map(as_text, raw_ids))
         self.base = base
         self.size = len(joined) + base * len(texts)
+        self.checked = True
+        return True
+
+    def _check_one(self, base: int, max_entry_bytes: int) -> bool:
+        """:meth:`check` of a run of one entry, without its joins and maps."""
+        text = self.texts[0]
+        if text.__class__ is not bytes or not text.isascii() \
+                or len(text) + base > max_entry_bytes:
+            return False
+        entry_id = self.entries[0][0]
+        self.ids = [entry_id.decode() if entry_id.__class__ is bytes else as_text(entry_id)]
+        self.base = base
+        self.size = len(text) + base
         self.checked = True
         return True
 

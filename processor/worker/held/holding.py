@@ -287,17 +287,51 @@ class HeldPath:
         if await self.continuity.namespace_lost("spilling held turns"):
             await self.continuity.lose_shard_now(shard)
             return
+        # In calls of whole turns, each of about a read batch (--batch): all
+        # of a worker's due turns in one apply_entries call (1,000 turns held
+        # 5 s at one update per 100 ms: 50,000 entries) kept redis-server busy
+        # for seconds, every other client waiting (2.5 s seen). A turn's
+        # entries stay in one call: its first publish after the spill skips
+        # what its live log holds already (publishing.py, hand_over). A turn
+        # is taken out of the holds only for its own call: until then it is
+        # held, so that a finalise of the calls before (which spills the held
+        # turns it finalises first, spill_ready) never takes it for stored.
+        chunk: list[TurnKey] = []
+        size = spilled = calls = 0
+        try:
+            for key in keys:
+                held = holds.turns.get(key)
+                if held is None:
+                    continue  # (spilled meanwhile by a call before: spill_ready)
+                if chunk and size + len(held.entries) > self.config.batch:
+                    spilled += await self._store_held(shard, chunk)
+                    calls += 1
+                    chunk, size = [], 0
+                chunk.append(key)
+                size += len(held.entries)
+            if chunk:
+                spilled += await self._store_held(shard, chunk)
+                calls += 1
+        finally:
+            if spilled:
+                self.metrics.spilled.inc(spilled)
+                log.info("spilled held turns", extra={"shard": shard.index, "turns": spilled,
+                                                      "calls": calls, "why": why})
+
+    async def _store_held(self, shard: Shard, keys: list[TurnKey]) -> int:
+        """Take held turns out of the holds and store their entries in one
+        ``apply_entries`` call; returns how many turns."""
+        holds = self.shards[shard.index].holds
         entries: list[Entry] = []
+        taken = 0
         for key in keys:
             held = holds.take(key)
             if held is not None:
+                taken += 1
                 holds.old.add(key)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
         if entries:
-            self.metrics.spilled.inc(len(keys))
-            log.info("spilled held turns", extra={"shard": shard.index, "turns": len(keys),
-                                                  "entries": len(entries), "why": why})
             try:
                 await self.stored.store(shard, entries, {}, None)
             except BaseException:
@@ -305,6 +339,7 @@ class HeldPath:
                 # next read, and no floor until then (ShardState.floor).
                 self.shards[shard.index].orphans = True
                 raise
+        return taken
 
     async def spill_due(self, shard: Shard, everything: bool = False) -> None:
         """Spill the turns held too long or over the bounds (all of them
