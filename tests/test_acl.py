@@ -359,6 +359,12 @@ def test_cancel_keys_are_no_weapon_for_serve_or_the_producers(
         for reason, ttl in (("x" * (1 << 20), 60), ("", 60), ("stop", 0), ("stop", MAX_TTL + 1)):
             with pytest.raises(ResponseError, match="CANCELARG"):
                 client.fcall(function, 1, fresh, reason, ttl, channel)
+        # Nor is the key's name a way to store more: the id is 1 to 512 characters.
+        for too_long in (shard.cancel("x" * (20 << 20)), shard.cancel("é" * 513), shard.cancel("")):
+            with pytest.raises(ResponseError, match=r"CANCELARG .*id is 1 to 512 characters"):
+                client.fcall(function, 1, too_long, "stop", 60, channel)
+        assert client.fcall(function, 1, shard.cancel("é" * 512), "stop", 60, channel)[0] \
+            == b"asked"
         # The function cannot shorten a cancel either: it is kept as it is.
         kept, left = client.fcall(function, 1, victim, "second", 1, channel)
         assert kept == b"kept" and left > 590_000
@@ -405,10 +411,14 @@ async def test_a_cancel_they_ask_for_is_set_by_a_worker_bounded_and_never_shorte
                                    "the worker lengthens the TTL")
             assert await producer.cancel("t", reason="short", ttl=1) == "kept"
             assert await harness.client.get(key) == b"user pressed stop"
+            long_key = shard.cancel("x" * 513)  # (a PUBLISH skips the function's bounds)
             for junk in (b"\xff not json", json.dumps(["{other:0}:cancel:t", "x", 60]),
-                         json.dumps([key, "x" * 2000, 60]), json.dumps([key, "x", 10**9])):
+                         json.dumps([key, "x" * 2000, 60]), json.dumps([key, "x", 10**9]),
+                         json.dumps([long_key, "x", 60]),
+                         json.dumps([shard.cancel("y" * (20 << 20)), "x", 60])):
                 await client.publish(channel, junk)
-            await harness.wait_for(lambda: refused._value.get() >= 4, 10, "junk refused")
+            await harness.wait_for(lambda: refused._value.get() >= 6, 10, "junk refused")
+            assert not await harness.client.exists(long_key)
             await harness.wait_merged(1)
             outputs = await harness.outputs()
     finally:
@@ -418,6 +428,46 @@ async def test_a_cancel_they_ask_for_is_set_by_a_worker_bounded_and_never_shorte
     [merged] = outputs.turns[TurnKey("t")].merged
     assert json.loads(merged["meta"])["cancel_reason"] == "user pressed stop"
     assert acl_log(acl_server) == []
+
+
+async def test_cancels_are_taken_while_junk_floods_the_request_channel(
+    acl_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """A holder of the producer password publishes 40 MB messages on the
+    cancel channel: past Redis's Pub/Sub output limit (32 MB), each one
+    disconnects every worker's subscription, and a request published in the
+    gap reaches no worker. Workers subscribe again at once and the client
+    asks again while no worker has set the key, so every cancel asked
+    during the flood is still taken (before: 1 of 8 got CancelNotTaken)."""
+    shard, channel = Namespace(NAMESPACE).shard(0), Namespace(NAMESPACE).cancels
+    junk = b"j" * (40 << 20)
+    serve = redis.asyncio.Redis.from_url(url_for(acl_server, "serve"))
+    hostile = redis.asyncio.Redis.from_url(url_for(acl_server, "producer"))
+    flooding, taken = True, []
+
+    async def flood() -> None:
+        while flooding:
+            await hostile.publish(channel, junk)
+
+    try:
+        async with Harness(acl_server.url, NAMESPACE, log_dir=tmp_path) as harness:
+            harness.url = url_for(acl_server, "processor")
+            await harness.start_worker()
+            producer = Producer(serve, NAMESPACE)
+            assert await producer.cancel("warm", reason="stop") == "asked"
+            flooder = asyncio.create_task(flood())
+            try:
+                for i in range(8):
+                    taken.append(await producer.cancel(f"t{i}", reason="stop"))
+            finally:
+                flooding = False
+                await flooder
+            for i in range(8):
+                assert await harness.client.get(shard.cancel(f"t{i}")) == b"stop"
+    finally:
+        await serve.aclose()
+        await hostile.aclose()
+    assert taken == ["asked"] * 8
 
 
 async def test_serve_answers_503_when_no_worker_can_take_a_cancel(

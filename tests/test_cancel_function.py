@@ -65,6 +65,10 @@ async def test_out_of_bounds_is_refused_and_changes_nothing(
         with pytest.raises(ValueError, match="cancel"):
             await producer.cancel("r", reason=reason, ttl=ttl)
     assert await producer.cancel("r", reason="é" * 512, ttl=MAX_TTL) == "set"  # 1024 bytes
+    with pytest.raises(ValueError, match="at most 512 characters"):
+        await producer.cancel("x" * 513)
+    with pytest.raises(ValueError, match="at most 512 characters"):
+        await producer.cancel(None, turn_id="x" * 513)
     # The function checks the same bounds for whoever calls it past the client.
     function = Function(client, "cancel_turn")
     channel = Namespace(namespace).cancels
@@ -86,6 +90,7 @@ def test_a_worker_takes_only_well_formed_requests_of_its_namespace() -> None:
                 '["{other:0}:cancel:r", "stop", 60]', '["{agent:0}:turn:r", "stop", 60]',
                 f'["{key}", "", 60]', f'["{key}", "{"x" * 1025}", 60]', f'["{key}", "s", 0]',
                 f'["{key}", "s", 86401]', f'["{key}", "s", true]', f'["{key}", 5, 60]',
+                f'["{ns.shard(0).cancel("x" * 513)}", "s", 60]', '["{agent:0}:cancel:", "s", 60]',
                 "x" * 100_000):
         with pytest.raises(Refused):
             parse_request(ns, bad)

@@ -361,10 +361,12 @@ async def test_odd_ids_and_resume_ids_get_clear_answers_and_reveal_nothing(
 ) -> None:
     """Held, and kept so with the route that takes any path segment: ids
     that try to leave their path part, a NUL, unicode, 100 KB, each with a
-    token of its own, get 404 ``unknown_turn`` or a 4xx from aiohttp (never
-    a 500); resume ids that are not whole numbers get 400; /metrics and
+    token of its own, get 404 ``unknown_turn``, 400 past the contract's 512
+    characters (a cancel too: it writes nothing), or a 4xx from aiohttp
+    (never a 500); resume ids that are not whole numbers get 400; /metrics and
     /healthz then name no id and no token."""
-    ids = ["../x", "..", "\x00", "a\x00b", "tür-✓", "{", "}", "a}:cancel:b", "x" * 100_000]
+    ids = ["../x", "..", "\x00", "a\x00b", "tür-✓", "{", "}", "a}:cancel:b", "y" * 513,
+           "x" * 100_000]
     tokens = [token(rid) for rid in ids]
     serve = await start_local(config(redis_url, namespace))
     try:
@@ -373,7 +375,12 @@ async def test_odd_ids_and_resume_ids_get_clear_answers_and_reveal_nothing(
             for rid, tok in zip(ids, tokens, strict=True):
                 path = f"/v1/turns/{quote(rid, safe='')}"
                 async with session.get(path, headers={"Authorization": f"Bearer {tok}"}) as r:
-                    if len(rid) < 1000:
+                    if 512 < len(rid) < 1000:
+                        assert r.status == 400 and "512" in (await r.json())["detail"]
+                        async with session.post(path + "/cancel",
+                                                headers={"Authorization": f"Bearer {tok}"}) as c:
+                            assert c.status == 400 and (await c.json())["error"] == "bad_request"
+                    elif len(rid) < 1000:
                         assert r.status == 404, (rid, r.status)
                         if r.content_type == "application/json":  # (else no route: "..")
                             assert (await r.json())["error"] == "unknown_turn"

@@ -32,7 +32,7 @@ from processor.redis_io.replies import as_text
 from processor.scripts.library import Function, LibraryNotLoaded
 from processor.scripts.meta import require
 from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, check_reason, check_ttl
-from processor.wire.ids import response_id_for_turn
+from processor.wire.ids import MAX_ID_LENGTH, response_id_for_turn
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
 
 T = TypeVar("T")
@@ -41,10 +41,13 @@ T = TypeVar("T")
 AUTO_IDEMPOTENCY_TTL = 600
 #: A cancel asked of the workers (:meth:`Producer.cancel`): how long to wait for
 #: its key by default, how often to look (the first pause, doubling up to the
-#: second: a worker usually sets it within a few ms), and how often to ask again.
+#: second: a worker usually sets it within a few ms), how often to ask again,
+#: and how many asks in a row that reached no worker restart the looks from
+#: the first pause.
 CANCEL_WAIT_S = 5.0
 CANCEL_POLL_S = (0.002, 0.05)
-CANCEL_ASK_EVERY_S = 1.0
+CANCEL_ASK_EVERY_S = 0.25
+CANCEL_QUICK_ASKS = 4
 
 
 class Producer:
@@ -262,19 +265,29 @@ class Producer:
         keys = await self.ready()
         key = self.cancel_key(response_id, turn_id=turn_id)
         args = [reason, ttl, keys.cancels]
-        outcome = as_text((await self.retry.run(
-            lambda: self._cancel_turn(keys=[key], args=args)))[0])
-        if outcome != "asked":
-            return outcome
+        reply = await self.retry.run(lambda: self._cancel_turn(keys=[key], args=args))
+        if as_text(reply[0]) != "asked":
+            return as_text(reply[0])
         deadline = time.monotonic() + wait
-        asked, pause = time.monotonic(), CANCEL_POLL_S[0]
+        asked, reached, pause = time.monotonic(), int(reply[1]), CANCEL_POLL_S[0]
+        unreached = 1 if reached == 0 else 0  # asks in a row that reached no worker
         while not await self.retry.run(lambda: self.client.exists(key)):
             now = time.monotonic()
             if now >= deadline:
                 raise CancelNotTaken(key, wait)
-            if now - asked >= CANCEL_ASK_EVERY_S:  # (a worker between two subscriptions)
-                await self.retry.run(lambda: self._cancel_turn(keys=[key], args=args))
-                asked = now
+            # Asked again while no worker has set the key: a request reaches
+            # only the workers subscribed at that moment, and one may be
+            # between two subscriptions (docs/security.md, the cancel channel).
+            # A request that reached no worker is asked again at the next look,
+            # the first few times with the looks restarted from the shortest
+            # pause: a worker that lost its subscription takes a few ms to
+            # subscribe again (with no worker at all, the looks slow down).
+            if reached == 0 or now - asked >= CANCEL_ASK_EVERY_S:
+                reply = await self.retry.run(lambda: self._cancel_turn(keys=[key], args=args))
+                asked, reached = now, int(reply[1]) if as_text(reply[0]) == "asked" else 1
+                unreached = unreached + 1 if reached == 0 else 0
+                if 0 < unreached <= CANCEL_QUICK_ASKS:
+                    pause = CANCEL_POLL_S[0]
             await asyncio.sleep(min(pause, max(0.0, deadline - now)))
             pause = min(pause * 2, CANCEL_POLL_S[1])
         return "asked"
@@ -310,7 +323,12 @@ class Producer:
 
     def cancel_key(self, response_id: str | None, *, turn_id: str | None = None) -> str:
         """The cancellation key of a turn (of the ResponseId assigned from
-        ``turn_id``), once the namespace's record was read (:meth:`ready`)."""
+        ``turn_id``), once the namespace's record was read (:meth:`ready`).
+        ``ValueError`` for an id longer than the contract's 512 characters."""
+        for given in (response_id, turn_id):
+            if given and len(given) > MAX_ID_LENGTH:
+                raise ValueError(f"a turn's id is at most {MAX_ID_LENGTH} characters "
+                                 f"(docs/contract.md §3.2), not {len(given)}")
         if response_id:
             return self.keys.shard_for(response_id).cancel(response_id)
         if turn_id:

@@ -20,7 +20,6 @@ import msgspec
 
 from processor.ingest.entry_fields import (
     CORRELATION_SET,
-    MAX_ID_LENGTH,
     correlation_ids,
     entry_number,
     entry_size,
@@ -38,7 +37,7 @@ from processor.ingest.validate import (
     too_deep,
     update_from_object,
 )
-from processor.wire.ids import TurnKey, new_turn_key
+from processor.wire.ids import MAX_ID_LENGTH, TurnKey, new_turn_key
 from processor.wire.models import Record, Update
 
 __all__ = [

@@ -15,10 +15,15 @@ from typing import Any
 import msgspec
 
 from processor.ingest.validate import EntryError, clip
-from processor.wire.ids import TurnKey, new_turn_key, response_id_for_turn, shard_of
+from processor.wire.ids import (
+    MAX_ID_LENGTH,
+    TurnKey,
+    new_turn_key,
+    response_id_for_turn,
+    shard_of,
+)
 from processor.wire.models import ENTRY_IDS, MAX_ENTRY_NUMBER, TURN_IDS
 
-MAX_ID_LENGTH = 512
 CORRELATION_IDS = TURN_IDS + ENTRY_IDS
 CORRELATION_SET = frozenset(CORRELATION_IDS)
 

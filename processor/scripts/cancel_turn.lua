@@ -20,7 +20,9 @@ ACL users) sets the key here:
 - a key: its value stays (the first reason wins), and its TTL becomes the
   longer of the two (a key without TTL, an administrator's, keeps none).
 
-KEYS[1] the turn's cancellation key ({ns:s}:cancel:<response_id>)
+KEYS[1] the turn's cancellation key ({ns:s}:cancel:<response_id>; the id 1 to
+        512 characters, docs/contract.md §3.2, as processor/wire/ids.py's
+        MAX_ID_LENGTH: a key is never a way to store more)
 
 ARGV[1] reason (1 to 1024 bytes)   ARGV[2] TTL in seconds (1 to 86400)
 ARGV[3] the namespace's cancel channel ({ns:0}:cancels); '' = never ask
@@ -35,8 +37,14 @@ CANCELNOPERM (this caller may not set the key and ARGV[3] is '').
 
 local key, reason, channel = KEYS[1], ARGV[1], ARGV[3]
 local ttl = tonumber(ARGV[2])
-if not string.find(key, '}:cancel:', 1, true) then
+local at = string.find(key, '}:cancel:', 1, true)
+if not at then
   return redis.error_reply('CANCELARG not a cancellation key')
+end
+local id = string.sub(key, at + 9)
+local chars = select(2, string.gsub(id, '[^\128-\191]', ''))  -- (UTF-8 characters)
+if chars < 1 or chars > 512 then
+  return redis.error_reply('CANCELARG a cancelled turn\'s id is 1 to 512 characters, not ' .. chars)
 end
 if #reason < 1 or #reason > 1024 then
   return redis.error_reply('CANCELARG a cancel reason is 1 to 1024 bytes, not ' .. #reason)

@@ -52,7 +52,7 @@ from processor.serve.hub import Hub, Subscription
 from processor.serve.metrics import ServeMetrics
 from processor.serve.tokens import Verdict, verify
 from processor.wire.cancels import REASON_BYTES, check_reason
-from processor.wire.ids import response_id_for_turn
+from processor.wire.ids import MAX_ID_LENGTH, response_id_for_turn
 
 log = logging.getLogger("processor.serve")
 
@@ -138,6 +138,9 @@ def turn_of(request: web.Request) -> TurnRef:
     and, for a turn sent with only a turn_id, ``?turn_id=`` (its shard)."""
     response_id = request.match_info["response_id"]
     turn_id = request.query.get("turn_id") or None
+    if len(response_id) > MAX_ID_LENGTH or len(turn_id or "") > MAX_ID_LENGTH:
+        raise refusal(400, "bad_request",
+                      f"ids are at most {MAX_ID_LENGTH} characters (docs/contract.md §3.2)")
     if turn_id is not None and response_id_for_turn(turn_id) != response_id:
         raise refusal(400, "bad_request", f"turn_id {turn_id!r} has the ResponseId "
                       f"{response_id_for_turn(turn_id)!r}, not {response_id!r}")

@@ -14,6 +14,11 @@ from typing import NamedTuple
 # gives the same ResponseId on every worker and every restart.
 _ASSIGNED_NS = uuid.UUID("6f1c1d1e-8a51-4c39-9d1f-7a0b9c3e2d10")
 
+#: The most characters of a ResponseId, attempt id or correlation id
+#: (docs/contract.md §3.2); cancel_turn.lua keeps the same bound on the id in
+#: a cancellation key.
+MAX_ID_LENGTH = 512
+
 
 class TurnKey(NamedTuple):
     """The unit of merging: ``(response_id, attempt_id)``; attempt is "" when absent."""

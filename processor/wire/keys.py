@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from processor.wire import defaults
-from processor.wire.ids import TurnKey, shard_of
+from processor.wire.ids import MAX_ID_LENGTH, TurnKey, shard_of
 
 DEFAULT_NAMESPACE = "agent"
 DEFAULT_GROUP = defaults.GROUP
@@ -171,10 +171,12 @@ class Namespace:
 
     def cancel_key_shard(self, key: str) -> Shard | None:
         """The shard whose cancellation key ``key`` is (:meth:`Shard.cancel`),
-        or None when it is not one of this namespace's."""
-        head, sep, _response_id = key.partition("}:cancel:")
+        or None when it is not one of this namespace's (its id empty or longer
+        than :data:`MAX_ID_LENGTH`, docs/contract.md §3.2)."""
+        head, sep, response_id = key.partition("}:cancel:")
         prefix = f"{{{self.name}:"
-        if not sep or not _response_id or not head.startswith(prefix):
+        if (not sep or not response_id or len(response_id) > MAX_ID_LENGTH
+                or not head.startswith(prefix)):
             return None
         index = head[len(prefix):]
         if not index.isdigit() or index != str(int(index)) or int(index) >= self.shards:

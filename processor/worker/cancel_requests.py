@@ -80,15 +80,23 @@ class CancelRequests:
         self.cancel_turn = Function(client, "cancel_turn")
         self._logged: tuple[str, float] | None = None  # the last failure logged, when
         self._refused, self._refused_logged = 0, -LOG_EVERY_S  # refused since logged, when
+        self._subscribed = False  # whether the current subscription was made
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
+            self._subscribed = False
             try:
                 await self._listen(stopping)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis down, a refusal: never the worker's end
                 self._failed(exc)
+                if self._subscribed:
+                    # Dropped after subscribing (a message past Redis's Pub/Sub
+                    # output limit does that): subscribe again at once, since a
+                    # request published in the gap reaches no worker. A
+                    # subscription that cannot be made waits WAIT_S.
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), timeout=WAIT_S)
 
@@ -96,6 +104,7 @@ class CancelRequests:
         pubsub = self.client.pubsub()
         try:
             await pubsub.subscribe(self.namespace.cancels)
+            self._subscribed = True
             while not stopping.is_set():
                 message = await pubsub.get_message(ignore_subscribe_messages=True,
                                                    timeout=WAIT_S)
