@@ -24,6 +24,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import msgspec
@@ -72,13 +73,40 @@ class JsonFormatter(logging.Formatter):
 
 class LibraryLines(logging.Filter):
     """A line of a library (not a ``processor`` logger): its exception goes
-    as its class name only (``error``), never its text or traceback."""
+    as its class name only (``error``), never its text or traceback; and at
+    most one line of a kind (logger, level, message template, error class)
+    per ``every`` seconds, the next one carrying how many were left out
+    (``suppressed``). Any client can make aiohttp write an error line (one
+    per malformed request): without the bound, a client floods the log."""
+
+    #: Kinds remembered at most (the oldest forgotten first).
+    KINDS = 1024
+
+    def __init__(self, every: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every, self.clock = every, clock
+        self._kinds: dict[tuple[Any, ...], list[float]] = {}  # kind -> [logged at, left out]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and not record.name.startswith("processor"):
-            error = record.exc_info[1]
+        if record.name.startswith("processor"):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if record.exc_info:
             record.__dict__["error"] = type(error).__name__ if error else None
             record.exc_info, record.exc_text, record.stack_info = None, None, None
+        kind = (record.name, record.levelno, str(record.msg).split(" from ")[0],
+                type(error).__name__ if error else None)
+        now, seen = self.clock(), self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self.every:
+            seen[1] += 1
+            return False
+        if seen is not None and seen[1]:
+            record.__dict__["suppressed"] = int(seen[1])
+        self._kinds.pop(kind, None)
+        self._kinds[kind] = [now, 0]
+        if len(self._kinds) > self.KINDS:
+            del self._kinds[next(iter(self._kinds))]
         return True
 
 

@@ -127,3 +127,31 @@ def test_a_terminal_gets_one_human_line_per_record_and_a_pipe_json() -> None:
         logs.setup("info", stream=stream, fmt=fmt)
         log.warning("redis unreachable, retrying", extra={"url": "redis://u:pw@h:1"})
         assert json.loads(stream.getvalue())["url"] == "redis://u:***@h:1"
+
+
+def test_a_library_writes_one_line_of_a_kind_per_interval_then_says_how_many_it_left_out(
+) -> None:
+    """aiohttp writes an error line for each malformed request: a client could
+    flood the log. One line of a kind (logger, level, template, error class)
+    per interval; the next says how many were left out; other kinds and the
+    processor's own lines pass."""
+    now = [100.0]
+    lines = logs.LibraryLines(every=60.0, clock=lambda: now[0])
+
+    def record(name: str, msg: str, error: Exception | None = None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, ("10.0.0.1",), exc_info)
+
+    bad = "Error handling request from %s"
+    assert lines.filter(record("aiohttp.server", bad, ValueError("x")))
+    passed = [lines.filter(record("aiohttp.server", bad, ValueError("y"))) for _ in range(99)]
+    assert not any(passed)
+    assert lines.filter(record("aiohttp.server", bad, KeyError("other kind")))
+    assert all(lines.filter(record("processor.serve", bad)) for _ in range(5))
+    now[0] += 60.0
+    later = record("aiohttp.server", bad, ValueError("z"))
+    assert lines.filter(later)
+    assert later.__dict__["suppressed"] == 99 and later.__dict__["error"] == "ValueError"
+    assert later.exc_info is None
+    fresh = record("aiohttp.server", bad, ValueError("again"))
+    assert not lines.filter(fresh)

@@ -155,7 +155,8 @@ async def test_malformed_requests_leave_no_token_in_the_log(
     """Each malformed request carries a valid token (in its URL or a
     header); serve runs at debug level: no line of its output holds the
     token, and every line is JSON (aiohttp's own error lines used to print
-    the request line, over several lines of plain text)."""
+    the request line, over several lines of plain text). The same malformed
+    request 50 more times adds no line (one line of a kind a minute)."""
     import redis as sync_redis
 
     init_namespace_sync(sync_redis.Redis.from_url(redis_url), namespace)
@@ -163,7 +164,7 @@ async def test_malformed_requests_leave_no_token_in_the_log(
     serve = spawn_serve(redis_url, namespace, tmp_path, "--log-level", "debug")
     try:
         await serve.wait_serving()
-        for request in _malformed(tok):
+        for request in [*_malformed(tok), *[_malformed(tok)[2]] * 50]:
             reader, writer = await asyncio.open_connection("127.0.0.1", serve.port)
             writer.write(request)
             await writer.drain()
@@ -179,6 +180,9 @@ async def test_malformed_requests_leave_no_token_in_the_log(
     assert not leaks, leaks
     for line in lines:
         json.loads(line)  # every line is one JSON object
+    # One line of a kind a minute: 50 more of one malformed request add none.
+    errors = [json.loads(line) for line in lines if '"aiohttp.server"' in line]
+    assert 1 <= len(errors) <= len(_malformed(tok)), errors
 
 
 def _calls(info: dict[str, Any], command: str) -> int:

@@ -102,6 +102,9 @@ async def test_requests_share_one_read_and_reuse_it_while_the_turn_is_quiet(
     resumed = await cache.history(turn, 1)  # from the same read
     assert [e.seq for e in resumed.events] == [2, 3] and resumed.complete
     assert source.calls[("history", -1)] == 1 and source.calls[("history", 1)] == 0
+    # processor_serve_redis_calls_total counts the reads made, not the 34 asked.
+    made = cache.metrics.redis_calls
+    assert [made.labels(kind)._value.get() for kind in ("snapshot", "history")] == [1, 1]
 
 
 async def test_once_the_turn_publishes_the_next_request_reads_again(cache_on_redis: Any) -> None:

@@ -21,7 +21,6 @@ published after the reads is in the feed; the seq
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from processor.client.source import TurnSource
@@ -33,14 +32,6 @@ from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 #: reconnects after every end, stops there instead of getting ``gone`` again
 #: every second.
 GONE_ID = 10**18 - 1
-
-#: Told the kind of each read (``state``, ``history``, ``final``): the server's metrics.
-Count = Callable[[str], None]
-
-
-def _uncounted(kind: str) -> None:
-    pass
-
 
 @dataclass
 class Join:
@@ -61,8 +52,8 @@ class Join:
     unknown: bool = False  # not started yet, never sent, or forgotten
 
 
-async def join(source: TurnSource, turn: TurnRef, after: int | None, *, whole: bool = False,
-               count: Count = _uncounted) -> Join:
+async def join(source: TurnSource, turn: TurnRef, after: int | None, *,
+               whole: bool = False) -> Join:
     """A finished turn: the events after ``after`` it missed (when they can
     all be read back), its merged output and its terminal event. A running
     one: a snapshot (a fresh join, when the source has one), else the events
@@ -74,36 +65,32 @@ async def join(source: TurnSource, turn: TurnRef, after: int | None, *, whole: b
     Resumed with :data:`GONE_ID`: nothing (the client had a ``gone`` notice)."""
     if after is not None and after >= GONE_ID:
         return Join(has_all=True)
-    count("state")
     state = await source.state(turn)
     if state.phase == "running":
-        found, sure = await _running(source, turn, after, whole, count)
+        found, sure = await _running(source, turn, after, whole)
         if sure:
             return found
         # Nothing to go on in the log: empty, or gone with the turn's state
         # (published between the two reads). The state says which.
-        count("state")
         state = await source.state(turn)
         if state.phase != "finished":
             return found  # the log was read while the turn ran: it is so
     if state.phase == "finished":
-        return await _finished(source, turn, after, whole, state.status, count)
+        return await _finished(source, turn, after, whole, state.status)
     return Join(unknown=state.phase == "unknown")
 
 
-async def _running(source: TurnSource, turn: TurnRef, after: int | None, whole: bool,
-                   count: Count) -> tuple[Join, bool]:
+async def _running(source: TurnSource, turn: TurnRef, after: int | None,
+                   whole: bool) -> tuple[Join, bool]:
     """The join of a running turn from its log, and whether the log was
     there to be read (False: it was empty, which a turn published
     meanwhile leaves too)."""
     snapshot = None
     if after is None:
-        count("history")
         snapshot = await source.snapshot(turn)
         if snapshot is not None and not whole:
             return Join(snapshot=snapshot), snapshot.seq > 0
     has = snapshot.seq if snapshot is not None else -1 if after is None else after
-    count("history")
     history = await source.history(turn, -1 if whole else has)
     folded = [event for event in history.events if event.seq <= has]
     later = [event for event in history.events if event.seq > has]
@@ -112,17 +99,16 @@ async def _running(source: TurnSource, turn: TurnRef, after: int | None, whole: 
         return Join(snapshot=snapshot, past=list(later), folded=folded), sure
     # The log begins after the client's id: what it missed is not all there.
     # A snapshot replaces what it has (AG-UI: with what it folds).
-    fresh, sure = await _running(source, turn, None, whole, count)
+    fresh, sure = await _running(source, turn, None, whole)
     fresh.incomplete = True
     return fresh, sure
 
 
 async def _finished(source: TurnSource, turn: TurnRef, after: int | None, whole: bool,
-                    status: str | None, count: Count) -> Join:
+                    status: str | None) -> Join:
     # A native resume gets the events it missed before the end (AG-UI's
     # MESSAGES_SNAPSHOT replaces them); the merged output makes the end
     # exact if they are no longer there.
-    count("final")
     final = await source.final(turn, None if whole else after)
     if final.terminal is not None and after is not None and after >= final.terminal.seq:
         return Join(has_all=True)

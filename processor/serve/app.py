@@ -154,10 +154,8 @@ async def get_turn(request: web.Request) -> web.Response:
     server = request.app[SERVER]
     turn = turn_of(request)
     server.authorize(request, turn.response_id)
-    server.metrics.redis_calls.labels("state").inc()
     state = await server.source.state(turn)
     if state.phase == "finished":
-        server.metrics.redis_calls.labels("final").inc()
         final = await server.source.final(turn)
         merged = final.merged
         body = {"status": state.status,
@@ -267,7 +265,6 @@ class EventStream:
     async def _final_merged(self) -> MergedOutput | None:
         """The merged entry when its terminal event came without it (from
         the past, or a read that reached the terminal before the entry)."""
-        self.server.metrics.redis_calls.labels("final").inc()
         return (await self.server.source.final(self.turn)).merged
 
     async def follow(self, subscription: Subscription) -> None:
@@ -329,8 +326,7 @@ class EventStream:
 
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
     """What the stream sends before the live feed (:func:`processor.client.joining.join`)."""
-    start = await joining.join(server.source, turn, after, whole=whole,
-                               count=lambda kind: server.metrics.redis_calls.labels(kind).inc())
+    start = await joining.join(server.source, turn, after, whole=whole)
     if start.incomplete:
         server.metrics.incomplete_history.inc()
     return start

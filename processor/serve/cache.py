@@ -206,6 +206,7 @@ class TurnCache:
         started = slot.last_start = self.clock()
         try:
             async with self.gate.slot():
+                self.metrics.redis_calls.labels(key[1]).inc()
                 value = await read(pending.after)
         except BaseException as exc:
             if subscription is not None:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from processor.serve.tokens import Verdict
 
 #: What the server asks Redis for, one label value each.
-REDIS_CALLS = ("live", "position", "state", "history", "final", "cancel", "ready")
+REDIS_CALLS = ("live", "position", "state", "snapshot", "history", "final", "cancel", "ready")
 
 
 class ServeMetrics:
@@ -37,9 +37,9 @@ class ServeMetrics:
             "not all be found (a turn's live log expired, or workers run with --no-progress)",
             registry=r)
         self.redis_calls = Counter(
-            "processor_serve_redis_calls", "Redis reads and writes asked for, by purpose "
-            "(state, history and final through the per-turn cache, which answers some without "
-            "Redis: processor_serve_turn_cache_total; live: the "
+            "processor_serve_redis_calls", "Redis reads and writes made, by purpose "
+            "(state, snapshot, history and final: the per-turn cache's reads of Redis, not "
+            "the requests it answered, processor_serve_turn_cache_total; live: the "
             "readers' XREAD, one per shard at a time whatever the number of clients)",
             ["kind"], registry=r)
         self.redis_errors = Counter(
