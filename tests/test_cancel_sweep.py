@@ -86,3 +86,34 @@ async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> 
     cancelled = {t.key.response_id for t in outputs.turns.values()
                  if t.merged and t.merged[0]["status"] == "cancelled"}
     assert cancelled == {f"open-{i}" for i in range(10)}
+
+
+async def test_a_sweep_of_idle_turns_asks_redis_once_per_500_and_still_finds_a_cancel(
+    make_redis_server: Any,
+) -> None:
+    """1,200 open turns and no cancel: a sweep's cancelled_turns asks with one
+    EXISTS per 500 cancel keys (3), not one per turn (1,200 before: thousands
+    of commands a second from an idle worker). A cancel among the last ones
+    (the third group of keys) is still found and finalised."""
+    server = make_redis_server()
+    turns = 1200
+    async with Harness(server.url, "idle", cancel_slice=turns) as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
+        await worker.ensure_groups()
+        await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
+        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+
+        async def exists_calls() -> int:
+            stats = await harness.client.info("commandstats")
+            return int(stats.get("cmdstat_exists", {}).get("calls", 0))
+
+        await worker.sweep(shard)  # (learns the active count)
+        before = await exists_calls()
+        await worker.sweep(shard)
+        assert await exists_calls() - before == 3
+        members = await harness.client.zrange(shard.active, 0, -1)
+        last = TurnKey.decode(members[-1].decode())
+        await harness.cancel(last.response_id)
+        await worker.sweep(shard)
+        assert await harness.client.hget(shard.done(last.encode()), "status") == b"cancelled"

@@ -25,6 +25,7 @@ def test_demo_prints_three_turns_with_their_outcomes() -> None:
     out = proc.stdout
     assert "== demo-handoff: completed" in out
     assert "== demo-cancel: cancelled" in out
+    assert "cancel reason: user pressed stop" in out
     assert "== demo-error: error" in out
     assert "producer_error: model quota exceeded" in out
     # The handoff streamed live: its text came in chunks before its end (the

@@ -145,6 +145,8 @@ def _print_turn(fields: dict[bytes, bytes], events: list[dict[str, Any]]) -> Non
     final = mine[-1]
     if final.get("error"):
         print(f"   error: {final['error']['code']}: {final['error']['message']}")
+    if final.get("cancel_reason"):
+        print(f"   cancel reason: {final['cancel_reason']}")
 
 
 @dataclass
