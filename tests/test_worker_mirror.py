@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 from strategies import random_turn
 from turn_reference import (
     compare_with_offline,
+    end_entry,
     entry_fields,
     interleave,
     offline_results,
     simple_turn,
+    text_delta,
 )
 from worker_harness import Harness, settled_count
 
@@ -389,3 +391,28 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), "feeding failed")
     assert settled_count(worker, "replay") == 1 and mirrors.bytes == 0
+
+
+async def test_a_live_turn_whose_copy_is_dropped_is_counted_and_logged(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the copies' bound (one copy here; in production the 32 MB byte
+    budget, which a few hundred long turns reach), a stored turn's next
+    batches cannot say its live progress: not silently any more, but counted
+    (processor_live_without_copy_total) and logged; its merged entry is
+    still whole."""
+    async with Harness(redis_url, namespace, mirror_turns=1, hold_turns=False) as harness:
+        running = await harness.start_worker()
+        for i in range(3):  # each batch moves both turns: one copy is dropped each time
+            await harness.add([text_delta("a", f"a{i} "), text_delta("b", f"b{i} ")])
+            await harness.wait_applied()
+        without = running.worker.metrics.live_without_copy._value.get()
+        assert without >= 1
+        assert any("publish no live progress" in r.getMessage() for r in caplog.records)
+        await harness.add([end_entry("a"), end_entry("b")])
+        await harness.wait_merged(2)
+        outputs = await harness.outputs()
+    texts = {key.response_id: json.loads(turn.merged[0]["response"])["messages"][0]["contents"]
+             for key, turn in outputs.turns.items()}
+    assert {rid: "".join(c["text"] for c in contents) for rid, contents in texts.items()} == \
+        {"a": "a0 a1 a2 ", "b": "b0 b1 b2 "}

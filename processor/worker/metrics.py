@@ -105,6 +105,12 @@ class Metrics:
             "came from (source=mirror: this worker's own copy; source=replay: the stored "
             "records read back from Redis; source=held: a held turn)",
             ["source"], registry=r)
+        self.live_without_copy = Counter(
+            "processor_live_without_copy", "Batches of a stored, live turn whose deltas "
+            "were not published because this worker has no copy of the turn (dropped past "
+            "the copies' byte budget or --mirror-turns, or stored by another worker): the "
+            "turn says nothing more until its outcome, whose merged event is authoritative",
+            registry=r)
         self.end_to_merged = Histogram(
             "processor_end_to_merged_seconds", "From the XADD of the entry that ended a turn "
             "(end, error, or the one past a limit; its stream id's time) to the turn's "

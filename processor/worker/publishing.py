@@ -65,6 +65,8 @@ Rendered = dict[TurnKey, tuple[int, Response, list[Event], int]]
 #: A batch that moved at least this many held turns publishes them in two
 #: calls, the first sent while the second half is diffed.
 SPLIT_TURNS = 16
+#: Seconds between two log lines about turns without a copy.
+LOG_EVERY_S = 60.0
 
 
 class LivePublisher:
@@ -77,6 +79,8 @@ class LivePublisher:
         self.scripts = shell.scripts
         self.shards = shards
         self.retrying = retrying
+        self.metrics = shell.metrics
+        self._without_copy_logged = -LOG_EVERY_S
         # This worker's id in its turns' `live` tokens (publish_live.lua):
         # random, so that no other worker, nor this one restarted, has it.
         self.speaker = secrets.token_hex(8)
@@ -169,10 +173,12 @@ class LivePublisher:
         now = int(time.time() * 1000)
         turns: list[LiveTurn] = []
         after: dict[TurnKey, tuple[Shown | Literal[False], int]] = {}
+        without_copy = 0
         for key, records in by_turn.items():
             hand = handed.pop(key, None)
             mirror = mirrors.get(key) if key in fresh else None
             if mirror is None:
+                without_copy += 1
                 continue
             # (A repeat of a number, docs/contract.md §3.4, is merged nowhere:
             # the live log, which serve folds for a snapshot, leaves it out.)
@@ -200,6 +206,8 @@ class LivePublisher:
                 turns.append((key, found, updates_json([_json.encode(u) for u in updates]),
                               spoken))
             after[key] = (shown_after, spoken)
+        if without_copy:
+            self._no_copy(shard, without_copy)
         said = dict(zip([turn[0] for turn in turns],
                         await self._publish(shard, turns) if turns else [], strict=True))
         for key, (now_shown, spoken) in after.items():
@@ -213,6 +221,17 @@ class LivePublisher:
                 mirror.shown, mirror.spoken = now_shown, spoken + 1
             else:
                 mirror.shown = False
+
+    def _no_copy(self, shard: Shard, turns: int) -> None:
+        """Count (and log, once a minute) stored turns this batch moved whose
+        live progress it could not say, for lack of this worker's copy."""
+        self.metrics.live_without_copy.inc(turns)
+        now = time.monotonic()
+        if now - self._without_copy_logged >= LOG_EVERY_S:
+            self._without_copy_logged = now
+            log.warning("stored turns without a copy publish no live progress until their "
+                        "outcome (processor_live_without_copy_total)",
+                        extra={"shard": shard.index, "turns": turns})
 
     async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[int]:
         """One ``publish_live`` call, retried unchanged until its outcome is
