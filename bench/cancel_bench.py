@@ -47,6 +47,7 @@ from measures import idle_rates, percentile
 from report import write_section
 
 from processor.embedded import EmbeddedRedis
+from processor.wire.defaults import GROUP
 from processor.wire.ids import shard_of
 from processor.wire.keys import Namespace
 
@@ -265,8 +266,15 @@ async def idle_only(args: argparse.Namespace, turns: int) -> dict[str, float]:
         opened = time.monotonic()
         await run.open(_rids(turns))
         # Once every turn is older than --hold-ms and spilled to the stored
-        # path (a one-off cost per turn, not an idle one).
+        # path (a one-off cost per turn, not an idle one): every entry acked.
         await asyncio.sleep(max(1.0, opened + args.hold_ms / 1000 + 1.5 - time.monotonic()))
+
+        async def all_acked() -> bool:
+            return all([(await run.client.xpending(s.updates, GROUP))["pending"] == 0
+                        for s in run.ns.all()])
+
+        await wait_until(all_acked, 300, "every held turn spilled")
+        await asyncio.sleep(1)
         return await idle_rates(run.client, args.idle)
     finally:
         await run.close()
