@@ -37,35 +37,38 @@ local function watermark_once()
   return mark
 end
 
--- Most sweeps find no cancel at all: one EXISTS of many keys (it counts
--- them) per CHUNK turns says so, instead of one per turn (an idle worker
--- with 1,000 open turns made thousands of commands a second that way).
-local CHUNK = 500  -- (well under Lua's limit on unpack's results)
+local CHUNK = 500
 local turns = (#KEYS - 1) / 2
-local any = false
-for first = 1, turns, CHUNK do
-  local keys = {}
-  for t = first, math.min(first + CHUNK - 1, turns) do keys[#keys + 1] = KEYS[2 * t] end
-  if redis.call('EXISTS', unpack(keys)) > 0 then any = true break end
-end
-if not any then return { {}, {} } end
 
 local ready, waiting = {}, {}
-for t = 1, turns do
+local function look(t)  -- whether turn t's cancellation key exists
   local ckey, tkey = KEYS[2 * t], KEYS[2 * t + 1]
-  if redis.call('EXISTS', ckey) == 1 then
-    local state = redis.call('HMGET', tkey, 'started', 'holder', 'cut')
-    local started, holder, cut = state[1], state[2], state[3]
-    if started then
-      local wait = false
-      if holder and holder ~= consumer and pending_to(updates, group, holder) then
-        wait = true
-      elseif cut then
-        local low = watermark_once()
-        wait = low ~= nil and low < cut
-      end
-      if wait then waiting[#waiting + 1] = t else ready[#ready + 1] = t end
+  if redis.call('EXISTS', ckey) == 0 then return false end
+  local state = redis.call('HMGET', tkey, 'started', 'holder', 'cut')
+  local started, holder, cut = state[1], state[2], state[3]
+  if started then
+    local wait = false
+    if holder and holder ~= consumer and pending_to(updates, group, holder) then
+      wait = true
+    elseif cut then
+      local low = watermark_once()
+      wait = low ~= nil and low < cut
     end
+    if wait then waiting[#waiting + 1] = t else ready[#ready + 1] = t end
+  end
+  return true
+end
+
+local ckeys = {}
+for first = 1, turns, CHUNK do
+  local last = math.min(turns, first + CHUNK - 1)
+  for t = first, last do ckeys[t - first + 1] = KEYS[2 * t] end
+  for i = #ckeys, last - first + 2, -1 do ckeys[i] = nil end
+  local found = redis.call('EXISTS', unpack(ckeys))
+  local t = first
+  while found > 0 and t <= last do  -- (stops at the chunk's last cancelled turn)
+    if look(t) then found = found - 1 end
+    t = t + 1
   end
 end
 return { ready, waiting }

@@ -29,20 +29,27 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 --- includes/watermark
 --- includes/ready_closing
 
--- A stream or group deleted under a running worker must not fail the sweep.
-local ok, ready = pcall(ready_closing, updates, group, consumer, floor, closing, limit)
-if not ok then ready = {} end
+-- Nothing to read without a limit (a sweep for cancels only) or a closing
+-- turn (an idle shard): then the watermark is not read either.
+local ready, expired = {}, {}
+if limit > 0 and redis.call('EXISTS', closing) == 1 then
+  -- A stream or group deleted under a running worker must not fail the sweep.
+  local ok, found = pcall(ready_closing, updates, group, consumer, floor, closing, limit)
+  if ok then ready = found end
+end
 -- Idle means no entry *arrived* for the timeout (docs/contract.md §7), not "none was
 -- applied": entries may wait in a dead worker's pending list or, after an
 -- outage, unread. Applied entries are deleted, so the stream's first entry is
 -- the oldest unapplied one; a turn last active at `a` is idle only if every
 -- entry that arrived before a + timeout is applied (first entry later).
-local horizon = now_ms
-local first = redis.call('XRANGE', updates, '-', '+', 'COUNT', 1)
-if first[1] then
-  local arrived = tonumber(string.match(first[1][1], '^(%d+)'))
-  if arrived - 1 < horizon then horizon = arrived - 1 end
+if limit > 0 then
+  local horizon = now_ms
+  local first = redis.call('XRANGE', updates, '-', '+', 'COUNT', 1)
+  if first[1] then
+    local arrived = tonumber(string.match(first[1][1], '^(%d+)'))
+    if arrived - 1 < horizon then horizon = arrived - 1 end
+  end
+  expired = redis.call('ZRANGEBYSCORE', active, '-inf', horizon - timeout_ms, 'LIMIT', 0, limit)
 end
-local expired = redis.call('ZRANGEBYSCORE', active, '-inf', horizon - timeout_ms, 'LIMIT', 0, limit)
 local slice = redis.call('ZRANGE', active, start, start + size - 1)
 return { now_ms, ready, expired, slice, redis.call('ZCARD', active) }
