@@ -28,7 +28,10 @@ def _entry(event: dict[str, Any]) -> dict[str, str]:
 def test_what_the_merge_publishes_passes_and_a_broken_event_does_not() -> None:
     events, _ = _published()
     for event in events:
-        assert check_event_entry(_entry(event)) == event
+        entry = _entry(event)
+        copy = dict(entry)
+        assert check_event_entry(entry) == event
+        assert entry == copy  # checked, not changed (no defaults filled in)
     chunk = next(e for e in events if e["type"] == "synthesis.chunk")
     for broken in ({k: v for k, v in chunk.items() if k != "seq"}, {**chunk, "seq": "3"},
                    {**chunk, "delta": 7}, {**chunk, "type": "no.such.type"}):
@@ -40,7 +43,9 @@ def test_what_the_merge_publishes_passes_and_a_broken_event_does_not() -> None:
 
 def test_a_merged_entry_with_a_broken_response_does_not_pass() -> None:
     _, merged = _published()
+    copy = dict(merged)
     check_merged_entry(merged)
+    assert merged == copy
     response = json.loads(merged["response"])
     for broken in ({**response, "messages": "none"}, {**response, "messages": [{"role": 5}]}):
         with pytest.raises(AssertionError, match="does not match `processor schema`"):
