@@ -30,7 +30,6 @@ from processor import logs
 from processor.redis_io.replies import as_text
 from processor.wire.stream_ids import id_order
 
-log = logging.getLogger("processor.metrics")
 turn_log = logging.getLogger("processor.turns")
 dead_log = logging.getLogger("processor.dlq")
 
