@@ -24,8 +24,8 @@ from worker_harness import ROOT
 
 from processor.redis_io.connections import RedisOptions, connect
 from processor.serve import sse
-from processor.serve.app import Server
 from processor.serve.config import ServeConfig
+from processor.serve.edge import Server
 from processor.serve.run import bound_port, build, make_runner, make_site, pool_size
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey

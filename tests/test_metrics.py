@@ -15,7 +15,8 @@ from worker_harness import Harness
 
 from processor.embedded import free_port
 from processor.wire.keys import Namespace
-from processor.worker.metrics import Metrics, Sampler, dead_letter_reasons, label
+from processor.worker.metrics import Metrics, dead_letter_reasons, label
+from processor.worker.sampler import Sampler
 
 NAMES = (
     "processor_entries_consumed", "processor_entries_stored", "processor_merged_published",

@@ -31,7 +31,8 @@ from processor.scripts import repair as repair_module
 from processor.wire.ids import shard_of
 from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import parse
-from processor.worker.metrics import Metrics, Sampler
+from processor.worker.metrics import Metrics
+from processor.worker.sampler import Sampler
 
 MAX_ID = "18446744073709551615-18446744073709551615"
 EXHAUSTED = "exhausted the last possible ID"

@@ -355,6 +355,7 @@ def test_serve_imports_no_worker_module() -> None:
                             timeout=60, cwd=ROOT, check=True).stdout.split()
     allowed = {"processor", "processor.cli", "processor.cli.main", "processor.logs",
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
+               "processor.redis_io.read_budget",  # (a reply's bound in bytes)
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
                "processor.wire.cancels",  # (a cancel's bounds: the client's too)

@@ -37,7 +37,7 @@ from serve_harness import (
 from worker_harness import Harness
 
 from processor.client import Producer, Subscriber
-from processor.serve.app import EventStream
+from processor.serve.stream import EventStream
 
 
 async def _open_streams(serve: ServeProcess) -> float:

@@ -25,7 +25,7 @@ import msgspec
 
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine.merge import Turn, UsageOverflow
-from processor.redis_io.connections import ReadBudget, ReplyTooLarge, bounded
+from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 from processor.wire.models import Update

@@ -12,5 +12,9 @@ the command line.
 - ``tokens``, ``sse``, ``formats``: pure (tokens, event-stream framing,
   native or AG-UI events).
 - ``hub``: the live feed, one reader per shard fanning out to the streams.
+- ``edge``: what the handlers share: the server, error answers, tokens,
+  CORS and the middlewares; ``run_input``: an AG-UI client's posted body.
+- ``stream``: one turn's event stream, its join and its end; ``page``: the
+  watch page.
 - ``app``: the HTTP routes; ``config`` its options; ``run`` the process.
 """

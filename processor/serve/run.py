@@ -16,9 +16,10 @@ from processor import logs, stopping
 from processor.client.source import LogSource
 from processor.redis_io.connections import connect_retrying, redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
-from processor.serve.app import Server, make_app
+from processor.serve.app import make_app
 from processor.serve.cache import TurnCache
 from processor.serve.config import ServeConfig, unknown_env
+from processor.serve.edge import Server
 from processor.serve.gate import RedisGate
 from processor.serve.guard import PENDING, GuardedRunner, PendingConnections, in_request
 from processor.serve.hub import Hub
@@ -63,7 +64,7 @@ def make_runner(app: web.Application) -> web.AppRunner:
     is in its URL), connections not in a request bounded
     (processor/serve/guard.py). Handlers are not cancelled when their
     client goes (a stream notices at its next write, a heartbeat at the
-    latest): a Redis call is never cancelled (see app.uncancelled)."""
+    latest): a Redis call is never cancelled (see processor.serve.app.uncancelled)."""
     return GuardedRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
 
 

@@ -34,7 +34,8 @@ from processor.redis_io.connections import is_transient
 from processor.redis_io.replies import as_text
 from processor.wire import stream_ids
 from processor.wire.keys import Namespace
-from processor.worker.metrics import Metrics, find_group
+from processor.worker.metrics import Metrics
+from processor.worker.sampler import find_group
 
 log = logging.getLogger("processor.health")
 

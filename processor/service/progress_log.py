@@ -17,7 +17,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from processor.worker.metrics import Metrics, Sampler
+from processor.worker.metrics import Metrics
+from processor.worker.sampler import Sampler
 
 log = logging.getLogger("processor.progress")
 

@@ -28,7 +28,8 @@ from processor.service import config
 from processor.service.groups import check_groups
 from processor.service.health import Health, Server, groups_check
 from processor.service.progress_log import log_progress
-from processor.worker.metrics import Metrics, Sampler
+from processor.worker.metrics import Metrics
+from processor.worker.sampler import Sampler
 from processor.worker.worker import Worker
 
 log = logging.getLogger("processor.service")

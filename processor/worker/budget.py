@@ -13,7 +13,7 @@ from __future__ import annotations
 #: One read's reply, over all of a worker's shards (each shard's read gets
 #: its share, never less than :func:`read_bytes`' floor): XREADGROUP, the
 #: take-back of its own pending entries, XAUTOCLAIM and XCLAIM. The parser
-#: cuts a reply past it (connections.LimitedParser); the entries cut are
+#: cuts a reply past it (read_budget.LimitedParser); the entries cut are
 #: pending to the worker and read again, fewer at a time.
 READ_BYTES = 8 << 20
 #: Reads a shard keeps in memory between read and ack: the batch being

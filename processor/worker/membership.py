@@ -24,7 +24,8 @@ from processor.worker.affinity import (
     shard_readers,
     stalled,
 )
-from processor.worker.metrics import Metrics, find_group
+from processor.worker.metrics import Metrics
+from processor.worker.sampler import find_group
 
 log = logging.getLogger("processor.worker")
 

@@ -13,12 +13,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from processor.redis_io.connections import (
-    TRANSIENT,
-    ReadBudget,
-    ReplyTooLarge,
-    bounded,
-)
+from processor.redis_io.connections import TRANSIENT
+from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard

@@ -17,12 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import ResponseError
 
-from processor.redis_io.connections import (
-    ReadBudget,
-    ReplyTooLarge,
-    bounded,
-    read_raw,
-)
+from processor.redis_io.connections import read_raw
+from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text, stream_entry
 from processor.worker.batches import ApplyCall, build_apply
 from processor.worker.budget import read_count
