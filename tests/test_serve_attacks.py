@@ -365,7 +365,7 @@ async def test_odd_ids_and_resume_ids_get_clear_answers_and_reveal_nothing(
 ) -> None:
     """Held, and kept so with the route that takes any path segment: ids
     that try to leave their path part, a NUL, unicode, 100 KB, each with a
-    token of its own, get 404 ``unknown_turn``, 400 past the contract's 512
+    token of its own, get 404 ``unknown_turn``, 400 past 512
     characters (a cancel too: it writes nothing), or a 4xx from aiohttp
     (never a 500); resume ids that are not whole numbers get 400; /metrics and
     /healthz then name no id and no token."""

@@ -324,7 +324,7 @@ class Producer:
     def cancel_key(self, response_id: str | None, *, turn_id: str | None = None) -> str:
         """The cancellation key of a turn (of the ResponseId assigned from
         ``turn_id``), once the namespace's record was read (:meth:`ready`).
-        ``ValueError`` for an id longer than the contract's 512 characters."""
+        ``ValueError`` for an id over 512 characters (docs/contract.md §3.2)."""
         for given in (response_id, turn_id):
             if given and len(given) > MAX_ID_LENGTH:
                 raise ValueError(f"a turn's id is at most {MAX_ID_LENGTH} characters "
