@@ -22,8 +22,9 @@ holds exactly the merge:
   one for its reasoning, if it had any): a reader drops it, calls and
   results included. So does a message that has fewer calls or results
   than were shown (the merge moved one elsewhere); then everything it has
-  is sent again, each chunk with ``replace`` (so a reader that does not
-  drop messages still holds every text, reasoning and call right).
+  is sent again, each chunk with ``replace``, and so is the first chunk of
+  a call that later takes the place of one it lost (so a reader that does
+  not drop messages still holds every text, reasoning and call right).
 - ``tool_result``: a function result, whole, when it appears or changes.
 - ``step``: what the turn does now (``thinking``, ``tool_call``,
   ``tool_result``, ``text``), the message in ``step_data.message_id``.
@@ -87,6 +88,9 @@ class Shown(msgspec.Struct, gc=False):
     #: Messages with calls or results that left the merge (a reader dropped
     #: them; their calls and results are kept for a reader that did not).
     dropped: frozenset[str] = frozenset()
+    #: Calls a message sent anew no longer has: a reader that does not drop
+    #: messages still holds them, so the next call at such a place replaces.
+    stale: frozenset[tuple[str, int]] = frozenset()
 
 
 def message_text(message: Message, kind: str = "text") -> str:
@@ -137,7 +141,7 @@ def live_events(
     # (Calls and results are copied: a message's are known until it leaves
     # the merge, below.)
     after = Shown(calls=dict(shown.calls), results=dict(shown.results), step=shown.step,
-                  tooled=shown.tooled, dropped=shown.dropped)
+                  tooled=shown.tooled, dropped=shown.dropped, stale=shown.stale)
     texts, reasoning = after.texts, after.reasoning
     was_texts, was_reasoning = shown.texts, shown.reasoning
     step: tuple[str, str] | None = None
@@ -193,6 +197,7 @@ def live_events(
                 fresh = True
                 after.dropped = after.dropped - {mid}
             if fresh:
+                after.stale = after.stale.union(k for k in after.calls if k[0] == mid)
                 after.calls = {k: v for k, v in after.calls.items() if k[0] != mid}
                 after.results = {k: v for k, v in after.results.items() if k[0] != mid}
         at = len(events)  # where this message's events begin (after a drop marker)
@@ -323,11 +328,15 @@ def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
             if found is None and was is None:
                 found = ("", False)  # a call announced before its arguments
             if found is not None:
+                stale = where in after.stale
+                if stale:
+                    after.stale = after.stale - {where}
                 events.append(_replace(
                     made.proto(ToolCallChunk), message_id=mid, index=where[1],
                     call_id=content.call_id, name=content.name, agent_id=agent,
                     author_name=author, delta=found[0],
-                    replace=found[1] or fresh or not isinstance(content.arguments, str | None),
+                    replace=(found[1] or fresh or stale
+                             or not isinstance(content.arguments, str | None)),
                     role=role, previous_message_id=previous))
         elif kind == "function_result":
             where = (mid, results)
