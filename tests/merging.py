@@ -41,3 +41,15 @@ def merge_entries(entries: list[dict[str, Any]]) -> Response:
     """The merged response of one turn's entries."""
     key, records = decoded(entries)
     return merged(key, records).finish()
+
+
+def merge_entries_resumed(entries: list[dict[str, Any]]) -> Response:
+    """The merged response of one turn's entries, the turn's state saved and
+    loaded again (``to_bytes``/``from_bytes``) before each record: what a
+    worker that stores the state between batches gets."""
+    key, records = decoded(entries)
+    turn = Turn(key)
+    for record in records:
+        turn = Turn.from_bytes(turn.to_bytes())
+        turn.apply(record)
+    return turn.finish()

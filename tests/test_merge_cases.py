@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from merging import decoded, merge_entries, merged, update_entry
+from merging import decoded, merge_entries, merge_entries_resumed, merged, update_entry
 
 from processor.engine.merge import Turn
 from processor.engine.offline import merge_lines
@@ -68,12 +68,7 @@ def test_a_moved_result_keeps_its_producer_id_when_nothing_else_has_it() -> None
     assert summary == [("a1", ["text"], "A"), ("b1", ["function_call"], "B"),
                        ("t", ["function_result"], "B"), ("b2", ["text"], "B")]
     # The same whatever the state went through.
-    key, records = decoded(entries)
-    turn = Turn(key)
-    for record in records:
-        turn = Turn.from_bytes(turn.to_bytes())
-        turn.apply(record)
-    assert turn.finish() == response
+    assert merge_entries_resumed(entries) == response
 
 
 def test_a_moved_result_gets_an_assigned_id_when_its_producer_id_is_kept() -> None:
@@ -138,12 +133,7 @@ def test_a_moved_result_still_names_its_messages_role_and_author() -> None:
                        (summary[2][0], "tool", "alice", ["function_result"])]
     assert summary[2][0].startswith("msg-2-")
     # The same whatever the state went through.
-    key, records = decoded(entries)
-    turn = Turn(key)
-    for record in records:
-        turn = Turn.from_bytes(turn.to_bytes())
-        turn.apply(record)
-    assert turn.finish() == response
+    assert merge_entries_resumed(entries) == response
 
 
 def test_a_moved_result_that_takes_its_id_takes_its_messages_names() -> None:
