@@ -59,11 +59,10 @@ local function look(t)  -- whether turn t's cancellation key exists
   return true
 end
 
-local ckeys = {}
 for first = 1, turns, CHUNK do
   local last = math.min(turns, first + CHUNK - 1)
+  local ckeys = {}
   for t = first, last do ckeys[t - first + 1] = KEYS[2 * t] end
-  for i = #ckeys, last - first + 2, -1 do ckeys[i] = nil end
   local found = redis.call('EXISTS', unpack(ckeys))
   local t = first
   while found > 0 and t <= last do  -- (stops at the chunk's last cancelled turn)
