@@ -170,7 +170,8 @@ PACED_DRAIN, PACED_DEFAULT, PACED_HELD = "drain", "processor, default", "process
 
 
 async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, peer: bool,
-                  say: Any, many: bool = True, paced_runs: bool = True) -> Live:
+                  say: Any, many: bool = True, paced_runs: bool = True,
+                  flags: tuple[str, ...] = ()) -> Live:
     """Both workloads on the server of ``ctx``: ``repeat`` rounds of the many
     live turns (the drain, one default worker and, with ``peer``, FastStream),
     then the paced turns once each (the drain, the default worker, one holding
@@ -178,14 +179,14 @@ async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, p
     rounds: list[list[Throughput]] = []
     paced_rows: list[Throughput] = []
     if many:
-        rounds = await _many(ctx, turns, updates, repeat, peer, say)
+        rounds = await _many(ctx, turns, updates, repeat, peer, say, flags)
     if paced_runs:
         paced_rows = await _paced(ctx, pace, say)
     return Live(turns, updates, pace, rounds, paced_rows)
 
 
 async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
-                say: Any) -> list[list[Throughput]]:
+                say: Any, flags: tuple[str, ...] = ()) -> list[list[Throughput]]:
     work = round_robin(turns, updates)
     live = Ctx(ctx.url, ctx.client, ctx.server_pid, ctx.log_dir, "bench:template:live")
     await workload.make_template(ctx.client, live.template, work, ["processor"])
@@ -193,7 +194,8 @@ async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
     rounds = []
     for _ in range(repeat):
         one = [await scenarios.drain(live, work),
-               await scenarios.processor(live, work, 1, label="processor, 1 worker")]
+               await scenarios.processor(live, work, 1, flags=flags,
+                                                label=" ".join(("processor, 1 worker", *flags)))]
         if peer:
             one.append(await scenarios.faststream(live, work))
         for t in one:
@@ -241,7 +243,8 @@ async def _main(args: argparse.Namespace) -> None:
         ctx = Ctx(server.url, client, server.pid or 0, Path(tmp))
         await measure(ctx, args.turns, args.updates, Pace(args.turns, args.seconds),
                       args.repeat, not args.no_peer, lambda text: print(text, flush=True),
-                      many=not args.no_many, paced_runs=not args.no_paced)
+                      many=not args.no_many, paced_runs=not args.no_paced,
+                      flags=tuple(args.worker_flags.split()))
         await client.aclose()
 
 
@@ -254,6 +257,9 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-paced", action="store_true")
     p.add_argument("--no-many", action="store_true")
+    p.add_argument("--worker-flags", default="",
+                   help="extra `processor run` flags for the many-live-turns worker, "
+                        "e.g. '--no-progress'")
     asyncio.run(_main(p.parse_args()))
 
 

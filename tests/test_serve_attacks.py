@@ -281,7 +281,10 @@ async def test_one_request_reads_a_bounded_number_of_bytes(
     read every event back, and sent them); a GET of a running turn whose
     log is past the budget answers 202 without a snapshot."""
     server = make_redis_server()
-    async with Harness(server.url, namespace, progress=True) as harness:
+    # (Every batch published: an event of about 8 KB per update. Coalesced
+    # within --live-interval-ms, an entry would hold several, and the one
+    # page Redis may send past the budget would be that much larger.)
+    async with Harness(server.url, namespace, progress=True, live_interval_ms=0) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         for i in range(100):

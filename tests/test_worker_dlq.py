@@ -300,9 +300,16 @@ async def test_live_progress_goes_on_after_a_dead_lettered_entry(
     config = {} if hold else {"hold_turns": False}
     async with Harness(redis_url, namespace, **config) as harness:
         await harness.start_workers(1)
-        for step in steps:  # one batch each: each is told before the next comes
+        for step in steps:  # one batch each
             await harness.add(step)
             await harness.wait_applied()
+
+        async def told_whole() -> bool:  # (within --live-interval-ms of the last batch)
+            turns = (await harness.outputs()).turns.values()
+            return any("".join(replay_texts(t.events, "synthesis.chunk").values())
+                       == "before after-bad and more" for t in turns)
+
+        await harness.wait_for(told_whole, 10, "the live chunks tell the merged text")
         live_before_end = (await harness.outputs()).turns
         await harness.add([{"response_id": rid, "kind": "end"}])
         await harness.wait_merged(1)

@@ -21,15 +21,16 @@ or another count, or is absent for n > 0, or is absent for n = 0 while the
 turn's log exists (-2: another worker spoke for the turn, then died or let
 go, or what this one said is no longer there (lost state); what was said is
 unknown here, so this one stays silent and the turn's merged event ends any
-view): advance `live`, number its events with the turn's next seqs and XADD
-each to the events stream (gap-free with everything else the turn
-publishes; the stream capped once per call), then, if it has events or updates, XADD one
-entry to its log: `seq` the turn's last seq now, `events` the numbered
-events' JSON as one array, `updates` the JSON array of the updates this
-batch merged into the turn (the log folded with the merge is the turn's
-merge at `seq`); and give the log its TTL (--done-ttl plus --turn-timeout,
-renewed at each entry: it outlives the turn by about --done-ttl, as the done
-marker does).
+view): number its events with the turn's next seqs and XADD each to the
+events stream (gap-free with everything else the turn publishes; the stream
+capped once per call), advance `live` and `seq` in one HSET, then, if it has
+events or updates, XADD one entry to its log: `seq` the turn's last seq now,
+`events` the numbered events' JSON as one array, `updates` the JSON array of
+the updates merged into the turn since its last log entry (the log folded
+with the merge is the turn's merge at `seq`); and, when the caller asks
+(its first log entry from this worker, then about once a minute), give the
+log its TTL (--done-ttl plus --turn-timeout: it outlives an abandoned turn;
+a published turn's log is deleted with its hash).
 
 KEYS[1]                    events stream
 KEYS[1 + 3*(t-1) + 1..3]   per turn t: turn hash, done hash, live log
@@ -38,7 +39,8 @@ ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
 ARGV[4] speaker            ARGV[5] the turns: one msgpack array, per turn t an
                            array { events (an array of event field arrays,
                            each JSON with "seq":0), updates (JSON array text),
-                           n (the speaker's calls for the turn before this one) }
+                           n (the speaker's calls for the turn before this one),
+                           renew (1: EXPIRE the log) }
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -50,17 +52,17 @@ local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local speaker = ARGV[4] .. ' '
 
---- includes/publish_events
-
 local turns = cmsgpack.unpack(ARGV[5])
 local results, published = {}, 0
 for t = 1, nturns do
   local k = 1 + 3 * (t - 1)
   local tkey, dkey, log = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local found, updates, n = turns[t][1], turns[t][2], turns[t][3]
+  local turn = turns[t]
+  local found, updates, n = turn[1], turn[2], turn[3]
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)
-  local mark = redis.call('HGET', tkey, 'live')
+  local got = redis.call('HMGET', tkey, 'live', 'seq')
+  local mark = got[1]
   if mark == false and (redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0) then
     results[t] = -1
   elseif mark == speaker .. (n + 1) then
@@ -69,17 +71,29 @@ for t = 1, nturns do
       or (mark ~= false and mark ~= speaker .. n) then
     results[t] = -2
   else
-    redis.call('HSET', tkey, 'live', speaker .. (n + 1))
-    local count, jsons, seq = #found, {}, nil
+    -- The events numbered from the turn's next seq (as publish_event takes
+    -- them one at a time), each event's JSON with its placeholder "seq":0.
+    local count, jsons = #found, {}
+    local seq = tonumber(got[2] or '0')
+    for i, fields in ipairs(found) do
+      local json = fields[#fields]
+      local s, e = string.find(json, '"seq":0,', 1, true)
+      json = string.sub(json, 1, s - 1) .. '"seq":' .. (seq + i - 1) .. ',' .. string.sub(json, e + 1)
+      fields[#fields] = json
+      redis.call('XADD', events, '*', unpack(fields))
+      jsons[i] = json
+    end
     if count > 0 then
-      jsons, seq = publish_events(tkey, events, found)
+      redis.call('HSET', tkey, 'live', speaker .. (n + 1), 'seq', seq + count)
       published = published + count
+    else
+      redis.call('HSET', tkey, 'live', speaker .. (n + 1))
     end
     if count > 0 or updates ~= '[]' then
-      seq = seq or tonumber(redis.call('HGET', tkey, 'seq') or '1') - 1
-      redis.call('XADD', log, '*', 'seq', seq, 'events', '[' .. table.concat(jsons, ',') .. ']',
+      local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
+      redis.call('XADD', log, '*', 'seq', last, 'events', '[' .. table.concat(jsons, ',') .. ']',
                  'updates', updates)
-      redis.call('EXPIRE', log, ttl)
+      if turn[4] == 1 then redis.call('EXPIRE', log, ttl) end
     end
     results[t] = count
   end

@@ -47,6 +47,10 @@ OPTIONS: tuple[Option, ...] = (
            "synthesis.chunk, reasoning.chunk, tool_call.chunk, tool_result and step events, "
            "coalesced per read batch) and its live log for processor serve; --no-progress "
            "publishes only synthesis.started and the outcome"),
+    Option("live_interval_ms", int, D.LIVE_INTERVAL_MS, "least ms between two live progress "
+           "publishes of one running turn: its updates in between are coalesced into the "
+           "next (at most this much later; a turn's last events always go with its outcome); "
+           "0 publishes every read batch", 0),
     Option("agui", _flag, False, "also write each turn as AG-UI 1.0 events to {ns:s}:agui"),
     Option("batch", int, D.BATCH, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, D.BLOCK_MS,
@@ -173,6 +177,7 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         consumer=values["consumer"] or default_consumer(),
         limits=limits,
         progress=values["progress"],
+        live_interval_ms=values["live_interval_ms"],
         agui=values["agui"],
         batch=values["batch"],
         block_ms=values["block_ms"],

@@ -40,3 +40,6 @@ MIRROR_TURNS = 10_000
 HELD_TURNS = 10_000
 HOLD_TURNS = True
 HOLD_MS = 5000
+#: Least ms between two live progress publishes of one running turn (its
+#: updates in between are coalesced into the next; 0: every read batch).
+LIVE_INTERVAL_MS = 100

@@ -7,7 +7,7 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import msgspec
 
@@ -431,10 +431,14 @@ def lost_turns_of(
     return marked
 
 
-#: One turn's live progress of a batch: its events (seq 0), its updates as
-#: one JSON array text, and how many of the caller's calls for the turn ran
-#: before this one (``publish_live.lua``: 0 is the first).
-LiveTurn = tuple[TurnKey, list[Event], bytes, int]
+class LiveTurn(NamedTuple):
+    """One turn in a ``publish_live`` call (``publish_live.lua``)."""
+
+    key: TurnKey
+    events: list[Event]  # its live events (seq 0)
+    updates: bytes  # the updates since its last log entry, one JSON array text
+    spoken: int  # how many of the caller's calls for the turn ran before (0: the first)
+    renew: bool  # give its live log its TTL again
 
 
 #: Each event class's ``type`` tag (:func:`~processor.engine.render.event_type`).
@@ -448,10 +452,10 @@ def build_publish_live(
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
     call = ScriptCall(keys=[shard.events])
     packed = []
-    for key, found, updates, spoken in turns:
+    for key, found, updates, spoken, renew in turns:
         tk = key.encode()
         call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([live_fields(key, found), msgpack_str(updates), spoken])
+        packed.append([live_fields(key, found), msgpack_str(updates), spoken, int(renew)])
     call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
                  _pack.encode(packed)]
     return call

@@ -29,6 +29,7 @@ class WorkerConfig:
     consumer: str = field(default_factory=default_consumer)
     limits: Limits = field(default_factory=Limits)
     progress: bool = True  # live progress events and each turn's live log (processor.engine.live)
+    live_interval_ms: int = defaults.LIVE_INTERVAL_MS
     agui: bool = False
     batch: int = defaults.BATCH
     block_ms: int = defaults.BLOCK_MS

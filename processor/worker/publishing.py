@@ -46,7 +46,7 @@ from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Held, Holds
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
-from processor.worker.stored.mirror import Applied
+from processor.worker.stored.mirror import Applied, Mirror
 
 log = logging.getLogger("processor.worker")
 
@@ -67,10 +67,46 @@ Rendered = dict[TurnKey, tuple[int, Response, list[Event], int]]
 SPLIT_TURNS = 16
 #: Seconds between two log lines about turns without a copy.
 LOG_EVERY_S = 60.0
+#: Seconds between two renewals of a live log's TTL by this worker (at most twice that).
+RENEW_S = 60.0
+
+
+async def _nothing(rendered: Rendered) -> None:
+    """No finalise (the waiting turns' publish: their batches finalised what ended)."""
+
+
+class Renewals:
+    """Which turns' live logs this worker gave their TTL lately: a log gets
+    it with its first entry from this worker, then once per ``every`` to
+    twice that (two generations of turns, the older forgotten at each turn
+    of ``every``), instead of an EXPIRE per entry."""
+
+    def __init__(self, every: float, now: float) -> None:
+        self.every = every
+        self._now: set[TurnKey] = set()
+        self._before: set[TurnKey] = set()
+        self._turned = now
+
+    def due(self, key: TurnKey, now: float) -> bool:
+        """Whether ``key``'s log is to get its TTL in the call being made
+        (then counted as given)."""
+        if now - self._turned >= self.every:
+            self._before, self._now, self._turned = self._now, set(), now
+        if key in self._now or key in self._before:
+            return False
+        self._now.add(key)
+        return True
 
 
 class LivePublisher:
-    """Live progress of the worker's shards, for its held and stored paths."""
+    """Live progress of the worker's shards, for its held and stored paths.
+
+    A running turn's live progress is published at most once per
+    ``--live-interval-ms``: a turn a batch moves sooner after its last
+    publish waits (its updates coalesce), and :meth:`publish_waiting`, run
+    by the shard loop after each batch and each idle read, publishes it once
+    its time comes. A turn that ended, or whose copy began with the batch,
+    never waits."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
                  retrying: Retrying) -> None:
@@ -80,6 +116,11 @@ class LivePublisher:
         self.shards = shards
         self.retrying = retrying
         self.metrics = shell.metrics
+        self.interval = shell.config.live_interval_ms / 1000
+        self.renewals = Renewals(RENEW_S, time.monotonic())
+        # Per shard, the turns waiting for their next publish, and when it is due
+        # (monotonic seconds).
+        self._waiting: dict[int, dict[TurnKey, float]] = {}
         self._without_copy_logged = -LOG_EVERY_S
         # This worker's id in its turns' `live` tokens (publish_live.lua):
         # random, so that no other worker, nor this one restarted, has it.
@@ -91,6 +132,36 @@ class LivePublisher:
         if self.config.progress:
             self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
 
+    def _wait(self, shard: Shard, key: TurnKey, since: float) -> bool:
+        """Whether a running turn last published at ``since`` waits for its
+        next publish (then noted as waiting)."""
+        due = since + self.interval
+        if due <= time.monotonic():
+            if waiting := self._waiting.get(shard.index):
+                waiting.pop(key, None)
+            return False
+        self._waiting.setdefault(shard.index, {}).setdefault(key, due)
+        return True
+
+    async def publish_waiting(self, shard: Shard) -> None:
+        """Publish the waiting turns whose time came (those still held or
+        followed by a copy; an ended one goes with its outcome)."""
+        waiting = self._waiting.get(shard.index)
+        if not waiting:
+            return
+        now = time.monotonic()
+        due = [key for key, at in waiting.items() if at <= now]
+        for key in due:
+            del waiting[key]
+        state = self.shards[shard.index]
+        held = [key for key in due if key in state.holds.turns]
+        stored = [key for key in due if key not in state.holds.turns
+                  and key in state.mirrors.turns]
+        if held:
+            await self.publish_live_held(shard, held, _nothing)
+        if stored:
+            await self._say_stored(shard, stored, set())
+
     async def publish_live_held(self, shard: Shard, keys: list[TurnKey],
                                 then: Callable[[Rendered], Awaitable[None]]) -> None:
         """The live progress of the held turns a batch fed, then ``then``
@@ -101,7 +172,8 @@ class LivePublisher:
         turns (two for many of them: the first half's sent as soon as it is
         made) is sent first, so that redis-server runs it while the ended
         turns are diffed and finalised; its outcome is awaited last (no
-        event of one turn waits for another's)."""
+        event of one turn waits for another's). A running turn published
+        less than ``--live-interval-ms`` ago waits."""
         holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
         going: list[tuple[TurnKey, Held, Shown]] = []
@@ -110,11 +182,15 @@ class LivePublisher:
             held = holds.turns.get(key)
             if held is None or held.shown is False or not held.catch_up():
                 continue  # (a broken turn spills: the stored path goes on)
-            (going if held.replay.life.outcome is None else ended).append((key, held, held.shown))
+            if held.replay.life.outcome is not None:
+                ended.append((key, held, held.shown))
+            elif not self._wait(shard, key, held.live_at):
+                going.append((key, held, held.shown))
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []
         after: list[tuple[Shown, int]] = []
         half = len(going) // 2 if len(going) >= SPLIT_TURNS else -1
+        at = time.monotonic()
         try:
             for i, (key, held, was) in enumerate(going):
                 if i == half and turns:
@@ -123,8 +199,9 @@ class LivePublisher:
                     await handed_over()
                 life = held.replay.life
                 found, shown = live_events(key, life.turn.state.ids, was, life.response(), now)
+                held.live_at = at
                 if found or held.fresh:
-                    turns.append((key, found, updates_json(held.fresh), held.spoken))
+                    turns.append(self._turn(key, found, held.fresh, held.spoken, at))
                     after.append((shown, len(held.fresh)))
             if turns:
                 sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
@@ -142,12 +219,19 @@ class LivePublisher:
             for publishing, _, _ in sent:
                 publishing.cancel()  # (a no-op once done)
 
+    def _turn(self, key: TurnKey, found: list[Event], fresh: list[bytes], spoken: int,
+              now: float) -> LiveTurn:
+        """A turn's part of a ``publish_live`` call: its log gets its TTL
+        when :class:`Renewals` says so."""
+        return LiveTurn(key, found, updates_json(fresh), spoken,
+                        self.renewals.due(key, now))
+
     @staticmethod
     def _commit_held(holds: Holds, turns: list[LiveTurn], after: list[tuple[Shown, int]],
                      results: list[int]) -> None:
         """What a call said of held turns, now known (``results``: its answers)."""
-        for (key, *_), (shown, n), result in zip(turns, after, results, strict=True):
-            held = holds.turns.get(key)
+        for turn, (shown, n), result in zip(turns, after, results, strict=True):
+            held = holds.turns.get(turn.key)
             if held is None:
                 continue
             if result < 0 and result != RAN_BEFORE:
@@ -163,16 +247,16 @@ class LivePublisher:
                                   fresh: set[TurnKey]) -> None:
         """The live progress of the turns an ``apply_entries`` call stored,
         from this worker's copies of them (``fresh``: the copies that are
-        the state the call left)."""
+        the state the call left). A running turn published less than
+        ``--live-interval-ms`` ago waits, its updates kept on its copy."""
         state = self.shards[shard.index]
         handed = state.live_handed
         mirrors = state.mirrors.turns
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
-        now = int(time.time() * 1000)
-        turns: list[LiveTurn] = []
-        after: dict[TurnKey, tuple[Shown | Literal[False], int]] = {}
+        now: list[TurnKey] = []
+        first: set[TurnKey] = set()
         without_copy = 0
         for key, records in by_turn.items():
             hand = handed.pop(key, None)
@@ -185,42 +269,61 @@ class LivePublisher:
             repeats = mirror.replay.duplicates
             updates = [e.record.update for e in records
                        if e.record.update is not None and e.entry_id not in repeats]
-            shown, spoken, first = mirror.shown, mirror.spoken, False
-            if shown is False:  # silent (publish_live answered -2, or unknown)
+            if mirror.shown is False:  # silent (publish_live answered -2, or unknown)
                 continue
-            if shown is None:
+            if mirror.shown is None:
                 if hand is not None:  # a spilled turn: its log has the first `logged`
-                    shown, logged, spoken = hand
-                    if shown is False:
-                        after[key] = (False, spoken)
+                    mirror.shown, logged, mirror.spoken = hand
+                    if mirror.shown is False:
                         continue
                     updates = updates[logged:]
                 elif mirror.version == len(records):  # the copy began with this call
-                    shown, first = Shown(), True
+                    mirror.shown = Shown()
+                    first.add(key)
                 else:
                     continue
+            mirror.fresh += [_json.encode(u) for u in updates]
+            if (key in first or mirror.replay.life.outcome is not None
+                    or not self._wait(shard, key, mirror.live_at)):
+                now.append(key)
+        if without_copy:
+            self._no_copy(shard, without_copy)
+        if now:
+            await self._say_stored(shard, now, first)
+
+    async def _say_stored(self, shard: Shard, keys: list[TurnKey], first: set[TurnKey]) -> None:
+        """One ``publish_live`` call for stored turns, from their copies
+        (``first``: turns whose copy began with this batch, said even with
+        nothing to say, so that their log's token is theirs from the start)."""
+        mirrors = self.shards[shard.index].mirrors.turns
+        now = int(time.time() * 1000)
+        at = time.monotonic()
+        turns: list[LiveTurn] = []
+        after: list[tuple[Mirror, Shown, int]] = []
+        for key in keys:
+            mirror = mirrors.get(key)
+            if mirror is None or not isinstance(shown := mirror.shown, Shown):
+                continue
             life = mirror.replay.life
             found, shown_after = live_events(key, life.turn.state.ids, shown, life.response(),
                                              now)
-            if found or updates or first:
-                turns.append((key, found, updates_json([_json.encode(u) for u in updates]),
-                              spoken))
-            after[key] = (shown_after, spoken)
-        if without_copy:
-            self._no_copy(shard, without_copy)
-        said = dict(zip([turn[0] for turn in turns],
-                        await self._publish(shard, turns) if turns else [], strict=True))
-        for key, (now_shown, spoken) in after.items():
-            mirror = mirrors.get(key)
-            if mirror is None:
-                continue
-            result = said.get(key)
-            if result is None:  # (nothing to say: nothing sent)
-                mirror.shown, mirror.spoken = now_shown, spoken
-            elif result >= 0 or result == RAN_BEFORE:
-                mirror.shown, mirror.spoken = now_shown, spoken + 1
+            mirror.live_at = at
+            if found or mirror.fresh or key in first:
+                turns.append(self._turn(key, found, mirror.fresh, mirror.spoken, at))
+                after.append((mirror, shown_after, len(mirror.fresh)))
+            else:
+                mirror.shown = shown_after  # (nothing to say: nothing sent)
+        if not turns:
+            return
+        results = await self._publish(shard, turns)
+        for (mirror, shown_after, n), result in zip(after, results, strict=True):
+            if result >= 0 or result == RAN_BEFORE:
+                mirror.shown = shown_after
+                del mirror.fresh[:n]
+                mirror.spoken += 1
             else:
                 mirror.shown = False
+                mirror.fresh.clear()
 
     def _no_copy(self, shard: Shard, turns: int) -> None:
         """Count (and log, once a minute) stored turns this batch moved whose

@@ -115,6 +115,7 @@ class ShardRunner:
         self.membership = worker.membership
         self.options = worker.options
         self.held = worker.held
+        self.live = worker.live
         self.recovery = worker.recovery
         self.continuity = worker.continuity
 
@@ -187,6 +188,8 @@ class ShardRunner:
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
                 await self._step(batch)
+                if self.config.progress:  # the turns whose live progress waited (publishing.py)
+                    await self._guarded(self.live.publish_waiting, shard)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
                 if reads and not read_before:

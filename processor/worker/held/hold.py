@@ -64,11 +64,9 @@ class Held(TurnCopy):
     room_updates: int = 0
     room_bytes: int = 0
     # Live progress (processor.engine.live): what its events said so far
-    # (False: silent, see processor.worker.publishing), the updates held since
-    # its last live log entry (JSON texts), how many updates its log holds,
-    # and how many publish_live calls for it ran (the call's token).
+    # (False: silent, see processor.worker.publishing), how many updates its
+    # log holds, and how many publish_live calls for it ran (the call's token).
     shown: Shown | Literal[False] = field(default_factory=Shown)
-    fresh: list[bytes] = field(default_factory=list)
     logged: int = 0
     spoken: int = 0
 

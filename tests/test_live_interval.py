@@ -1,0 +1,95 @@
+"""Live progress at most once per ``--live-interval-ms`` per running turn
+(processor.worker.publishing): a turn whose updates come faster has them
+coalesced, nothing of them lost, and its last events still come before its
+outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from worker_harness import Harness
+
+from processor.engine.live import replay_texts
+from processor.wire.ids import TurnKey
+from processor.worker.publishing import Renewals
+
+
+def _update(text: str) -> str:
+    return json.dumps({"type": "agent_response_update", "role": "assistant",
+                       "message_id": "m1", "contents": [{"type": "text", "text": text}]})
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_a_fast_turn_is_told_once_per_interval_and_whole(
+    redis_url: str, namespace: str, hold: bool
+) -> None:
+    """30 updates of one turn, each read in a batch of its own, 20 ms apart
+    (0.6 s), under a 400 ms interval: at most a few live publishes (the
+    first at once, then one per interval; with every batch published it
+    would be about 30), whose chunks, replayed, are the whole text before
+    the turn's end is sent; its outcome's text is the same."""
+    rid = "fast-turn"
+    pieces = [f"w{i} " for i in range(30)]
+    config = {"hold_turns": hold, "live_interval_ms": 400}
+    async with Harness(redis_url, namespace, **config) as harness:
+        await harness.start_workers(1)
+        for piece in pieces:
+            await harness.add([{"response_id": rid, "update": _update(piece)}])
+            await asyncio.sleep(0.02)
+        whole = "".join(pieces)
+
+        async def told_whole() -> bool:  # (no further input: the loop publishes it)
+            return any(replay_texts(t.events, "synthesis.chunk") == {"m1": whole}
+                       for t in (await harness.outputs()).turns.values())
+
+        await harness.wait_for(told_whole, 10, "the live chunks tell the whole text")
+        [running] = (await harness.outputs()).turns.values()
+        chunks = [e for e in running.events if e["type"] == "synthesis.chunk"]
+        shard = harness.shards[0]
+        log = shard.live(TurnKey(rid, "").encode())
+        entries = await harness.client.xlen(log)
+        assert 1 <= len(chunks) <= 6, [c["delta"] for c in chunks]
+        assert entries == len(chunks)  # one log entry per publish, each with its updates
+        updates = [u for _, f in await harness.client.xrange(log)
+                   for u in json.loads(f[b"updates"])]
+        assert "".join(u["contents"][0]["text"] for u in updates) == whole
+        assert await harness.client.ttl(log) > 0  # (its first entry gave it its TTL)
+        await harness.add([{"response_id": rid, "kind": "end"}])
+        await harness.wait_merged(1)
+        [turn] = (await harness.outputs()).turns.values()
+    [message] = json.loads(turn.merged[0]["response"])["messages"]
+    assert message["contents"][0]["text"] == whole
+    assert turn.events[-1]["type"] == "synthesis"  # (the terminal event, after every chunk)
+
+
+async def test_interval_zero_tells_every_batch(redis_url: str, namespace: str) -> None:
+    """``--live-interval-ms 0``: every batch that moves a turn publishes it."""
+    rid = "every-batch"
+    async with Harness(redis_url, namespace, live_interval_ms=0) as harness:
+        await harness.start_workers(1)
+        for i in range(5):
+            await harness.add([{"response_id": rid, "update": _update(f"p{i} ")}])
+            await harness.wait_applied()
+
+            async def told(n: int = i + 1) -> bool:
+                turns = (await harness.outputs()).turns.values()
+                return any(sum(e["type"] == "synthesis.chunk" for e in t.events) == n
+                           for t in turns)
+
+            await harness.wait_for(told, 10, f"{i + 1} chunks")
+
+
+def test_a_log_gets_its_ttl_first_then_once_per_period() -> None:
+    """Renewals: due for a turn the first time, not again within the
+    period, due again after at most two periods; other turns apart."""
+    a, b = TurnKey("a", ""), TurnKey("b", "")
+    renewals = Renewals(60.0, now=1000.0)
+    assert renewals.due(a, 1000.0)
+    assert not renewals.due(a, 1001.0)
+    assert renewals.due(b, 1030.0)
+    assert not renewals.due(a, 1059.0)
+    assert not renewals.due(a, 1061.0)  # (a turn of the period: a is in the older generation)
+    assert renewals.due(a, 1121.0)  # (two turns: forgotten)
+    assert not renewals.due(a, 1122.0)
