@@ -222,9 +222,10 @@ class LivePublisher:
     def _turn(self, key: TurnKey, found: list[Event], fresh: list[bytes], spoken: int,
               now: float) -> LiveTurn:
         """A turn's part of a ``publish_live`` call: its log gets its TTL
-        when :class:`Renewals` says so."""
+        when :class:`Renewals` says so (asked only of a part that adds a log
+        entry, so that the entry that makes the log gets it)."""
         return LiveTurn(key, found, updates_json(fresh), spoken,
-                        self.renewals.due(key, now))
+                        bool(found or fresh) and self.renewals.due(key, now))
 
     @staticmethod
     def _commit_held(holds: Holds, turns: list[LiveTurn], after: list[tuple[Shown, int]],
