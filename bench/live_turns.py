@@ -181,7 +181,7 @@ async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, p
     if many:
         rounds = await _many(ctx, turns, updates, repeat, peer, say, flags)
     if paced_runs:
-        paced_rows = await _paced(ctx, pace, say)
+        paced_rows = await _paced(ctx, pace, say, flags)
     return Live(turns, updates, pace, rounds, paced_rows)
 
 
@@ -207,7 +207,7 @@ async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
     return rounds
 
 
-async def _paced(ctx: Ctx, pace: Pace, say: Any) -> list[Throughput]:
+async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = ()) -> list[Throughput]:
     say(f"{'paced long turns':>24}: {pace.turns:,} turns, one update each per "
         f"{pace.period * 1000:g} ms for {pace.seconds:g} s")
     shape = pace.workload()
@@ -215,7 +215,7 @@ async def _paced(ctx: Ctx, pace: Pace, say: Any) -> list[Throughput]:
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
     longest = [await _longest_call(ctx.client)]
     for name, flags in ((PACED_DEFAULT, ()), (PACED_HELD, ("--hold-ms", "60000"))):
-        paced_rows.append(await scenarios.processor(ctx, shape, 1, flags=flags,
+        paced_rows.append(await scenarios.processor(ctx, shape, 1, flags=(*flags, *extra),
                                                     feed=paced(ctx, pace), label=name))
         longest.append(await _longest_call(ctx.client))
     for t, ms in zip(paced_rows, longest, strict=True):
@@ -258,7 +258,7 @@ def main() -> None:
     p.add_argument("--no-paced", action="store_true")
     p.add_argument("--no-many", action="store_true")
     p.add_argument("--worker-flags", default="",
-                   help="extra `processor run` flags for the many-live-turns worker, "
+                   help="extra `processor run` flags for the workers of both workloads, "
                         "e.g. '--no-progress'")
     asyncio.run(_main(p.parse_args()))
 

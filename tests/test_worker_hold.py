@@ -220,6 +220,28 @@ def test_a_turn_starting_with_an_entry_to_dead_letter_is_left_to_the_stored_path
     assert [entry_id for entry_id, _ in routed.stored] == [b"1-0", b"3-0"]  # both, in order
 
 
+def test_held_entries_are_refreshed_once_per_period_and_not_looked_at_between() -> None:
+    """``Holds.stale``: a turn's entries are due for a refresh ``every``
+    seconds after it was opened or last refreshed, each turn on its own
+    clock; between the soonest such time and now nothing is due (the loop
+    calls it after every batch: it does not look at the turns then)."""
+    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
+    one = _plain(1, {"contents": [{"type": "text", "text": "a"}]})
+    two = [b"2-0", [b"response_id", b"r2", b"update", one[1][3]]]
+    for entry, key, now in ((one, TurnKey("r1"), 0.0), (two, TurnKey("r2"), 4.0)):
+        batch = _grouped([entry])
+        assert holds.to_open(batch) == {key: {}}
+        holds.opened({key: True}, "5", now=now)
+        holds.route([entry], batch)
+    assert holds.stale(5.0, 10.0) == []
+    assert holds.stale(10.0, 10.0) == ["1-0"]
+    assert holds.stale(13.0, 10.0) == []
+    assert holds.stale(14.0, 10.0) == ["2-0"]
+    holds.turns[TurnKey("r1")].refreshed = 0.0  # (behind the bookkeeping's back: not looked at)
+    assert holds.stale(19.0, 10.0) == []
+    assert holds.stale(20.0, 10.0) == ["1-0"]
+
+
 
 
 

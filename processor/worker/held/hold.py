@@ -189,6 +189,7 @@ class Holds:
     old: set[TurnKey] = field(default_factory=set)
     bytes: int = 0
     last: tuple[int, int] = (0, 0)  # the newest entry routed (batches arrive in id order)
+    stale_at: float = 0.0  # (monotonic) no held turn is stale before: stale() need not look
 
     def to_open(self, batch: HeldBatch) -> dict[TurnKey, dict[str, str]]:
         """The batch's turns this worker knows nothing of yet, in first-seen
@@ -285,11 +286,18 @@ class Holds:
         """The ids of the entries of turns held or last refreshed ``every``
         seconds ago or more, whose idle time the holder now resets (so that
         no worker reclaims what is held on purpose); marks them refreshed."""
+        if now < self.stale_at:
+            return []
         ids: list[str] = []
+        soonest = now + every  # (a turn opened from now on is stale no sooner)
         for held in self.turns.values():
-            if now - max(held.since, held.refreshed) >= every:
+            at = max(held.since, held.refreshed) + every
+            if at <= now:
                 held.refreshed = now
                 ids += held.ids
+            elif at < soonest:
+                soonest = at
+        self.stale_at = soonest
         return ids
 
     def due(self, now: float, hold_s: float) -> list[TurnKey]:
