@@ -91,7 +91,9 @@ class ChaosRun(ChaosChecks):
         cfg = self.cfg
         flags = {"reclaim_idle_ms": cfg.reclaim_idle_ms, "batch": cfg.batch,
                  "turn_timeout": cfg.turn_timeout, "log_level": "info"}
-        return {**flags, "hold_turns": cfg.hold_turns}  # (False: --no-hold-turns)
+        if not cfg.hold_turns:
+            return {**flags, "hold_turns": False}  # (--no-hold-turns)
+        return {**flags, "hold_ms": cfg.hold_ms}
 
     def _spawn(self, harness: Harness) -> SubprocessWorker:
         sub = harness.spawn(**self._flags())

@@ -33,6 +33,9 @@ class ChaosConfig:
     client_kill: bool = True
     seed: int = 1
     hold_turns: bool = True  # the workers hold turns (the default), else --no-hold-turns
+    # Held turns are checkpointed every --hold-ms: short, so that kills and the
+    # Redis restart land between checkpoints of the soak's turns.
+    hold_ms: int = 700
     cpu_load: int = 0  # busy-loop processes competing for the CPUs while it runs
 
 

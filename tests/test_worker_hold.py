@@ -13,6 +13,7 @@ import json
 import random
 from typing import Any
 
+import msgspec
 import pytest
 import redis.exceptions
 from strategies import random_turn
@@ -362,20 +363,26 @@ async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
     assert outputs.terminal_counts()[TurnKey("c")] == 1
 
 
-async def test_a_turn_held_past_hold_ms_is_stored_and_finishes_stored(
+async def test_a_turn_held_past_hold_ms_is_checkpointed_and_finishes_held(
     redis_url: str, namespace: str
 ) -> None:
+    """Past --hold-ms a running turn's merge is stored as one snapshot and
+    its entries acked (the stream trimmed), not a record per entry; it
+    stays held and is published from memory."""
     async with Harness(redis_url, namespace, hold_ms=200, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add([text_delta("s", "1"), text_delta("s", "2")])
-        await harness.wait_applied()  # stored: acked, and the stream trimmed
-        recs = await harness.client.hlen(harness.shards[0].recs(TurnKey("s").encode()))
+        await harness.wait_applied()  # checkpointed: acked, and the stream trimmed
+        recs = await harness.client.hkeys(harness.shards[0].recs(TurnKey("s").encode()))
         await harness.add([text_delta("s", "3"), end_entry("s")])
         await harness.wait_merged(1)
         await harness.wait_drained()
         outputs = await harness.outputs()
         spilled = _metric(running.worker, "processor_held_turns_spilled_total")
-    assert recs == 2 and spilled == 1 and response_text(outputs, "s") == "123"
+        checkpoints = _metric(running.worker, "processor_held_turns_checkpointed_total")
+        left = await harness.state_keys()
+    assert recs == [b"state"] and spilled == 0 and checkpoints == 1
+    assert response_text(outputs, "s") == "123" and left == []
 
 
 async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace: str) -> None:
@@ -637,32 +644,32 @@ async def test_a_batch_finalise_that_fails_leaves_its_turns_to_spill_and_finish_
     assert calls == 1 and spilled == 1 and failed == 1
 
 
-async def test_turns_held_past_hold_ms_spill_in_calls_of_about_a_batch(
+async def test_turns_held_past_hold_ms_checkpoint_in_calls_of_about_a_batch(
     redis_url: str, namespace: str
 ) -> None:
-    """All the turns due at once used to spill in one apply_entries call
-    (1,000 paced turns: 50,000 entries, redis-server busy 2.5 s for every
-    client); they spill in calls of whole turns of about ``--batch`` entries,
-    each turn's entries in one call, and finish as ``processor merge`` says."""
+    """All the turns due at once are checkpointed in calls of whole turns of
+    about ``--batch`` entries (in one call, 1,000 paced turns' 50,000
+    entries kept redis-server busy for seconds, every client waiting), each
+    turn's entries in one call, and finish as ``processor merge`` says."""
     turns = [[text_delta(f"t{i}", str(j)) for j in range(5)] for i in range(30)]
     ends = [end_entry(f"t{i}") for i in range(30)]
-    calls: list[tuple[int, list[str]]] = []  # entries, and their turns, of each store
+    calls: list[tuple[int, list[str]]] = []  # entries, and their turns, of each checkpoint
     async with Harness(redis_url, namespace, hold_ms=300, batch=20, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        stored = running.worker.held.stored
-        store = stored.store
+        scripts = running.worker.scripts
+        checkpoint = scripts.checkpoint_held
 
-        async def recorded(shard: Any, entries: list[Any], *args: Any, **kw: Any) -> None:
-            rids = {fields.get(b"response_id") or fields.get("response_id")
-                    for _, fields in entries}
-            calls.append((len(entries), sorted(map(str, rids))))
-            await store(shard, entries, *args, **kw)
+        async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
+            rows = msgspec.msgpack.decode(args[3], type=list[list[msgspec.Raw]])
+            calls.append((sum(len(msgspec.msgpack.decode(row[7], type=list[str])) for row in rows),
+                          sorted(str(k).split(":turn:")[1] for k in keys[2::4])))
+            return await checkpoint(keys=keys, args=args)
 
-        stored.store = recorded  # type: ignore[method-assign]
+        scripts.checkpoint_held = recorded
         await harness.add(interleave(turns, random.Random(3)))
         await harness.wait_for(
-            lambda: _metric(running.worker, "processor_held_turns_spilled_total") == 30, 20,
-            "not all spilled")
+            lambda: _metric(running.worker, "processor_held_turns_checkpointed_total") == 30, 20,
+            "not all checkpointed")
         await harness.wait_applied()
         spill = list(calls)
         await harness.add(ends)

@@ -255,9 +255,15 @@ def plan_compaction(
     if not folded or len(folded) < minimum:
         return None
     cover = folded[-1]
-    snap = Snapshot(cover, life.turn.to_bytes(), life.counts, life.bytes, life.first_id,
-                    life.last_id, life.next_n)
-    return Compaction(previous, cover, folded, _pack.encode(snap))
+    return Compaction(previous, cover, folded, snapshot(life, cover))
+
+
+def snapshot(life: TurnLife, cover: str) -> bytes:
+    """The stored snapshot of a turn without an outcome after every entry
+    up to ``cover`` (what :func:`resume` reads back): a compaction's, or a
+    held turn's checkpoint (``checkpoint_held``)."""
+    return _pack.encode(Snapshot(cover, life.turn.to_bytes(), life.counts, life.bytes,
+                                 life.first_id, life.last_id, life.next_n))
 
 
 def struct_fields(struct: msgspec.Struct) -> list[str]:

@@ -63,7 +63,7 @@ NAMES = (
     "compact_turn", "beat_worker", "open_turns", "finalise_held", "cancelled_turns",
     "read_inputs", "create_namespace", "reshard_namespace", "dead_letter_lost",
     "publish_lost_turns", "recreate_group", "send_inbox", "admit_inbox",
-    "publish_live", "cancel_turn",
+    "publish_live", "cancel_turn", "checkpoint_held",
 )
 
 
@@ -84,3 +84,4 @@ class Scripts:
         self.recreate_group = client.register_script(source("recreate_group"))
         self.admit_inbox = client.register_script(source("admit_inbox"))
         self.publish_live = client.register_script(source("publish_live"))
+        self.checkpoint_held = client.register_script(source("checkpoint_held"))

@@ -31,21 +31,23 @@ entries, and the turn finalises through finalise_turns).
 Why the XACK cannot miss an entry: every entry of the turn is older than
 its ending one, so (XREADGROUP delivers in id order) each was delivered
 and is acked or pending. Acked means applied (version moved) or published
-(done); pending to another consumer fails the check above; so all are
-pending to this consumer, and it holds every one of those (a worker takes
-back its own pending entries when it starts).
+(done), or checkpointed (checkpoint_held.lua: in the snapshot, version
+moved to the one given); pending to another consumer fails the check above;
+so all are pending to this consumer, and it holds every one of those (a
+worker takes back its own pending entries when it starts).
 
 KEYS[1] merged stream   KEYS[2] events stream   KEYS[3] dlq stream
 KEYS[4] active zset     KEYS[5] updates stream
-KEYS[5 + 4*(t-1) + 1..4]   per turn t: turn hash, done hash, live log, cancel key
-KEYS[5 + 4*T + 1]          agui stream (only with --agui)
+KEYS[5 + 5*(t-1) + 1..5]   per turn t: turn hash, done hash, live log, cancel key, recs hash
+KEYS[5 + 5*T + 1]          agui stream (only with --agui)
 
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
 ARGV[7] this consumer      ARGV[8] most names and values of an entry its DLQ entry keeps as fields
 ARGV[9]                    the turns: one msgpack array (the client packs each
                            ARGV in Python, the array in C), per turn t an array
-                           { tk, expected version, status, outputs, dead letters
+                           { tk, expected version (0, or its last checkpoint's),
+                           status, outputs, dead letters
                            (as finalise_turns), the held entry ids (an array),
                            the id of the entry that ended the turn ('' = a
                            cancel or a timeout: published with what is held, as
@@ -73,7 +75,7 @@ local nturns = tonumber(ARGV[5])
 local group, consumer = ARGV[6], ARGV[7]
 local dlq_fields_max = tonumber(ARGV[8])
 local speaker = ARGV[10] .. ' '
-local agui = KEYS[5 + 4 * nturns + 1]
+local agui = KEYS[5 + 5 * nturns + 1]
 
 --- includes/dead_letter
 --- includes/pad_id
@@ -98,8 +100,8 @@ end
 local turns = cmsgpack.unpack(ARGV[9])
 local acked = false
 local function finalise(t)
-  local k = 5 + 4 * (t - 1)
-  local tkey, dkey, lkey, ckey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local k = 5 + 5 * (t - 1)
+  local tkey, dkey, lkey, ckey, rkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
   local tk, version, status, outputs, dead, ids, ending, late, routed, found, n =
     unpack(turns[t], 1, 11)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
@@ -146,6 +148,7 @@ local function finalise(t)
     end
   end
   publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)
+  redis.call('DEL', rkey)  -- (a checkpoint's snapshot, checkpoint_held.lua)
   return 1
 end
 

@@ -262,12 +262,18 @@ def _entry_args(
 def _turn_ids(ids: dict[str, str]) -> bytes:
     """An entry's turn-level correlation ids for ``apply_entries`` to remember
     (msgpack [name, JSON value, ...]); attempt_id is part of the turn key."""
+    flat = _id_list(ids)
+    return _pack.encode(flat) if flat else b""
+
+
+def _id_list(ids: dict[str, str]) -> list[str]:
+    """Turn-level correlation ids as the scripts remember them: [name, JSON value, ...]."""
     flat: list[str] = []
     for name in TURN_IDS:
         value = ids.get(name)
         if value is not None and name != "attempt_id":
             flat += [name, _json.encode(value).decode()]
-    return _pack.encode(flat) if flat else b""
+    return flat
 
 
 def parse_versions(flat: list[Any]) -> dict[TurnKey, Version]:
@@ -341,8 +347,44 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
 #: A held turn to publish: its key, its held entry ids, the entries found
 #: after its end as (id, reason, detail) (``render.take_late``), its outputs,
 #: and for a cancel the newest entry id the worker has routed ("" unknown).
-HeldOutcome = tuple[TurnKey, list[str], list[tuple[str, str, str]], Settled, str, list[Event],
-                    int]
+class HeldOutcome(NamedTuple):
+    """A held turn in a ``finalise_held`` call."""
+
+    key: TurnKey
+    ids: list[str]  # the entries held of it (since its last checkpoint)
+    late: list[tuple[str, str, str]]  # entries after its end: (id, reason, detail)
+    outcome: Settled
+    routed: str  # for a cancel, the newest entry id routed ('' = not a cancel)
+    found: list[Event]  # its last live events
+    spoken: int  # publish_live calls for it that ran
+    version: int  # its version: 0, or its last checkpoint's
+
+
+class HeldCheckpoint(NamedTuple):
+    """A held turn in a ``checkpoint_held`` call."""
+
+    key: TurnKey
+    version: int  # its version now (0, or its last checkpoint's)
+    after: int  # its version once checkpointed
+    updates: int  # `n`, as apply_entries would have counted its updates
+    size: int  # `bytes`: its entries' bytes, as apply_entries would have counted them
+    snapshot: bytes  # render.Snapshot, msgpack
+    cover: str  # the newest entry in the snapshot
+    ids: list[str]  # the entries held of it, acked by the call
+    names: dict[str, str]  # its correlation ids
+
+
+def build_checkpoint_held(shard: Shard, turns: list[HeldCheckpoint], options: BatchOptions,
+                          consumer: str) -> ScriptCall:
+    """KEYS/ARGV of ``checkpoint_held``."""
+    keys = [shard.updates, shard.active]
+    rows = []
+    for turn in turns:
+        tk = turn.key.encode()
+        keys += [shard.turn(tk), shard.recs(tk), shard.done(tk), shard.cancel(turn.key.response_id)]
+        rows.append((tk, str(turn.version), turn.after, turn.updates, turn.size,
+                     msgpack_str(turn.snapshot), turn.cover, turn.ids, _id_list(turn.names)))
+    return ScriptCall(keys, [options.group, consumer, len(turns), _pack.encode(rows)])
 
 
 def build_finalise_held(
@@ -353,10 +395,11 @@ def build_finalise_held(
     last live events said by ``speaker``, the worker's ``publish_live`` token)."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
-    for key, ids, late, outcome, routed, found, spoken in settled:
+    for key, ids, late, outcome, routed, found, spoken, version in settled:
         tk = key.encode()
-        keys += [shard.turn(tk), shard.done(tk), shard.live(tk), shard.cancel(key.response_id)]
-        rows.append((tk, "0", outcome.status, msgpack_str(outcome.outputs),
+        keys += [shard.turn(tk), shard.done(tk), shard.live(tk), shard.cancel(key.response_id),
+                 shard.recs(tk)]
+        rows.append((tk, str(version), outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed,
                      live_fields(key, found), spoken))
     if options.agui:

@@ -64,6 +64,10 @@ class Metrics:
         self.spilled = Counter(
             "processor_held_turns_spilled", "Held turns handed to apply_entries "
             "instead of being published from the worker's memory", registry=r)
+        self.checkpointed = Counter(
+            "processor_held_turns_checkpointed", "Checkpoints of held turns held for "
+            "--hold-ms: their merge stored as one snapshot and their entries acked, the "
+            "turn still held", registry=r)
         self.merged = Counter(
             "processor_merged_published", "Merged entries published, by status", ["status"],
             registry=r)

@@ -71,8 +71,8 @@ LOG_EVERY_S = 60.0
 RENEW_S = 60.0
 
 
-async def _nothing(rendered: Rendered) -> None:
-    """No finalise (the waiting turns' publish: their batches finalised what ended)."""
+async def nothing(rendered: Rendered) -> None:
+    """No finalise (a publish of turns outside their batch: it finalised what ended)."""
 
 
 class Renewals:
@@ -158,12 +158,13 @@ class LivePublisher:
         stored = [key for key in due if key not in state.holds.turns
                   and key in state.mirrors.turns]
         if held:
-            await self.publish_live_held(shard, held, _nothing)
+            await self.publish_live_held(shard, held, nothing)
         if stored:
             await self._say_stored(shard, stored, set())
 
     async def publish_live_held(self, shard: Shard, keys: list[TurnKey],
-                                then: Callable[[Rendered], Awaitable[None]]) -> None:
+                                then: Callable[[Rendered], Awaitable[None]],
+                                force: bool = False) -> None:
         """The live progress of the held turns a batch fed, then ``then``
         (the batch's finalise). A turn that ended is not in the call: its
         events, and the merged response they were diffed from, go to
@@ -173,7 +174,7 @@ class LivePublisher:
         made) is sent first, so that redis-server runs it while the ended
         turns are diffed and finalised; its outcome is awaited last (no
         event of one turn waits for another's). A running turn published
-        less than ``--live-interval-ms`` ago waits."""
+        less than ``--live-interval-ms`` ago waits, unless ``force``."""
         holds = self.shards[shard.index].holds
         now = int(time.time() * 1000)
         going: list[tuple[TurnKey, Held, Shown]] = []
@@ -184,7 +185,7 @@ class LivePublisher:
                 continue  # (a broken turn spills: the stored path goes on)
             if held.replay.life.outcome is not None:
                 ended.append((key, held, held.shown))
-            elif not self._wait(shard, key, held.live_at):
+            elif force or not self._wait(shard, key, held.live_at):
                 going.append((key, held, held.shown))
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []

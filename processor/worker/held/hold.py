@@ -54,6 +54,7 @@ class Held(TurnCopy):
     key: TurnKey
     since: float  # monotonic seconds when it was opened
     refreshed: float = 0.0  # when its entries' idle time was last reset (0: never)
+    checkpoint_id: str = ""  # the newest entry of its last checkpoint ('' = none)
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries
@@ -275,6 +276,22 @@ class Holds:
         before = self.last
         self.last = max(before, last)
         return before if first <= before else None
+
+    def checkpointed(self, key: TurnKey, version: int, now: float) -> None:
+        """``checkpoint_held`` stored the turn's merge and acked its entries:
+        it holds none now, under its new version, held again from ``now``
+        (so last in the order :meth:`due` reads)."""
+        held = self.turns.pop(key)
+        self.turns[key] = held
+        held.checkpoint_id = held.ids[-1]
+        held.version = version
+        self.bytes -= held.size
+        held.size = 0
+        held.entries.clear()
+        held.ids.clear()
+        held.fresh.clear()  # (said before the checkpoint: the log holds them)
+        held.logged = 0  # (of the entries held from now on, those a spill stores)
+        held.since, held.refreshed = now, 0.0
 
     def take(self, key: TurnKey) -> Held | None:
         held = self.turns.pop(key, None)

@@ -16,13 +16,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.engine.render import Reason, render, take_late
+from processor.engine.render import Reason, render, snapshot, take_late
 from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import (
     ApplyCall,
+    HeldCheckpoint,
     HeldOutcome,
+    build_checkpoint_held,
     build_finalise_held,
     build_open,
     parse_opened,
@@ -30,7 +32,7 @@ from processor.worker.batches import (
 from processor.worker.continuity import Continuity
 from processor.worker.held.held_batch import Entry, HeldCall
 from processor.worker.membership import Membership
-from processor.worker.publishing import LivePublisher, Rendered
+from processor.worker.publishing import LivePublisher, Rendered, nothing
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.storing import StoredPath, cancel_reasons
@@ -189,8 +191,9 @@ class HeldPath:
                                  self.config.agui, known[1] if known else None,
                                  (reasons or {}).get(key))
             if outcome is not None:
-                settled.append((key, held.ids, late, outcome, routed if reason == "cancel" else "",
-                                known[2] if known else [], known[3] if known else 0))
+                settled.append(HeldOutcome(
+                    key, held.ids, late, outcome, routed if reason == "cancel" else "",
+                    known[2] if known else [], known[3] if known else 0, held.version))
         if broken:
             await self._spill(shard, broken, "dead letter")
         if not settled:
@@ -329,6 +332,8 @@ class HeldPath:
             if held is not None:
                 taken += 1
                 holds.old.add(key)
+                if held.checkpoint_id:  # its copy goes on as the turn's (it stored no record)
+                    self.shards[shard.index].mirrors.adopt(key, held, held.checkpoint_id)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
         if entries:
@@ -350,11 +355,85 @@ class HeldPath:
             return
         now = time.monotonic()
         keys = list(holds.turns) if everything else holds.due(now, self.config.hold_ms / 1000)
+        if keys and not everything:
+            keys = await self.checkpoint(shard, keys, now)
         if keys:
             await self.spill(shard, keys, "all" if everything else "due")
         every = self.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
         if ids := holds.stale(now, every):
             await self._refresh(shard, ids)
+
+    async def checkpoint(self, shard: Shard, keys: list[TurnKey], now: float) -> list[TurnKey]:
+        """Checkpoint the turns of ``keys`` held ``--hold-ms`` or longer that
+        are still running (``checkpoint_held``): each one's merge is stored
+        as a snapshot and its entries acked, and it stays held, held again
+        from ``now``. Their live progress is said first, so that the live
+        log holds every update the snapshot does. Returns the turns to
+        spill: the others (over the bounds, broken or ended) and any the
+        script refused."""
+        holds = self.shards[shard.index].holds
+        hold_s = self.config.hold_ms / 1000
+        aged: list[TurnKey] = []
+        rest: list[TurnKey] = []
+        for key in keys:
+            held = holds.turns.get(key)
+            if held is None:
+                continue
+            if (now - held.since >= hold_s and held.ids and not held.broken
+                    and held.replay.life.outcome is None):
+                aged.append(key)
+            else:
+                rest.append(key)
+        if not aged:
+            return rest
+        await self.settle(shard)  # (the finalise in flight committed first)
+        if self.config.progress:
+            await self.live.publish_live_held(shard, aged, nothing, force=True)
+        turns: list[HeldCheckpoint] = []
+        size = 0
+        for key in aged:
+            held = holds.turns.get(key)
+            if held is None or not held.catch_up() or held.replay.life.outcome is not None:
+                if held is not None:
+                    rest.append(key)
+                continue
+            # In calls of whole turns, each of about a read batch (--batch), as a
+            # spill's: the turns due together would keep redis-server busy.
+            if turns and size + len(held.ids) > self.config.batch:
+                rest += await self._checkpoint(shard, turns, now)
+                turns, size = [], 0
+            life, cover = held.replay.life, held.ids[-1]
+            turns.append(HeldCheckpoint(
+                key, held.version, held.version + len(held.ids), life.counts.updates, life.bytes,
+                snapshot(life, cover), cover, list(held.ids), dict(life.turn.state.ids)))
+            size += len(held.ids)
+        if turns:
+            rest += await self._checkpoint(shard, turns, now)
+        return rest
+
+    async def _checkpoint(self, shard: Shard, turns: list[HeldCheckpoint],
+                          now: float) -> list[TurnKey]:
+        """One ``checkpoint_held`` call, committed; returns the turns it refused."""
+        holds = self.shards[shard.index].holds
+        call = build_checkpoint_held(shard, turns, self.options, self.config.consumer)
+
+        async def checkpoint() -> list[int]:
+            results: list[int] = await self.scripts.checkpoint_held(keys=call.keys,
+                                                                    args=call.args)
+            return results
+
+        refused: list[TurnKey] = []
+        for turn, result in zip(turns, await self.retrying(checkpoint), strict=True):
+            held = holds.turns.get(turn.key)
+            if held is None:
+                continue
+            if int(result) != 1:
+                refused.append(turn.key)
+                continue
+            holds.checkpointed(turn.key, turn.after, now)
+        if len(refused) < len(turns):
+            self.metrics.checkpointed.inc(len(turns) - len(refused))
+        return refused
 
     async def _refresh(self, shard: Shard, ids: list[str]) -> None:
         """``XCLAIM ... JUSTID`` held entries to this consumer: their idle

@@ -312,6 +312,19 @@ class Mirrors:
     def drop(self, key: TurnKey) -> None:
         self.take(key)
 
+    def adopt(self, key: TurnKey, copy: TurnCopy, last_id: str) -> None:
+        """Follow, from now on, a turn this worker held and checkpointed
+        (``checkpoint_held``): its copy is the state of the turn's hash, its
+        newest entry ``last_id``; its live progress goes on as a spilled
+        held turn's does (``shown`` None: the worker hands it over)."""
+        if self.max_turns == 0:
+            return
+        self.drop(key)
+        self.turns[key] = Mirror(copy.replay, copy.started, copy.version, copy.dlq,
+                                 last_id=id_order(last_id))
+        self.bytes += copy.replay.life.bytes
+        self._bound()
+
     def _bound(self) -> None:
         while self.turns and (len(self.turns) > self.max_turns or self.bytes > self.max_bytes):
             self.drop(next(iter(self.turns)))

@@ -1,0 +1,107 @@
+"""A turn held longer than ``--hold-ms`` is checkpointed, not spilled
+(``checkpoint_held.lua``, processor.worker.held.holding): its merge is
+stored as one snapshot, its entries acked, and it stays held; its output,
+its events and its live progress are what a turn held throughout gives,
+also when the worker dies after a checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from turn_reference import compare_with_offline, offline_results
+from worker_harness import Harness
+
+from processor.engine.live import replay_texts
+
+
+def _turn(rid: str, pieces: int) -> list[dict[str, Any]]:
+    """A turn of text updates, then its end."""
+    update = {"type": "agent_response_update", "role": "assistant", "message_id": f"m-{rid}"}
+    return ([{"response_id": rid, "update": json.dumps(
+                {**update, "contents": [{"type": "text", "text": f"{rid}:{i} "}]})}
+             for i in range(pieces)]
+            + [{"response_id": rid, "kind": "end"}])
+
+
+async def _stream(harness: Harness, turns: list[list[dict[str, Any]]], every: float) -> None:
+    """Each turn's updates round-robin, one of each every ``every`` seconds,
+    then their ends."""
+    for i in range(max(len(t) for t in turns) - 1):
+        await harness.add([t[i] for t in turns if i < len(t) - 1])
+        await asyncio.sleep(every)
+    await harness.add([t[-1] for t in turns])
+
+
+def _sample(running: Any, name: str) -> float:
+    return running.worker.metrics.registry.get_sample_value(name) or 0.0
+
+
+async def test_a_turn_held_past_hold_ms_is_checkpointed_and_stays_held(
+    redis_url: str, namespace: str
+) -> None:
+    """Three turns streaming 1.2 s under --hold-ms 200: several checkpoints
+    each, no spill; the outputs are processor merge's, byte for byte, one
+    terminal event each, live chunks that add up to the merged text, and
+    nothing of the turns' state left (the snapshot goes with the turn)."""
+    turns = [_turn(f"long-{n}", 30) for n in range(3)]
+    offline = offline_results([e for i in range(31) for t in turns for e in t[i:i + 1]],
+                              progress=True)
+    async with Harness(redis_url, namespace, hold_ms=200) as harness:
+        [running] = await harness.start_workers(1)
+        await _stream(harness, turns, 0.04)
+        await harness.wait_merged(3)
+        await harness.wait_drained()
+        outputs = await harness.outputs()
+        leftover = await harness.state_keys()
+        spilled = _sample(running, "processor_held_turns_spilled_total")
+        checkpoints = _sample(running, "processor_held_turns_checkpointed_total")
+    compare_with_offline(outputs, offline, "checkpointed")
+    assert spilled == 0
+    assert checkpoints >= 6, checkpoints
+    for key, turn in outputs.turns.items():
+        [message] = json.loads(turn.merged[0]["response"])["messages"]
+        told = replay_texts(turn.events, "synthesis.chunk")
+        assert told == {message["message_id"]: message["contents"][0]["text"]}, key
+    assert leftover == [], leftover
+
+
+async def test_a_worker_that_dies_after_a_checkpoint_loses_nothing(
+    redis_url: str, namespace: str, tmp_path
+) -> None:
+    """SIGKILL of a worker holding turns it checkpointed several times, then
+    the rest of the turns: another worker reclaims what was pending and
+    finishes each turn from its snapshot and the entries after it, exactly
+    as processor merge does."""
+    turns = [_turn(f"ck-{n}", 40) for n in range(3)]
+    offline = offline_results([e for i in range(41) for t in turns for e in t[i:i + 1]],
+                              progress=True)
+    flags = {"hold_ms": 200, "reclaim_idle_ms": 1000, "worker_ttl": 1, "progress": True}
+    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness:
+        first = harness.spawn(**flags)
+        await harness.wait_started([first])
+        for i in range(25):
+            await harness.add([t[i] for t in turns])
+            await asyncio.sleep(0.04)
+
+        async def checkpointed() -> bool:  # (its snapshots stored: recs hashes exist)
+            shard = harness.shards[0]
+            return len([k async for k in harness.client.scan_iter(
+                match=f"{shard.tag}:recs:*")]) == 3
+
+        await harness.wait_for(checkpointed, 10, "the turns checkpointed")
+        for i in range(25, 30):  # held after the checkpoint, pending when it dies
+            await harness.add([t[i] for t in turns])
+        await asyncio.sleep(0.1)
+        harness.kill(first)
+        second = harness.spawn(**flags)
+        await harness.wait_started([second])
+        for i in range(30, 41):
+            await harness.add([t[i] for t in turns])
+        await harness.wait_merged(3, timeout=60)
+        await harness.wait_drained(timeout=60)
+        outputs = await harness.outputs()
+        leftover = await harness.state_keys()
+    compare_with_offline(outputs, offline, "after a checkpoint and a SIGKILL")
+    assert leftover == [], leftover
