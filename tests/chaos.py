@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -55,16 +54,36 @@ from processor.wire.ids import TurnKey
 PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
 
 
+def idle_cpus(window: float = 0.25) -> float:
+    """How many CPUs were idle over the last ``window`` seconds (``/proc/stat``;
+    elsewhere, the CPUs less the 1-minute load average)."""
+    def times() -> list[int]:
+        with open("/proc/stat") as stat:
+            return [int(n) for n in stat.readline().split()[1:]]
+
+    cpus = os.cpu_count() or 1
+    try:
+        first = times()
+        time.sleep(window)
+        second = times()
+    except OSError:
+        return cpus - os.getloadavg()[0]
+    spent = [b - a for a, b in zip(first, second, strict=False)]
+    idle = spent[3] + (spent[4] if len(spent) > 4 else 0)  # idle + iowait
+    return cpus * idle / max(1, sum(spent))
+
+
 def burners_needed(cpu_load: int) -> int:
     """How many busy loops make the CPUs as busy as ``cpu_load`` asks: none
-    once the machine is already loaded (its load average at least its
-    CPUs: the rest of the test suite running beside the soak, which then
-    competes with the workers as a burner would). A burner there only
-    slowed every other test down (a core each for the whole soak)."""
+    once the machine is already busy (the rest of the test suite running
+    beside the soak, which then competes with the workers as a burner
+    would). A burner there only slowed every other test down (a core each
+    for the whole soak). Measured now (:func:`idle_cpus`), not from the load
+    average, which lags by a minute: at the start of a suite it still said
+    idle, and the soaks, started first, burned a core each beside it."""
     if not cpu_load:
         return 0
-    spare = (os.cpu_count() or 1) - os.getloadavg()[0]
-    return max(0, min(cpu_load, math.ceil(spare)))
+    return max(0, min(cpu_load, round(idle_cpus())))
 
 
 @dataclass

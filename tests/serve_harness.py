@@ -70,9 +70,14 @@ class LocalServe:
         await self.client.aclose()
 
 
-async def start_local(cfg: ServeConfig) -> LocalServe:
+async def start_local(cfg: ServeConfig, hub_block_ms: int = 100) -> LocalServe:
+    """``processor serve`` in this process. Its feed readers' ``XREAD BLOCK``
+    lasts ``hub_block_ms`` (serve's own is 1 s): an entry is handed on as it
+    comes either way, and closing waits for the read in flight, which took
+    up to a second in every test that closes one."""
     client = await connect(cfg.redis, pool_size(cfg))
     app, server = build(cfg, client)
+    server.hub.block_ms = hub_block_ms
     runner = make_runner(app)
     await runner.setup()
     await make_site(runner, cfg).start()

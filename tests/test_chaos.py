@@ -42,7 +42,7 @@ async def test_chaos_soak(
         turns=turns,
         shards=shards,
         seed=int(os.environ.get("PROCESSOR_CHAOS_SEED", "1")),
-        produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "15")),
+        produce_seconds=float(os.environ.get("PROCESSOR_CHAOS_SECONDS", "10")),
         hold_turns=hold,
         # Holding, a busy loop competes for the CPUs too: the races around a
         # cancel (a held turn meeting its cancel) happen more under load.

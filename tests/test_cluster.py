@@ -127,7 +127,7 @@ async def test_chaos_on_a_cluster(make_redis_cluster, tmp_path) -> None:
         await victim.astart()
         await asyncio.to_thread(wait_cluster_ok, cluster.nodes)
 
-    cfg = ChaosConfig(turns=80, shards=SHARDS, produce_seconds=12, seed=3)
+    cfg = ChaosConfig(turns=80, shards=SHARDS, produce_seconds=8, seed=3)
     run = ChaosRun(cluster.url, namespace, cfg, cluster.urls, restart=restart, cluster=True,
                    log_dir=tmp_path)
     figures = await run.run()

@@ -235,6 +235,59 @@ async def test_turns_in_flight_when_redis_loses_its_data_end_as_state_lost(
     assert epoch is not None and meta[b"epoch"] != epoch
 
 
+async def test_a_turn_another_worker_published_is_not_published_again_after_a_loss(
+    make_redis_server: Any, namespace: str, tmp_path: Any,
+) -> None:
+    """A worker alone reads both shards and keeps a copy of eight stored
+    turns; a second worker joins and takes one shard over, reads the ends
+    of that shard's turns and publishes them ``completed`` (the first
+    worker's copies of them go stale: it no longer sees those turns).
+    Redis then loses its data (restarted without persistence). Each turn
+    was published once, before the restart; no worker publishes any of them
+    again after it (the first one used to publish its stale copies as
+    ``state_lost``: a second terminal event for a turn a client had seen
+    complete, the done marker that would have refused it lost with the rest)."""
+    server: EmbeddedRedis = make_redis_server()
+    turns = [f"handed{i}" for i in range(8)]
+    async with Harness(server.url, namespace, 2, hold_turns=False, worker_ttl=1,
+                       log_dir=tmp_path) as harness:
+        first = await harness.start_worker()
+        await harness.add([e for rid in turns for e in updates(rid, [f"{rid}-a "])])
+        await harness.wait_for(lambda: sum(len(s.mirrors.turns) for s in first.worker.shards)
+                               == len(turns), 10, "a copy of each turn")
+        second = await harness.start_worker()
+        running = [first, second]
+        await harness.wait_for(lambda: all(len(r.worker.membership.live) == 2 for r in running)
+                               and all(len(r.worker.membership.owned) == 1 for r in running),
+                               10, "a shard each")
+        await asyncio.sleep(0.3)  # (a read from before they met is over)
+        (given,) = second.worker.membership.owned
+        moved = [rid for rid in turns if harness.ns.shard_for(rid).index == given]
+        assert moved and len(moved) < len(turns)
+        await harness.add([end(rid) for rid in turns])
+        await harness.wait_merged(len(turns))
+        await harness.wait_drained()
+        before = await harness.outputs()
+        await server.akill()
+        await server.astart()  # empty: no AOF, no RDB
+        await harness.client.aclose()
+        harness.client = harness.connect()
+
+        def dealt_with() -> bool:
+            """Every worker found the loss and published what it knew."""
+            return all(metric(r.worker, "processor_state_lost_total") == 1
+                       and not any(s.lost for s in r.worker.shards) for r in running)
+
+        await harness.wait_for(dealt_with, 20, "both workers found the loss")
+        after = await harness.outputs()
+    for rid in turns:
+        assert merged_of(before, rid)["status"] == "completed", rid
+    again = {k.response_id: [m["status"] for m in t.merged] + [e["type"] for e in t.events]
+             for k, t in after.turns.items()}
+    assert again == {}, f"published again after the loss: {again}"
+    assert after.dlq == []
+
+
 # --------------------------------------------------------------------------- 3. group destroyed
 
 

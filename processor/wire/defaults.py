@@ -20,6 +20,9 @@ RECLAIM_IDLE_MS = 30_000
 MAX_DELIVERIES = 5
 WORKER_TTL = 5.0
 CANCEL_SLICE = 1000
+#: Seconds the worker's idle waits last (the inbox bell's BLPOP, a read of the
+#: cancel channel): a stopping worker leaves within it.
+IDLE_WAIT = 1.0
 
 # What the worker writes, and for how long it remembers.
 MERGED_MAXLEN = 100_000

@@ -32,15 +32,16 @@ from redis.exceptions import ResponseError
 from processor.redis_io.connections import is_redis_failure, is_transient
 from processor.redis_io.replies import as_text
 from processor.scripts.library import Function
+from processor.wire import defaults
 from processor.wire.cancels import check_reason, check_ttl
 from processor.wire.keys import Namespace
 from processor.worker.metrics import Metrics
 
 log = logging.getLogger("processor.cancels")
 
-#: Seconds between two reads of the channel (a stopping worker leaves within it),
-#: and before subscribing again after a failure.
-WAIT_S = 1.0
+#: Seconds between two reads of the channel by default (``WorkerConfig.idle_wait``:
+#: a stopping worker leaves within it), and before subscribing again after a failure.
+WAIT_S = defaults.IDLE_WAIT
 #: Seconds between two log lines of the same failure.
 LOG_EVERY_S = 60.0
 
@@ -73,8 +74,10 @@ def parse_request(namespace: Namespace, data: bytes | str) -> tuple[str, str, in
 class CancelRequests:
     """Takes the namespace's cancel requests until stopped."""
 
-    def __init__(self, client: Any, namespace: Namespace, metrics: Metrics) -> None:
+    def __init__(self, client: Any, namespace: Namespace, metrics: Metrics,
+                 wait: float = WAIT_S) -> None:
         self.client = client
+        self.wait = wait  # seconds of each read of the channel (WAIT_S)
         self.namespace = namespace
         self.metrics = metrics
         self.cancel_turn = Function(client, "cancel_turn")
@@ -98,7 +101,7 @@ class CancelRequests:
                     # subscription that cannot be made waits WAIT_S.
                     continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=WAIT_S)
+                    await asyncio.wait_for(stopping.wait(), timeout=self.wait)
 
     async def _listen(self, stopping: asyncio.Event) -> None:
         pubsub = self.client.pubsub()
@@ -107,7 +110,7 @@ class CancelRequests:
             self._subscribed = True
             while not stopping.is_set():
                 message = await pubsub.get_message(ignore_subscribe_messages=True,
-                                                   timeout=WAIT_S)
+                                                   timeout=self.wait)
                 if message is not None and message.get("type") == "message":
                     await self.take(message["data"])
         finally:

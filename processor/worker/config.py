@@ -39,6 +39,9 @@ class WorkerConfig:
     affinity: bool = True
     worker_ttl: float = defaults.WORKER_TTL
     cancel_slice: int = defaults.CANCEL_SLICE
+    # Seconds of the inbox bell's BLPOP and of a read of the cancel channel: a
+    # stopping worker leaves within it (no option: the tests give a short one).
+    idle_wait: float = defaults.IDLE_WAIT
     merged_maxlen: int = defaults.MERGED_MAXLEN
     events_maxlen: int = defaults.EVENTS_MAXLEN
     dlq_maxlen: int = defaults.DLQ_MAXLEN

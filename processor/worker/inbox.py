@@ -39,6 +39,7 @@ from typing import Any
 
 from processor.redis_io.connections import is_redis_failure, is_transient
 from processor.redis_io.replies import as_text
+from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
@@ -51,9 +52,10 @@ BAD_INBOX_ITEM = "bad_inbox_item"
 ADMIT_ITEMS = 500
 #: Bytes one call moves at most (at least one item, whatever its size).
 ADMIT_BYTES = 4 << 20
-#: Seconds a BLPOP waits for the bell (a short wait: a shard this worker stops
-#: reading is let go within it).
-WAIT_S = 1.0
+#: Seconds a BLPOP waits for the bell by default (``WorkerConfig.idle_wait``; a
+#: short wait: a shard this worker stops reading is let go within it, and a
+#: stopping worker leaves within it).
+WAIT_S = defaults.IDLE_WAIT
 #: Idle waits between two admissions without a ring.
 CHECK_EVERY = 30
 #: Seconds between two log lines of the same failing admission.
@@ -64,7 +66,8 @@ class Admitter:
     """Admits the inbox of every shard this worker reads, until stopped."""
 
     def __init__(self, client: Any, script: Any, namespace: Namespace, membership: Membership,
-                 metrics: Metrics, dead_letters: DeadLetterLog, dlq_maxlen: int) -> None:
+                 metrics: Metrics, dead_letters: DeadLetterLog, dlq_maxlen: int,
+                 wait: float = WAIT_S) -> None:
         self.client = client
         self.script = script  # (Scripts.admit_inbox)
         self.namespace = namespace
@@ -72,11 +75,12 @@ class Admitter:
         self.metrics = metrics
         self.dead_letters = dead_letters  # (Worker.dead_letters: the log's rate limit)
         self.dlq_maxlen = dlq_maxlen
+        self.wait = wait  # seconds of each idle BLPOP (WAIT_S)
         self._logged: dict[int, tuple[str, float]] = {}  # shard -> last failure logged, when
 
     async def run(self, stopping: asyncio.Event) -> None:
         """One task per shard until ``stopping`` is set. Each then finishes what
-        it is doing (a BLPOP returns within :data:`WAIT_S`) rather than being
+        it is doing (a BLPOP returns within ``wait``) rather than being
         cancelled in the middle of a blocking read; only a cancelled ``run``
         cancels them."""
         tasks = [asyncio.create_task(self._shard(shard, stopping), name=f"inbox-{shard.index}")
@@ -94,13 +98,13 @@ class Admitter:
             try:
                 if not self.membership.reads(shard.index):
                     due = True  # admit first when the shard is read again
-                    await _wait(stopping, WAIT_S)
+                    await _wait(stopping, self.wait)
                     continue
                 if due or waits >= CHECK_EVERY:
                     due, waits = True, 0
                     await self.admit(shard)
                     due = False
-                rung = await self.client.blpop([shard.inbox_bell], timeout=WAIT_S)
+                rung = await self.client.blpop([shard.inbox_bell], timeout=self.wait)
                 due = bool(rung)
                 waits += 0 if rung else 1
             except asyncio.CancelledError:
@@ -108,7 +112,7 @@ class Admitter:
             except Exception as exc:  # Redis down, a refusal, a bug: never the worker's end
                 self._failed(shard, exc)
                 due = True
-                await _wait(stopping, WAIT_S)
+                await _wait(stopping, self.wait)
 
     async def admit(self, shard: Shard) -> int:
         """Move the shard's inbox into its stream, a call at a time, until it is
@@ -136,7 +140,7 @@ class Admitter:
 
     def _failed(self, shard: Shard, exc: Exception) -> None:
         """Count a failed admission and log it, once a minute per shard while it
-        keeps failing the same way (it is retried every :data:`WAIT_S`)."""
+        keeps failing the same way (it is retried every ``wait``)."""
         if not (isinstance(exc, AdmitFailed) or is_redis_failure(exc)):  # a bug, an odd reply
             self.metrics.step_failed(exc)
             log.exception("inbox admission failed unexpectedly", extra={"shard": shard.index})

@@ -187,6 +187,8 @@ class ShardRunner:
         read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
+                if not self.membership.sole_reader(shard.index):
+                    self.state.mirrors.shared()  # (stale once another worker ends a turn)
                 await self._step(batch)
                 if self.config.progress:  # the turns whose live progress waited (publishing.py)
                     await self._guarded(self.live.publish_waiting, shard)

@@ -110,8 +110,9 @@ class Worker:
         self.ready = asyncio.Event()  # set once every group exists
         self.admitter = Admitter(client, self.scripts.admit_inbox, self.namespace,
                                  self.membership, self.metrics, self.dead_letters,
-                                 config.dlq_maxlen)
-        self.cancel_requests = CancelRequests(client, self.namespace, self.metrics)
+                                 config.dlq_maxlen, config.idle_wait)
+        self.cancel_requests = CancelRequests(client, self.namespace, self.metrics,
+                                              config.idle_wait)
         self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
                                      self.apply_isolated, self.stop, self._stopping,
                                      self.ensure_groups)

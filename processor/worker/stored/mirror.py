@@ -325,6 +325,19 @@ class Mirrors:
         self.bytes += copy.replay.life.bytes
         self._bound()
 
+    def shared(self) -> None:
+        """Another worker reads the shard now (it took the shard over, or
+        shares it): drop every copy. Such a worker may end a turn this one
+        has a copy of without this one seeing it, and a copy kept after that
+        is stale for good (no entry of the turn comes to correct it). Redis
+        losing its data later, the copy was published as ``state_lost``
+        (continuity.py): a second terminal event for a turn published
+        ``completed``, the done marker that would have refused it lost too.
+        A dropped copy only means a replay from Redis; a turn in flight then
+        is one this worker does not know (docs/reliability.md)."""
+        while self.turns:
+            self.drop(next(iter(self.turns)))
+
     def _bound(self) -> None:
         while self.turns and (len(self.turns) > self.max_turns or self.bytes > self.max_bytes):
             self.drop(next(iter(self.turns)))
