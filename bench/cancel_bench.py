@@ -8,7 +8,9 @@ then, while a producer trickles updates into random turns, cancels
 burst within 1 s) with a plain ``SET`` of the cancellation key (as
 ``redis-cli`` would: no nudge, nothing else). It does so on turns *held*
 (right after they opened: younger than ``--hold-ms``, in the workers'
-memory) and on turns *stored* (once older than ``--hold-ms``), ``--runs``
+memory), *checkpointed* (older than ``--hold-ms``: their merge stored as a
+snapshot, their entries acked, still held) and *stored* (on workers with
+``--no-hold-turns``, a record per entry), ``--runs``
 times each, on fresh workers each time, and measures the time from the SET
 to the turn's terminal ``synthesis`` event (the event's stream entry id is
 Redis's clock at the XADD, read on the same host as the SET); the worst
@@ -20,7 +22,7 @@ the turns left active after it) and on fresh workers with 1,000 and 10,000
 open idle turns (``--idle-turns``): Redis calls per second.
 
     python bench/cancel_bench.py [--turns 1000] [--cancels 200] [--workers 2] [--shards 2]
-                                 [--windows 1] [--ages held,stored] [--runs 3]
+                                 [--windows 1] [--ages held,checkpointed,stored] [--runs 3]
                                  [--idle 10] [--idle-turns 1000,10000] [--agui] [--no-write]
 
 Writes its section of docs/benchmarks.md between the cancel-bench markers.
@@ -55,14 +57,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "cancel-bench"  # (its markers in docs/benchmarks.md: write_section)
 NAMESPACE = "cbench"
-TARGET_MS = 250  # p99 of every run, held and stored (issue 34)
+TARGET_MS = 250  # p99 of every run, at every age (issue 34)
 IDLE_TARGET = 200  # Redis calls/s with 1,000 open idle turns
 COMMAND = "python bench/cancel_bench.py"
 
 
 @dataclass
 class Run:
-    """One burst: the turns' age (held, stored), its window, which run."""
+    """One burst: the turns' age (held, checkpointed, stored), its window, which run."""
 
     age: str
     window: float
@@ -75,7 +77,8 @@ def _update(text: str) -> str:
                        "contents": [{"type": "text", "text": text}]})
 
 
-def spawn_workers(url: str, args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+def spawn_workers(url: str, args: argparse.Namespace,
+                  hold: bool = True) -> list[subprocess.Popen[bytes]]:
     procs = []
     for i in range(args.workers):
         cmd = [sys.executable, "-m", "processor.cli", "run", "--redis-url", url,
@@ -84,6 +87,8 @@ def spawn_workers(url: str, args: argparse.Namespace) -> list[subprocess.Popen[b
                "--log-level", "warning"]
         if args.agui:
             cmd.append("--agui")
+        if not hold:
+            cmd.append("--no-hold-turns")
         procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                                       env={**os.environ, "PYTHONPATH": str(ROOT)}))
     return procs
@@ -127,12 +132,12 @@ class Workers:
     """A private redis-server and ``args.workers`` workers on it, their
     groups created; ``close`` stops both."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, hold: bool = True) -> None:
         self.args = args
         self.server = EmbeddedRedis().start()
         self.client = redis.asyncio.Redis.from_url(self.server.url)
         self.ns = Namespace(NAMESPACE, args.shards)
-        self.procs = spawn_workers(self.server.url, args)
+        self.procs = spawn_workers(self.server.url, args, hold)
 
     async def ready(self) -> None:
         async def groups_ready() -> bool:
@@ -175,14 +180,15 @@ def _rids(n: int) -> list[str]:
     return [f"turn-{i:05d}" for i in range(n)]
 
 
-async def burst(args: argparse.Namespace, window: float, stored: bool,
+async def burst(args: argparse.Namespace, window: float, age: str,
                 seed: int, idle: bool) -> dict[str, Any]:
-    """Fresh workers, ``--turns`` turns opened, then (``stored``: once they
-    are older than ``--hold-ms``, so stored) ``--cancels`` of them cancelled
-    at random moments over ``window`` seconds while a producer trickles
-    updates into random turns; each cancel's latency (ms), and with
-    ``idle`` the idle call rates before and after."""
-    run = Workers(args)
+    """Fresh workers, ``--turns`` turns opened, then (``checkpointed``: once
+    they are older than ``--hold-ms``; ``stored``: on workers that store
+    every entry, --no-hold-turns) ``--cancels`` of them cancelled at random
+    moments over ``window`` seconds while a producer trickles updates into
+    random turns; each cancel's latency (ms), and with ``idle`` the idle
+    call rates before and after."""
+    run = Workers(args, hold=age != "stored")
     try:
         await run.ready()
         baseline = await idle_rates(run.client, args.idle) if idle else {}
@@ -190,9 +196,9 @@ async def burst(args: argparse.Namespace, window: float, stored: bool,
         rids = _rids(args.turns)
         opened = time.monotonic()
         await run.open(rids)
-        if stored:  # every turn spilled to the stored path
+        if age == "checkpointed":  # every turn checkpointed (its entries acked), still held
             await asyncio.sleep(max(0.0, opened + args.hold_ms / 1000 + 1.5 - time.monotonic()))
-        elif time.monotonic() - opened + window > args.hold_ms / 1000 * 0.6:
+        elif age == "held" and time.monotonic() - opened + window > args.hold_ms / 1000 * 0.6:
             raise SystemExit("cancel_bench: the turns took too long to open to be cancelled "
                              "while held")
         latencies = await _cancel(run, args, rng, rids, window)
@@ -265,15 +271,15 @@ async def idle_only(args: argparse.Namespace, turns: int) -> dict[str, float]:
         await run.ready()
         opened = time.monotonic()
         await run.open(_rids(turns))
-        # Once every turn is older than --hold-ms and spilled to the stored
-        # path (a one-off cost per turn, not an idle one): every entry acked.
+        # Once every turn is older than --hold-ms and checkpointed (a one-off
+        # cost per turn, not an idle one): every entry acked.
         await asyncio.sleep(max(1.0, opened + args.hold_ms / 1000 + 1.5 - time.monotonic()))
 
         async def all_acked() -> bool:
             return all([(await run.client.xpending(s.updates, GROUP))["pending"] == 0
                         for s in run.ns.all()])
 
-        await wait_until(all_acked, 300, "every held turn spilled")
+        await wait_until(all_acked, 300, "every held turn checkpointed")
         await asyncio.sleep(1)
         return await idle_rates(run.client, args.idle)
     finally:
@@ -325,9 +331,10 @@ Measured at commit `{head}` with `{COMMAND}{' --agui' if args.agui else ''}` \
 {args.cancels} of them cancelled by a plain `SET` of the cancellation key at random moments \
 over the window while a producer trickled {args.trickle:g} updates/s into random turns, on \
 fresh workers for each run: *held*, right after the turns opened (younger than `--hold-ms`, \
-held in the workers' memory); *stored*, once they are older than `--hold-ms` (spilled to the \
-stored path). Latency = the terminal event's stream entry time minus the time just before \
-the SET.
+held in the workers' memory); *checkpointed*, once they are older than `--hold-ms` (their \
+merge stored as a snapshot and their entries acked, still held); *stored*, on workers that \
+store every entry (`--no-hold-turns`). Latency = the terminal event's stream entry time \
+minus the time just before the SET.
 
 | turns | window | run | cancels | p50 | p99 | max |
 |---|---:|---:|---:|---:|---:|---:|
@@ -355,8 +362,8 @@ Each sweep makes two script calls (`evalsha`) per shard: `sweep_shard` (closing 
 timeouts) and `cancelled_turns`, which reads whether the cancel keys of a slice of the active \
 turns exist (1,000, more when a shard has over 5,000 active turns, see docs/design.md), never \
 their values: one multi-key `exists` per 500 turns, one per turn only in a chunk that has a \
-cancel. The idle rates are measured once every turn is older than `--hold-ms` and spilled \
-(every entry acked): the spill is a one-off cost per turn.
+cancel. The idle rates are measured once every turn is older than `--hold-ms` and \
+checkpointed (every entry acked): the checkpoint is a one-off cost per turn.
 
 The machine (2 logical CPUs) was shared with other jobs during the run (load average \
 {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start): figures are noisy. \
@@ -371,8 +378,9 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--windows", default="1",
                         help="seconds the cancels span, runs for each (comma-separated)")
-    parser.add_argument("--ages", default="held,stored",
-                        help="cancel the turns while held, or once stored (comma-separated)")
+    parser.add_argument("--ages", default="held,checkpointed,stored",
+                        help="cancel the turns while held, once checkpointed (older than "
+                             "--hold-ms), or on workers storing every entry (comma-separated)")
     parser.add_argument("--runs", type=int, default=3, help="runs of each age and window")
     parser.add_argument("--hold-ms", type=int, default=5000, help="the workers' --hold-ms")
     parser.add_argument("--trickle", type=float, default=100.0, help="updates/s meanwhile")
@@ -388,7 +396,7 @@ def main() -> int:
     for age in args.ages.split(","):
         for window in (float(w) for w in args.windows.split(",")):
             for index in range(1, args.runs + 1):
-                figures = asyncio.run(burst(args, window, age == "stored",
+                figures = asyncio.run(burst(args, window, age,
                                             args.seed + index, idle=not runs))
                 run = Run(age, window, index, figures)
                 lat = figures["latencies"]
