@@ -52,6 +52,8 @@ local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local speaker = ARGV[4] .. ' '
 
+--- includes/publish_events
+
 local turns = cmsgpack.unpack(ARGV[5])
 local results, published = {}, 0
 for t = 1, nturns do
@@ -71,18 +73,9 @@ for t = 1, nturns do
       or (mark ~= false and mark ~= speaker .. n) then
     results[t] = -2
   else
-    -- The events numbered from the turn's next seq (as publish_event takes
-    -- them one at a time), each event's JSON with its placeholder "seq":0.
-    local count, jsons = #found, {}
-    local seq = tonumber(got[2] or '0')
-    for i, fields in ipairs(found) do
-      local json = fields[#fields]
-      local s, e = string.find(json, '"seq":0,', 1, true)
-      json = string.sub(json, 1, s - 1) .. '"seq":' .. (seq + i - 1) .. ',' .. string.sub(json, e + 1)
-      fields[#fields] = json
-      redis.call('XADD', events, '*', unpack(fields))
-      jsons[i] = json
-    end
+    -- The events numbered from the turn's next seq (read above, advanced below).
+    local count, seq = #found, tonumber(got[2] or '0')
+    local jsons = number_events(events, found, seq)
     if count > 0 then
       redis.call('HSET', tkey, 'live', speaker .. (n + 1), 'seq', seq + count)
       published = published + count

@@ -1,12 +1,10 @@
--- publish_events: XADD a turn's events to the events stream, numbered with
--- the turn's next seqs taken at once (one HINCRBY; gap-free with
--- publish_event, which takes one at a time). Each element of found is an
--- event's field array whose last value is its JSON with the placeholder
--- "seq":0. No MAXLEN: the caller caps the stream once. Returns the events'
--- JSON texts, numbered, and the last seq taken.
-local function publish_events(tkey, events, found)
-  local count, jsons = #found, {}
-  local seq = redis.call('HINCRBY', tkey, 'seq', count) - count
+-- number_events: XADD a turn's events to the events stream, numbered from
+-- seq on (the turn's next seqs, which the caller took). Each element of found
+-- is an event's field array whose last value is its JSON with the
+-- placeholder "seq":0. No MAXLEN: the caller caps the stream once. Returns
+-- the events' JSON texts, numbered.
+local function number_events(events, found, seq)
+  local jsons = {}
   for i, fields in ipairs(found) do
     local json = fields[#fields]
     local s, e = string.find(json, '"seq":0,', 1, true)
@@ -15,5 +13,13 @@ local function publish_events(tkey, events, found)
     redis.call('XADD', events, '*', unpack(fields))
     jsons[i] = json
   end
-  return jsons, seq + count - 1
+  return jsons
+end
+-- publish_events: number_events with the turn's next seqs taken at once (one
+-- HINCRBY; gap-free with publish_event, which takes one at a time). Returns
+-- the events' JSON texts, numbered, and the last seq taken.
+local function publish_events(tkey, events, found)
+  local count = #found
+  local seq = redis.call('HINCRBY', tkey, 'seq', count) - count
+  return number_events(events, found, seq), seq + count - 1
 end
