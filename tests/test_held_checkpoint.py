@@ -105,3 +105,51 @@ async def test_a_worker_that_dies_after_a_checkpoint_loses_nothing(
         leftover = await harness.state_keys()
     compare_with_offline(outputs, offline, "after a checkpoint and a SIGKILL")
     assert leftover == [], leftover
+
+
+async def test_a_checkpointed_turn_that_spills_goes_on_from_its_checkpoint(
+    redis_url: str, namespace: str
+) -> None:
+    """A turn checkpointed, then held a few more entries, then spilled (here:
+    the holds over their bound): the stored path follows it from its
+    checkpoint, the spilled entries fed once (the worker's copy of it used
+    to be its held merge, which had them already: each counted twice), and
+    it finishes as processor merge says, live chunks included."""
+    [turn] = [_turn("sp", 12)]
+    offline = offline_results(turn, progress=True)
+    async with Harness(redis_url, namespace, hold_ms=200) as harness:
+        [running] = await harness.start_workers(1)
+        for entry in turn[:6]:
+            await harness.add([entry])
+            await asyncio.sleep(0.05)
+
+        async def checkpointed() -> bool:
+            return _sample(running, "processor_held_turns_checkpointed_total") >= 1
+
+        await harness.wait_for(checkpointed, 10, "a checkpoint")
+        running.worker.config.hold_ms = 60_000  # (no second checkpoint)
+        await harness.add(turn[6:9])
+        holds = running.worker.shards[0].holds
+
+        async def held_all() -> bool:
+            held = holds.turns.get(next(iter(holds.turns), None))  # type: ignore[arg-type]
+            return held is not None and len(held.ids) >= 3
+
+        await harness.wait_for(held_all, 10, "the entries after the checkpoint held")
+        holds.max_turns = 0  # (over the bound: the next loop spills it)
+
+        async def spilled() -> bool:
+            return _sample(running, "processor_held_turns_spilled_total") >= 1
+
+        await harness.wait_for(spilled, 10, "the spill")
+        await harness.add(turn[9:])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+        mirrored = running.worker.metrics.registry.get_sample_value(
+            "processor_turns_settled_total", {"source": "mirror"})
+    compare_with_offline(outputs, offline, "spilled after a checkpoint")
+    [out] = outputs.turns.values()
+    [message] = json.loads(out.merged[0]["response"])["messages"]
+    assert replay_texts(out.events, "synthesis.chunk") == {
+        message["message_id"]: message["contents"][0]["text"]}
+    assert mirrored == 1  # (published from the copy that followed it from its checkpoint)

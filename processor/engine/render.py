@@ -258,6 +258,13 @@ def plan_compaction(
     return Compaction(previous, cover, folded, snapshot(life, cover))
 
 
+def resumed(key: TurnKey, limits: Limits, snap: bytes) -> Replay:
+    """A turn's replay from its stored snapshot alone (what :func:`resume`
+    makes of a recs hash holding only ``state``)."""
+    life, _cover = resume(key, limits, {STATE: snap})
+    return Replay(life)
+
+
 def snapshot(life: TurnLife, cover: str) -> bytes:
     """The stored snapshot of a turn without an outcome after every entry
     up to ``cover`` (what :func:`resume` reads back): a compaction's, or a

@@ -33,6 +33,10 @@ from processor.worker.stored.mirror import Applied, TurnCopy
 
 _json = msgspec.json.Encoder()
 
+#: Bytes, named apart from the ``bytes`` field of :class:`Holds` (a class
+#: scope where ``bytes`` is that field).
+Blob = bytes
+
 #: Turns remembered as taking the ``apply_entries`` path (so that their next
 #: entries need no ``open_turns`` call), per shard; forgotten all at once.
 OLD_TURNS = 10_000
@@ -54,7 +58,10 @@ class Held(TurnCopy):
     key: TurnKey
     since: float  # monotonic seconds when it was opened
     refreshed: float = 0.0  # when its entries' idle time was last reset (0: never)
-    checkpoint_id: str = ""  # the newest entry of its last checkpoint ('' = none)
+    # Its last checkpoint (checkpoint_held): the snapshot stored, and its
+    # newest entry ('' = none). A spill follows the turn from there.
+    checkpoint: bytes = b""
+    checkpoint_id: str = ""
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries
@@ -277,13 +284,13 @@ class Holds:
         self.last = max(before, last)
         return before if first <= before else None
 
-    def checkpointed(self, key: TurnKey, version: int, now: float) -> None:
+    def checkpointed(self, key: TurnKey, version: int, snap: Blob, now: float) -> None:
         """``checkpoint_held`` stored the turn's merge and acked its entries:
         it holds none now, under its new version, held again from ``now``
         (so last in the order :meth:`due` reads)."""
         held = self.turns.pop(key)
         self.turns[key] = held
-        held.checkpoint_id = held.ids[-1]
+        held.checkpoint, held.checkpoint_id = snap, held.ids[-1]
         held.version = version
         self.bytes -= held.size
         held.size = 0

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.engine.render import Reason, render, snapshot, take_late
+from processor.engine.render import Reason, render, resumed, snapshot, take_late
 from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
@@ -332,8 +332,10 @@ class HeldPath:
             if held is not None:
                 taken += 1
                 holds.old.add(key)
-                if held.checkpoint_id:  # its copy goes on as the turn's (it stored no record)
-                    self.shards[shard.index].mirrors.adopt(key, held, held.checkpoint_id)
+                if held.checkpoint:  # the stored path follows it from its checkpoint
+                    self.shards[shard.index].mirrors.adopt(
+                        key, resumed(key, self.config.limits, held.checkpoint), held,
+                        held.checkpoint_id)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
         if entries:
@@ -430,7 +432,8 @@ class HeldPath:
             if int(result) != 1:
                 refused.append(turn.key)
                 continue
-            holds.checkpointed(turn.key, turn.after, now)
+            holds.checkpointed(turn.key, turn.after, turn.snapshot, now)
+            self.metrics.stored.inc(len(turn.ids))  # (applied: in the snapshot)
         if len(refused) < len(turns):
             self.metrics.checkpointed.inc(len(turns) - len(refused))
         return refused

@@ -312,17 +312,19 @@ class Mirrors:
     def drop(self, key: TurnKey) -> None:
         self.take(key)
 
-    def adopt(self, key: TurnKey, copy: TurnCopy, last_id: str) -> None:
+    def adopt(self, key: TurnKey, replay: Replay, held: TurnCopy, last_id: str) -> None:
         """Follow, from now on, a turn this worker held and checkpointed
-        (``checkpoint_held``): its copy is the state of the turn's hash, its
-        newest entry ``last_id``; its live progress goes on as a spilled
-        held turn's does (``shown`` None: the worker hands it over)."""
+        (``checkpoint_held``) and now spills: ``replay`` is the turn at its
+        checkpoint (the state of its hash: ``held``'s version, start and
+        dead letters), ``last_id`` the checkpoint's newest entry; the spill's
+        entries, after it, are fed as any stored entries. Its live progress
+        goes on as a spilled held turn's does (``shown`` None: handed over)."""
         if self.max_turns == 0:
             return
         self.drop(key)
-        self.turns[key] = Mirror(copy.replay, copy.started, copy.version, copy.dlq,
+        self.turns[key] = Mirror(replay, held.started, held.version, held.dlq,
                                  last_id=id_order(last_id))
-        self.bytes += copy.replay.life.bytes
+        self.bytes += replay.life.bytes
         self._bound()
 
     def shared(self) -> None:
