@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+from typing import Any
 
+import redis.exceptions
 from scrape import Scrape, fetch, scrape, wait_status
 from turn_reference import simple_turn
 from worker_harness import Harness
@@ -202,3 +205,41 @@ def test_a_redis_error_reply_counts_as_a_redis_error_and_a_step_failure() -> Non
     assert metrics.step_failures._value.get() == 2
     assert metrics.redis_errors.labels("ResponseError")._value.get() == 1
     assert metrics.redis_retries._value.get() == 0
+
+
+async def test_a_read_that_fails_in_the_samplers_pipeline_is_a_sample_error_not_a_crash(
+    async_redis_client, namespace, caplog
+) -> None:
+    """The pipeline answers a failed read with the exception as its value
+    (``raise_on_error=False``): the stream's length lost in a cluster
+    failover was passed to ``int()``, and a ``TypeError`` logged at error
+    level (a chaos soak on a cluster caught it). It counts as a failed
+    sample, logged at debug like any Redis failure."""
+    ns = Namespace(namespace, 1)
+    metrics = Metrics()
+    shard = ns.shard(0)
+    await async_redis_client.xgroup_create(shard.updates, "processor", mkstream=True)
+
+    class LostLength:
+        """The client, but its pipelines' XLEN answers a ConnectionError."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(async_redis_client, name)
+
+        def pipeline(self, **kw: Any) -> Any:
+            pipe = async_redis_client.pipeline(**kw)
+            execute = pipe.execute
+
+            async def lost(raise_on_error: bool = True) -> list[Any]:
+                out = await execute(raise_on_error=raise_on_error)
+                out[1] = redis.exceptions.ConnectionError("Connection closed by server.")
+                return out
+
+            pipe.execute = lost
+            return pipe
+
+    sampler = Sampler(LostLength(), ns, "processor", metrics)
+    with caplog.at_level(logging.DEBUG, logger="processor.metrics"):
+        await sampler.sample()
+    assert metrics.sample_errors._value.get() == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

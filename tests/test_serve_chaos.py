@@ -69,7 +69,10 @@ WINDOW = 8  # turns written at once
 CLIENTS = 3  # per turn: 0 and 1 open before its first entry, 2 joins while it runs
 DELTA_PAUSE = 0.12  # seconds between two deltas of one turn
 CUT_CHANCE = 0.3  # a connection the client cuts itself, after a few events
-WORKER_FLAGS: dict[str, Any] = {"progress": True, "reclaim_idle_ms": 1000, "log_level": "info"}
+# (Every batch published, --live-interval-ms 0: the faults are placed by
+# counts of events, one per delta; coalesced, a turn writes a few.)
+WORKER_FLAGS: dict[str, Any] = {"progress": True, "reclaim_idle_ms": 1000, "log_level": "info",
+                                "live_interval_ms": 0}
 FROZEN_EVENTS = 40  # written while both replicas are frozen, during the Redis restart
 SERVE_FLAGS = ("--heartbeat", "1", "--log-level", "info")
 #: The faults, each at a fraction of the deltas sent.

@@ -41,7 +41,9 @@ async def test_many_clients_drop_and_resume_at_random_moments_and_each_gets_it_a
     clients = {rid: [Client(rid, k) for k in range(CLIENTS)] for rid in rids}
     ended: dict[str, float] = {}  # when the turn's merged entry was there
     started = time.monotonic()
-    async with Harness(redis_url, namespace) as harness:
+    # (Every batch published, --live-interval-ms 0: a client cuts itself after
+    # 1 to CUT_MOST events, which a turn must have many of to be cut mid-way.)
+    async with Harness(redis_url, namespace, live_interval_ms=0) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
         subscriber = Subscriber(harness.client, namespace)

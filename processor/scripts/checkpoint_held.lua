@@ -35,8 +35,10 @@ ARGV[4]                    the turns: one msgpack array, per turn t an array
                            [name, JSON value, ...]) }
 
 Returns one integer per turn: 1 checkpointed (also when this very call ran
-before: the turn's version is the new one, under this consumer), 0 done or
-gone, -1 changed, 3 cancelled.
+before: the turn's version, cover and holder are the ones it set), 0 done
+or gone, -1 changed (also when its recs hash holds a record: another
+consumer stored an entry of it, which a version that happens to match
+would hide), 3 cancelled.
 ]==]
 
 local updates, active = KEYS[1], KEYS[2]
@@ -60,10 +62,15 @@ for t = 1, nturns do
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then
     results[t] = 0
   else
-    local got = redis.call('HMGET', tkey, 'ver', 'holder')
-    if got[1] == tostring(version) and got[2] == consumer then
+    local got = redis.call('HMGET', tkey, 'ver', 'holder', 'cover')
+    -- A held turn has no record: its recs hash holds at most its last
+    -- checkpoint's snapshot. A record means another consumer stored one of
+    -- its entries (reclaimed from this one), whatever the version says.
+    local records = redis.call('HLEN', rkey) - redis.call('HEXISTS', rkey, 'state')
+    if got[1] == tostring(version) and got[2] == consumer and got[3] == cover
+        and records == 0 then
       results[t] = 1  -- (this very call ran before: its reply was lost)
-    elseif (got[1] or '0') ~= expected or got[2] ~= consumer then
+    elseif (got[1] or '0') ~= expected or got[2] ~= consumer or records > 0 then
       results[t] = -1
     elseif redis.call('EXISTS', ckey) == 1 then
       results[t] = 3

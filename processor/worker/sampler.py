@@ -83,6 +83,8 @@ class Sampler:
         pending = int(info.get("pending") or 0)
         m.pending.labels(s).set(pending)
         m.consumers.labels(s).set(int(info.get("consumers") or 0))
+        if isinstance(length, Exception):  # (the pipeline's answer for it: a failed read)
+            raise length
         m.lag.labels(s).set(group_lag(info, int(length), pending))
         if now_ms is not None:
             self._check_ids(shard, as_text(info.get("last-delivered-id") or "0-0"), now_ms)
