@@ -16,7 +16,8 @@ GROUP = "processor"
 
 
 async def _call(client: Any, ns: Namespace, turn: HeldCheckpoint, consumer: str = "c1") -> int:
-    call = build_checkpoint_held(ns.shard(0), [turn], BatchOptions(group=GROUP, shards=1, limits=Limits()), consumer)
+    options = BatchOptions(group=GROUP, shards=1, limits=Limits())
+    call = build_checkpoint_held(ns.shard(0), [turn], options, consumer)
     [result] = await Scripts(client).checkpoint_held(keys=call.keys, args=call.args)
     return int(result)
 
