@@ -313,8 +313,9 @@ def _memory_table(mems: list[Memory]) -> list[str]:
         f"Redis `used_memory` with {first.turns:,} turns active (every update read, no "
         "`end` yet), one worker. Holding them (the default), Redis keeps each turn's "
         "entries pending in the updates stream and a small turn hash; storing them "
-        "(`--no-hold-turns`, or a turn held longer than `--hold-ms`), a record per entry "
-        "in the turn's `recs:` hash, the stream trimmed as entries are acked.",
+        "(`--no-hold-turns`), a record per entry in the turn's `recs:` hash, the stream "
+        "trimmed as entries are acked (a held turn past `--hold-ms` is checkpointed: one "
+        "snapshot, its entries acked).",
         "",
         "| per active turn | " + " | ".join(_mem_name(m) for m in mems) + " |",
         "|---|" + "---:|" * len(mems),

@@ -366,8 +366,8 @@ async def calibrate_running(client: Any, ns: Namespace, args: argparse.Namespace
                             rids: list[str]) -> float:
     """The workers' throughput alone on the load's own pattern, in updates/s
     (Redis's clock): ``--calibrate`` text updates XADDed at once round-robin
-    over the running turns (held longer than --hold-ms by now, so stored,
-    as they are under the load), then one stamped update per turn; from the
+    over the running turns (held longer than --hold-ms by now, so
+    checkpointed, as they are under the load), then one stamped update per turn; from the
     first XADD to the last stamped update's chunk event."""
     shard = ns.shard(0)
     per_turn = args.calibrate // len(rids)
@@ -638,7 +638,7 @@ def section(args: argparse.Namespace, r: dict[str, Any], load: tuple[float, ...]
     calibrated = (
         f"The worker's throughput alone (nothing else running), on the load's pattern "
         f"(`--calibrate` updates XADDed at once round-robin over the {args.turns} running "
-        f"turns, held past `--hold-ms` by then and so stored, as under the load; from the "
+        f"turns, held past `--hold-ms` by then and so checkpointed, as under the load; from the "
         f"first XADD to the last one's chunk event): {r['running']:,.0f} updates/s; "
         f"on fresh turns XADDed whole (held): {r['throughput']:,.0f} updates/s. The paces "
         f"below are shares of the first. " if r["running"] else "")
