@@ -64,7 +64,7 @@ class Held(TurnCopy):
     checkpoint_id: str = ""
     entries: list[Entry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
-    size: int = 0  # bytes of its entries
+    size: int = 0  # bytes of its entries (and of its last checkpoint's snapshot)
     pending: list[bytes] = field(default_factory=list)  # plain updates not fed yet
     broken: bool = False  # holds an entry apply_entries dead-letters: spill it
     # How many more plain updates, and bytes of them, may wait in pending:
@@ -292,8 +292,10 @@ class Holds:
         self.turns[key] = held
         held.checkpoint, held.checkpoint_id = snap, held.ids[-1]
         held.version = version
-        self.bytes -= held.size
-        held.size = 0
+        # (What it holds now: the snapshot, kept for a spill, then its next
+        # entries; the holds' byte bound counts both.)
+        self.bytes += len(snap) - held.size
+        held.size = len(snap)
         held.entries.clear()
         held.ids.clear()
         held.fresh.clear()  # (said before the checkpoint: the log holds them)
