@@ -71,7 +71,6 @@ async def test_interval_zero_tells_every_batch(redis_url: str, namespace: str) -
         await harness.start_workers(1)
         for i in range(5):
             await harness.add([{"response_id": rid, "update": _update(f"p{i} ")}])
-            await harness.wait_applied()
 
             async def told(n: int = i + 1) -> bool:
                 turns = (await harness.outputs()).turns.values()

@@ -196,7 +196,9 @@ async def test_repeated_resumes_of_a_finished_turn_read_it_once(
     from one look-back through the shard's events stream (each resume read
     it back again before: about 21 MB per request for a long turn)."""
     server = make_redis_server()
-    async with Harness(server.url, namespace, progress=True) as harness:
+    # (--hold-ms 100: a held update is checkpointed, so acked, soon after it is
+    # read, and wait_applied() waits for that, not for the default 5 s.)
+    async with Harness(server.url, namespace, progress=True, hold_ms=100) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         for i in range(12):
@@ -288,7 +290,10 @@ async def test_one_request_reads_a_bounded_number_of_bytes(
     # (Every batch published: an event of about 8 KB per update. Coalesced
     # within --live-interval-ms, an entry would hold several, and the one
     # page Redis may send past the budget would be that much larger.)
-    async with Harness(server.url, namespace, progress=True, live_interval_ms=0) as harness:
+    # (--hold-ms 100: a held update is checkpointed, so acked, soon after it is
+    # read, and wait_applied() waits for that, not for the default 5 s.)
+    async with Harness(server.url, namespace, progress=True, live_interval_ms=0,
+                       hold_ms=100) as harness:
         await harness.start_worker()
         producer = Producer(harness.client, namespace)
         for i in range(100):

@@ -192,7 +192,9 @@ async def test_the_live_view_of_a_handoff_is_already_the_merged_view(
     rid = "turn-view-handoff"
     async with Harness(redis_url, namespace, log_dir=tmp_path) as harness, \
             async_playwright() as playwright:
-        worker = harness.spawn(progress=True, log_level="info")
+        # (--hold-ms 100: a held update is checkpointed, so acked, soon after
+        # it is read, and wait_applied() waits for that, not for 5 s.)
+        worker = harness.spawn(progress=True, log_level="info", hold_ms=100)
         await harness.wait_started([worker])
         serve = await start_local(config(redis_url, namespace))
         producer = Producer(harness.client, namespace)

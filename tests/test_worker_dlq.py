@@ -297,7 +297,9 @@ async def test_live_progress_goes_on_after_a_dead_lettered_entry(
              [{"response_id": rid, "update": "{not json"}],
              [{"response_id": rid, "update": _update("after-bad")}],
              [{"response_id": rid, "update": _update(" and more")}]]
-    config = {} if hold else {"hold_turns": False}
+    # (--hold-ms 100: a held update is checkpointed, so acked, soon after it is
+    # read, and wait_applied() waits for that, not for 5 s.)
+    config: dict[str, Any] = {"hold_ms": 100} if hold else {"hold_turns": False}
     async with Harness(redis_url, namespace, **config) as harness:
         await harness.start_workers(1)
         for step in steps:  # one batch each
