@@ -22,8 +22,9 @@ async def _call(client: Any, ns: Namespace, turn: HeldCheckpoint, consumer: str 
     return int(result)
 
 
-async def _held(client: Any, ns: Namespace, n: int) -> tuple[TurnKey, list[str]]:
+async def _held(client: Any, namespace: str, n: int) -> tuple[Namespace, TurnKey, list[str]]:
     """A turn whose ``n`` entries are pending to ``c1``, its hash as open_turns makes it."""
+    ns = Namespace(namespace, 1)
     shard, key = ns.shard(0), TurnKey("t1")
     await client.xgroup_create(shard.updates, GROUP, id="0", mkstream=True)
     ids = [(await client.xadd(shard.updates, {"response_id": "t1", "update": "{}"})).decode()
@@ -31,7 +32,7 @@ async def _held(client: Any, ns: Namespace, n: int) -> tuple[TurnKey, list[str]]
     await client.xreadgroup(GROUP, "c1", {shard.updates: ">"})
     await client.hset(shard.turn(key.encode()), mapping={"seq": 1, "ver": 0, "started": "1",
                                                          "holder": "c1"})
-    return key, ids
+    return ns, key, ids
 
 
 def _turn(key: TurnKey, ids: list[str], version: int = 0) -> HeldCheckpoint:
@@ -42,9 +43,8 @@ def _turn(key: TurnKey, ids: list[str], version: int = 0) -> HeldCheckpoint:
 async def test_a_checkpoint_acks_stores_the_snapshot_and_moves_the_version(
     async_redis_client: Any, namespace: str
 ) -> None:
-    ns = Namespace(namespace, 1)
+    ns, key, ids = await _held(async_redis_client, namespace, 3)
     shard = ns.shard(0)
-    key, ids = await _held(async_redis_client, ns, 3)
     assert await _call(async_redis_client, ns, _turn(key, ids)) == 1
     tk = key.encode()
     assert await async_redis_client.hgetall(shard.recs(tk)) == {b"state": b"snapshot"}
@@ -64,9 +64,8 @@ async def test_a_turn_another_consumer_stored_into_is_refused_even_at_the_same_v
     (three records, version 0 to 3: what this call would leave): that is
     not this call having run. Taken for it, a later checkpoint's snapshot
     covered records still stored, which a replay merged twice."""
-    ns = Namespace(namespace, 1)
+    ns, key, ids = await _held(async_redis_client, namespace, 3)
     shard = ns.shard(0)
-    key, ids = await _held(async_redis_client, ns, 3)
     tk = key.encode()
     await async_redis_client.hset(shard.recs(tk), mapping={i: b"record" for i in ids})
     await async_redis_client.hset(shard.turn(tk), "ver", 3)
@@ -78,9 +77,8 @@ async def test_a_turn_another_consumer_stored_into_is_refused_even_at_the_same_v
 async def test_another_holder_a_moved_version_a_cancel_or_an_end_refuse(
     async_redis_client: Any, namespace: str
 ) -> None:
-    ns = Namespace(namespace, 1)
+    ns, key, ids = await _held(async_redis_client, namespace, 2)
     shard = ns.shard(0)
-    key, ids = await _held(async_redis_client, ns, 2)
     tk = key.encode()
     assert await _call(async_redis_client, ns, _turn(key, ids), consumer="c2") == -1
     await async_redis_client.hset(shard.turn(tk), "ver", 1)
