@@ -507,6 +507,13 @@ async def test_a_send_to_an_ended_turn_is_refused(redis_url, namespace):
         last = await producer.end("turn-1", idempotency_key="turn-1:end")
         await producer.end(None, turn_id="by-turn-id")
         await producer.send("gone", update)
+
+        async def told() -> bool:  # (merged before the cancel: only the late one drops)
+            return any(key.response_id == "gone" and any(
+                e["type"] == "synthesis.chunk" for e in turn.events)
+                for key, turn in (await harness.outputs()).turns.items())
+
+        await harness.wait_for(told, 30, "the update of 'gone' told live")
         await producer.cancel("gone")
         await harness.wait_merged(3)
         shard = Namespace(namespace, shards).shard_for("turn-1")
