@@ -257,7 +257,7 @@ class LivePublisher:
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
             by_turn.setdefault(entry.key, []).append(entry)
-        now: list[TurnKey] = []
+        say: list[TurnKey] = []  # (the turns to publish now)
         first: set[TurnKey] = set()
         without_copy = 0
         for key, records in by_turn.items():
@@ -287,11 +287,11 @@ class LivePublisher:
             mirror.fresh += [_json.encode(u) for u in updates]
             if (key in first or mirror.replay.life.outcome is not None
                     or not self._wait(shard, key, mirror.live_at)):
-                now.append(key)
+                say.append(key)
         if without_copy:
             self._no_copy(shard, without_copy)
-        if now:
-            await self._say_stored(shard, now, first)
+        if say:
+            await self._say_stored(shard, say, first)
 
     async def _say_stored(self, shard: Shard, keys: list[TurnKey], first: set[TurnKey]) -> None:
         """One ``publish_live`` call for stored turns, from their copies
