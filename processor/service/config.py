@@ -28,7 +28,7 @@ from processor.service.options import (
 from processor.service.options import flag as _flag
 from processor.service.options import number as _number
 from processor.wire import defaults as D
-from processor.worker.worker import WorkerConfig, default_consumer
+from processor.worker.config import WorkerConfig, default_consumer
 
 OPTIONS: tuple[Option, ...] = (
     NAMESPACE,
