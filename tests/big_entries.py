@@ -20,12 +20,19 @@ def data_uri(seed: str, chars: int = DATA_CHARS) -> str:
     return "data:application/octet-stream;base64," + base64.b64encode(raw).decode()
 
 
-def big_update(rid: str, n: int, chars: int = DATA_CHARS) -> dict[str, Any]:
-    """The ``n``-th big update of turn ``rid`` (its ``update`` as JSON text)."""
+def big_update(rid: str, n: int, chars: int = DATA_CHARS,
+               uri: str | None = None) -> dict[str, Any]:
+    """The ``n``-th big update of turn ``rid`` (its ``update`` as JSON text),
+    carrying ``uri`` (``data_uri(f"{rid}/{n}", chars)`` unless given)."""
     update = {"type": "agent_response_update", "role": "assistant", "message_id": f"m{n}",
-              "contents": [{"type": "data", "uri": data_uri(f"{rid}/{n}", chars),
+              "contents": [{"type": "data", "uri": uri or data_uri(f"{rid}/{n}", chars),
                             "media_type": "application/octet-stream"}]}
     return {"response_id": rid, "update": json.dumps(update)}
+
+
+def digest(uri: str) -> bytes:
+    """What a test keeps of a big URI to compare it with another."""
+    return hashlib.sha256(uri.encode()).digest()
 
 
 def uris_of(response: str) -> list[str]:
