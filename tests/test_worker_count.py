@@ -1,5 +1,5 @@
 """docs/contract.md §4.8: the merged output of a turn is byte-identical whatever the
-number of workers and shards. The same 1,000 random multi-agent turns go
+number of workers and shards. The same 600 random multi-agent turns go
 through 1 worker, 3 workers, and 3 workers on 3 shards; every turn is merged
 exactly once with one terminal event, and equals ``processor merge``
 byte for byte, so the three runs equal each other. Each run is its own test
@@ -18,7 +18,7 @@ from strategies import random_turn
 from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
-TURNS = 1000
+TURNS = 600
 SEED = 20260101
 
 
