@@ -111,7 +111,7 @@ def _valid(connection: list[tuple[int | None, dict[str, Any]]]) -> None:
                       max_warnings=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), max_size=6), st.data())
 def test_a_client_ends_holding_the_merged_response_live_late_or_resumed(
     entries: list[dict[str, Any]], cuts: list[int], data: st.DataObject

@@ -126,7 +126,7 @@ def _must_be_storable(fields: dict[Any, Any]) -> None:
     encode_response(turn.finish())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mangled_updates(), st.sampled_from(["json", "msgpack", "object"]))
 def test_mangled_updates_never_raise_anything_else(update: Any, enc: str) -> None:
     if enc == "json":
@@ -169,7 +169,7 @@ ANY_TEXT = st.lists(st.characters() | st.sampled_from(["\ud800", "\udc00", "\udf
 FIELD_VALUES = st.binary(max_size=30) | ANY_TEXT
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.dictionaries(
     st.sampled_from(["response_id", "turn_id", "attempt_id", "kind", "update", "enc", "error",
                      "code", "step_id", "run_id", "id", "x_other"]),
@@ -179,7 +179,7 @@ def test_any_text_or_bytes_field_values_give_a_record_or_an_entry_error(
     _must_be_storable(fields)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ANY_TEXT.map(lambda t: '{"contents": [{"type": "text", "text": "' + t.replace("\\", "")
                   .replace('"', "") + '"}], "message_id": "m"}') | ANY_TEXT)
 def test_any_update_text_gives_a_record_or_an_entry_error(text: str) -> None:
@@ -210,7 +210,7 @@ def test_every_free_form_content_field_is_checked(name: str) -> None:
         assert f"$.update.contents[0].{name}" in error.detail, error.detail
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.dictionaries(
     st.sampled_from(["response_id", "turn_id", "attempt_id", "kind", "update", "enc", "error",
                      "step_id", "session_id", "id", b"response_id", b"update"]),

@@ -94,7 +94,7 @@ def test_the_size_limit_applies_the_same() -> None:
     assert same(end, max_entry_bytes=20)[1].kind == "end"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.dictionaries(
     st.sampled_from([b"response_id", b"turn_id", b"attempt_id", b"kind", b"update", b"enc",
                      b"step_id", b"x", b"\xff"]),

@@ -109,7 +109,7 @@ def test_a_turn_whose_first_run_fails_keeps_the_order_of_its_first_entry_left() 
     assert canonical(batch) == canonical(group_each(entries, 0, 1, 400))
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(case=batches(), known=st.booleans())
 def test_runs_are_what_each_entry_on_its_own_gives(
     case: tuple[list[Any], int, int, int], known: bool

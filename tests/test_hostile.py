@@ -206,7 +206,7 @@ CATEGORIES = ["bad_json", "not_an_object", "wrong_types", "missing_turn_key", "m
               "unknown_enc", "long_id", "int_out_of_range"]
 
 
-@settings(max_examples=400, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_every_generated_hostile_entry_is_refused_with_its_reason(data: Any) -> None:
@@ -225,7 +225,7 @@ RIDS = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size
                max_size=12) | st.sampled_from(["{a}", "a:b", "line\nbreak", "{x:1}:y", "}{", ":"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=200), st.sampled_from(["json", "msgpack"]),
        st.sampled_from([b"", b"{", b"\x81\xa8contents", b'{"contents": [']))
 def test_decoder_fuzz_raw_bytes(raw: bytes, enc: str, prefix: bytes) -> None:

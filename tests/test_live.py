@@ -80,7 +80,7 @@ CALL_IN_A_LOST_PLACE = json.loads(
     (Path(__file__).parent / "data" / "live_call_in_a_lost_place.json").read_text())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), max_size=8))
 @example(CALL_IN_A_LOST_PLACE, [9, 11])
 def test_a_reader_of_the_live_events_holds_exactly_the_merge(
@@ -117,7 +117,7 @@ def _held_tools(events: list[dict[str, Any]]) -> tuple[dict[tuple[str, int], str
     return calls, results
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), max_size=8))
 def test_a_reader_drops_the_calls_and_results_of_a_message_that_left_the_merge(
     entries: list[dict[str, Any]], cuts: list[int]
@@ -137,7 +137,7 @@ def _has_live_content(message: Any) -> bool:
         c.type in ("function_call", "function_result") for c in message.contents))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), max_size=8))
 def test_a_reader_that_places_messages_by_their_previous_one_holds_the_merged_order(
     entries: list[dict[str, Any]], cuts: list[int]
@@ -174,7 +174,7 @@ def test_a_handoff_message_lands_above_the_next_agents_message_shown_before_it()
     assert all(e["seq"] == 0 for e in events)  # numbered when published
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(turns(agents=1, idless=False, interleave=False, relabel=False, extras=False),
        st.lists(st.integers(0, 60), max_size=8))
 def test_a_turn_that_only_grows_is_told_in_appends_each_message_once_per_batch(

@@ -30,7 +30,7 @@ from processor.wire.ids import TurnKey
 from processor.wire.models import Record, Response
 
 PROPERTY = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 

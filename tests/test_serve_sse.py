@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from processor.client.turns import Cursor, LiveEvent, parse_after
 from processor.serve import sse
 
-PROPERTY = settings(max_examples=300, deadline=None)
+PROPERTY = settings(max_examples=150, deadline=None)
 ids = st.text(alphabet=st.characters(codec="utf-8", blacklist_characters="\r\n\0"), max_size=12)
 
 

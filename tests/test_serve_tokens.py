@@ -16,7 +16,7 @@ from processor.serve.tokens import MIN_SECRET_LENGTH, Verdict, issue, verify
 secrets = st.text(min_size=MIN_SECRET_LENGTH, max_size=64)
 response_ids = st.text(min_size=1, max_size=80)
 times = st.integers(min_value=0, max_value=2**40)
-PROPERTY = settings(max_examples=300, deadline=None)
+PROPERTY = settings(max_examples=150, deadline=None)
 
 
 @PROPERTY

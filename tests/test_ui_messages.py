@@ -85,7 +85,7 @@ def _read(reader: Reader, chunks: list[dict[str, Any]]) -> None:
         reader.feed(chunk)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), max_size=8), st.data())
 def test_every_client_ends_with_the_merged_response_however_it_joined(
     entries: list[dict[str, Any]], cuts: list[int], data: st.DataObject

@@ -54,7 +54,7 @@ def _without(name: str, monkeypatch: pytest.MonkeyPatch, run: Any) -> str:
         return _outcome(run)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(items=st.lists(_NESTED, min_size=1, max_size=3), depth=st.sampled_from((4, 63, 64)))
 @example(items=[{"type": "text", "additional_properties": {}}], depth=63)  # too deep there
 def test_plain_nested_contents_convert_as_the_full_path(
@@ -78,7 +78,7 @@ def test_a_result_with_text_items_takes_the_shortcut() -> None:
     assert json.dumps(converted) == json.dumps(item)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     counts=st.dictionaries(
         st.text(max_size=3),
@@ -101,7 +101,7 @@ def test_usage_counts_are_checked_as_the_full_walk_does(
     assert _outcome(run) == _without("_counts_fit", monkeypatch, run)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     items=st.lists(st.one_of(_NESTED, _VALUES), max_size=3),
     extra=st.sampled_from(

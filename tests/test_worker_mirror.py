@@ -289,7 +289,7 @@ def _batches(draw: st.DrawFn) -> list[tuple[list[Applied], dict[TurnKey, Version
 
 
 @given(_batches())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_feeding_ahead_keeps_exactly_what_update_keeps(
     batches: list[tuple[list[Applied], dict[TurnKey, Version], bool]],
 ) -> None:
