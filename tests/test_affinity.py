@@ -5,6 +5,7 @@ that leaves or dies, and read a shard whose live owner stalled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -22,7 +23,10 @@ from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import Harness
 
 from processor.scripts import source
+from processor.wire.keys import Namespace
 from processor.worker.affinity import owned_shards, readers_per_shard, shard_readers, stalled
+from processor.worker.membership import Membership
+from processor.worker.metrics import Metrics
 
 names = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
 shard_counts = st.integers(min_value=1, max_value=32)
@@ -165,6 +169,27 @@ async def test_the_shards_of_a_worker_that_dies_go_to_the_others(redis_url: str)
         await h.add(arrival)
         await h.wait_merged(len(offline_results(arrival)))
         await b.client.aclose()
+
+
+async def test_a_beat_loop_whose_cancel_a_library_dropped_still_ends() -> None:
+    """On Python 3.11 a cancel that lands as redis-py's send completes is
+    dropped (its ``asyncio.wait_for``, CPython gh-86296): the beat returned,
+    the loop beat on, and a worker cancelled mid-beat looked alive forever."""
+    entered = asyncio.Event()
+
+    async def swallowing_beat(**_kw: Any) -> list[bytes]:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as wait_for does, its future done
+            await asyncio.sleep(10)
+        return [b"w1"]
+
+    membership = Membership(None, swallowing_beat, Namespace("t", SHARDS), "processor", "w1",
+                            ttl=0.05, enabled=True, metrics=Metrics())
+    task = asyncio.create_task(membership.run(asyncio.Event()))
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=2)
+    assert done and task.cancelled()
 
 
 @pytest.mark.parametrize("topology", ["single", "cluster"])

@@ -26,6 +26,7 @@ from processor.worker.affinity import (
 )
 from processor.worker.metrics import Metrics
 from processor.worker.sampler import find_group
+from processor.worker.shell import end_if_cancelled
 
 log = logging.getLogger("processor.worker")
 
@@ -162,6 +163,7 @@ class Membership:
                 else:  # a bug or an odd reply: never the worker's end
                     self.metrics.step_failed(exc)
                     log.exception("worker heartbeat failed unexpectedly")
+            end_if_cancelled()  # (a cancel a redis-py call dropped)
 
     async def leave(self) -> None:
         """Leave the live set, so the others take this worker's shards now."""

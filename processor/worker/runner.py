@@ -25,7 +25,7 @@ from processor.worker.budget import read_count
 from processor.worker.continuity import is_nogroup
 from processor.worker.held.held_batch import HeldCall, decode_batch
 from processor.worker.shard_state import ShardState
-from processor.worker.shell import now_ms
+from processor.worker.shell import cancel_pending, end_if_cancelled, now_ms
 
 if TYPE_CHECKING:  # (the worker owns its runners)
     from processor.worker.worker import Worker
@@ -37,12 +37,6 @@ Step = Literal["done", "failed", "vanished"]
 DONE: Step = "done"
 FAILED: Step = "failed"
 VANISHED: Step = "vanished"  # its stream or group was missing, and is put back
-
-
-def _cancelling() -> bool:
-    """Whether the running task has a cancel request pending (``Task.cancel``)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +136,7 @@ class ShardRunner:
         what was read, and stops once this task is done and the queue empty)."""
         shard, state, retrying = self.shard, self.state, self.worker.retrying
         while not self.stopping:
+            end_if_cancelled()
             try:
                 if state.orphans:
                     await batches.join()  # nothing read earlier is still waiting to be applied
@@ -154,7 +149,7 @@ class ShardRunner:
                 await batches.put(Batch(entries, call, generation))
                 await batches.taken()  # one batch ahead of the applier, no more
             except asyncio.CancelledError as exc:
-                if _cancelling() or self.stopping:
+                if cancel_pending() or self.stopping:
                     raise
                 await self._step_failed(exc, "read was cancelled from inside")
             except Exception as exc:
@@ -187,6 +182,7 @@ class ShardRunner:
         read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
             try:
+                end_if_cancelled()
                 if not self.membership.sole_reader(shard.index):
                     self.state.mirrors.shared()  # (stale once another worker ends a turn)
                 await self._step(batch)
@@ -264,7 +260,7 @@ class ShardRunner:
                 return await self._failed(again)
             return VANISHED
         except asyncio.CancelledError as exc:
-            if _cancelling():
+            if cancel_pending():
                 raise  # this task is being cancelled: let run() unwind
             # A CancelledError nobody asked this task for (raised inside a
             # library, or an inner future cancelled under us) is a failed

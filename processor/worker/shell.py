@@ -5,6 +5,7 @@ composed of (held, stored, recovery, continuity) and its shard runners."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +18,22 @@ from processor.worker.config import WorkerConfig
 from processor.worker.metrics import DeadLetterLog, Metrics
 
 T = TypeVar("T")
+
+
+def cancel_pending() -> bool:
+    """Whether the running task has a cancel request pending (``Task.cancel``).
+    A loop that must end on its cancel also checks this after each step: on
+    Python 3.11, ``asyncio.wait_for`` drops a cancel that lands as the future
+    it waits for completes (CPython gh-86296, fixed in 3.12), and redis-py
+    sends every command under one when the client has a ``socket_timeout``."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def end_if_cancelled() -> None:
+    """Raise ``CancelledError`` if a cancel is pending (:func:`cancel_pending`)."""
+    if cancel_pending():
+        raise asyncio.CancelledError
 
 
 def now_ms() -> int:
