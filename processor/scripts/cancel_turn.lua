@@ -41,6 +41,13 @@ local at = string.find(key, '}:cancel:', 1, true)
 if not at then
   return redis.error_reply('CANCELARG not a cancellation key')
 end
+local id_bytes = #key - (at + 8)
+-- Refused before it is copied or counted: more than 4 bytes per character
+-- cannot be 512 UTF-8 characters, and counting megabytes blocks Redis.
+if id_bytes > 512 * 4 then
+  return redis.error_reply('CANCELARG a cancelled turn\'s id is 1 to 512 characters, not '
+                           .. id_bytes .. ' bytes')
+end
 local id = string.sub(key, at + 9)
 local chars = select(2, string.gsub(id, '[^\128-\191]', ''))  -- (UTF-8 characters)
 if chars < 1 or chars > 512 then
