@@ -1,5 +1,7 @@
-"""Shared fixtures: private real Redis servers (see ``redis_servers.py``)."""
+"""Shared fixtures: private real Redis servers (see ``redis_servers.py``),
+and the suite's Hypothesis settings."""
 
+from hypothesis import settings
 from redis_servers import (
     async_redis_client,
     make_redis_cluster,
@@ -23,3 +25,9 @@ __all__ = [
     "redis_url",
     "tls_files",
 ]
+
+# No per-example deadline: the suite's 4 processes share 2 cores with the
+# workers and servers they start, and a pure property's example can take 10x
+# its usual time there (Hypothesis's 200 ms deadline failed a correct test).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
