@@ -13,22 +13,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from redis.exceptions import ResponseError
 
 from processor.redis_io.connections import read_raw
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text, stream_entry
-from processor.worker.batches import ApplyCall, build_apply
+from processor.wire.keys import Shard
+from processor.worker.batches import ApplyCall, BatchOptions, build_apply
 from processor.worker.budget import read_count
-from processor.worker.continuity import is_nogroup
+from processor.worker.config import WorkerConfig
+from processor.worker.continuity import Continuity, is_nogroup
 from processor.worker.held.held_batch import HeldCall, decode_batch
+from processor.worker.held.holding import HeldPath
+from processor.worker.membership import Membership
+from processor.worker.metrics import Metrics
+from processor.worker.publishing import LivePublisher
+from processor.worker.recovery import Recovery
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import cancel_pending, end_if_cancelled, now_ms
 
-if TYPE_CHECKING:  # (the worker owns its runners)
-    from processor.worker.worker import Worker
+T = TypeVar("T")
 
 log = logging.getLogger("processor.worker")
 
@@ -94,12 +100,44 @@ async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None])
     return batches.get_nowait()
 
 
+class RunnerHost(Protocol):
+    """What a shard runner uses of the worker that owns it
+    (:class:`~processor.worker.worker.Worker`): its parts, and the steps that
+    stay the worker's. A protocol, so that this module never imports the
+    worker (which imports it)."""
+
+    client: Any
+    config: WorkerConfig
+    metrics: Metrics
+    options: BatchOptions
+    membership: Membership
+    held: HeldPath
+    live: LivePublisher
+    recovery: Recovery
+    continuity: Continuity
+    read_budget: int
+
+    @property
+    def stopping(self) -> bool: ...
+
+    async def retrying(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+
+    async def apply_isolated(
+        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        call: ApplyCall | HeldCall | None = None,
+    ) -> None: ...
+
+    async def sweep(self, shard: Shard, whole: bool = True) -> None: ...
+
+    async def retry_cancels(self, shard: Shard) -> None: ...
+
+
 class ShardRunner:
     """Reading ahead, applying, sweeping and reclaiming one shard: one per
     shard of a :class:`~processor.worker.worker.Worker`, which owns it and
     whose parts (held, stored, recovery, continuity) it runs."""
 
-    def __init__(self, worker: Worker, state: ShardState) -> None:
+    def __init__(self, worker: RunnerHost, state: ShardState) -> None:
         self.worker = worker
         self.state = state
         self.shard = state.shard
