@@ -53,8 +53,7 @@ async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> 
         applied.append(entries)
         await release.wait()
 
-    runner._read = read  # type: ignore[method-assign]
-    runner._prepare = lambda _entries: None  # type: ignore[method-assign]
+    runner.read = read
     async def nothing(*_args: Any) -> None:
         pass
 

@@ -158,14 +158,14 @@ async def test_a_reader_that_fails_while_stopping_does_not_hang_the_stop(
         await harness.add(simple_turn("before", 3))
         await harness.wait_merged(1)
         runner = worker.runner(0)
-        real = runner._read
+        real = runner.read
 
         async def stop_then_fail(*args: object) -> object:
-            runner._read = real  # type: ignore[method-assign]
+            runner.read = real
             worker.stop()
             raise asyncio.CancelledError("stray")
 
-        runner._read = stop_then_fail  # type: ignore[method-assign]
+        runner.read = stop_then_fail
         await asyncio.wait_for(asyncio.shield(running.task), 10)
         harness.workers.remove(running)
         await running.client.aclose()

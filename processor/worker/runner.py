@@ -140,6 +140,9 @@ class ShardRunner:
     def __init__(self, worker: RunnerHost, state: ShardState) -> None:
         self.worker = worker
         self.state = state
+        #: How the shard's next batch is read: :meth:`read_redis` (a test
+        #: may give another source).
+        self.read: Callable[[], Awaitable[list[Any]]] = self.read_redis
         self.shard = state.shard
         self.client = worker.client
         self.config = worker.config
@@ -181,7 +184,7 @@ class ShardRunner:
                     await self.held.settle(shard)  # (nor finalised)
                     await retrying(self.recovery.take_back, shard)
                 generation = self.continuity.generation
-                entries = await retrying(self._read)
+                entries = await retrying(self.read)
                 call = self._prepare(entries)
                 await self.held.open_ahead(shard, call)
                 await batches.put(Batch(entries, call, generation))
@@ -333,7 +336,7 @@ class ShardRunner:
         shard, state, retrying = self.shard, self.state, self.worker.retrying
         if state.orphans:
             await retrying(self.recovery.take_back, shard)
-        entries = await retrying(self._read)
+        entries = await retrying(self.read)
         if entries:
             self.metrics.read(shard.index, len(entries))
             try:
@@ -343,7 +346,7 @@ class ShardRunner:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
                 state.batch_done(entries)
 
-    async def _read(self) -> list[Any]:
+    async def read_redis(self) -> list[Any]:
         """The shard's next batch, ``(id, {name: value})`` each, or with
         --hold-turns as the reply holds each (``[id, [name, value, ...]]``,
         connections.read_raw: the held path groups those directly)."""
