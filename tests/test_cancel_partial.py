@@ -130,7 +130,7 @@ async def test_a_cancel_waits_for_an_earlier_entry_in_a_dead_workers_hands(
         await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         assert await harness.merged_count() == 0
         await harness.wait_for(_idle_past(harness, shard, 50), 5, "dead entry idle")
-        await worker.reclaim(shard)
+        await worker.recovery.reclaim(shard)
         await worker.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "d") == "cancelled"

@@ -68,7 +68,7 @@ async def test_entries_reclaimed_but_not_applied_are_waited_for(
         real = worker.recovery.apply
         worker.recovery.apply = _cut
         with pytest.raises(redis.exceptions.ConnectionError):
-            await worker.reclaim(shard)
+            await worker.recovery.reclaim(shard)
         worker.recovery.apply = real
         await harness.add([text_delta("u", "2"), end_entry("u")])
         await stepped.step()

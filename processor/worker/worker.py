@@ -326,13 +326,3 @@ class Worker:
             await self.held.publish_held_ends(shard, todo)
             if todo:
                 await self.stored.finalise(shard, todo)
-
-    async def finalise(
-        self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey] | None = None
-    ) -> None:
-        """Merge and publish finished turns (:meth:`StoredPath.finalise`)."""
-        await self.stored.finalise(shard, todo, fresh)
-
-    async def reclaim(self, shard: Shard) -> None:
-        """Take over entries idle in any consumer's pending list (:meth:`Recovery.reclaim`)."""
-        await self.recovery.reclaim(shard)
