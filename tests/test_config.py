@@ -54,18 +54,18 @@ def test_every_option_is_settable_by_environment_and_flags_win() -> None:
 def test_holding_turns_is_on_by_default_and_can_be_turned_off() -> None:
     values, problems = resolve(_args(), {})
     assert values["hold_turns"] is True and not problems
-    assert worker_config(values).holding
+    assert worker_config(values).hold_turns
     for argv, env in [(("--no-hold-turns",), {}), ((), {"PROCESSOR_HOLD_TURNS": "0"}),
                       (("--no-hold-turns",), {"PROCESSOR_HOLD_TURNS": "1"})]:  # the flag wins
         values, problems = resolve(_args(*argv), env)
         assert values["hold_turns"] is False and not problems, (argv, env)
-        assert not worker_config(values).holding
+        assert not worker_config(values).hold_turns
     values, _ = resolve(_args("--hold-turns"), {"PROCESSOR_HOLD_TURNS": "off"})
     assert values["hold_turns"] is True
     values, _ = resolve(_args("--progress"), {})  # live progress (the default) holds too
-    assert worker_config(values).holding and worker_config(values).progress
+    assert worker_config(values).hold_turns and worker_config(values).progress
     values, _ = resolve(_args("--no-progress"), {})
-    assert worker_config(values).holding and not worker_config(values).progress
+    assert worker_config(values).hold_turns and not worker_config(values).progress
 
 
 def test_bad_configuration_is_one_line_per_problem() -> None:

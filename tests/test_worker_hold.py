@@ -118,7 +118,7 @@ async def test_live_progress_replays_to_the_merged_text_held_or_stored(
     of 200 entries move more than SPLIT_TURNS turns: two calls each."""
     turns = _turns(30, seed=11)
     entries = interleave(turns, random.Random(5))
-    assert WorkerConfig().progress and WorkerConfig(**HOLD).holding
+    assert WorkerConfig().progress and WorkerConfig(**HOLD).hold_turns
     async with Harness(redis_url, namespace, batch=batch, hold_turns=hold) as harness:
         (running,) = await harness.start_workers(1)
         await harness.add(entries)

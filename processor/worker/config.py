@@ -51,12 +51,6 @@ class WorkerConfig:
     hold_turns: bool = defaults.HOLD_TURNS
     hold_ms: int = defaults.HOLD_MS
 
-    @property
-    def holding(self) -> bool:
-        """Whether batches read with XREADGROUP > are held (--hold-turns;
-        processor.worker.held.holding)"""
-        return self.hold_turns
-
     def batch_options(self) -> BatchOptions:
         return BatchOptions(
             group=self.group, shards=self.shards, limits=self.limits,

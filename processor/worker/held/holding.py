@@ -79,12 +79,12 @@ class HeldPath:
 
     def holds_on(self, shard: Shard) -> bool:
         """Whether to hold the turns of what is read from ``shard`` now:
-        holding is on (``WorkerConfig.holding``) and no other worker reads
+        holding is on (``WorkerConfig.hold_turns``, --hold-turns) and no other worker reads
         the shard (``Membership.sole_reader``). On a shared shard a turn's
         entries reach several workers, each would hold a part of it and
         spill it when refused at its finalise, which costs more than storing
         every entry. Such a shard's turns are stored."""
-        return self.config.holding and self.membership.sole_reader(shard.index)
+        return self.config.hold_turns and self.membership.sole_reader(shard.index)
 
     async def apply_held(self, shard: Shard, entries: list[Entry], call: HeldCall) -> None:
         """Hold what can be held of a batch (``call``: grouped for holding),
