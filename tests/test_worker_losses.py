@@ -24,6 +24,7 @@ from turn_reference import compare_with_offline, offline_results
 from worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
+from processor.wire.ids import TurnKey
 from processor.worker.metrics import DeadLetterLog
 from processor.worker.worker import Worker
 
@@ -471,3 +472,47 @@ async def test_a_group_is_put_back_never_below_what_a_worker_read(
     pending = await async_redis_client.xpending_range(updates, "g", min="-", max="+", count=10)
     assert sorted(p["message_id"] for p in pending) == [ids[3]]  # (2-0, 3-0 went with the group)
     assert {p["consumer"] for p in pending} == {b"me"}
+
+
+async def test_a_departed_workers_entry_another_worker_applied_first_is_not_lost(
+    redis_url: str, namespace: str
+) -> None:
+    """Two workers take over a dead consumer's pending entry at once: one
+    lists it (XPENDING), the other claims, applies, acks it and trims it
+    away, then the first's XCLAIM gets nothing for it. It was merged, not
+    lost: no entry_lost dead letter, and the turn is not marked (it ends
+    completed with both updates, not entries_lost)."""
+    async with Harness(redis_url, namespace, 1, hold_turns=False, worker_ttl=0.3,
+                       reclaim_idle_ms=60_000) as harness:
+        first = await harness.start_worker()
+        await harness.add(updates("t", ["a "]))
+        await harness.wait_applied()
+        await harness.stop_worker(first)
+        shard = harness.ns.shard(0)
+        await harness.add(updates("t", ["b "]))
+        taken = await harness.client.xreadgroup("processor", "dead", {shard.updates: ">"},
+                                                count=10)
+        assert len(taken[0][1]) == 1
+        await asyncio.sleep(0.4)  # "dead" idle past the worker TTL: departed
+        # The slow worker, driven by hand: between its XPENDING and its XCLAIM
+        # another worker takes the entry over and applies it.
+        client = harness.connect(socket_timeout=10)
+        slow = Worker(client, harness.worker_config())
+        real_xclaim = client.xclaim
+
+        async def xclaim_after_the_other(*args: Any, **kwargs: Any) -> Any:
+            await harness.start_worker()
+            await harness.wait_applied()
+            return await real_xclaim(*args, **kwargs)
+
+        client.xclaim = xclaim_after_the_other
+        await slow.recovery._claim_departed(shard)
+        await client.aclose()
+        assert await harness.client.hget(shard.turn(TurnKey("t").encode()), "lost") is None
+        await harness.add([end("t")])
+        await harness.wait_merged(1, timeout=30)
+        outputs = await harness.outputs()
+    assert [d for d in outputs.dlq if d["reason"] == "entry_lost"] == []
+    merged = merged_of(outputs, "t")
+    assert merged["status"] == "completed", merged["meta"]
+    assert text_of(merged["response"]) == "a b "

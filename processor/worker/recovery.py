@@ -207,7 +207,7 @@ class Recovery:
             pending = await self.client.xpending_range(
                 shard.updates, cfg.group, min="-", max="+",
                 count=self.shards[shard.index].read_count, consumername=name)
-            ids = [p["message_id"] for p in pending]
+            ids = await self._gone_before_claim(shard, [as_text(p["message_id"]) for p in pending])
             if not ids:
                 continue
             try:
@@ -221,33 +221,32 @@ class Recovery:
                 self.shards[shard.index].orphans = True
                 raise
             entries = [(i, f) for i, f in claimed if f]
-            await self._lost_in_claim(shard, [as_text(i) for i in ids], claimed)
+            if any(not f for _i, f in claimed):  # (6.2: deleted since; taken back, named there)
+                self.shards[shard.index].orphans = True
             log.info("took over a departed worker's entries",
                      extra={"shard": shard.index, "consumer": name, "count": len(entries)})
             await self._apply_claimed(shard, entries)
 
-    async def _lost_in_claim(self, shard: Shard, ids: list[str],
-                             claimed: list[tuple[Any, Any]]) -> None:
-        """Of ``ids`` claimed with XCLAIM, those deleted from the stream while
-        pending: Redis 6.2 returns them empty, pending to this consumer now
-        (its take-back names them), Redis 7 drops them from the pending list
-        without a word (not returned, and no longer in the stream: an entry
-        acked by another consumer meanwhile is still there, or trimmed, which
-        only an entry older than every pending one can be)."""
-        if any(not f for _i, f in claimed):  # (6.2: taken back, where it is named)
-            self.shards[shard.index].orphans = True
-            return
-        got = {as_text(i) for i, _ in claimed}
-        missing = [i for i in ids if i not in got]
-        if not missing:
-            return
+    async def _gone_before_claim(self, shard: Shard, ids: list[str]) -> list[str]:
+        """Of ``ids``, pending to a departed consumer when listed, those still
+        in the stream (to claim); the others are dead-lettered ``entry_lost``
+        if, and only if, they are still pending (dead_letter_lost.lua XACKs
+        them, atomically): an entry another worker claimed, applied and acked
+        since it was listed is trimmed too, and was merged, not lost (telling
+        the two apart after the XCLAIM, by the entry's absence alone, called
+        such merged entries lost and marked their shard's open turns). An
+        entry XCLAIM then does not return was acked by another meanwhile;
+        or, on Redis 7, deleted from the stream (a trim, an XDEL, never the
+        worker's own, which keeps every pending entry) in the instant between
+        this check and the XCLAIM, which drops it unreported: not told apart."""
         async with self.client.pipeline(transaction=False) as pipe:
-            for entry_id in missing:
+            for entry_id in ids:
                 pipe.xrange(shard.updates, entry_id, entry_id)
             found = await pipe.execute()
-        removed = [i for i, there in zip(missing, found, strict=True) if not there]
-        if removed:
-            await self.retrying(self._entries_lost, shard, [], removed, "departed worker")
+        gone = [i for i, there in zip(ids, found, strict=True) if not there]
+        if gone:
+            await self.retrying(self._entries_lost, shard, gone, [], "departed worker")
+        return [i for i, there in zip(ids, found, strict=True) if there]
 
     async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
         """Apply entries this consumer just claimed from another."""
