@@ -282,8 +282,9 @@ class Harness(Subprocesses):
                 return out
             start = "(" + _text(chunk[-1][0])
 
-    async def outputs(self) -> Outputs:
-        """Every merged entry, event and dead letter of the namespace."""
+    async def outputs(self, events: bool = True) -> Outputs:
+        """Every merged entry, event (unless not ``events``) and dead letter
+        of the namespace."""
         turns: dict[TurnKey, TurnOutput] = {}
         by_synthesis: dict[str, TurnKey] = {}
         dlq: list[dict[str, str]] = []
@@ -296,7 +297,7 @@ class Harness(Subprocesses):
                 turns.setdefault(key, TurnOutput(key)).merged.append(fields)
                 by_synthesis[fields["synthesis_id"]] = key
                 merged_count += 1
-            for _id, fields in await self._xrange_all(shard.events):
+            for _id, fields in await self._xrange_all(shard.events) if events else []:
                 pending_events[fields["synthesis_id"]].append(check_event_entry(fields))
                 events_count += 1
             for i, f in await self._xrange_all(shard.dlq):
