@@ -22,7 +22,8 @@ import aiohttp
 from aiohttp import web
 from worker_harness import ROOT
 
-from processor.redis_io.connections import RedisOptions, connect
+from processor.redis_io.connections import connect
+from processor.redis_io.options import RedisOptions
 from processor.serve import sse
 from processor.serve.config import ServeConfig
 from processor.serve.edge import Server

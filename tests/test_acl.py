@@ -43,7 +43,8 @@ from processor.embedded import (
     redis_server_version,
 )
 from processor.engine.lifecycle import Limits
-from processor.redis_io.connections import RedisOptions, connect
+from processor.redis_io.connections import connect
+from processor.redis_io.options import RedisOptions
 from processor.scripts.library import function_name, library_name, library_text
 from processor.wire.cancels import MAX_TTL
 from processor.wire.ids import TurnKey, shard_of

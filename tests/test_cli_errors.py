@@ -290,3 +290,28 @@ def test_a_closed_stdout_ends_a_command_quietly(redis_url: str, namespace: str,
         assert proc.returncode == 0, (argv, proc.stderr)
         err = proc.stderr.decode()  # (tail's count and where to resume: a note)
         assert "Traceback" not in err and "rror" not in err, (argv, err)
+
+
+#: Runs ``processor`` with its arguments, then says which redis-py modules it imported.
+_IMPORTS_OF = ("import runpy, sys\n"
+               "sys.argv = ['processor', *sys.argv[1:]]\n"
+               "try:\n"
+               "    runpy.run_module('processor.cli', run_name='__main__')\n"
+               "except SystemExit:\n"
+               "    pass\n"
+               "found = sorted(m for m in sys.modules if m.split('.')[0] == 'redis')\n"
+               "print('redis modules:', found, file=sys.stderr)\n")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--version"], ["--help"], ["schema", "response"], ["run", "--redis-ulr", "x"],
+    ["token", "r1", "--secret", "s" * 32], ["init"], ["stats"], ["run"], ["serve"],
+], ids=lambda argv: "-".join(argv[:2]))
+def test_what_needs_no_connection_starts_without_redis_py(argv: list[str]) -> None:
+    """Help, versions, schemas, tokens and bad options or values (here
+    PROCESSOR_SHARDS) need no connection: they do not import redis-py,
+    which is most of a command's start-up (a third of a second here)."""
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS_OF, *argv], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=ROOT,
+                          env=_env(PROCESSOR_SHARDS="abc"))
+    assert proc.stderr.strip().splitlines()[-1] == "redis modules: []", proc.stderr[-2000:]

@@ -38,7 +38,8 @@ from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
 from processor.embedded import EmbeddedRedis
-from processor.redis_io.connections import RedisOptions, connect, is_transient
+from processor.redis_io.connections import connect, is_transient
+from processor.redis_io.options import RedisOptions
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 

@@ -23,7 +23,7 @@ import redis
 import yaml
 
 from processor.cli.main import build_parser
-from processor.redis_io.connections import RedisOptions
+from processor.redis_io.options import RedisOptions
 from processor.service import config
 from processor.wire.keys import Namespace
 

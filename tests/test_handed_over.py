@@ -10,7 +10,8 @@ from typing import Any
 
 import redis
 
-from processor.redis_io.connections import RedisOptions, connect, handed_over
+from processor.redis_io.connections import connect, handed_over
+from processor.redis_io.options import RedisOptions
 
 
 async def test_a_command_started_as_a_task_is_with_the_server_after_handed_over(

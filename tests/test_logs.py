@@ -90,7 +90,7 @@ def test_redis_urls_are_redacted_in_any_log_line() -> None:
 
 
 def test_redact_masks_every_password_form() -> None:
-    from processor.redis_io.connections import redact
+    from processor.redis_io.options import redact
 
     assert redact("redis://:p%40ss@h:1/0") == "redis://:***@h:1/0"
     assert redact("rediss://user:p@ss@h:2") == "rediss://user:***@h:2"

@@ -9,7 +9,8 @@ import random
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from processor.client.turns import LiveEvent, TurnRef
-from processor.redis_io.connections import RedisOptions, connect
+from processor.redis_io.connections import connect
+from processor.redis_io.options import RedisOptions
 from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
 from processor.wire.keys import Namespace

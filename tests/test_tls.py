@@ -29,7 +29,8 @@ from turn_reference import compare_with_offline, interleave, offline_results
 from worker_harness import ROOT, Harness
 
 from processor.embedded import TlsFiles
-from processor.redis_io.connections import RedisOptions, tls_refusal_probe
+from processor.redis_io.connections import tls_refusal_probe
+from processor.redis_io.options import RedisOptions
 from processor.wire.keys import Namespace
 
 USER, PASSWORD = "worker", "tls-and-acl-pw"

@@ -32,7 +32,8 @@ from typing import Any
 
 from processor.client import Producer
 from processor.engine.lifecycle import Limits
-from processor.redis_io.connections import RedisOptions, connect
+from processor.redis_io.connections import connect
+from processor.redis_io.options import RedisOptions
 from processor.redis_io.replies import as_text
 from processor.service.run import start_embedded
 from processor.wire.keys import Namespace

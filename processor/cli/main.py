@@ -101,7 +101,6 @@ def _cmd_token(args: argparse.Namespace) -> int:
 def _cmd_init(args: argparse.Namespace) -> int:
     from processor import logs
     from processor.service import config
-    from processor.service.run import init_groups
 
     values, problems = config.resolve(args)
     if not values["redis_url"]:
@@ -110,6 +109,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
+    from processor.service.run import init_groups
+
     logs.setup(values["log_level"], fmt=values["log_format"])
     return asyncio.run(init_groups(values, config.given(args), args.reshard))
 

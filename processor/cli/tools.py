@@ -30,9 +30,9 @@ from processor.wire.keys import Namespace
 
 def _cmd_stats(args: argparse.Namespace) -> int:
 
-    from processor.cli import stats
-
     async def body(client: Any, keys: Namespace) -> int:
+        from processor.cli import stats
+
         with progress("reading shards", keys.shards) as advance:
             figures = await stats.collect(client, keys, args.group, advance)
         if args.json:

@@ -7,9 +7,8 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -33,6 +32,7 @@ from tenacity import (
     wait_random,
 )
 
+from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.read_budget import LimitedParser
 from processor.redis_io.replies import fields_dict
 from processor.stopping import Stop
@@ -144,17 +144,6 @@ def _raised_in(exc: BaseException, module_prefix: str) -> bool:
     return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(
         module_prefix
     )
-
-
-@dataclass(frozen=True)
-class RedisOptions:
-    """How to reach Redis. ``socket_timeout`` must exceed the XREADGROUP BLOCK."""
-
-    url: str
-    ssl_ca_certs: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    socket_timeout: float = 10.0
 
 
 async def tls_refusal_probe(options: RedisOptions, wait: float = 1.0) -> str | None:
@@ -276,20 +265,6 @@ async def handed_over() -> None:
     overlap: the command goes out at the caller's next await."""
     for _ in range(WRITE_YIELDS):
         await asyncio.sleep(0)
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    parts = urlsplit(url)
-    if "password=" in parts.query:  # redis-py also takes ?password=...
-        query = "&".join("password=***" if p.startswith("password=") else p
-                         for p in parts.query.split("&"))
-        parts = parts._replace(query=query)
-    if parts.password is None:
-        return urlunsplit(parts)
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]  # as written, even with a port that is no number
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _kwargs(options: RedisOptions) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.redis_io.connections import RedisOptions
+from processor.redis_io.options import RedisOptions
 from processor.serve.tokens import MIN_SECRET_LENGTH
 from processor.service import options
 from processor.service.options import (

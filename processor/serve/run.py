@@ -14,7 +14,8 @@ from aiohttp import web
 
 from processor import logs, stopping
 from processor.client.source import LogSource
-from processor.redis_io.connections import connect_retrying, redact
+from processor.redis_io.connections import connect_retrying
+from processor.redis_io.options import redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
 from processor.serve.app import make_app
 from processor.serve.cache import TurnCache

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from processor.logs import FORMATS
-from processor.redis_io.connections import redact
+from processor.redis_io.options import redact
 from processor.wire.keys import DEFAULT_NAMESPACE
 
 

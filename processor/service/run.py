@@ -16,11 +16,10 @@ from redis.exceptions import NoPermissionError
 from processor import logs, stopping
 from processor.redis_io.connections import (
     TRANSIENT,
-    RedisOptions,
     connect_retrying,
-    redact,
     until_done,
 )
+from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.replies import as_text
 from processor.scripts import library
 from processor.scripts.meta import Meta, Mismatch, check, create, drain_problems, reshard

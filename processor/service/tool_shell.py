@@ -16,9 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from processor.redis_io.connections import TRANSIENT, RedisOptions, connect, redact
+from processor.redis_io.options import RedisOptions, redact
 from processor.scripts.meta import Mismatch, NamespaceError, NotInitialised, require
 from processor.wire.keys import Namespace
 
@@ -65,6 +63,12 @@ def run_tool(
         fail(prog, problem, 2)
     if problems:
         return 2
+    # redis-py only now: building the command line, --help and bad options
+    # or values never import it (a third of a second of start-up).
+    from redis.exceptions import RedisError
+
+    from processor.redis_io.connections import TRANSIENT, connect
+
     vars(args).update(values)
     url = values["redis_url"]
     options = redis_options(url, args)
