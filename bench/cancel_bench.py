@@ -358,12 +358,12 @@ after the first run's cancels:
 |---|---:|---:|
 {rows}
 
-Each sweep makes two script calls (`evalsha`) per shard: `sweep_shard` (closing turns, \
-timeouts) and `cancelled_turns`, which reads whether the cancel keys of a slice of the active \
-turns exist (1,000, more when a shard has over 5,000 active turns, see docs/design.md), never \
-their values: one multi-key `exists` per 500 turns, one per turn only in a chunk that has a \
-cancel. The idle rates are measured once every turn is older than `--hold-ms` and \
-checkpointed (every entry acked): the checkpoint is a one-off cost per turn.
+Each sweep makes one script call (`evalsha`) per shard: `sweep_shard` (closing turns, \
+timeouts, and whether the cancel keys of a slice of the active turns exist: 1,000, more \
+when a shard has over 5,000 active turns, see docs/design.md), never their values: one \
+multi-key `exists` per 500 turns, one per turn only in a chunk that has a cancel. The idle \
+rates are measured once every turn is older than `--hold-ms` and checkpointed (every entry \
+acked): the checkpoint is a one-off cost per turn.
 
 The machine (2 logical CPUs) was shared with other jobs during the run (load average \
 {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the start): figures are noisy. \

@@ -128,3 +128,30 @@ async def test_an_idle_sweep_costs_redis_a_few_commands_not_one_per_turn(
     cancelled = {t.key.response_id for t in outputs.turns.values()
                  if t.merged and t.merged[0]["status"] == "cancelled"}
     assert cancelled == picked
+
+
+async def test_the_sweep_names_each_turns_cancel_key_as_the_producers_do(
+        redis_url: str, namespace: str) -> None:
+    """sweep_shard.lua names the cancel keys and turn hashes of its slice
+    itself (from the shard's tag and each active member, not as KEYS): every
+    id a producer may send, its attempt included, must give the key a plain
+    ``SET`` (Shard.cancel) wrote, and a turn whose key is not set must not
+    be cancelled by a neighbour's."""
+    ids = ["a:b:c", "12:x", "{other:0}", "ünïcödé", "x" * 300, "7", "plain"]
+    cancel = {"a:b:c", "12:x", "{other:0}", "ünïcödé", "x" * 300}
+    async with Harness(redis_url, namespace) as harness:
+        shard = harness.shards[0]
+        worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
+        await worker.ensure_groups()
+        entries = [e for rid in ids for e in simple_turn(rid, 1)[:-1]]
+        entries.append({**simple_turn("attempted", 1)[0], "attempt_id": "try:2"})
+        await harness.add(entries)
+        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+        assert await harness.client.zcard(shard.active) == len(ids) + 1
+        for rid in [*cancel, "attempted"]:
+            await harness.cancel(rid)
+        await worker.sweep(shard)
+        outputs = await harness.outputs()
+    status = {t.key: t.merged[0]["status"] for t in outputs.turns.values() if t.merged}
+    assert status == {**{TurnKey(rid, ""): "cancelled" for rid in cancel},
+                      TurnKey("attempted", "try:2"): "cancelled"}

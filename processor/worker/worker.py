@@ -277,20 +277,17 @@ class Worker:
         # Sized from the active count the last sweep saw (this one learns it).
         size = cancel_slice(state.active, cfg.cancel_slice,
                             cfg.sweep_interval)
-        _now, ready, expired, active, count = await self.scripts.sweep_shard(
+        _now, ready, expired, cancelled, sliced, count = await self.scripts.sweep_shard(
             keys=[shard.updates, shard.active, shard.closing],
             args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
                   self.options.ready_limit if whole else 0, start, size, cfg.consumer,
-                  state.floor()],
+                  state.floor(), shard.tag],
         )
         state.active = int(count)
-        state.cursor = 0 if start + size >= count else start + len(active)
+        state.cursor = 0 if start + size >= count else start + int(sliced)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
-        if active:
-            turns = [TurnKey.decode(as_text(tk)) for tk in active]
-            ready, _waiting = await self._cancelled(shard, turns)
-            for key in ready:
-                todo.setdefault(key, "cancel")
+        for tk in cancelled:
+            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
         for tk in expired:
             todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
         await self.held.publish_held_ends(shard, todo)
