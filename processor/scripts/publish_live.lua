@@ -33,14 +33,20 @@ log its TTL (--done-ttl plus --turn-timeout: it outlives an abandoned turn;
 a published turn's log is deleted with its hash).
 
 KEYS[1]                    events stream
-KEYS[1 + 3*(t-1) + 1..3]   per turn t: turn hash, done hash, live log
+Keys it names itself, per turn: its hash, done hash and live log,
+`<ARGV[6]>:turn:<tk>`, `<ARGV[6]>:done:<tk>` and `<ARGV[6]>:live:<tk>` (as
+processor.wire.keys's Shard.turn, Shard.done and Shard.live name them), all
+in the hash slot of KEYS[1] (ARGV[6] is the shard's tag), as sweep_shard
+names its slice's keys: declared, they were three KEYS per turn per call,
+the largest part of the call's packing when a batch moves many turns.
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
 ARGV[4] speaker            ARGV[5] the turns: one msgpack array, per turn t an
                            array { events (an array of event field arrays,
                            each JSON with "seq":0), updates (JSON array text),
                            n (the speaker's calls for the turn before this one),
-                           renew (1: EXPIRE the log) }
+                           renew (1: EXPIRE the log), tk (TurnKey.encode) }
+ARGV[6] the shard's key tag (`{<namespace>:<shard>}`)
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -51,15 +57,16 @@ local events = KEYS[1]
 local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local speaker = ARGV[4] .. ' '
+local tag = ARGV[6]
 
 --- includes/publish_events
 
 local turns = cmsgpack.unpack(ARGV[5])
 local results, published = {}, 0
 for t = 1, nturns do
-  local k = 1 + 3 * (t - 1)
-  local tkey, dkey, log = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local turn = turns[t]
+  local tk = turn[5]
+  local tkey, dkey, log = tag .. ':turn:' .. tk, tag .. ':done:' .. tk, tag .. ':live:' .. tk
   local found, updates, n = turn[1], turn[2], turn[3]
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)

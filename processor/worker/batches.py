@@ -493,15 +493,11 @@ def build_publish_live(
 ) -> ScriptCall:
     """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
-    call = ScriptCall(keys=[shard.events])
-    packed = []
-    for key, found, updates, spoken, renew in turns:
-        tk = key.encode()
-        call.keys += [shard.turn(tk), shard.done(tk), shard.live(tk)]
-        packed.append([live_fields(key, found), msgpack_str(updates), spoken, int(renew)])
-    call.args = [options.events_maxlen, options.live_ttl, len(turns), speaker,
-                 _pack.encode(packed)]
-    return call
+    packed = [[live_fields(key, found), msgpack_str(updates), spoken, int(renew), key.encode()]
+              for key, found, updates, spoken, renew in turns]
+    return ScriptCall(keys=[shard.events],
+                      args=[options.events_maxlen, options.live_ttl, len(turns), speaker,
+                            _pack.encode(packed), shard.tag])
 
 
 def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
