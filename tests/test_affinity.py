@@ -27,6 +27,7 @@ from processor.wire.keys import Namespace
 from processor.worker.affinity import owned_shards, readers_per_shard, shard_readers, stalled
 from processor.worker.membership import Membership
 from processor.worker.metrics import Metrics
+from processor.worker.worker import Worker
 
 names = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
 shard_counts = st.integers(min_value=1, max_value=32)
@@ -326,3 +327,39 @@ async def test_a_failing_beat_is_counted_and_the_worker_goes_on(redis_url: str) 
         await h.add(arrival)
         await h.wait_merged(len(offline_results(arrival)))
         h.assert_workers_alive()
+
+
+async def test_a_worker_cancelled_ends_even_if_a_part_dropped_the_cancel(
+        redis_url: str) -> None:
+    """Every loop of a worker sends Redis commands through redis-py, whose
+    ``asyncio.wait_for`` may drop a cancel (Python 3.11, CPython gh-86296).
+    A part that lost its cancel and looped on (here the cancel-request
+    listener) outlived its cancelled ``Worker.run``, which ended as soon as
+    another part did (``asyncio.gather``): a task still using the client,
+    as the beat loop once kept a dead worker a member. The worker cancels
+    its parts again until each has ended, and only then ends."""
+    async with Harness(redis_url, f"t{uuid.uuid4().hex[:8]}", SHARDS) as h:
+        worker = Worker(h.client, h.worker_config(consumer="w1"))
+        dropped, ended = 0, asyncio.Event()
+
+        async def listening(stopping: asyncio.Event) -> None:
+            nonlocal dropped
+            try:
+                while True:
+                    try:
+                        await asyncio.sleep(0.02)
+                    except asyncio.CancelledError:
+                        if dropped:
+                            raise
+                        dropped += 1  # the cancel wait_for dropped
+            finally:
+                ended.set()
+
+        worker.cancel_requests.run = listening  # type: ignore[method-assign]
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(worker.ready.wait(), 10)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done and task.cancelled()
+        assert dropped == 1 and ended.is_set(), "a part outlived its worker"

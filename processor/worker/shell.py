@@ -36,6 +36,27 @@ def end_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+async def run_together(*parts: Awaitable[None]) -> None:
+    """Run ``parts`` as tasks until they have all ended. When one fails, or
+    the caller is cancelled, the others are cancelled, and cancelled again
+    while they run on (a cancel dropped, :func:`cancel_pending`), and the
+    failure or the cancel is raised only once every one has ended: no part
+    outlives the call (``asyncio.gather`` returns as soon as one fails or is
+    cancelled, and leaves the others running)."""
+    tasks = [asyncio.ensure_future(part) for part in parts]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        while running := [task for task in tasks if not task.done()]:
+            for task in running:
+                task.cancel()
+            try:
+                await asyncio.wait(running, timeout=0.1)
+            except asyncio.CancelledError:
+                continue  # (cancelled again: the parts end first all the same)
+        raise
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 

@@ -45,7 +45,7 @@ from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.runner import ShardRunner
 from processor.worker.shard_state import ShardState
-from processor.worker.shell import Shell
+from processor.worker.shell import Shell, run_together
 from processor.worker.stored.mirror import Mirrors
 from processor.worker.stored.storing import StoredPath
 
@@ -174,11 +174,11 @@ class Worker:
                                           "shards": self.config.shards,
                                           "reads": sorted(self.membership.owned)})
         try:
-            await asyncio.gather(self.membership.run(self._stopping),
-                                 self.continuity.watch_namespace(),
-                                 self.admitter.run(self._stopping),
-                                 self.cancel_requests.run(self._stopping),
-                                 *(runner.run() for runner in self._runners.values()))
+            await run_together(self.membership.run(self._stopping),
+                               self.continuity.watch_namespace(),
+                               self.admitter.run(self._stopping),
+                               self.cancel_requests.run(self._stopping),
+                               *(runner.run() for runner in self._runners.values()))
         finally:
             await self.membership.leave()
             await self.recovery.leave()
