@@ -61,7 +61,7 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
                 else build_apply(shard, entries, {}, options, now))
         if worker is not None:
             call.newest = True  # read with ">", as the shard loop marks it
-            await worker.process_batch(shard, entries, {}, call)
+            await worker.paths.process_batch(shard, entries, {}, call)
         else:
             await scripts.apply_entries(keys=call.keys, args=call.argv())
         applied += len(entries)

@@ -47,9 +47,9 @@ async def test_a_worker_that_does_not_read_the_shard_leaves_a_held_turn_to_its_h
         assert TurnKey("c") in holder.worker.shard(0).held_turns
         await harness.cancel("c")
         other = Worker(harness.client, harness.worker_config(consumer="other"))
-        await other.sweep(shard, False)  # a shard it does not read: cancels only
+        await other.sweeper.sweep(shard, False)  # a shard it does not read: cancels only
         assert await harness.merged_count() == 0
-        await holder.worker.sweep(shard)
+        await holder.worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "c") == "cancelled"
     assert response_text(outputs, "c") == "never finished"
@@ -71,7 +71,7 @@ async def test_a_held_turn_spilled_after_its_cancel_keeps_what_was_held(
         await holder.step()
         await harness.cancel("s")
         await worker.held.spill_due(shard, True)  # e.g. stopping
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "s") == "cancelled"
     assert response_text(outputs, "s") == "kept whole"
@@ -94,13 +94,14 @@ async def test_a_turn_held_in_part_and_stored_in_part_is_cancelled_whole(
         await harness.add([text_delta("h", "finished")])
         other = Worker(harness.client, harness.worker_config(consumer="other"))
         read = [stream_entry(e) for e in await holder.read("other")]
-        await other.process_batch(shard, read, {})  # the stored path: an open turn's hash exists
+        # (the stored path: an open turn's hash exists)
+        await other.paths.process_batch(shard, read, {})
         await harness.cancel("h")
-        await other.sweep(shard)
+        await other.sweeper.sweep(shard)
         assert await harness.merged_count() == 0
-        await holder.worker.sweep(shard)  # sees the cancel: stores what it holds
-        await other.sweep(shard)
-        await holder.worker.sweep(shard)
+        await holder.worker.sweeper.sweep(shard)  # sees the cancel: stores what it holds
+        await other.sweeper.sweep(shard)
+        await holder.worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "h") == "cancelled"
     assert response_text(outputs, "h") == "never finished"
@@ -122,16 +123,16 @@ async def test_a_cancel_waits_for_an_earlier_entry_in_a_dead_workers_hands(
         await harness.add([text_delta("d", "never ")])
         await stepped.read("dead")
         await harness.add([text_delta("d", "finished")])
-        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         await harness.cancel("d")
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         assert await harness.merged_count() == 0
         await harness.add([text_delta("d", " late")])  # after the cancel was seen
-        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         assert await harness.merged_count() == 0
         await harness.wait_for(_idle_past(harness, shard, 50), 5, "dead entry idle")
         await worker.recovery.reclaim(shard)
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "d") == "cancelled"
     assert response_text(outputs, "d") == "never finished"
@@ -148,15 +149,15 @@ async def test_an_end_read_before_the_cancel_was_seen_still_completes_the_turn(
         stepped = await Stepped(harness, hold_turns=False).start()
         worker, shard = stepped.worker, stepped.shard
         await harness.add([text_delta("e", "all")])
-        await worker.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
         await harness.add([end_entry("e")])
         pending = [stream_entry(e) for e in await stepped.read("slow")]
         await harness.cancel("e")
-        await worker.sweep(shard)  # sees the cancel; the end is pending elsewhere
+        await worker.sweeper.sweep(shard)  # sees the cancel; the end is pending elsewhere
         assert await harness.merged_count() == 0
         call = build_apply(shard, pending, {}, worker.options, 0)
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("slow", ""))
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "e") == "completed"
     assert response_text(outputs, "e") == "all"
@@ -188,7 +189,7 @@ async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_tu
             read = [stream_entry(e) for e in await stepped.read()]
             call = build_apply(shard, read, {}, worker.options, 0)
             call.newest, call.read_from = True, read[0][0]  # (read with XREADGROUP >)
-            await worker.process_batch(shard, read, {}, call)
+            await worker.paths.process_batch(shard, read, {}, call)
 
         await harness.add([text_delta("x", "kept "), text_delta("x", "whole")])
         await step()
@@ -196,7 +197,7 @@ async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_tu
         await harness.cancel("x", reason="user")
         await harness.add([text_delta("x", " last"), end_entry("x")])
         await step()  # the end's batch, read after the key was set
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert status(outputs, "x") == "cancelled"
     assert meta(outputs, "x")["cancel_reason"] == "user"

@@ -12,7 +12,8 @@ from turn_reference import simple_turn
 from worker_harness import Harness
 
 from processor.wire.ids import TurnKey
-from processor.worker.worker import CANCEL_CYCLE_S, Worker, cancel_slice
+from processor.worker.sweeping import CANCEL_CYCLE_S, cancel_slice
+from processor.worker.worker import Worker
 
 
 def test_slice_is_the_configured_size_until_the_turns_need_more() -> None:
@@ -41,7 +42,7 @@ async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
         await worker.ensure_groups()
         # 100 open turns (one update each, no end), applied.
         await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
         members = await harness.client.zrange(shard.active, 0, -1)
         assert len(members) == turns
         # Cancel the turn the rotating slices reach last.
@@ -53,7 +54,7 @@ async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
         # of 5 this would take 20 sweeps.
         sweeps = 1 + int(CANCEL_CYCLE_S / interval)
         for _ in range(sweeps):
-            await worker.sweep(shard)
+            await worker.sweeper.sweep(shard)
         done = await harness.client.hget(shard.done(last.encode()), "status")
         assert done == b"cancelled"
         outputs = await harness.outputs()
@@ -72,7 +73,7 @@ async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> 
         worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
         await worker.ensure_groups()
         await harness.add(e for i in range(12) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
         for i in range(10):
             await harness.client.set(shard.cancel(f"open-{i}"), "x" * (4 << 20))
 
@@ -80,7 +81,7 @@ async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> 
             return int((await harness.client.info("stats"))["total_net_output_bytes"])
 
         before = await sent()
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         assert await sent() - before < 256 << 10
         outputs = await harness.outputs()
     cancelled = {t.key.response_id for t in outputs.turns.values()
@@ -108,12 +109,12 @@ async def test_an_idle_sweep_costs_redis_a_few_commands_not_one_per_turn(
         worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
         await worker.ensure_groups()
         await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
         assert await harness.client.zcard(shard.active) == turns
 
-        await worker.sweep(shard)  # learns the active count
+        await worker.sweeper.sweep(shard)  # learns the active count
         before = await _commands(harness.client, "exists")
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         # (3 chunks of cancel keys, and sweep_shard's look at the closing turns)
         assert await _commands(harness.client, "exists") - before <= 4
 
@@ -123,7 +124,7 @@ async def test_an_idle_sweep_costs_redis_a_few_commands_not_one_per_turn(
                   members[-1].response_id}
         for rid in picked:
             await harness.cancel(rid)
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     cancelled = {t.key.response_id for t in outputs.turns.values()
                  if t.merged and t.merged[0]["status"] == "cancelled"}
@@ -146,11 +147,11 @@ async def test_the_sweep_names_each_turns_cancel_key_as_the_producers_do(
         entries = [e for rid in ids for e in simple_turn(rid, 1)[:-1]]
         entries.append({**simple_turn("attempted", 1)[0], "attempt_id": "try:2"})
         await harness.add(entries)
-        await worker.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
         assert await harness.client.zcard(shard.active) == len(ids) + 1
         for rid in [*cancel, "attempted"]:
             await harness.cancel(rid)
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     status = {t.key: t.merged[0]["status"] for t in outputs.turns.values() if t.merged}
     assert status == {**{TurnKey(rid, ""): "cancelled" for rid in cancel},

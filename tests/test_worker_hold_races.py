@@ -46,7 +46,7 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
         await harness.add([text_delta("v", "x")])
         await stepped.step()  # its floor is now past u's end
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "u") == "12" and outputs.dlq == []
 
@@ -74,7 +74,7 @@ async def test_entries_reclaimed_but_not_applied_are_waited_for(
         await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
         await worker.recovery.take_back(shard)  # what the loop does before its next read
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "u") == "12" and outputs.dlq == []
 
@@ -99,7 +99,7 @@ async def test_a_spill_cut_by_a_connection_error_is_waited_for(
         await stepped.step()
         assert await harness.merged_count() == 0  # waits for "1", pending here
         await worker.recovery.take_back(shard)
-        await worker.sweep(shard)
+        await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     assert response_text(outputs, "s") == "12" and outputs.dlq == []
 
@@ -123,7 +123,7 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         worker.scripts.open_turns = _cut  # the applier must not open it again
         holds, looked = worker.shard(0).holds, []
         holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
-        await worker.process_batch(shard, entries, {}, call)
+        await worker.paths.process_batch(shard, entries, {}, call)
         await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "a") == "12" and outputs.dlq == [] and looked == []
@@ -147,7 +147,7 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         await worker.held.open_ahead(shard, call)
         assert TurnKey("b") not in worker.shard(0).held_turns
         worker.scripts.open_turns = real
-        await worker.process_batch(shard, entries, {}, call)
+        await worker.paths.process_batch(shard, entries, {}, call)
         await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "b") == "1" and outputs.dlq == []

@@ -48,10 +48,10 @@ class Stepper:
         """The ghost's entries go to the worker (as a reclaim would) and are applied."""
         claimed = await self.harness.client.xclaim(
             self.shard.updates, self.harness.group, "stepper", 0, ids)
-        await self.worker.process_batch(self.shard, claimed, {i: 2 for i in ids})
+        await self.worker.paths.process_batch(self.shard, claimed, {i: 2 for i in ids})
 
     async def sweep(self) -> None:
-        await self.worker.sweep(self.shard)
+        await self.worker.sweeper.sweep(self.shard)
 
 
 async def _run(redis_url: str, namespace: str, stream: list[dict], limits: Limits,

@@ -399,5 +399,5 @@ class Stepped:
         worker, shard = self.worker, self.shard
         worker.shard(0).floor_marks.read(entries[0][0].decode(), entries[-1][0].decode())
         call = decode_batch(shard, entries, worker.options, 0)
-        await worker.process_batch(shard, entries, {}, call)
+        await worker.paths.process_batch(shard, entries, {}, call)
         await worker.held.settle(shard)  # (its finalise committed, as before the loop's next step)

@@ -1,5 +1,5 @@
 """The per-shard loop of a worker (:class:`ShardRunner`, one per shard): a
-reader task that reads (and decodes) one batch ahead, and an applier that
+reader task that reads (and decodes) one batch ahead, and an apply loop that
 applies batches in the order they were read, then sweeps and reclaims. One
 failing step never stops the loop: it is counted, logged and retried later
 (its entries stay pending). The transitions are the worker's and its parts'
@@ -20,7 +20,6 @@ from redis.exceptions import ResponseError
 from processor.redis_io.connections import read_raw
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text, stream_entry
-from processor.wire.keys import Shard
 from processor.worker.batches import ApplyCall, BatchOptions, build_apply
 from processor.worker.budget import read_count
 from processor.worker.config import WorkerConfig
@@ -29,10 +28,12 @@ from processor.worker.held.held_batch import HeldCall, decode_batch
 from processor.worker.held.holding import HeldPath
 from processor.worker.membership import Membership
 from processor.worker.metrics import Metrics
+from processor.worker.paths import Paths
 from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import cancel_pending, end_if_cancelled, now_ms
+from processor.worker.sweeping import Sweeper
 
 T = TypeVar("T")
 
@@ -57,8 +58,8 @@ class Batch:
 
 
 class Handoff(asyncio.Queue[Batch]):
-    """The reader's batches on their way to the applier: room for one, and
-    the reader waits until the applier took it before reading the next.
+    """The reader's batches on their way to the apply loop: room for one, and
+    the reader waits until the apply loop took it before reading the next.
 
     So a batch waits behind the one being applied and no more. With only
     the queue's bound the reader held a second batch read while one waited
@@ -115,6 +116,8 @@ class RunnerHost(Protocol):
     live: LivePublisher
     recovery: Recovery
     continuity: Continuity
+    paths: Paths
+    sweeper: Sweeper
     read_budget: int
 
     @property
@@ -122,14 +125,6 @@ class RunnerHost(Protocol):
 
     async def retrying(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
 
-    async def apply_isolated(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | HeldCall | None = None,
-    ) -> None: ...
-
-    async def sweep(self, shard: Shard, whole: bool = True) -> None: ...
-
-    async def retry_cancels(self, shard: Shard) -> None: ...
 
 
 class ShardRunner:
@@ -153,6 +148,8 @@ class ShardRunner:
         self.live = worker.live
         self.recovery = worker.recovery
         self.continuity = worker.continuity
+        self.paths = worker.paths
+        self.sweeper = worker.sweeper
 
     @property
     def stopping(self) -> bool:
@@ -173,7 +170,7 @@ class ShardRunner:
             self.held.abandon(self.shard)
 
     async def _read_ahead(self, batches: Handoff) -> None:
-        """Read and decode batches until stopping (the applier then applies
+        """Read and decode batches until stopping (the apply loop then applies
         what was read, and stops once this task is done and the queue empty)."""
         shard, state, retrying = self.shard, self.state, self.worker.retrying
         while not self.stopping:
@@ -188,7 +185,7 @@ class ShardRunner:
                 call = self._prepare(entries)
                 await self.held.open_ahead(shard, call)
                 await batches.put(Batch(entries, call, generation))
-                await batches.taken()  # one batch ahead of the applier, no more
+                await batches.taken()  # one batch ahead of the apply loop, no more
             except asyncio.CancelledError as exc:
                 if cancel_pending() or self.stopping:
                     raise
@@ -218,7 +215,7 @@ class ShardRunner:
         return call
 
     async def _apply_loop(self, batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> None:
-        shard, worker, retrying = self.shard, self.worker, self.worker.retrying
+        shard, retrying = self.shard, self.worker.retrying
         next_sweep = next_reclaim = 0.0
         read_before = False
         while (batch := await _next_batch(batches, reader)) is not None:
@@ -238,13 +235,13 @@ class ShardRunner:
                 # another worker reads the shard (it cannot finish them).
                 await self._guarded(retrying, self.held.spill_due, shard,
                                     not self.held.holds_on(shard))
-                await self._guarded(retrying, worker.retry_cancels, shard)
+                await self._guarded(retrying, self.sweeper.retry_cancels, shard)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
                     # a beat even while the shard's readers are dead; its
                     # readers finalise the rest, from their own copies.
-                    await self._guarded(retrying, worker.sweep, shard, reads)
+                    await self._guarded(retrying, self.sweeper.sweep, shard, reads)
                     next_sweep = now + (self.config.sweep_interval if reads
                                         else self.membership.beat_period)
                 if reads and now >= next_reclaim:
@@ -276,7 +273,7 @@ class ShardRunner:
                         await self._guarded(retrying, self.continuity.after_loss, shard,
                                             batch.entries)
                         break
-                    done = await self._guarded(retrying, self.worker.apply_isolated,
+                    done = await self._guarded(retrying, self.paths.apply_isolated,
                                                shard, batch.entries, {}, batch.call)
                     if done is not VANISHED:
                         break
@@ -340,7 +337,7 @@ class ShardRunner:
         if entries:
             self.metrics.read(shard.index, len(entries))
             try:
-                await retrying(self.worker.apply_isolated, shard, entries, {})
+                await retrying(self.paths.apply_isolated, shard, entries, {})
                 await self.held.settle(shard)
             finally:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))

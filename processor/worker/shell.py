@@ -76,7 +76,7 @@ class Shell:
 
 class Apply(Protocol):
     """Apply entries read from a shard, a batch or one by one if the batch
-    fails (:meth:`processor.worker.worker.Worker.apply_isolated`)."""
+    fails (:meth:`processor.worker.paths.Paths.apply_isolated`)."""
 
     def __call__(self, shard: Shard, entries: list[tuple[Any, Any]],
                  deliveries: dict[str, int]) -> Awaitable[None]: ...

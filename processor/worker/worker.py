@@ -22,25 +22,21 @@ from typing import Any, TypeVar
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from processor.engine.render import Reason
-from processor.redis_io.connections import is_transient, until_done
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.connections import until_done
 from processor.scripts import Scripts, library
 from processor.scripts.meta import Meta, check, create
 from processor.wire import defaults
-from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import ApplyCall, parse_member
 from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
 from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer
-from processor.worker.continuity import Continuity, is_nogroup
-from processor.worker.held.held_batch import HeldCall
+from processor.worker.continuity import Continuity
 from processor.worker.held.hold import Holds
 from processor.worker.held.holding import HeldPath
 from processor.worker.inbox import Admitter
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
+from processor.worker.paths import Paths
 from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.runner import ShardRunner
@@ -48,25 +44,13 @@ from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell, run_together
 from processor.worker.stored.mirror import Mirrors
 from processor.worker.stored.storing import StoredPath
+from processor.worker.sweeping import Sweeper
 
-__all__ = ["CANCEL_CYCLE_S", "Worker", "WorkerConfig", "cancel_slice", "default_consumer"]
+__all__ = ["Worker", "WorkerConfig", "default_consumer"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("processor.worker")
-
-
-# Every active turn's cancel key is read at least once per this many seconds,
-# whatever their number: a cancel's terminal event is due within 1 s (p99).
-CANCEL_CYCLE_S = 0.5
-
-
-def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
-    """How many cancel keys one sweep reads (one MGET): at least ``configured``,
-    more when the shard has so many active turns that slices of that size
-    would take longer than :data:`CANCEL_CYCLE_S` to go round them all."""
-    sweeps_per_cycle = max(1, int(CANCEL_CYCLE_S / max(sweep_interval, 1e-3)))
-    return max(configured, -(-active // sweeps_per_cycle))
 
 
 class Worker:
@@ -113,15 +97,21 @@ class Worker:
                                  config.dlq_maxlen, config.idle_wait)
         self.cancel_requests = CancelRequests(client, self.namespace, self.metrics,
                                               config.idle_wait)
+        async def apply(shard: Shard, entries: list[tuple[Any, Any]],
+                        deliveries: dict[str, int]) -> None:
+            # (Paths needs the held and stored paths, which need continuity, which applies.)
+            await self.paths.apply_isolated(shard, entries, deliveries)
+
         self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
-                                     self.apply_isolated, self.stop, self._stopping,
-                                     self.ensure_groups)
+                                     apply, self.stop, self._stopping, self.ensure_groups)
         self.live = LivePublisher(shell, self._shards, self.retrying)
         self.stored = StoredPath(shell, self._shards, self.continuity, self.live)
         self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity,
                              self.live, self.retrying)
+        self.paths = Paths(self._shards, self.held, self.stored, config.hold_turns)
+        self.sweeper = Sweeper(shell, self._shards, self.held, self.stored)
         self.recovery = Recovery(shell, self.namespace, self._shards, self.membership,
-                                 self.stored, self.apply_isolated, self.retrying,
+                                 self.stored, self.paths.apply_isolated, self.retrying,
                                  self.read_budget)
         self._runners = {i: ShardRunner(self, state) for i, state in self._shards.items()}
 
@@ -226,100 +216,3 @@ class Worker:
     def _redis_down(self, exc: BaseException | None) -> None:
         self.metrics.redis_error(exc)
         log.warning("redis unavailable, retrying", extra={"error": repr(exc)})
-
-    # ------------------------------------------------------------ transitions
-
-    async def apply_isolated(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | HeldCall | None = None,
-    ) -> None:
-        """Apply a batch; if it fails (not a connection error), apply its entries
-        one by one, so that one entry that always fails stays pending alone
-        (and reaches max_deliveries alone) instead of taking its batch along."""
-        try:
-            await self.process_batch(shard, entries, deliveries, call)
-        except Exception as exc:
-            if is_transient(exc) or is_nogroup(exc):  # (the group: continuity.py)
-                raise
-            if self.config.hold_turns:
-                # Some may stay pending, neither held nor applied: no floor
-                # (ShardState.floor) until they are taken back before the next read.
-                self._shards[shard.index].orphans = True
-            if len(entries) == 1:
-                log.exception("entry failed, left pending for redelivery",
-                              extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
-                return
-            log.exception("batch failed, applying its entries one by one",
-                          extra={"shard": shard.index, "count": len(entries)})
-            for entry in entries:
-                await self.apply_isolated(shard, [entry], deliveries)
-
-    async def process_batch(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | HeldCall | None = None,
-    ) -> None:
-        """Apply a batch (``call``: its script call, if already built): hold
-        it (:mod:`processor.worker.held.holding`) or store it."""
-        if isinstance(call, HeldCall):  # grouped for holding (ShardRunner._prepare)
-            await self.held.apply_held(shard, entries, call)
-        elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)
-            await self.stored.store(shard, list(map(stream_entry, entries)), deliveries, call)
-        else:
-            await self.stored.store(shard, entries, deliveries, call)
-
-    async def sweep(self, shard: Shard, whole: bool = True) -> None:
-        """Finalise turns made ready, timed out or cancelled while no entry
-        came; with ``whole=False`` (a shard this worker does not read) only
-        the cancelled ones."""
-        cfg = self.config
-        state = self._shards[shard.index]
-        start = state.cursor
-        # Sized from the active count the last sweep saw (this one learns it).
-        size = cancel_slice(state.active, cfg.cancel_slice,
-                            cfg.sweep_interval)
-        _now, ready, expired, cancelled, sliced, count = await self.scripts.sweep_shard(
-            keys=[shard.updates, shard.active, shard.closing],
-            args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
-                  self.options.ready_limit if whole else 0, start, size, cfg.consumer,
-                  state.floor(), shard.tag],
-        )
-        state.active = int(count)
-        state.cursor = 0 if start + size >= count else start + int(sliced)
-        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
-        for tk in cancelled:
-            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
-        for tk in expired:
-            todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
-        await self.held.publish_held_ends(shard, todo)
-        if todo:
-            await self.stored.finalise(shard, todo)
-
-    async def _cancelled(
-        self, shard: Shard, turns: list[TurnKey]
-    ) -> tuple[list[TurnKey], list[TurnKey]]:
-        """Of ``turns``, the cancelled ones to finalise now, and those that must
-        wait (``cancelled_turns``: another worker holds them, or an entry up to
-        their cut is still pending)."""
-        keys = [shard.updates]
-        for key in turns:
-            keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
-        ready, waiting = await self.scripts.cancelled_turns(
-            keys=keys,
-            args=[self.config.group, self.config.consumer, self._shards[shard.index].floor()])
-        return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
-
-    async def retry_cancels(self, shard: Shard) -> None:
-        """Finalise the cancelled turns a finalise left waiting for an entry up
-        to their cut (docs/design.md, *Cancellation*), as soon as they can be:
-        the next step after the entry is applied, not the next sweep."""
-        waiting = self._shards[shard.index].waiting_cancels
-        if not waiting:
-            return
-        turns = list(waiting)
-        ready, still = await self._cancelled(shard, turns)
-        waiting.intersection_update(still)
-        if ready:
-            todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
-            await self.held.publish_held_ends(shard, todo)
-            if todo:
-                await self.stored.finalise(shard, todo)

@@ -1,0 +1,103 @@
+"""What a shard loop checks between batches (:class:`Sweeper`, one part of a
+worker): turns made ready, timed out or cancelled while no entry came
+(``sweep_shard``), and cancelled turns a finalise left waiting for their
+cut (``cancelled_turns``); the turns found are published by the held path
+if held there, else finalised by the stored path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from processor.engine.render import Reason
+from processor.redis_io.replies import as_text
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.worker.batches import parse_member
+from processor.worker.held.holding import HeldPath
+from processor.worker.shard_state import ShardState
+from processor.worker.shell import Shell
+from processor.worker.stored.storing import StoredPath
+
+__all__ = ["CANCEL_CYCLE_S", "Sweeper", "cancel_slice"]
+
+
+# Every active turn's cancel key is read at least once per this many seconds,
+# whatever their number: a cancel's terminal event is due within 1 s (p99).
+CANCEL_CYCLE_S = 0.5
+
+
+def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
+    """How many cancel keys one sweep reads (one MGET): at least ``configured``,
+    more when the shard has so many active turns that slices of that size
+    would take longer than :data:`CANCEL_CYCLE_S` to go round them all."""
+    sweeps_per_cycle = max(1, int(CANCEL_CYCLE_S / max(sweep_interval, 1e-3)))
+    return max(configured, -(-active // sweeps_per_cycle))
+
+
+class Sweeper:
+    """Sweeps a worker's shards and retries the cancels left waiting."""
+
+    def __init__(self, shell: Shell, shards: Mapping[int, ShardState], held: HeldPath,
+                 stored: StoredPath) -> None:
+        self.shell = shell
+        self.shards = shards
+        self.held = held
+        self.stored = stored
+
+    async def sweep(self, shard: Shard, whole: bool = True) -> None:
+        """Finalise turns made ready, timed out or cancelled while no entry
+        came; with ``whole=False`` (a shard this worker does not read) only
+        the cancelled ones."""
+        cfg = self.shell.config
+        state = self.shards[shard.index]
+        start = state.cursor
+        # Sized from the active count the last sweep saw (this one learns it).
+        size = cancel_slice(state.active, cfg.cancel_slice,
+                            cfg.sweep_interval)
+        _now, ready, expired, cancelled, sliced, count = await self.shell.scripts.sweep_shard(
+            keys=[shard.updates, shard.active, shard.closing],
+            args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
+                  self.shell.options.ready_limit if whole else 0, start, size, cfg.consumer,
+                  state.floor(), shard.tag],
+        )
+        state.active = int(count)
+        state.cursor = 0 if start + size >= count else start + int(sliced)
+        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
+        for tk in cancelled:
+            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
+        for tk in expired:
+            todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
+        await self.held.publish_held_ends(shard, todo)
+        if todo:
+            await self.stored.finalise(shard, todo)
+
+    async def _cancelled(
+        self, shard: Shard, turns: list[TurnKey]
+    ) -> tuple[list[TurnKey], list[TurnKey]]:
+        """Of ``turns``, the cancelled ones to finalise now, and those that must
+        wait (``cancelled_turns``: another worker holds them, or an entry up to
+        their cut is still pending)."""
+        keys = [shard.updates]
+        for key in turns:
+            keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
+        ready, waiting = await self.shell.scripts.cancelled_turns(
+            keys=keys,
+            args=[self.shell.config.group, self.shell.config.consumer,
+                  self.shards[shard.index].floor()])
+        return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
+
+    async def retry_cancels(self, shard: Shard) -> None:
+        """Finalise the cancelled turns a finalise left waiting for an entry up
+        to their cut (docs/design.md, *Cancellation*), as soon as they can be:
+        the next step after the entry is applied, not the next sweep."""
+        waiting = self.shards[shard.index].waiting_cancels
+        if not waiting:
+            return
+        turns = list(waiting)
+        ready, still = await self._cancelled(shard, turns)
+        waiting.intersection_update(still)
+        if ready:
+            todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
+            await self.held.publish_held_ends(shard, todo)
+            if todo:
+                await self.stored.finalise(shard, todo)
