@@ -506,7 +506,7 @@ async def test_a_departed_workers_entry_another_worker_applied_first_is_not_lost
             return await real_xclaim(*args, **kwargs)
 
         client.xclaim = xclaim_after_the_other
-        await slow.recovery._claim_departed(shard)
+        await slow.recovery.claim_departed(shard)
         await client.aclose()
         assert await harness.client.hget(shard.turn(TurnKey("t").encode()), "lost") is None
         await harness.add([end("t")])

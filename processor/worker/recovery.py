@@ -155,7 +155,7 @@ class Recovery:
     async def reclaim(self, shard: Shard) -> None:
         """Take over entries idle in any consumer's pending list (a dead worker's)."""
         cfg = self.config
-        await self._claim_departed(shard)
+        await self.claim_departed(shard)
         # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
@@ -189,7 +189,7 @@ class Recovery:
             self.shards[shard.index].orphans = True
         await self._apply_claimed(shard, entries)
 
-    async def _claim_departed(self, shard: Shard) -> None:
+    async def claim_departed(self, shard: Shard) -> None:
         """Take over at once what consumers that left the live set still have
         pending on ``shard`` (their beats stopped for --worker-ttl and they have
         not read since: dead), instead of after --reclaim-idle-ms. A turn a dead
