@@ -131,7 +131,7 @@ def live_events(
     """The events from ``shown`` to ``response``, and what is shown after them.
 
     ``ids``: the turn's correlation ids (its state's, see
-    :func:`processor.events.turn_ids`). ``shown`` is not changed.
+    :func:`processor.engine.events.turn_ids`). ``shown`` is not changed.
 
     One pass over each message's contents (run for every turn a batch
     moved, so kept lean): its text, reasoning and last step kind, and its

@@ -13,7 +13,7 @@ dead letters the worker asked for (each counted in the turn's hash, as the
 mirror counts them), or an entry older than the mirror's last one (a
 reclaimed entry), and the mirror is dropped (a dropped entry of the turn,
 or one dead-lettered by the script itself, moves its version too). A dead
-letter the worker decided (an entry that does not decode) no longer drops
+letter the worker decided (an entry that does not decode) does not drop
 it: the turn's live progress, told from the mirror, goes on after it.
 The finalise uses a mirror only if the turn hash it reads has the
 mirror's version and start time, or, without reading it, if the apply
