@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from chaos import ChaosConfig, ChaosRun  # noqa: E402
+from support.chaos import ChaosConfig, ChaosRun  # noqa: E402
 
 from processor.embedded import EmbeddedRedis  # noqa: E402
 

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from scenarios import Ctx, spawn_workers
-from worker_harness import Harness
+from support.worker_harness import Harness
 from workload import Workload, forget
 
 

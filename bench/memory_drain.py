@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests")]
 
-from memory_runs import memory_drain  # noqa: E402
-from worker_harness import Harness  # noqa: E402
+from support.memory_runs import memory_drain  # noqa: E402
+from support.worker_harness import Harness  # noqa: E402
 
 from processor.embedded import EmbeddedRedis  # noqa: E402
 

@@ -18,8 +18,8 @@ from workload import ROOT, Workload, forget
 from processor.wire.ids import TurnKey
 
 sys.path.insert(0, str(ROOT / "tests"))
-from memory_runs import drain_outputs, used_memory
-from worker_harness import Harness
+from support.memory_runs import drain_outputs, used_memory
+from support.worker_harness import Harness
 
 # --------------------------------------------------------------------------- memory
 

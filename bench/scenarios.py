@@ -28,8 +28,8 @@ from workload import ROOT, Workload, copy_into, forget, id_ms
 from processor.embedded.ports import free_port
 
 sys.path.insert(0, str(ROOT / "tests"))
-import scrape
-from worker_harness import Harness
+from support import scrape
+from support.worker_harness import Harness
 
 BENCH = Path(__file__).resolve().parent
 

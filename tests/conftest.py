@@ -1,8 +1,8 @@
-"""Shared fixtures: private real Redis servers (see ``redis_servers.py``),
+"""Shared fixtures: private real Redis servers (see ``support/redis_servers.py``),
 and the suite's Hypothesis settings."""
 
 from hypothesis import settings
-from redis_servers import (
+from support.redis_servers import (
     async_redis_client,
     make_redis_cluster,
     make_redis_server,

@@ -18,14 +18,14 @@ import aiohttp
 import pytest
 import redis
 import redis.asyncio
-from expectations import scenario_lines, scenario_names
-from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
-from records import init_namespace_sync
 from redis.exceptions import NoPermissionError, ResponseError
-from scrape import scrape, wait_status
-from serve_harness import bearer, open_stream, payloads, spawn_serve, text_update
-from turn_reference import compare_with_offline, text_delta
-from worker_harness import ROOT, Harness
+from support.expectations import scenario_lines, scenario_names
+from support.live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
+from support.records import init_namespace_sync
+from support.scrape import scrape, wait_status
+from support.serve_harness import bearer, open_stream, payloads, spawn_serve, text_update
+from support.turn_reference import compare_with_offline, text_delta
+from support.worker_harness import ROOT, Harness
 
 from processor.client import (
     CancelNotTaken,

@@ -18,9 +18,9 @@ import redis.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.exceptions import SlotNotCoveredError
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import Harness
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import Harness
 
 from processor.scripts import source
 from processor.wire.keys import Namespace

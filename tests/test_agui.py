@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 from ag_ui_validate.pytest_plugin import assert_valid_agui, validate_agui
-from agui_checks import check_matches_response, check_run, rules_off
-from expectations import scenario_lines, scenario_names
+from support.agui_checks import check_matches_response, check_run, rules_off
+from support.expectations import scenario_lines, scenario_names
 
 from processor.engine.agui import entry_fields, project
 from processor.engine.offline import merge_lines

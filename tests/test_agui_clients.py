@@ -18,14 +18,25 @@ from typing import Any
 
 import aiohttp
 import msgspec
-import node_clients
 import pytest
-from serve_harness import LocalServe, bearer, config, start_local, text_update, token, wait_logged
-from worker_harness import Harness
+from support import node_clients
+from support.serve_harness import (
+    LocalServe,
+    bearer,
+    config,
+    start_local,
+    text_update,
+    token,
+    wait_logged,
+)
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.engine import agui
 from processor.wire.models import Meta, Response
+
+#: Agent Framework's AG-UI client, run in its own venv (never imported).
+CHAT_CLIENT = Path(node_clients.__file__).resolve().parent / "agui_chat_client.py"
 
 
 def _handoff() -> list[dict[str, Any]]:
@@ -239,7 +250,7 @@ def agui_chat_client(request: pytest.FixtureRequest) -> Path:
 async def _chat_client(python: Path, serve: LocalServe, rid: str) -> Any:
     url = f"{serve.url}/v1/turns/{rid}/events?format=agui"
     proc = await asyncio.create_subprocess_exec(
-        str(python), str(Path(__file__).parent / "agui_chat_client.py"), url, token(rid),
+        str(python), str(CHAT_CLIENT), url, token(rid),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()[-4000:]

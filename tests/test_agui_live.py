@@ -13,11 +13,11 @@ from typing import Any
 
 import msgspec
 from ag_ui_validate.pytest_plugin import assert_valid_agui
-from agui_checks import check_models, distinct_reopens
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from merging import decoded
-from strategies import turns
+from support.agui_checks import check_models, distinct_reopens
+from support.merging import decoded
+from support.strategies import turns
 
 from processor.engine import agui
 from processor.engine.live import Shown, live_events

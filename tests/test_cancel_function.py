@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 import pytest
-from records import init_namespace
 from redis.exceptions import ResponseError
+from support.records import init_namespace
 
 from processor.client import Producer
 from processor.scripts.library import Function

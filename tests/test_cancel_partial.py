@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 import pytest
-from turn_reference import end_entry, response_text, text_delta
-from worker_harness import Harness, Stepped
+from support.turn_reference import end_entry, response_text, text_delta
+from support.worker_harness import Harness, Stepped
 
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey

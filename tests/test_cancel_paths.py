@@ -18,9 +18,9 @@ import json
 from typing import Any
 
 import pytest
-from expectations import check_invariants
-from turn_reference import TurnOutput
-from worker_harness import Harness
+from support.expectations import check_invariants
+from support.turn_reference import TurnOutput
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.wire.ids import TurnKey

@@ -12,11 +12,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from agui_checks import check_models
 from hypothesis import given
 from hypothesis import strategies as st
-from turn_reference import end_entry, text_delta
-from worker_harness import Harness
+from support.agui_checks import check_models
+from support.turn_reference import end_entry, text_delta
+from support.worker_harness import Harness
 
 from processor.engine import agui
 from processor.engine.lifecycle import Limits

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from turn_reference import simple_turn
-from worker_harness import Harness
+from support.turn_reference import simple_turn
+from support.worker_harness import Harness
 
 from processor.wire.ids import TurnKey
 from processor.worker.sweeping import CANCEL_CYCLE_S, cancel_slice

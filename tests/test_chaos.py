@@ -18,8 +18,8 @@ import json
 import os
 
 import pytest
-from chaos import ChaosConfig, ChaosRun
-from worker_harness import Harness
+from support.chaos import ChaosConfig, ChaosRun
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 

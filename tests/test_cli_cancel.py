@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from cli_tools import arun
-from records import init_namespace_sync
-from worker_harness import Harness
+from support.cli_tools import arun
+from support.records import init_namespace_sync
+from support.worker_harness import Harness
 
 from processor.wire.ids import response_id_for_turn
 from processor.wire.keys import Namespace

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from cli_tools import ENV, arun, command, json_lines
-from records import init_namespace
-from worker_harness import Harness
+from support.cli_tools import ENV, arun, command, json_lines
+from support.records import init_namespace
+from support.worker_harness import Harness
 
 from processor.wire.ids import TurnKey, shard_of
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from big_entries import big_update, uris_of
-from cli_tools import arun, call, json_lines, plain_rows
-from records import init_namespace_sync
 from redis.exceptions import ResponseError
-from turn_reference import offline_results
-from worker_harness import Harness
+from support.big_entries import big_update, uris_of
+from support.cli_tools import arun, call, json_lines, plain_rows
+from support.records import init_namespace_sync
+from support.turn_reference import offline_results
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.scripts import source

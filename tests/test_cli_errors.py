@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import pytest
-from cli_tools import ROOT
+from support.cli_tools import ROOT
 
 from processor.service.config import OPTIONS
 from processor.wire.keys import Namespace

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import redis
-from cli_tools import arun, call, plain_rows, run
-from records import init_namespace_sync
-from worker_harness import Harness
+from support.cli_tools import arun, call, plain_rows, run
+from support.records import init_namespace_sync
+from support.worker_harness import Harness
 
 from processor.wire.ids import shard_of
 

@@ -14,8 +14,8 @@ import subprocess
 import termios
 from typing import Any
 
-from cli_tools import ENV, command, plain_rows
-from worker_harness import Harness
+from support.cli_tools import ENV, command, plain_rows
+from support.worker_harness import Harness
 
 SHARDS = 2
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -10,9 +10,9 @@ import re
 import signal
 from typing import Any
 
-from cli_tools import ENV, arun, call, command, json_lines
-from records import init_namespace, init_namespace_sync
-from worker_harness import Harness
+from support.cli_tools import ENV, arun, call, command, json_lines
+from support.records import init_namespace, init_namespace_sync
+from support.worker_harness import Harness
 
 from processor.engine import events as ev
 from processor.engine.render import event_fields

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
-from serve_harness import chunk_text, merged_text, text_update, wait_logged
-from worker_harness import Harness
+from support.serve_harness import chunk_text, merged_text, text_update, wait_logged
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
-from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
-from worker_harness import Harness
+from support.records import init_namespace
+from support.worker_harness import Harness
 
 from processor.client import (
     Producer,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 from agent_framework import AgentResponseUpdate, Content
-from records import init_namespace
+from support.records import init_namespace
 
 from processor.client import (
     EventItem,

@@ -19,9 +19,10 @@ import uuid
 import pytest
 import redis
 import redis.asyncio
-from chaos import ChaosConfig, ChaosRun
-from expectations import check_scenario, scenario_lines, scenario_names
-from live_scenarios import (
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from support.chaos import ChaosConfig, ChaosRun
+from support.expectations import check_scenario, scenario_lines, scenario_names
+from support.live_scenarios import (
     TURN_TIMEOUT,
     cancel_reasons,
     cancel_seen,
@@ -29,12 +30,11 @@ from live_scenarios import (
     scenario_segments,
     with_late_drops,
 )
-from records import init_namespace
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
-from redis_servers import LocalRedisCluster, wait_cluster_ok
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import Harness
+from support.records import init_namespace
+from support.redis_servers import LocalRedisCluster, wait_cluster_ok
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
 from processor.embedded import EmbeddedRedis

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from worker_harness import ROOT
+from support.worker_harness import ROOT
 
 from processor.cli.main import build_parser, main
 from processor.service.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config

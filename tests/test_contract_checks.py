@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from contract import check_event_entry, check_merged_entry
-from turn_reference import offline_results, simple_turn
+from support.contract import check_event_entry, check_merged_entry
+from support.turn_reference import offline_results, simple_turn
 
 
 def _published() -> tuple[list[dict[str, Any]], dict[str, str]]:

@@ -12,10 +12,10 @@ from typing import Any
 import jsonschema
 import msgspec
 import pytest
-from bad_entries import CASES, TEXT, deep, entry, update_json
-from expectations import scenario_lines, scenario_names, scenario_path
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from support.bad_entries import CASES, TEXT, deep, entry, update_json
+from support.expectations import scenario_lines, scenario_names, scenario_path
 
 from processor.engine.events import encode_response
 from processor.engine.merge import Turn

@@ -9,9 +9,9 @@ import json
 from typing import Any
 
 import pytest
-from bad_entries import CASES
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.bad_entries import CASES
 
 from processor.ingest.decode import EntryError, decode_entry, decode_stream_entry, entry_size
 

@@ -10,7 +10,7 @@ import sys
 import urllib.request
 
 import aiohttp
-from serve_harness import SECRET, config, start_local
+from support.serve_harness import SECRET, config, start_local
 
 
 def test_demo_prints_three_turns_with_their_outcomes() -> None:

@@ -12,7 +12,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
-from redis_servers import (
+from support.redis_servers import (
     LocalRedisCluster,
     start_redis_cluster,
     tls_capable_redis_server,

@@ -8,7 +8,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from turn_reference import entry_fields, text_delta
+from support.turn_reference import entry_fields, text_delta
 
 from processor.engine.lifecycle import Limits
 from processor.service.run import GC_GEN0_THRESHOLD, tune_gc

@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 
-from scrape import fetch, get, scrape, wait_status
-from turn_reference import simple_turn
-from worker_harness import ROOT, Harness
+from support.scrape import fetch, get, scrape, wait_status
+from support.turn_reference import simple_turn
+from support.worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
 from processor.service.health import Health, Server, groups_check

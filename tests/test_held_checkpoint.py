@@ -10,8 +10,8 @@ import asyncio
 import json
 from typing import Any
 
-from turn_reference import compare_with_offline, offline_results
-from worker_harness import Harness
+from support.turn_reference import compare_with_offline, offline_results
+from support.worker_harness import Harness
 
 from processor.engine.live import replay_texts
 

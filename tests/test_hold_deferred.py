@@ -14,8 +14,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import turns
-from turn_reference import as_read, entry_fields
+from support.strategies import turns
+from support.turn_reference import as_read, entry_fields
 
 from processor.engine.lifecycle import Limits, TurnLife
 from processor.engine.render import Replay, render

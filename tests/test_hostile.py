@@ -27,15 +27,15 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from strategies import random_turn
-from turn_reference import (
+from support.strategies import random_turn
+from support.turn_reference import (
     compare_with_offline,
     entry_fields,
     interleave,
     offline_dead,
     offline_results,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.engine.events import encode_response
 from processor.engine.lifecycle import Limits

@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 import pytest
 import redis.asyncio
-from cli_tools import run
-from records import init_namespace
 from redis.exceptions import ConnectionError as RedisConnectionError
-from strategies import random_turn
+from support.cli_tools import run
+from support.records import init_namespace
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, offline_results, response_text, simple_turn
+from support.worker_harness import Harness
 from test_acl import acl_server, url_for  # noqa: F401 (acl_server: a fixture)
-from turn_reference import compare_with_offline, offline_results, response_text, simple_turn
-from worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy, Subscriber, TurnEnded
 from processor.embedded import EmbeddedRedis

@@ -19,10 +19,10 @@ from typing import Any
 import msgspec
 import pytest
 from agent_framework import AgentResponse, AgentResponseUpdate, Content
-from expectations import check_invariants, scenario_lines, scenario_names
 from hypothesis import HealthCheck, given, settings
-from merging import merge_entries
-from strategies import UNKNOWN_TYPE, random_turn, turns
+from support.expectations import check_invariants, scenario_lines, scenario_names
+from support.merging import merge_entries
+from support.strategies import UNKNOWN_TYPE, random_turn, turns
 
 from processor.client import MergedItem
 from processor.engine.events import encode_response

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from merging import decoded
-from strategies import turns
+from support.merging import decoded
+from support.strategies import turns
 
 from processor.engine.live import (
     Shown,

@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.engine.live import replay_texts
 from processor.wire.ids import TurnKey

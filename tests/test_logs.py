@@ -10,7 +10,7 @@ import logging
 import re
 from urllib.parse import quote
 
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor import logs
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from merging import decoded, merge_entries, merge_entries_resumed, merged, update_entry
+from support.merging import decoded, merge_entries, merge_entries_resumed, merged, update_entry
 
 from processor.engine.merge import Turn
 from processor.engine.offline import merge_lines

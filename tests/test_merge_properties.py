@@ -14,11 +14,11 @@ import random
 from typing import Any
 
 import msgspec
-from delta_oracle import check_deltas, tokens
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from merging import decoded, merged, update_entry
-from strategies import deliveries, numbered, random_turn, turns
+from support.delta_oracle import check_deltas, tokens
+from support.merging import decoded, merged, update_entry
+from support.strategies import deliveries, numbered, random_turn, turns
 
 from processor.engine import render
 from processor.engine.events import encode_response

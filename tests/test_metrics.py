@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import redis.exceptions
-from scrape import Scrape, fetch, scrape, wait_status
-from turn_reference import simple_turn
-from worker_harness import Harness
+from support.scrape import Scrape, fetch, scrape, wait_status
+from support.turn_reference import simple_turn
+from support.worker_harness import Harness
 
 from processor.embedded import free_port
 from processor.wire.keys import Namespace

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from worker_harness import ROOT, Harness
+from support.worker_harness import ROOT, Harness
 
 from processor.client import Producer, Subscriber
 from processor.scripts import meta

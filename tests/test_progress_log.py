@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 TURNS = 40
 

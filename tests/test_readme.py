@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.engine.offline import merge_lines
 

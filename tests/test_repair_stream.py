@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from cli_tools import arun
-from records import init_namespace
 from redis.exceptions import ResponseError
-from scrape import scrape, wait_status
-from worker_harness import Harness
+from support.cli_tools import arun
+from support.records import init_namespace
+from support.scrape import scrape, wait_status
+from support.worker_harness import Harness
 
 from processor.client import Producer
 from processor.embedded import free_port

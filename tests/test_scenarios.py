@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from expectations import check_scenario, scenario_lines, scenario_names, scenario_path
+from support.expectations import check_scenario, scenario_lines, scenario_names, scenario_path
 
 from processor.engine.offline import merge_lines
 

@@ -22,9 +22,9 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-from scrape import fetch
-from turn_reference import simple_turn
-from worker_harness import ROOT, Harness
+from support.scrape import fetch
+from support.turn_reference import simple_turn
+from support.worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
 from processor.wire.ids import TurnKey

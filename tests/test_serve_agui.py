@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import msgspec
 from ag_ui_validate.pytest_plugin import assert_valid_agui
-from agui_checks import check_models, distinct_reopens
-from serve_harness import (
+from support.agui_checks import check_models, distinct_reopens
+from support.serve_harness import (
     bearer,
     config,
     merged_text,
@@ -27,7 +27,7 @@ from serve_harness import (
     text_update,
     wait_logged,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.engine import agui

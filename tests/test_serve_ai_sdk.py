@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 import aiohttp
-import node_clients
-from serve_harness import bearer, config, start_local, text_update, token, wait_logged
-from ui_messages import comparable, expected_parts, read_sse
-from worker_harness import Harness
+from support import node_clients
+from support.serve_harness import bearer, config, start_local, text_update, token, wait_logged
+from support.ui_messages import comparable, expected_parts, read_sse
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 

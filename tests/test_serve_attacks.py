@@ -21,8 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from records import init_namespace_sync
-from serve_harness import (
+from support.records import init_namespace_sync
+from support.serve_harness import (
     bearer,
     check_stream,
     config,
@@ -34,7 +34,7 @@ from serve_harness import (
     token,
     wait_logged,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 

@@ -55,10 +55,10 @@ from typing import Any
 import aiohttp
 import msgspec
 import redis.asyncio
-from serve_harness import ServeProcess, spawn_serve
-from sse_followers import Client, follow
-from turn_reference import compare_with_offline, offline_results
-from worker_harness import Harness, SubprocessWorker
+from support.serve_harness import ServeProcess, spawn_serve
+from support.sse_followers import Client, follow
+from support.turn_reference import compare_with_offline, offline_results
+from support.worker_harness import Harness, SubprocessWorker
 
 from processor.wire.ids import TurnKey
 

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 import aiohttp
-from records import init_namespace_sync
-from serve_harness import (
+from support.records import init_namespace_sync
+from support.serve_harness import (
     SECRET,
     bearer,
     config,
@@ -25,7 +25,7 @@ from serve_harness import (
     text_update,
     token,
 )
-from worker_harness import ROOT, Harness
+from support.worker_harness import ROOT, Harness
 
 from processor.client import Producer, Subscriber
 from processor.serve.tokens import issue

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 
 import aiohttp
-from serve_harness import check_followed, config, start_local, text_update
-from sse_followers import Client, follow
-from worker_harness import Harness
+from support.serve_harness import check_followed, config, start_local, text_update
+from support.sse_followers import Client, follow
+from support.worker_harness import Harness
 
 from processor.client import Subscriber
 

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 import aiohttp
-from serve_harness import (
+from support.serve_harness import (
     bearer,
     chunk_text,
     config,
@@ -28,7 +28,7 @@ from serve_harness import (
     text_update,
     wait_logged,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.client.follow import default_source

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.exceptions
-from node_clients import run
-from serve_harness import (
+from support.node_clients import run
+from support.serve_harness import (
     ServeProcess,
     bearer,
     check_followed,
@@ -34,7 +34,7 @@ from serve_harness import (
     token,
     wait_logged,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.serve.stream import EventStream

@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from merging import merge_entries
-from serve_harness import (
+from support.merging import merge_entries
+from support.serve_harness import (
     bearer,
     check_stream,
     chunk_text,
@@ -28,7 +28,7 @@ from serve_harness import (
     token,
     wait_logged,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.client.joining import GONE_ID

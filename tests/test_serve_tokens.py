@@ -9,7 +9,7 @@ import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from worker_harness import ROOT
+from support.worker_harness import ROOT
 
 from processor.serve.tokens import MIN_SECRET_LENGTH, Verdict, issue, verify
 

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, Playwright, Route, async_playwright
-from serve_harness import SECRET, bearer, config, spawn_serve, start_local, token
-from worker_harness import Harness
+from support.serve_harness import SECRET, bearer, config, spawn_serve, start_local, token
+from support.worker_harness import Harness
 
 from processor.cli.demo import HANDOFF
 from processor.client import Producer, Subscriber

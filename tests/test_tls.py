@@ -19,14 +19,14 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from records import init_namespace_sync
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis_servers import TlsServer, set_tls_auth_clients
-from strategies import random_turn
-from tls_certs import make_client_certificate, make_tls_files
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import ROOT, Harness
+from support.records import init_namespace_sync
+from support.redis_servers import TlsServer, set_tls_auth_clients
+from support.strategies import random_turn
+from support.tls_certs import make_client_certificate, make_tls_files
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import ROOT, Harness
 
 from processor.embedded import TlsFiles
 from processor.redis_io.connections import tls_refusal_probe

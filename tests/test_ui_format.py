@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ui_messages import read_sse
+from support.ui_messages import read_sse
 
 from processor.client.turns import LiveEvent, MergedOutput, TurnRef
 from processor.serve import sse

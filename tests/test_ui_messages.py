@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from merging import decoded
-from strategies import turns
-from ui_messages import Reader, comparable, expected_parts
+from support.merging import decoded
+from support.strategies import turns
+from support.ui_messages import Reader, comparable, expected_parts
 
 from processor.engine.live import Shown, live_events, message_text
 from processor.engine.merge import Turn

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from merging import decoded, merged, update_entry
+from support.merging import decoded, merged, update_entry
 
 from processor.engine.lifecycle import TURN_LIMIT, Limits, TurnLife
 from processor.engine.merge import Turn, UsageOverflow

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from node_clients import run
+from support.node_clients import run
 
 from processor.serve import sse
 

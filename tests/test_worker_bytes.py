@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from big_entries import big_update, data_uri, digest, uris_of
-from turn_reference import end_entry, text_delta
-from worker_harness import Harness
+from support.big_entries import big_update, data_uri, digest, uris_of
+from support.turn_reference import end_entry, text_delta
+from support.worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
 from processor.wire.ids import TurnKey

@@ -15,15 +15,15 @@ from typing import Any
 
 import msgspec
 import pytest
-from strategies import random_turn
-from turn_reference import (
+from support.strategies import random_turn
+from support.turn_reference import (
     compare_with_offline,
     entry_fields,
     interleave,
     offline_results,
     simple_turn,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 import processor.worker.stored.storing
 from processor.engine.lifecycle import Limits

@@ -12,11 +12,11 @@ import random
 import uuid
 
 import pytest
-from delta_oracle import check_deltas
-from expectations import check_invariants
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import Harness
+from support.delta_oracle import check_deltas
+from support.expectations import check_invariants
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import Harness
 
 TURNS = 600
 SEED = 20260101

@@ -10,9 +10,9 @@ import json
 import random
 
 import redis.asyncio
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import Harness
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import Harness
 
 from processor.wire.models import TURN_IDS
 from processor.worker.worker import Worker

@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results
-from worker_harness import Harness
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.worker_harness import Harness
 
 import processor.worker.batches
 from processor.engine.live import replay_texts

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.service.groups import OtherGroup, find_others, refusal
 from processor.wire.keys import Namespace

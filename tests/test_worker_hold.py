@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 import redis.exceptions
-from strategies import random_turn
-from turn_reference import (
+from support.strategies import random_turn
+from support.turn_reference import (
     as_read,
     compare_with_offline,
     end_entry,
@@ -28,7 +28,7 @@ from turn_reference import (
     simple_turn,
     text_delta,
 )
-from worker_harness import Harness
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.engine.live import replay_texts

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import redis.exceptions
-from turn_reference import end_entry, response_text, text_delta
-from worker_harness import Harness, Stepped, settled_count
+from support.turn_reference import end_entry, response_text, text_delta
+from support.worker_harness import Harness, Stepped, settled_count
 
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey

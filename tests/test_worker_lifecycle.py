@@ -10,10 +10,10 @@ import random
 from collections import Counter
 
 import pytest
-from expectations import check_invariants
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_dead, offline_results
-from worker_harness import Harness
+from support.expectations import check_invariants
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_dead, offline_results
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.engine.live import replay_texts

@@ -20,8 +20,8 @@ import logging
 from typing import Any
 
 import pytest
-from turn_reference import compare_with_offline, offline_results
-from worker_harness import Harness
+from support.turn_reference import compare_with_offline, offline_results
+from support.worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
 from processor.wire.ids import TurnKey

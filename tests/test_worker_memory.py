@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memory_runs import memory_drain
-from worker_harness import Harness
+from support.memory_runs import memory_drain
+from support.worker_harness import Harness
 
 from processor.embedded import EmbeddedRedis
 

@@ -14,8 +14,8 @@ import pytest
 import redis.exceptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import random_turn
-from turn_reference import (
+from support.strategies import random_turn
+from support.turn_reference import (
     compare_with_offline,
     end_entry,
     entry_fields,
@@ -24,7 +24,7 @@ from turn_reference import (
     simple_turn,
     text_delta,
 )
-from worker_harness import Harness, settled_count
+from support.worker_harness import Harness, settled_count
 
 from processor.engine.lifecycle import Limits
 from processor.engine.render import encode_stored, render, replay

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from strategies import numbered, random_turn
-from turn_reference import offline_results
-from worker_harness import Harness
+from support.strategies import numbered, random_turn
+from support.turn_reference import offline_results
+from support.worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
 from processor.client.errors import TurnEnded

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio
-from turn_reference import compare_with_offline, offline_dead, offline_results
-from worker_harness import Harness
+from support.turn_reference import compare_with_offline, offline_dead, offline_results
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.wire.keys import Shard

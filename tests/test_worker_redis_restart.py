@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from strategies import random_turn
-from turn_reference import compare_with_offline, offline_results
-from worker_harness import Harness
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, offline_results
+from support.worker_harness import Harness
 
 from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
 from processor.embedded import EmbeddedRedis

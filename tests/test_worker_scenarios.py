@@ -10,11 +10,16 @@ import json
 
 import msgspec
 import pytest
-from agui_checks import check_run, read_runs, without_timestamps
-from expectations import check_scenario, scenario_lines, scenario_names
-from live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines, with_late_drops
-from turn_reference import compare_with_offline
-from worker_harness import Harness
+from support.agui_checks import check_run, read_runs, without_timestamps
+from support.expectations import check_scenario, scenario_lines, scenario_names
+from support.live_scenarios import (
+    TURN_TIMEOUT,
+    feed_scenario,
+    offline_results_of_lines,
+    with_late_drops,
+)
+from support.turn_reference import compare_with_offline
+from support.worker_harness import Harness
 
 from processor.engine.agui import project
 from processor.engine.lifecycle import Limits

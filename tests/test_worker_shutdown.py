@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import random
 
-from strategies import random_turn
-from turn_reference import compare_with_offline, interleave, offline_results, simple_turn
-from worker_harness import Harness
+from support.strategies import random_turn
+from support.turn_reference import compare_with_offline, interleave, offline_results, simple_turn
+from support.worker_harness import Harness
 
 from processor.embedded import free_port
 

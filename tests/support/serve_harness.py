@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from worker_harness import ROOT
 
 from processor.redis_io.connections import connect
 from processor.redis_io.options import RedisOptions
@@ -31,6 +30,7 @@ from processor.serve.run import bound_port, build, make_runner, make_site, pool_
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
+from support.worker_harness import ROOT
 
 SECRET = "test-secret-0123456789"
 

@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
-from contract import check_dlq_entry, check_event_entry, check_merged_entry
 from redis.asyncio.cluster import RedisCluster
-from subprocess_workers import ROOT, Subprocesses, SubprocessWorker  # noqa: F401 (ROOT: re-exported)
-from turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 
 from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace, Shard
 from processor.worker.held.held_batch import decode_batch
 from processor.worker.worker import Worker, WorkerConfig
+from support.contract import check_dlq_entry, check_event_entry, check_merged_entry
+from support.subprocess_workers import ROOT, Subprocesses, SubprocessWorker  # noqa: F401 (ROOT: re-exported)
+from support.turn_reference import Outputs, TurnOutput, entry_fields, routing_id
 
 
 def _text(value: Any) -> str:

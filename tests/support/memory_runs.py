@@ -8,8 +8,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from turn_reference import simple_turn
-from worker_harness import Harness
+from support.turn_reference import simple_turn
+from support.worker_harness import Harness
 
 
 @dataclass

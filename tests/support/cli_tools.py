@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(ROOT)}
 
 

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from strategies import random_turn
+from support.strategies import random_turn
 
 MARKER = "chaos_e"  # additional_properties key prefix of an update's marker
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from processor.wire.ids import response_id_for_turn
 
-SCENARIOS = Path(__file__).parent / "data" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 
 
 # ---------------------------------------------------------------- scenarios

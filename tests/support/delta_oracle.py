@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from strategies import TOKEN
+from support.strategies import TOKEN
 
 
 def tokens(value: Any) -> list[str]:

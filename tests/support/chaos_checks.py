@@ -12,11 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos_plan import ChaosConfig, PlannedTurn, marker
-from turn_reference import offline_results
-
 from processor.engine.lifecycle import Limits
 from processor.wire.ids import TurnKey
+from support.chaos_plan import ChaosConfig, PlannedTurn, marker
+from support.turn_reference import offline_results
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-JS = Path(__file__).resolve().parent / "js"
+JS = Path(__file__).resolve().parents[1] / "js"
 
 
 def node() -> str:

@@ -51,8 +51,6 @@ import pytest
 import redis
 import redis.asyncio
 from redis.cluster import ClusterNode, RedisCluster
-from tls_certs import make_tls_files
-from tls_proxy import ProxiedTlsRedis
 
 from processor.embedded import (
     EmbeddedRedis,
@@ -61,6 +59,8 @@ from processor.embedded import (
     find_redis_cli,
     find_redis_server,
 )
+from support.tls_certs import make_tls_files
+from support.tls_proxy import ProxiedTlsRedis
 
 SLOTS = 16384
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from turn_reference import TurnOutput, offline_results
-from worker_harness import Harness
-
 from processor.engine.lifecycle import Limits
+from support.turn_reference import TurnOutput, offline_results
+from support.worker_harness import Harness
 
 # Turns without an end entry end as turn_timeout, offline at the end of the
 # file and live after this many seconds without an entry.

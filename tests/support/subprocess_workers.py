@@ -18,7 +18,7 @@ from typing import Any
 from processor.service.config import OPTIONS
 from processor.wire.keys import Namespace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Options on by default: ``name=False`` turns them off (``--no-<name>``).
 _ON_BY_DEFAULT = {opt.name for opt in OPTIONS if opt.default is True}
 

@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio
-from chaos_checks import ChaosChecks, Figures
-from chaos_plan import Action, ChaosConfig, PlannedTurn, arrival, plan_turns
-from worker_harness import Harness, SubprocessWorker
 
 from processor.wire.ids import TurnKey
+from support.chaos_checks import ChaosChecks, Figures
+from support.chaos_plan import Action, ChaosConfig, PlannedTurn, arrival, plan_turns
+from support.worker_harness import Harness, SubprocessWorker
 
 PRODUCER_NAME = "chaos-producer"  # the CLIENT KILL spares the producer's connections
 

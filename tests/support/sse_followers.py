@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from serve_harness import bearer
 
 from processor.serve import sse
+from support.serve_harness import bearer
 
 
 @dataclass
