@@ -77,7 +77,7 @@ def _run(entries: list[dict[str, Any]], cuts: list[int]) -> tuple[list[dict[str,
 #: later call took the place of one it lost: its first chunk appended to
 #: what a reader that does not drop messages still held there.
 CALL_IN_A_LOST_PLACE = json.loads(
-    (Path(__file__).parent / "data" / "live_call_in_a_lost_place.json").read_text())
+    (Path(__file__).resolve().parents[1] / "data" / "live_call_in_a_lost_place.json").read_text())
 
 
 @settings(max_examples=150, deadline=None)

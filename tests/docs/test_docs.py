@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract.md"
 CODE_DIRS = ("processor", "bench", "tests", "deploy")
 CODE_SUFFIXES = {".py", ".lua", ".html", ".yaml", ".yml", ".toml", ".sh"}

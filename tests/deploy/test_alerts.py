@@ -13,7 +13,7 @@ import yaml
 
 from processor.worker.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
 

@@ -39,7 +39,7 @@ from support.worker_harness import Harness
 
 from processor.engine.offline import merge_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 URL = "redis://localhost:6379"
 RUN = {"python", "bash"}

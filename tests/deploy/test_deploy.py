@@ -27,7 +27,7 @@ from processor.redis_io.options import RedisOptions
 from processor.service import config
 from processor.wire.keys import Namespace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))

@@ -157,5 +157,5 @@ def test_linger_is_documented_in_help_and_readme() -> None:
     text = " ".join(proc.stdout.split())
     assert "--linger SECONDS seconds to keep serving the pages after the turns end " \
         "(default: until Ctrl-C when stdout is a terminal, else 0" in text, text
-    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "until Ctrl-C" in readme and "`--linger SECONDS`" in readme

@@ -20,7 +20,7 @@ from support.node_clients import run
 
 from processor.serve import sse
 
-PAGE = Path(__file__).resolve().parents[1] / "processor" / "serve" / "static" / "view.html"
+PAGE = Path(__file__).resolve().parents[2] / "processor" / "serve" / "static" / "view.html"
 
 _value = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\0"),
                  max_size=12)
