@@ -4,7 +4,7 @@
         [--reclaim-idle-ms 1000] [--no-hold-turns] [--cpu-load N] [--no-write]
 
 Starts a private redis-server with the AOF on (appendfsync always) and runs
-tests/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
+tests/support/chaos.py's soak against it: 3 ``processor run`` workers, ~21 updates
 per turn over the given number of turns, a worker SIGKILLed every ~2 s and
 restarted, Redis SIGKILLed and restarted once, every worker connection
 CLIENT KILLed once; with ``--cpu-load N``, N busy loops compete for the CPUs

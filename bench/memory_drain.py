@@ -11,7 +11,7 @@ workers run with a short ``--done-ttl``). It prints ``INFO memory``
     python bench/memory_drain.py [--updates N] [--per-turn K] [--workers W]
                                  [--shards S] [--done-ttl SECONDS]
 
-tests/test_worker_memory.py runs the same code with fewer updates.
+tests/worker/test_worker_memory.py runs the same code with fewer updates.
 """
 
 from __future__ import annotations

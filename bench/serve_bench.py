@@ -675,7 +675,7 @@ The Redis calls do not grow with the clients: one `XREAD BLOCK` per shard in fli
 hub's reader, 1 s block) feeds every stream ({commands} with all open). A stream costs \
 memory and a heartbeat every `--heartbeat` s, not Redis calls. A client that cannot keep up \
 is dropped with its resume id once `--client-queue` events wait for it, or a write blocks \
-`--write-timeout` s (`tests/test_serve_stream.py::\
+`--write-timeout` s (`tests/serve/test_serve_stream.py::\
 test_a_client_that_does_not_read_is_dropped_with_its_resume_id`); nothing is buffered \
 without bound; a dropped client here resumes from its last id, as `EventSource` does.
 

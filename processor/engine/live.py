@@ -38,7 +38,7 @@ by their agent run).
 
 So, for every turn: per message, the text of its chunks since its last
 ``replace`` one, concatenated, is that message's text in the merged
-response (``tests/test_live.py`` checks it over random turns).
+response (``tests/engine/test_live.py`` checks it over random turns).
 ``seq`` is left at 0: the Lua step that publishes the events numbers them
 (``includes/publish_event.lua``).
 """

@@ -52,14 +52,14 @@ def is_transient(exc: BaseException) -> bool:
     # redis-py's cluster client gives up on a command after 16 redirections
     # or TRYAGAIN replies with a bare ClusterError: a slot still migrating
     # (a multi-key script whose keys are split between two nodes gets
-    # TRYAGAIN until the move ends). Found by tests/test_cluster.py's slot
+    # TRYAGAIN until the move ends). Found by tests/redis_io/test_cluster.py's slot
     # move; the retry runs once the slot has settled.
     if exc.__class__ is ClusterError and str(exc) == "TTL exhausted.":
         return True
     # redis-py's asyncio cluster client, on CLUSTERDOWN or an uncovered slot,
     # closes every node connection, including ones other tasks of the same
     # client are using: those fail with AttributeError inside redis-py's
-    # connection code (``_writer`` is None). Found by tests/test_cluster.py's
+    # connection code (``_writer`` is None). Found by tests/redis_io/test_cluster.py's
     # chaos run; the retry reconnects.
     return isinstance(exc, AttributeError) and _raised_in(exc, "redis.asyncio.")
 
@@ -254,7 +254,7 @@ def fast_stream_reads(client: Any) -> None:
 #: socket: redis-py 8.1 writes the bytes in the second iteration after the
 #: task is created (the task's first step awaits once inside redis-py before
 #: writing; counted with and without a socket timeout), and one more is
-#: margin. tests/test_handed_over.py fails with 1.
+#: margin. tests/redis_io/test_handed_over.py fails with 1.
 WRITE_YIELDS = 3
 
 

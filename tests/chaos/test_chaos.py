@@ -5,11 +5,11 @@ SIGKILLed every ~2 s and restarted, redis-server (AOF, appendfsync always) is
 SIGKILLed and restarted once, and every worker connection is CLIENT KILLed
 once. Every turn ends with exactly one merged entry and one terminal event,
 its response equals ``processor merge`` of the entries it merged (cut where
-the cancel or the timeout was seen, see tests/chaos.py), every sent entry is
+the cancel or the timeout was seen, see tests/support/chaos.py), every sent entry is
 merged, dropped or dead-lettered exactly once, and no state is left.
 
 ``PROCESSOR_CHAOS_TURNS=1000 PROCESSOR_CHAOS_SECONDS=120 python -m pytest -s
-tests/test_chaos.py`` runs a longer soak (``PROCESSOR_CHAOS_SEED`` picks the turns).
+tests/chaos/test_chaos.py`` runs a longer soak (``PROCESSOR_CHAOS_SEED`` picks the turns).
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ terminal event, last, with the ``merged`` event just before it; every
 ``merged`` event it saw carries the turn's merged entry's ``response`` and
 ``meta`` byte for byte, and the text deltas add up to the merged text. Every
 turn's merged entry equals ``processor merge`` of the entries sent, byte for
-byte (tests/turn_reference.py).
+byte (tests/support/turn_reference.py).
 
 The slow client (dropped after ``--client-queue`` events with a resumable
-id, then resuming to the end) is tests/test_serve_stream.py's
+id, then resuming to the end) is tests/serve/test_serve_stream.py's
 ``test_a_client_that_does_not_read_is_dropped_with_its_resume_id``; here a
 ``dropped`` notice, should one come, must name the client's last id.
 """

@@ -1,7 +1,7 @@
 """The join rule (processor/client/joining.py) on a source in memory whose
 turn ends, or whose log begins late, exactly between two reads: a history
 that does not reach back to the client's id is never sent as if complete.
-(The same moments with a real worker: tests/test_serve_resume.py.)"""
+(The same moments with a real worker: tests/serve/test_serve_resume.py.)"""
 
 from __future__ import annotations
 

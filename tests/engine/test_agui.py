@@ -1,7 +1,7 @@
 """The AG-UI 1.0 projection (``--agui``), offline: every shared scenario's
 turns project to runs that the ``ag-ui-protocol`` models and
 ``ag-ui-validate`` accept and that say what the merged response says, and
-the ids and outcomes follow the turn. (tests/test_worker_scenarios.py checks
+the ids and outcomes follow the turn. (tests/worker/test_worker_scenarios.py checks
 the same runs as live workers publish them to ``{ns:s}:agui``.)"""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ batch (completed, cancelled or failed), a client reading the chunks (the
 AI SDK's ``processUIMessageStream``, :class:`ui_messages.Reader`) from the
 start, joined late from a snapshot, or after the end ends with the merged
 response's parts, and live holds each message's text and reasoning as
-merged so far after every batch. (tests/test_serve_ai_sdk.py checks the
+merged so far after every batch. (tests/serve/test_serve_ai_sdk.py checks the
 same with the real ``ai`` package over HTTP.)"""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Usage counts stay integers every JSON reader holds (models.MAX_USAGE_COUNT):
-an update past the bound is ``invalid_update`` (tests/bad_entries.py), and
+an update past the bound is ``invalid_update`` (tests/support/bad_entries.py), and
 an update that would take a turn's sum of a counter past it is refused by
 the merge, changing nothing, and ends the turn as ``turn_limit``, the same
 whichever way the turn is fed: one entry at a time, waiting plain updates

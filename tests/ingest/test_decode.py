@@ -295,7 +295,7 @@ def test_one_schema_alone_is_valid(schema_doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize("name", scenario_names())
 def test_scenario_outputs_validate_against_the_schemas(schema_doc: dict[str, Any],
                                                        name: str) -> None:
-    # In-process: tests/test_scenarios.py proves the CLI prints these bytes.
+    # In-process: tests/engine/test_scenarios.py proves the CLI prints these bytes.
     line_schema = validator(schema_doc, "merge_line")
     parts = {key: validator(schema_doc, key) for key in ("response", "meta", "event")}
     for turn in merge_lines(scenario_lines(name)).results():

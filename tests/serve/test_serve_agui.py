@@ -6,7 +6,7 @@ accept (each reopened id as a span of its own, :func:`agui_checks.distinct_reope
 ends on the turn's outcome (cancelled included), and holds the merged
 response in its last ``MESSAGES_SNAPSHOT``; a client applying the events
 (:class:`processor.engine.agui.ClientState`, @ag-ui/client's rules) ends with
-exactly its messages, however it was cut. tests/test_agui_clients.py runs
+exactly its messages, however it was cut. tests/serve/test_agui_clients.py runs
 the real ``HttpAgent``."""
 
 from __future__ import annotations

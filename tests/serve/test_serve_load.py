@@ -7,7 +7,7 @@ deltas) is the merged text. Bounded: a few seconds, one worker and one
 
 This is what a load run once caught (1 client of 240 got ids 32 then 43):
 a resume that reads the turn's state (running), then its live log, while
-the turn is published in between (tests/test_serve_resume.py makes that
+the turn is published in between (tests/serve/test_serve_resume.py makes that
 moment happen on purpose)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Agent Framework's own AG-UI client (``agent-framework-ag-ui`` 1.7,
 ``AGUIChatClient``) following one turn of ``processor serve``: run in a
 venv of its own (it pins ``ag-ui-protocol`` < 0.2, the suite has 1.0; see
-tests/test_agui_clients.py), not imported by the suite.
+tests/serve/test_agui_clients.py), not imported by the suite.
 
     python agui_chat_client.py URL TOKEN
 

@@ -1,7 +1,7 @@
 """Malformed input entries, each with the DLQ reason it must get and a piece
 of the detail that names the field: the table the decode tests run through
-``decode_entry`` (tests/test_decode.py) and ``decode_stream_entry``
-(tests/test_decode_stream.py), with the builders they share."""
+``decode_entry`` (tests/ingest/test_decode.py) and ``decode_stream_entry``
+(tests/ingest/test_decode_stream.py), with the builders they share."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The chaos soak: random multi-agent turns through ``processor run`` workers
 while workers are SIGKILLed, Redis restarts and connections are cut.
 
-Its plan (turns, endings, markers, arrival order) is in tests/chaos_plan.py,
-its checks of the outputs in tests/chaos_checks.py.
-Used by tests/test_chaos.py (short form in CI), tests/test_cluster.py (on a
+Its plan (turns, endings, markers, arrival order) is in tests/support/chaos_plan.py,
+its checks of the outputs in tests/support/chaos_checks.py.
+Used by tests/chaos/test_chaos.py (short form in CI), tests/redis_io/test_cluster.py (on a
 Redis Cluster) and bench/chaos_soak.py (the long form recorded in
 docs/reliability.md).
 

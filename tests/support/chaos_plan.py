@@ -1,4 +1,4 @@
-"""The chaos soak's plan (tests/chaos.py runs it): which turns, how each
+"""The chaos soak's plan (tests/support/chaos.py runs it): which turns, how each
 one ends (end, producer error, cancel part-way, silence), the marker each
 update carries, and the order the producer writes their entries in."""
 

@@ -1,5 +1,5 @@
 """The contract test, by construction: every output entry the integration
-helpers read (tests/worker_harness.py reads every ``merged``, ``events`` and
+helpers read (tests/support/worker_harness.py reads every ``merged``, ``events`` and
 ``dlq`` entry of every live test) is checked here against the JSON Schema that
 ``processor schema`` prints, so every integration test checks it.
 

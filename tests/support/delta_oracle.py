@@ -1,4 +1,4 @@
-"""An oracle for turns made by :mod:`tests.strategies`: :func:`check_deltas`.
+"""An oracle for turns made by :mod:`support.strategies`: :func:`check_deltas`.
 
 Every delta token appears exactly once, in its message, in arrival order, and
 the rest of docs/contract.md §4 holds (block order, ids, results after calls,
@@ -119,7 +119,7 @@ def _positions(response: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
 
 
 def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
-    """docs/contract.md §4 on a turn built by :mod:`tests.strategies`."""
+    """docs/contract.md §4 on a turn built by :mod:`support.strategies`."""
     response_id = response["response_id"]
     updates = _updates(entries, response_id)
     where = _positions(response)

@@ -11,7 +11,7 @@ the scenario/turn named, so a failure says what broke where.
 - :func:`check_invariants`: what every turn must satisfy (unique message ids,
   event sequence, the response loads in Agent Framework).
 
-:func:`delta_oracle.check_deltas` checks the turns of :mod:`tests.strategies`.
+:func:`delta_oracle.check_deltas` checks the turns of :mod:`support.strategies`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Redis memory across a run and a drain (tests/test_worker_memory.py and
+"""Redis memory across a run and a drain (tests/worker/test_worker_memory.py and
 bench/memory_drain.py): ``used_memory`` before, at the peak and after the
 outputs are read and the done markers expire."""
 

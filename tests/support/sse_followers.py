@@ -2,7 +2,7 @@
 ``EventSource`` does: on any break they reconnect (to the next server, if
 there are several) with ``Last-Event-ID``, and some cut their own
 connections. What each received is kept, per connection, for the checks
-(tests/test_serve_chaos.py, tests/test_serve_load.py)."""
+(tests/chaos/test_serve_chaos.py, tests/serve/test_serve_load.py)."""
 
 from __future__ import annotations
 

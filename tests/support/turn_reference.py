@@ -93,7 +93,7 @@ class TurnOutput:
         return self.merged[0]["response"]
 
     def result(self) -> dict[str, Any]:
-        """The turn as a ``processor merge`` line (for tests/expectations.py)."""
+        """The turn as a ``processor merge`` line (for tests/support/expectations.py)."""
         entry = self.merged[0]
         return {
             "response_id": entry["response_id"],

@@ -5,12 +5,12 @@ and/or ``processor run`` subprocesses on one namespace, XADDs input entries
 (batched pipelines, routed to their shard like a producer would), waits until
 everything is drained, and collects what the workers published: merged
 entries, events and dead letters, per turn in the shape of a ``processor
-merge`` line so that :mod:`tests.expectations` can check them.
+merge`` line so that :mod:`support.expectations` can check them.
 
 Nothing here knows the merge rules: a test compares the live outputs with
 ``turn_reference.offline_results`` (``processor merge`` of the same entries). Every
 merged entry, event and dead letter read is checked against ``processor schema``
-(tests/contract.py), so every integration test is also a contract test.
+(tests/support/contract.py), so every integration test is also a contract test.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Harness(Subprocesses):
         give theirs), none: redis-py 8 gives every client a 5 s one by
         default, and it bounds the whole of a reply, not a pause in it. The
         harness reads replies of any size (``outputs()`` read the ten ~56 MB
-        merged turns of tests/test_worker_bytes.py, 560 MB, in one XRANGE),
+        merged turns of tests/worker/test_worker_bytes.py, 560 MB, in one XRANGE),
         which took over 5 s on a machine busy with other work: that test
         failed with ``TimeoutError: Timeout reading from 127.0.0.1:...``
         although nothing was wrong. The tests' own deadlines bound their waits."""

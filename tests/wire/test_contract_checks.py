@@ -1,4 +1,4 @@
-"""tests/contract.py, which every integration test's outputs go through,
+"""tests/support/contract.py, which every integration test's outputs go through,
 accepts what the merge publishes and refuses what breaks the schema (it
 compiles the schema with fastjsonschema: this keeps it honest)."""
 

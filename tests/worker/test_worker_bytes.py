@@ -167,7 +167,7 @@ async def test_a_memory_error_in_a_read_fails_that_batch_like_any_error(
     them back (bounded, processor/worker/budget.py) and merges them; the shard
     goes on, a silent turn still times out and a later turn merges. (An entry
     that fails every time is dead-lettered whole after --max-deliveries:
-    tests/test_cli_dlq.py, MemoryError included.)"""
+    tests/cli/test_cli_dlq.py, MemoryError included.)"""
     from processor.engine.lifecycle import Limits
     from processor.worker import runner
 

@@ -14,7 +14,7 @@ check) is then taken in C-level passes over the run (``map``, ``join``),
 and a held turn takes a run in one step (:meth:`processor.worker.held.hold.Held.take_run`).
 :func:`group_each` is the reference, one entry at a time as
 ``apply_entries`` decodes it; :func:`group_batch` must give what it gives
-(``tests/test_held_batch.py``).
+(``tests/worker/test_held_batch.py``).
 
 Pure: no I/O.
 """
