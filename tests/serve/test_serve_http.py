@@ -366,6 +366,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
                "processor.redis_io.read_budget",  # (a reply's bound in bytes)
                "processor.redis_io.replies", "processor.wire.defaults",
+               "processor.redis_io.options",  # (how to reach Redis: imports no redis-py)
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
                "processor.wire.cancels",  # (a cancel's bounds: the client's too)
                "processor.wire.models", "processor.service", "processor.service.options",

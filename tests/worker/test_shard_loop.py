@@ -57,8 +57,9 @@ async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> 
     async def nothing(*_args: Any) -> None:
         pass
 
-    worker.apply_isolated = apply  # type: ignore[method-assign]
-    worker.sweep = worker.recovery.reclaim = nothing  # type: ignore[method-assign]
+    worker.paths.apply_isolated = apply  # type: ignore[method-assign]
+    worker.sweeper.sweep = worker.sweeper.retry_cancels = nothing  # type: ignore[method-assign]
+    worker.recovery.reclaim = nothing  # type: ignore[method-assign]
     loop = asyncio.create_task(runner.run())
     try:
         await _turns()
