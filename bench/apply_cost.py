@@ -76,7 +76,7 @@ async def _read(client: Any, group: str, stream: str, batch: int) -> list[Any]:
 
 
 def scripts_of(stored: bool, finalise: bool = False) -> str:
-    """The scripts :func:`one_round` calls, for the printed figures."""
+    """The scripts ``one_round`` calls, for the printed figures."""
     if not stored:
         return "open_turns and finalise_held (held turns, the default)"
     return ("apply_entries and finalise_turns" if finalise else "apply_entries") + (

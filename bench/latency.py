@@ -27,7 +27,7 @@ async def latency(ctx: Ctx, work: Workload, rate: float, warmup: int = 100,
     a turn's ``end`` entry to reading its merged entry (both clocks here).
 
     The producer writes XADD commands encoded before the clock starts
-    (:class:`RawProducer`): this process shares the machine's two cores with
+    (``RawProducer``): this process shares the machine's two cores with
     the worker and redis-server, and redis-py's per-command packing took
     about 40% of a core at 9,000 updates/s, CPU a producer on its own
     machine would not take from the worker."""

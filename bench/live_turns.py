@@ -1,11 +1,11 @@
 """The two workloads of real agent turns, beside ``bench/run.py``'s backlog.
 
-- **Many live turns** (:func:`round_robin`): ``turns`` turns of ``updates``
+- **Many live turns** (``round_robin``): ``turns`` turns of ``updates``
   text updates each, XADDed round-robin (update i of every turn before
   update i+1 of any), then each turn's ``end``: a read batch holds about
   one update of each of many turns, as when hundreds of agents stream at
   once. Timed like the backlog (a ``COPY`` of a pre-filled stream).
-- **Paced long turns** (:func:`paced`): ``turns`` turns at once, each one
+- **Paced long turns** (``paced``): ``turns`` turns at once, each one
   update every ``period`` seconds for ``seconds`` seconds (10,000/s
   offered for 1,000 turns every 100 ms), then their ends, produced live by
   this process: the turns outlive ``--hold-ms`` (5 s by default). What

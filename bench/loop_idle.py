@@ -1,6 +1,6 @@
 """How long one worker's event loop waits on Redis.
 
-Runs one :class:`~processor.worker.worker.Worker` in this process over the
+Runs one ``Worker`` in this process over the
 end-to-end workload (``--turns`` turns, a server-side ``COPY`` of a
 pre-filled stream, as ``bench/run.py`` does) and prints, per round, the
 throughput, the wall and CPU seconds, and the seconds its event loop spent

@@ -1,6 +1,6 @@
 """The memory measurements of ``bench/run.py``: Redis memory per active turn
 (and after the drain), and a worker's RSS over a long run. Same conventions
-as :mod:`scenarios` (a namespace of their own on the run's redis-server,
+as ``scenarios`` (a namespace of their own on the run's redis-server,
 ``processor run`` workers spawned through the tests' harness)."""
 
 from __future__ import annotations

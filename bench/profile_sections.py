@@ -1,7 +1,7 @@
 """The sections of docs/profiles.md (``bench/run.py --profile``
 and ``--pyinstrument``): py-spy's raw samples of one worker as tables of
 the functions where its time goes, and pyinstrument's call tree as it
-printed it. :func:`report.write_section` places them on the page."""
+printed it. ``report.write_section`` places them on the page."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Rendering ``bench/run.py``'s figures as docs/benchmarks.md sections (the
-PNG charts are :mod:`charts`', the profile sections :mod:`profile_sections`').
+PNG charts are ``charts``', the profile sections ``profile_sections``').
 
 Each generated section sits between its own marker comments; writing one
 replaces only what is between its markers, so the other sections (the pure

@@ -6,7 +6,7 @@ peer (FastStream), on the same stream, the same redis-server, in one run.
     python bench/run.py --quick    # under a minute, docs untouched; last line: the ratios
 
 It starts its own redis-server (processor.embedded: a free port, a temp
-directory), builds the workload (:mod:`workload`), and measures, in order:
+directory), builds the workload (``workload``), and measures, in order:
 the drain, ``processor run`` with 1, 2 and 4 workers on one shard and with 2
 and 4 workers on as many shards (shard affinity), the same storing every
 entry (``--no-hold-turns``: 1 worker, and the most workers on as many

@@ -2,7 +2,7 @@
 
 Every run gets its own namespace on the same redis-server. Throughput runs
 start their consumers first (idle, groups created), then fill the stream with
-one server-side ``COPY`` of the template (:mod:`workload`): the clock starts
+one server-side ``COPY`` of the template (``workload``): the clock starts
 at the ``COPY`` (Redis time) and stops at the Redis time of the last output
 (the stream id of the last merged entry, or the drain's own reading), so
 consumer start-up and producer speed are outside every figure.
@@ -154,8 +154,8 @@ async def last_id_ms(client: Any, key: str) -> int:
 
 #: How a run's input gets in: given the update streams of its shards, it
 #: fills them and returns the Redis time (ms) the clock starts at. By
-#: default a ``COPY`` of the template (:func:`copied`); the paced runs
-#: (:mod:`live_turns`) produce instead.
+#: default a ``COPY`` of the template (``copied``); the paced runs
+#: (``live_turns``) produce instead.
 Feed = Callable[[list[str]], Awaitable[int]]
 
 
@@ -251,8 +251,8 @@ async def processor(
 ) -> Throughput:
     """``workers`` ``processor run`` processes (with extra ``flags``, started
     through ``launcher``, e.g. pyinstrument) on the stream, or on ``shards``
-    shards of it (templates :func:`shard_template`), filled by ``feed``
-    (default: :func:`copied`); ``label`` names the row (default: from the
+    shards of it (templates ``shard_template``), filled by ``feed``
+    (default: ``copied``); ``label`` names the row (default: from the
     flags)."""
     client, ns = ctx.client, f"e2e{workers}s{shards}"
     turns = [len(part.turns) for part in work.split(shards)] if shards > 1 else [len(work.turns)]

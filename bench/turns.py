@@ -6,7 +6,7 @@ benchmark (``bench/merge_bench.py``) and the end-to-end one
 2-3 agents per turn handing off under their own response ids, 10-40 updates
 per turn, text deltas of 2-20 characters, some reasoning (keyed and
 id-less), tool calls in 2-4 argument chunks plus their results, usage and
-finish reason last; :data:`CONCURRENT_TURNS` turns in flight, their entries
+finish reason last; ``CONCURRENT_TURNS`` turns in flight, their entries
 interleaved as on a shared stream.
 """
 

@@ -1,6 +1,6 @@
 """The end-to-end workload: realistic multi-agent turns as input stream entries.
 
-The turns are the pure-merge benchmark's (:func:`turns.build_entries`:
+The turns are the pure-merge benchmark's (``turns.build_entries``:
 genuine ``AgentResponseUpdate.to_dict()`` JSON, 2-3 agents handing off, 10-40
 updates per turn, text deltas of 2-20 characters, reasoning, tool calls in
 argument chunks plus results, usage and finish reason last, 8 turns in flight

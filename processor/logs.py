@@ -7,7 +7,7 @@ unreachable, retrying (url=..., error=...)``, for a person) or ``auto``,
 the default: text when stderr is a terminal, JSON otherwise (a container's
 log, a pipe, a file). Update text is user data: it is never
 passed to a log call, except the merged text of a published turn when the
-debug flag ``--log-payloads`` is on (:func:`turn_fields`). Anything that
+debug flag ``--log-payloads`` is on (``turn_fields``). Anything that
 looks like a Redis URL has its password masked, and anything that looks
 like a turn token (``v1.<payload>.<mac>``, processor/serve/tokens.py) is
 cut to ``v1.***``, whatever logger wrote it. With ``libraries=True``
@@ -147,9 +147,9 @@ def _isatty(stream: TextIO) -> bool:
 def setup(level: str = "info", payloads: bool = False, stream: TextIO | None = None,
           fmt: str = "auto", libraries: bool = False) -> None:
     """Send the ``processor`` loggers to stderr (JSON lines, or text on a
-    terminal: :func:`formatter`); ``payloads`` lets published turns' text
+    terminal: ``formatter``); ``payloads`` lets published turns' text
     into debug lines (``--log-payloads``); ``libraries``: every other
-    logger's lines too, in the same format (:class:`LibraryLines`), and
+    logger's lines too, in the same format (``LibraryLines``), and
     Python's warnings."""
     global _payloads
     _payloads = payloads

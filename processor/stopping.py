@@ -3,12 +3,12 @@
 Kubernetes (or anyone) may SIGTERM a worker at any moment, also while it is
 still importing or connecting. Python's default SIGTERM kills the process
 (status -15), so ``processor run`` records the signal from the start of
-``main`` (:func:`catch_early`) and hands it to the event loop once there is one
-(:func:`attach`): a stop requested before the worker exists stops it as soon
+``main`` (``catch_early``) and hands it to the event loop once there is one
+(``attach``): a stop requested before the worker exists stops it as soon
 as it does, and the process still exits 0 after a clean (empty) drain.
 
 The only window left is the interpreter's own start-up. A launcher that blocks
-SIGTERM/SIGINT across ``exec`` closes it too: :func:`catch_early` unblocks
+SIGTERM/SIGINT across ``exec`` closes it too: ``catch_early`` unblocks
 them once its handler is in place, so a signal sent meanwhile is delivered to
 it (the test harness spawns workers that way)."""
 
@@ -31,7 +31,7 @@ def _record(signum: int, frame: FrameType | None) -> None:
 
 
 def catch_early() -> None:
-    """Record SIGTERM/SIGINT instead of dying, until :func:`attach` or :func:`release`.
+    """Record SIGTERM/SIGINT instead of dying, until ``attach`` or ``release``.
     Does nothing outside the main thread (only it may set signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         return
@@ -41,7 +41,7 @@ def catch_early() -> None:
 
 
 def release() -> None:
-    """Back to the handlers from before :func:`catch_early` (for commands other
+    """Back to the handlers from before ``catch_early`` (for commands other
     than ``run``); a signal recorded meanwhile is raised again so it acts as
     it would have."""
     while _previous:
@@ -71,8 +71,8 @@ class Stop:
 
 
 def attach(loop: asyncio.AbstractEventLoop) -> Stop:
-    """Route SIGTERM/SIGINT to a :class:`Stop` through ``loop``; a signal
-    :func:`catch_early` recorded before counts as a request already made."""
+    """Route SIGTERM/SIGINT to a ``Stop`` through ``loop``; a signal
+    ``catch_early`` recorded before counts as a request already made."""
     stop = Stop()
     for sig in SIGNALS:
         loop.add_signal_handler(sig, stop.request)

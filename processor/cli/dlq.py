@@ -1,4 +1,4 @@
-"""``processor dlq list|show|replay``: the command line of :mod:`processor.scripts.dlq`."""
+"""``processor dlq list|show|replay``: the command line of ``processor.scripts.dlq``."""
 
 from __future__ import annotations
 

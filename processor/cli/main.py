@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status. A closed stdout (``processor schema
     | head``: the reader exited) ends any command quietly with 0, as it
-    does ``cat`` or ``grep`` (:func:`~processor.service.tool_shell.stdout_closed`)."""
+    does ``cat`` or ``grep`` (``stdout_closed``)."""
     from processor.service.tool_shell import stdout_closed
 
     try:

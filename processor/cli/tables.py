@@ -13,7 +13,7 @@ from rich.text import Text
 
 @dataclass(frozen=True)
 class Column:
-    """A column of :func:`print_table`: numbers are ``right``-aligned; only a
+    """A column of ``print_table``: numbers are ``right``-aligned; only a
     ``wrap`` column (free text, never an id) may wrap on a terminal."""
 
     name: str
@@ -23,7 +23,7 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
-    """What :func:`print_table` prints: a title, the columns, rows of cell texts."""
+    """What ``print_table`` prints: a title, the columns, rows of cell texts."""
 
     title: str
     columns: list[Column]

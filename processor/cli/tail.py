@@ -1,6 +1,6 @@
 """``processor tail``: follow the merged responses and events of every shard.
 
-Reading is :class:`processor.client.Subscriber` (one XREAD over every shard
+Reading is ``processor.client.Subscriber`` (one XREAD over every shard
 on a single node, one per shard on a Cluster); this module only decides where
 to start, formats each item (one readable line, or one JSON line) and stops
 cleanly when asked (SIGINT/SIGTERM set an event; the read in progress is at

@@ -1,7 +1,7 @@
 """The operator tools' command line: ``processor stats``, ``tail``, ``capture``
-and ``repair-stream`` here, ``processor dlq`` in :mod:`processor.cli.dlq`; the
+and ``repair-stream`` here, ``processor dlq`` in ``processor.cli.dlq``; the
 shared shell (connecting, exit statuses, consoles, progress) is
-:mod:`processor.service.tool_shell`.
+``processor.service.tool_shell``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,22 @@
 """The client side of the wire contract: producers send updates, subscribers read outputs.
 
-:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
+``Producer`` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries (``inbox=True``: through the shard's inbox, which
 workers admit into the stream: the path of the least-privilege ``producer`` ACL
 user); it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
-:class:`Subscriber` follows the ``merged`` and ``events`` streams of every
+``Subscriber`` follows the ``merged`` and ``events`` streams of every
 shard (section 5), resumable from the positions it reports, and waits for the
 merged response of one turn. A send to a turn that has ended raises
-:class:`TurnEnded`; one on a Redis 7 where no worker or ``processor init``
-has loaded the producers' functions yet, :class:`LibraryNotLoaded`. A cancel
+``TurnEnded``; one on a Redis 7 where no worker or ``processor init``
+has loaded the producers' functions yet, ``LibraryNotLoaded``. A cancel
 asked of the workers (a user that may not set cancel keys) that none carried
-out in time raises :class:`CancelNotTaken`.
+out in time raises ``CancelNotTaken``.
 
 Both take an asyncio Redis client: ``redis.asyncio.Redis`` or
-``redis.asyncio.cluster.RedisCluster`` (see :func:`processor.redis_io.connections.connect`),
+``redis.asyncio.cluster.RedisCluster`` (see ``processor.redis_io.connections.connect``),
 and read the namespace's shard count from its record in Redis
-(:mod:`processor.scripts.meta`; :class:`NotInitialised` before any worker or
+(``processor.scripts.meta``; ``NotInitialised`` before any worker or
 ``processor init`` wrote it)::
 
     producer = Producer(client)

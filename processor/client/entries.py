@@ -1,6 +1,6 @@
 """Input entries (docs/contract.md §3): their correlation ids and ``kind`` bodies.
 
-Pure functions: what :class:`processor.client.Producer` hands to ``send_update.lua``.
+Pure functions: what ``processor.client.Producer`` hands to ``send_update.lua``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def turn_ids(
 @dataclass(slots=True)
 class _Counter:
     """One open turn's numbering: its next number, and the numbers given to
-    the caller's idempotency keys (the latest :data:`KEYS_KEPT`)."""
+    the caller's idempotency keys (the latest ``KEYS_KEPT``)."""
 
     next: int = 0
     keys: dict[str, int] = field(default_factory=dict)
@@ -91,7 +91,7 @@ KEYS_KEPT = 256
 
 @dataclass(slots=True)
 class Taken:
-    """A number handed out by :class:`TurnNumbers`, and how to give it back."""
+    """A number handed out by ``TurnNumbers``, and how to give it back."""
 
     number: int
     turn: TurnKey
@@ -101,11 +101,11 @@ class Taken:
 
 class TurnNumbers:
     """Each open turn's next entry number (docs/contract.md §3.4), as
-    :class:`~processor.client.Producer` numbers its sends. Pure.
+    ``Producer`` numbers its sends. Pure.
 
-    :meth:`take` hands out the turn's next number (or the one given, or
+    ``take`` hands out the turn's next number (or the one given, or
     the one an idempotency key got before), counted as used: the caller
-    sends it, retries it as it is, and gives it back (:meth:`refused`) only
+    sends it, retries it as it is, and gives it back (``refused``) only
     when the send certainly added nothing (Redis refused it). The last
     entry of a turn (its end or error) forgets the turn."""
 
@@ -147,7 +147,7 @@ class TurnNumbers:
 
 def check_number(n: int) -> None:
     """An entry number a caller gives (docs/contract.md §3.4): an int from 0
-    to :data:`~processor.wire.models.MAX_ENTRY_NUMBER`."""
+    to ``MAX_ENTRY_NUMBER``."""
     if n.__class__ is not int:
         raise TypeError(f"an entry number must be an int, not {type(n).__name__}")
     if not 0 <= n <= MAX_ENTRY_NUMBER:
@@ -180,7 +180,7 @@ def error_body(message: str, code: str | None) -> list[Any]:
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """What :meth:`Producer.stream` wrote: first entry id, the final entry's id, update
+    """What ``Producer.stream`` wrote: first entry id, the final entry's id, update
     count (with ``Producer(inbox=True)``, the first and final sends' receipts)."""
 
     first_id: str

@@ -1,10 +1,10 @@
-"""Following one turn from Redis: :func:`follow` (``Subscriber.follow``).
+"""Following one turn from Redis: ``follow`` (``Subscriber.follow``).
 
 The same rules as ``processor serve``'s event streams (docs/serve.md,
 "Joining and resuming"), from the same pure pieces: the turn's shard's live
 feed is positioned first and its past read second (a
-:class:`~processor.client.source.TurnSource`), and a
-:class:`~processor.client.turns.Cursor` gives each seq once, in order; the
+``TurnSource``), and a
+``Cursor`` gives each seq once, in order; the
 merged output comes just before the terminal event, which ends it.
 
 Why from Redis and not over HTTP from a serve URL: a Python backend that
@@ -36,7 +36,7 @@ from processor.client.turns import Cursor, LiveEvent, MergedOutput, Snapshot, Tu
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
-#: What :func:`follow` yields.
+#: What ``follow`` yields.
 Followed = Snapshot | LiveEvent | MergedOutput
 
 
@@ -55,7 +55,7 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
     its terminal event; then the iteration ends. A finished turn gives the
     events after ``after`` it missed, its merged output and terminal event
     (nothing when ``after`` is its terminal seq already). The same rules as
-    the server's streams: :func:`processor.client.joining.join`."""
+    the server's streams: ``processor.client.joining.join``."""
     retry = retry or RetryPolicy()
     source = source or default_source(client, namespace)
     shard = turn.shard(namespace)
@@ -108,7 +108,7 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
 
 
 class _Retrying:
-    """A :class:`TurnSource` whose reads are retried by ``retry``."""
+    """A ``TurnSource`` whose reads are retried by ``retry``."""
 
     def __init__(self, source: TurnSource, retry: RetryPolicy) -> None:
         self.source = source

@@ -1,4 +1,4 @@
-"""What a :class:`processor.client.Subscriber` yields: typed entries of the output streams."""
+"""What a ``processor.client.Subscriber`` yields: typed entries of the output streams."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class MergedItem:
     @property
     def text(self) -> str:
         """The response's text, joined as Agent Framework's ``AgentResponse.text``
-        joins it (no agent-framework needed): :func:`response_text`."""
+        joins it (no agent-framework needed): ``response_text``."""
         return response_text(self.response)
 
     def agent_response(self) -> Any:

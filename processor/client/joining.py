@@ -1,4 +1,4 @@
-"""What a stream sends before the live feed: :func:`join`, the one rule of
+"""What a stream sends before the live feed: ``join``, the one rule of
 ``processor serve``'s event streams and ``Subscriber.follow`` (docs/serve.md,
 "Joining and resuming").
 
@@ -14,9 +14,9 @@ sent as if it followed on: the client gets a snapshot instead, which
 replaces what it built (``incomplete``), or, for a finished turn, the
 merged output, which does the same.
 
-The live feed is subscribed to before :func:`join` runs, so whatever is
+The live feed is subscribed to before ``join`` runs, so whatever is
 published after the reads is in the feed; the seq
-:class:`~processor.client.turns.Cursor` drops what both hold.
+``Cursor`` drops what both hold.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def join(source: TurnSource, turn: TurnRef, after: int | None, *,
     ``whole``: a running turn's history is read from its start, and what
     the client has (up to ``after`` or the snapshot) comes back in
     ``folded`` (an AG-UI stream's ids depend on the events before).
-    Resumed with :data:`GONE_ID`: nothing (the client had a ``gone`` notice)."""
+    Resumed with ``GONE_ID``: nothing (the client had a ``gone`` notice)."""
     if after is not None and after >= GONE_ID:
         return Join(has_all=True)
     state = await source.state(turn)

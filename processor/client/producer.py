@@ -1,6 +1,6 @@
 """The producer side of the wire contract: input entries and cancellation keys.
 
-:class:`Producer` writes input entries (docs/contract.md §3) to the right shard,
+``Producer`` writes input entries (docs/contract.md §3) to the right shard,
 idempotently and with retries; it also sets and reads cancellation keys
 (section 6) so a generator can stop when its turn is cancelled.
 """
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 #: How long an auto-generated idempotency key lives: it only guards the built-in retry.
 AUTO_IDEMPOTENCY_TTL = 600
-#: A cancel asked of the workers (:meth:`Producer.cancel`): how long to wait for
+#: A cancel asked of the workers (``Producer.cancel``): how long to wait for
 #: its key by default, how often to look (the first pause, doubling up to the
 #: second: a worker usually sets it within a few ms), how often to ask again,
 #: and how many asks in a row that reached no worker restart the looks from
@@ -54,7 +54,7 @@ class Producer:
     """Writes input entries to ``{<ns>:<s>}:updates`` (docs/contract.md §3).
 
     Every entry goes to the shard of its ``response_id`` (or ``turn_id``) and is
-    added by the Redis Function of ``send_update.lua`` (:mod:`processor.scripts.library`;
+    added by the Redis Function of ``send_update.lua`` (``processor.scripts.library``;
     EVALSHA of the same file on Redis 6.2): an idempotency key makes a retried
     send add the entry once. Without an ``idempotency_key`` one is made per call (and
     reused by the built-in retry); pass your own, unique per entry (say
@@ -62,11 +62,11 @@ class Producer:
     kept ``idempotency_ttl`` seconds, per namespace and shard.
 
     The namespace's shard count comes from its record in Redis
-    (:mod:`processor.scripts.meta`), read once by the first call that needs it:
-    :class:`~processor.scripts.meta.NotInitialised` when no worker or ``processor
+    (``processor.scripts.meta``), read once by the first call that needs it:
+    ``NotInitialised`` when no worker or ``processor
     init`` created it yet (nothing is sent; a later call reads again). Give
     ``shards`` only to check it: a different count raises
-    :class:`~processor.scripts.meta.Mismatch`.
+    ``Mismatch``.
 
     ``inbox=True`` sends through the shard's inbox instead (``send_inbox.lua``):
     the entry is pushed to ``{<ns>:<s>}:inbox`` and a worker moves it into the
@@ -76,7 +76,7 @@ class Producer:
     the default path needs ``producer-trusted``. In inbox mode the sends return
     a receipt instead of the entry id: ``"<ms>-0"``, 1 ms before Redis's clock
     at the push, an id below any the entry's turn can be published with, so
-    it works as :meth:`Subscriber.wait_for`'s ``since`` as an entry id does.
+    it works as ``Subscriber.wait_for``'s ``since`` as an entry id does.
 
     **Numbered entries** (docs/contract.md §3.4). Each entry of a turn (per
     attempt) carries its number in the field ``n``: 0 for the turn's first
@@ -129,7 +129,7 @@ class Producer:
 
     @property
     def keys(self) -> Namespace:
-        """The namespace's key names, once its record was read (:meth:`ready`)."""
+        """The namespace's key names, once its record was read (``ready``)."""
         if self._keys is None:
             raise RuntimeError("the namespace's record has not been read yet: "
                                "await producer.ready() first")
@@ -137,8 +137,8 @@ class Producer:
 
     async def ready(self) -> Namespace:
         """The namespace's key names, reading its record the first time
-        (:class:`~processor.scripts.meta.NotInitialised`,
-        :class:`~processor.scripts.meta.Mismatch`)."""
+        (``NotInitialised``,
+        ``Mismatch``)."""
         if self._keys is None:
             meta = await self.retry.run(
                 lambda: require(self.client, self.namespace, self._shards, self._shards_from))
@@ -158,13 +158,13 @@ class Producer:
         n: int | None = None,
     ) -> str:
         """Add one update (``AgentResponseUpdate`` or dict) of a turn; returns its
-        entry id (with ``inbox=True``, a receipt: see :class:`Producer`).
+        entry id (with ``inbox=True``, a receipt: see ``Producer``).
 
         ``response_id`` may be ``None`` when ``turn_id`` is given (the processor
         then assigns the ResponseId). ``ids`` holds the other correlation ids
         (``session_id``, ``step_id``, ...). ``enc="msgpack"`` sends the update as msgpack.
         ``n``: the entry's number in its turn, when the caller numbers them
-        (by default the producer does: see :class:`Producer`).
+        (by default the producer does: see ``Producer``).
         """
         turn = turn_ids(response_id, attempt_id, turn_id, ids)
         return await self._add(turn, update_body(update, enc), idempotency_key, n)
@@ -253,9 +253,9 @@ class Producer:
         A client whose Redis user may not set cancel keys (the shipped
         ``serve`` and ``producer`` users: docs/security.md) has the function
         ask the workers, and waits up to ``wait`` seconds until the key
-        exists (returns ``"asked"``); :class:`CancelNotTaken` if no worker set
+        exists (returns ``"asked"``); ``CancelNotTaken`` if no worker set
         it by then. ``ValueError`` for a reason or TTL out of bounds (nothing
-        sent); :class:`LibraryNotLoaded` before any worker or ``processor
+        sent); ``LibraryNotLoaded`` before any worker or ``processor
         init`` loaded the function library.
 
         For a turn sent with only a ``turn_id``, pass ``response_id=None, turn_id=...``.
@@ -310,7 +310,7 @@ class Producer:
 
         The cancellation key is read at most once per ``poll_interval`` (and
         once at the start), also while the generator is waiting for its next
-        update, which is interrupted when the key appears. See :class:`CancelWatch`.
+        update, which is interrupted when the key appears. See ``CancelWatch``.
         """
         if not (response_id or turn_id):
             raise ValueError("a response_id or a turn_id is needed")
@@ -323,7 +323,7 @@ class Producer:
 
     def cancel_key(self, response_id: str | None, *, turn_id: str | None = None) -> str:
         """The cancellation key of a turn (of the ResponseId assigned from
-        ``turn_id``), once the namespace's record was read (:meth:`ready`).
+        ``turn_id``), once the namespace's record was read (``ready``).
         ``ValueError`` for an id over 512 characters (docs/contract.md §3.2)."""
         for given in (response_id, turn_id):
             if given and len(given) > MAX_ID_LENGTH:
@@ -338,7 +338,7 @@ class Producer:
     async def _add(self, turn: TurnIds, body: list[Any], idempotency_key: str | None,
                    n: int | None = None, *, last: bool = False) -> str:
         """XADD ``turn`` + ``body`` idempotently to the turn's shard (or push it to
-        the shard's inbox), with retries; :class:`TurnEnded` when the turn has
+        the shard's inbox), with retries; ``TurnEnded`` when the turn has
         ended (the same call checks it). Numbered (``n``, else the turn's
         next number) unless the producer is not; ``last``: the turn's end
         or error, after which its counter is forgotten."""

@@ -21,7 +21,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries after what the worker also retries
-    (:func:`processor.redis_io.connections.is_transient`:
+    (``processor.redis_io.connections.is_transient``:
     connection errors and cluster hiccups such as CLUSTERDOWN or TRYAGAIN),
     with exponential backoff and full jitter.
 

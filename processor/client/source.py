@@ -1,4 +1,4 @@
-"""Where a stream's past comes from: :class:`TurnSource`.
+"""Where a stream's past comes from: ``TurnSource``.
 
 A client that joins or resumes needs what was published before it came:
 the merge so far (a snapshot), the events after the seq it has, and, once
@@ -7,11 +7,11 @@ the turn has ended, its merged entry and terminal event. The live feed
 gives only what comes after. In the client package: ``processor serve``
 and ``Subscriber.follow`` read a turn's past the same way.
 
-:class:`LogSource` reads it from the turn's live log, which the workers
+``LogSource`` reads it from the turn's live log, which the workers
 append to with each batch's events and updates (docs/serve.md, "Joining
 and resuming"): one ``XRANGE`` of ``{ns:s}:live:<tk>`` for the history
 and for the snapshot (the logged updates folded with the merge itself,
-:mod:`processor.engine.merge`), and the done marker's entry ids for the final
+``processor.engine.merge``), and the done marker's entry ids for the final
 outputs (one ``XRANGE`` each).
 """
 
@@ -117,7 +117,7 @@ def owned_merged(turn: TurnRef, fields: Mapping[Any, Any]) -> MergedOutput | Non
 
 
 class LogSource:
-    """:class:`TurnSource` on the workers' keys: the turn's live log
+    """``TurnSource`` on the workers' keys: the turn's live log
     (``{ns:s}:live:<tk>``, written by ``publish_live.lua``) for its past
     and its snapshot, and its done marker's entry ids for its outputs."""
 
@@ -148,7 +148,7 @@ class LogSource:
         return TurnState("unknown")
 
     async def _log(self, turn: TurnRef) -> list[tuple[Any, Mapping[Any, Any]]]:
-        """The turn's live log (:class:`PastTooLarge` past the read budget)."""
+        """The turn's live log (``PastTooLarge`` past the read budget)."""
         key = turn.shard(self.namespace).live(turn.key.encode())
         if self.read_budget is None:
             entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(key)
@@ -235,7 +235,7 @@ class LogSource:
         """The turn's events with a seq in (``after``, ``last``), read back
         from its terminal event's entry in the shard's events stream (the
         log went with the turn's state); None if not all of them are within
-        :data:`LOOK_BACK` entries. A turn's events are in the stream in seq
+        ``LOOK_BACK`` entries. A turn's events are in the stream in seq
         order, so the look-back stops at the first one at or below ``after + 1``."""
         events = turn.shard(self.namespace).events
         found: dict[int, LiveEvent] = {}
@@ -264,7 +264,7 @@ class LogSource:
 
 #: How many entries of the shard's events stream a resume of a turn that
 #: finished meanwhile reads back from its terminal event, at most, for the
-#: events the client missed (pages of :data:`LOOK_BACK_PAGE`).
+#: events the client missed (pages of ``LOOK_BACK_PAGE``).
 LOOK_BACK = 10_000
 LOOK_BACK_PAGE = 500
 
@@ -289,9 +289,9 @@ class PagedRead:
     """Pages of one stream read under a total byte ``budget`` (None: no
     bound). Redis sends a page whole once asked, so a page asks for as many
     entries as the budget left holds at the average size read so far
-    (:data:`FIRST_PAGE` to begin with): what Redis sends past the budget is
+    (``FIRST_PAGE`` to begin with): what Redis sends past the budget is
     at most one page. Each page's reply is also cut once past what is left
-    (clients of :func:`processor.redis_io.connections.connect`; a cluster
+    (clients of ``processor.redis_io.connections.connect``; a cluster
     client's page is counted once parsed)."""
 
     def __init__(self, budget: int | None, over: Callable[[], object] | None = None) -> None:

@@ -1,6 +1,6 @@
 """The reading side of the wire contract: following the output streams of every shard.
 
-:class:`Subscriber` follows the ``merged`` and ``events`` streams of every
+``Subscriber`` follows the ``merged`` and ``events`` streams of every
 shard (section 5), resumable from the positions it reports, and waits for the
 merged response of one turn.
 """
@@ -26,16 +26,16 @@ from processor.scripts.meta import require
 from processor.wire.ids import response_id_for_turn, shard_of
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace, Shard
 
-#: The streams of a shard a :class:`Subscriber` can follow.
+#: The streams of a shard a ``Subscriber`` can follow.
 STREAMS = ("merged", "events", "dlq", "updates")
 
 
 class Subscriber(AsyncClosing):
     """Follows the output streams of every shard: ``async for item in subscriber``.
 
-    Items are :class:`MergedItem`, :class:`EventItem` (or :class:`EntryItem`
+    Items are ``MergedItem``, ``EventItem`` (or ``EntryItem``
     for ``dlq``/``updates``), in entry id order within each stream (a batch
-    read across streams is ordered by entry time). :attr:`positions` maps each
+    read across streams is ordered by entry time). ``positions`` maps each
     stream key (``{ns:s}:merged``, ...) to the id of the last item delivered;
     pass it as ``from_positions`` to resume without repeats. ``start`` is where
     streams without a position begin: ``"0-0"`` (all retained entries) or
@@ -45,10 +45,10 @@ class Subscriber(AsyncClosing):
     (``RedisCluster`` client) each shard has its own blocking XREAD in flight.
 
     The namespace's shard count comes from its record in Redis
-    (:mod:`processor.scripts.meta`), read by the first read (until then
-    :attr:`positions` is empty): :class:`~processor.scripts.meta.NotInitialised`
+    (``processor.scripts.meta``), read by the first read (until then
+    ``positions`` is empty): ``NotInitialised``
     when there is none yet. ``shards``, if given, is checked against it
-    (:class:`~processor.scripts.meta.Mismatch`), and fills :attr:`positions` at once.
+    (``Mismatch``), and fills ``positions`` at once.
     """
 
     def __init__(
@@ -100,8 +100,8 @@ class Subscriber(AsyncClosing):
 
     async def ready(self) -> Namespace:
         """The namespace's key names, reading its record the first time
-        (:class:`~processor.scripts.meta.NotInitialised`,
-        :class:`~processor.scripts.meta.Mismatch`)."""
+        (``NotInitialised``,
+        ``Mismatch``)."""
         if not self._checked:
             meta = await self.retry.run(
                 lambda: require(self.client, self.namespace, self._shards))
@@ -119,7 +119,7 @@ class Subscriber(AsyncClosing):
         return self
 
     async def __anext__(self) -> Item:
-        """The next item (waits for one); ends after :meth:`stop` or :meth:`aclose`."""
+        """The next item (waits for one); ends after ``stop`` or ``aclose``."""
         while not self._buffer:
             if self._stopped:
                 raise StopAsyncIteration
@@ -159,7 +159,7 @@ class Subscriber(AsyncClosing):
         matches, unless ``attempt_id`` is given. Only the turn's shard is read,
         from ``since``: the default scans the retained ``merged`` history, so
         pass an entry id written before the turn ended (e.g. the id
-        :meth:`Producer.send` returned) or ``"$"`` (only new entries) to skip it.
+        ``Producer.send`` returned) or ``"$"`` (only new entries) to skip it.
         Independent of this subscriber's own positions.
         """
         target = response_id or response_id_for_turn(_required(turn_id))
@@ -203,11 +203,11 @@ class Subscriber(AsyncClosing):
         """One turn as ``processor serve`` streams it, read from Redis:
         ``async for item in subscriber.follow("resp_1")``.
 
-        Yields a :class:`~processor.client.turns.Snapshot` (the merge so far,
+        Yields a ``Snapshot`` (the merge so far,
         when joining a running turn whose source keeps one), then
-        :class:`~processor.client.turns.LiveEvent` s in seq order, each once
+        ``LiveEvent`` s in seq order, each once
         (``item.seq``), and the turn's
-        :class:`~processor.client.turns.MergedOutput` (authoritative) just
+        ``MergedOutput`` (authoritative) just
         before the terminal
         ``synthesis`` event, after which the iteration ends. ``after`` resumes
         after the last seq seen (the same as ``Last-Event-ID``). Every item

@@ -3,11 +3,11 @@
 A client follows one synthesis: a ``response_id`` (plus its ``attempt_id``
 when the turn has one). What it is sent:
 
-- :class:`LiveEvent`: an event of the turn's ``events`` stream, as the
+- ``LiveEvent``: an event of the turn's ``events`` stream, as the
   worker published it (its JSON is sent as it is); its ``seq`` is the SSE
   ``id:``, the same on every replica.
-- :class:`Snapshot`: the merge so far at some ``seq`` (the ``snapshot`` event).
-- :class:`MergedOutput`: the turn's ``merged`` entry (the ``merged`` event),
+- ``Snapshot``: the merge so far at some ``seq`` (the ``snapshot`` event).
+- ``MergedOutput``: the turn's ``merged`` entry (the ``merged`` event),
   sent just before the terminal event: the final response, authoritative.
 
 All three are read alike: ``item.type`` (the event's type: ``snapshot``,
@@ -16,7 +16,7 @@ the SSE ``data:`` line carries) and ``item.json()`` (that JSON decoded);
 the two that hold a response also have ``item.text`` (its text, joined as
 ``AgentResponse.text`` joins it) and ``item.response_json()``.
 
-:class:`Cursor` sends each seq once, in order. Pure: no Redis, no HTTP; in
+``Cursor`` sends each seq once, in order. Pure: no Redis, no HTTP; in
 the client package so that ``processor serve`` and ``Subscriber.follow``
 (processor/client/follow.py) keep one rule (serve sits above the client).
 """
@@ -135,7 +135,7 @@ class _Response:
 
     @property
     def text(self) -> str:
-        """The response's text (:func:`processor.client.items.response_text`)."""
+        """The response's text (``processor.client.items.response_text``)."""
         return response_text(self.response_json())
 
 

@@ -33,8 +33,8 @@ class CancelWatch(AsyncClosing, Generic[T]):
     It reads the key at most once per poll interval while it is iterated (no
     background task outlives it). When the key is seen, the pending ``anext``
     of the source is cancelled, the source is ``aclose()``-d, the iteration
-    ends, and :attr:`reason` holds the key's value. Use ``async with`` (or
-    :meth:`aclose`) when you may stop iterating early.
+    ends, and ``reason`` holds the key's value. Use ``async with`` (or
+    ``aclose``) when you may stop iterating early.
     """
 
     def __init__(self, client: Any, key: str | Callable[[], Awaitable[str]],

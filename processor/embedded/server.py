@@ -303,23 +303,23 @@ class EmbeddedRedis:
         self.close()
 
     async def astart(self) -> Self:
-        """:meth:`start` without blocking the event loop."""
+        """``start`` without blocking the event loop."""
         return await asyncio.to_thread(self.start)
 
     async def astop(self, timeout: float = 5.0) -> None:
-        """:meth:`stop` without blocking the event loop."""
+        """``stop`` without blocking the event loop."""
         await asyncio.to_thread(self.stop, timeout)
 
     async def akill(self) -> None:
-        """:meth:`kill` without blocking the event loop."""
+        """``kill`` without blocking the event loop."""
         await asyncio.to_thread(self.kill)
 
     async def arestart(self, timeout: float = 5.0) -> Self:
-        """:meth:`restart` without blocking the event loop."""
+        """``restart`` without blocking the event loop."""
         return await asyncio.to_thread(self.restart, timeout)
 
     async def aclose(self) -> None:
-        """:meth:`close` without blocking the event loop."""
+        """``close`` without blocking the event loop."""
         await asyncio.to_thread(self.close)
 
     async def __aenter__(self) -> Self:

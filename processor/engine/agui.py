@@ -34,9 +34,9 @@ Mapping (docs/design.md, "AG-UI projection"):
   (and the summed ``usage``), or ``RUN_ERROR`` with the error's code and
   message. Everything opened is closed before it.
 
-The same ids are what :class:`LiveRun` (a running turn, ``processor serve
+The same ids are what ``LiveRun`` (a running turn, ``processor serve
 ?format=agui``) hands out, so a client's live messages and this run's
-``MESSAGES_SNAPSHOT`` (:func:`messages`) name the same things.
+``MESSAGES_SNAPSHOT`` (``messages``) name the same things.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from processor.wire.models import Content, ErrorInfo, Message, Meta, Response, S
 
 PROTOCOL_VERSION = "1.0"
 #: The id of the empty reasoning message a trimming snapshot holds (see
-#: :meth:`LiveRun.finish`); never one of a client's own messages.
+#: ``LiveRun.finish``); never one of a client's own messages.
 PLACEHOLDER = "processor:trim"
 #: The suffixes this module derives AG-UI ids with (and ``~``, made unique).
 _DERIVED = re.compile(r"(?::reasoning|:result|:call\d+)?~*$")
@@ -345,7 +345,7 @@ class ClientState:
 
 
 def after_snapshot(held: list[AguiMessage], snapshot: list[AguiMessage]) -> list[AguiMessage]:
-    """What a client holds after a ``MESSAGES_SNAPSHOT`` (see :class:`ClientState`)."""
+    """What a client holds after a ``MESSAGES_SNAPSHOT`` (see ``ClientState``)."""
     named = {m["id"]: m for m in snapshot}
     reasoning = any(m["role"] == "reasoning" for m in snapshot)
     kept = [_copy(named.get(m["id"], m)) for m in held
@@ -378,7 +378,7 @@ def messages(run: list[dict[str, Any]]) -> list[AguiMessage]:
 
 def snapshot_and_end(response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
     """A finished turn's ``MESSAGES_SNAPSHOT`` (its merged response, the same
-    messages and ids as :func:`project`'s run) and the run's terminal event."""
+    messages and ids as ``project``'s run) and the run's terminal event."""
     run = project(response, meta, status)
     return [messages_snapshot(run[1:-1], run[-1].get("timestamp")), run[-1]]
 
@@ -401,7 +401,7 @@ class LiveRun:
     """The AG-UI 1.0 projection of a turn's live ``events`` (``processor serve
     ?format=agui``), one worker event at a time, in seq order, for one client.
 
-    Each worker event becomes a *group* of AG-UI events (:meth:`event`):
+    Each worker event becomes a *group* of AG-UI events (``event``):
     the SSE id (its seq) goes on the group's last event only, and every event
     before it leaves the client's messages as they are (``*_END``, a
     ``*_START`` of what the client already has, ``STEP_*``) or sets them
@@ -426,12 +426,12 @@ class LiveRun:
       text (a message left empty is dropped): AG-UI has no other way to
       rewrite the past;
     - types to come -> ``CUSTOM`` ``processor.<type>``;
-    - the terminal event -> :meth:`finish`: everything open closed, the
+    - the terminal event -> ``finish``: everything open closed, the
       merged response's ``MESSAGES_SNAPSHOT`` and the outcome.
 
-    The ids are :func:`project`'s. The state after an event depends only on
+    The ids are ``project``'s. The state after an event depends only on
     the events before it, so any replica that folds a turn's history
-    (:meth:`fold`) renders the rest the same way.
+    (``fold``) renders the rest the same way.
     """
 
     def __init__(self) -> None:
@@ -493,11 +493,11 @@ class LiveRun:
 
     def join(self, response: Response, meta: Meta) -> list[dict[str, Any]]:
         """A client that joins a running turn: the merge so far as
-        :func:`project`'s run of it (so a client that reads only
+        ``project``'s run of it (so a client that reads only
         ``TEXT_MESSAGE_*`` and ``TOOL_CALL_*`` gets the text too), after a
         ``MESSAGES_SNAPSHOT`` of the client's own messages (the group starts
-        from them, whatever of the turn it held); call :meth:`forget_open`
-        before this connection's :meth:`reopen`."""
+        from them, whatever of the turn it held); call ``forget_open``
+        before this connection's ``reopen``."""
         return self._stamped(self._replay(response, meta, "completed"), None)
 
     def _replay(self, response: Response, meta: Meta, status: Status) -> list[dict[str, Any]]:
@@ -513,7 +513,7 @@ class LiveRun:
         self.event(event)
 
     def event(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The group of one worker event (not the terminal one: :meth:`finish`)."""
+        """The group of one worker event (not the terminal one: ``finish``)."""
         kind = event.get("type")
         group: list[dict[str, Any]]
         if kind == "synthesis.started":

@@ -1,7 +1,7 @@
 """How the pieces of a turn combine: chunks into contents, properties, id-less
 runs into the keyed message after them, and the ids of id-less messages.
 
-Pure helpers of :mod:`processor.engine.merge` (folding and rendering alike).
+Pure helpers of ``processor.engine.merge`` (folding and rendering alike).
 """
 
 from __future__ import annotations

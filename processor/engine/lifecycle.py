@@ -1,6 +1,6 @@
 """A turn's life from first entry to terminal outcome, as a pure state machine.
 
-:class:`TurnLife` wraps the merge (:class:`~processor.engine.merge.Turn`) with the
+``TurnLife`` wraps the merge (``Turn``) with the
 rules of docs/contract.md §6 and §7: what an entry means once the turn has
 ended, the per-turn limits, cancellation and timeout. ``processor merge`` and
 the worker's finalisation both replay a turn's entries through it, which is
@@ -60,7 +60,7 @@ LATE = frozenset((TURN_CLOSED, TURN_LIMIT))
 
 
 def late_detail(verdict: Verdict, outcome: Outcome | None) -> str:
-    """The DLQ ``detail`` of a late entry (``verdict`` in :data:`LATE`),
+    """The DLQ ``detail`` of a late entry (``verdict`` in ``LATE``),
     live and offline alike: for the entry that crossed a limit, the turn's
     error message (which names the limit); else that the turn had ended."""
     if verdict is TURN_LIMIT and outcome is not None and outcome.error is not None:
@@ -156,14 +156,14 @@ class TurnLife:
 
     def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
                      size: int, prefix: Callable[[int], tuple[int, str]]) -> int:
-        """:meth:`feed` of plain updates (no correlation ids), ``size`` bytes
+        """``feed`` of plain updates (no correlation ids), ``size`` bytes
         in all, from ``first_id`` to ``last_id``, when each would be merged;
         how many were fed. All of them when the turn is open and all of them
         within its limits. None when the turn has ended or the updates would
         cross its update or byte limit. When the merge refuses one (its
         usage does not fit, which only folding finds), the ones before it:
         ``prefix(k)`` gives the bytes and the last entry id of the first k.
-        Feed the rest one by one with :meth:`feed` (the first then ends
+        Feed the rest one by one with ``feed`` (the first then ends
         the turn), as each would have been."""
         counts, limits = self.counts, self.limits
         n = len(updates)

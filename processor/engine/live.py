@@ -1,8 +1,8 @@
 """Live progress: the events that tell a UI how a running turn's merge moved.
 
-Pure. :func:`live_events` compares the turn's merged response after a
-batch (the real merge, :meth:`processor.engine.merge.Turn.finish`) with what the
-turn's live events have said so far (:class:`Shown`), and returns the
+Pure. ``live_events`` compares the turn's merged response after a
+batch (the real merge, ``processor.engine.merge.Turn.finish``) with what the
+turn's live events have said so far (``Shown``), and returns the
 events that bring a reader from one to the other, coalesced: per message
 at most one text chunk, one reasoning chunk, one chunk per function call
 and one event per new or changed function result (a message's reasoning
@@ -131,7 +131,7 @@ def live_events(
     """The events from ``shown`` to ``response``, and what is shown after them.
 
     ``ids``: the turn's correlation ids (its state's, see
-    :func:`processor.engine.events.turn_ids`). ``shown`` is not changed.
+    ``processor.engine.events.turn_ids``). ``shown`` is not changed.
 
     One pass over each message's contents (run for every turn a batch
     moved, so kept lean): its text, reasoning and last step kind, and its
@@ -278,7 +278,7 @@ _BLANK: dict[type, Any] = {
 
 class _Made:
     """A turn's event of each kind with its turn-level fields (``seq`` 0),
-    made from :data:`_BLANK` when first needed: its events copy it."""
+    made from ``_BLANK`` when first needed: its events copy it."""
 
     __slots__ = ("ids", "protos", "response_id", "synthesis_id", "ts")
 

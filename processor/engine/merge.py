@@ -1,15 +1,15 @@
 """The merge: a pure, deterministic fold of a turn's entries (docs/contract.md §4).
 
-:class:`Turn` folds update records one at a time, in arrival order, into a
+``Turn`` folds update records one at a time, in arrival order, into a
 state that is small (adjacent deltas are coalesced) and serialisable
-(:meth:`Turn.to_bytes` / :meth:`Turn.from_bytes`), so a turn can be folded
-part-way on one process and finished on another. :meth:`Turn.finish` renders
-the merged :class:`~processor.wire.models.Response` without changing the state.
+(``Turn.to_bytes`` / ``Turn.from_bytes``), so a turn can be folded
+part-way on one process and finished on another. ``Turn.finish`` renders
+the merged ``Response`` without changing the state.
 
 Nothing here does I/O, reads a clock or depends on which process runs it:
 the same records in the same order give byte-identical output.
 
-Layout of the state (:mod:`processor.engine.turn_state`): the turn's messages
+Layout of the state (``processor.engine.turn_state``): the turn's messages
 ("segments") grouped in blocks, one block per inner response id, blocks and
 segments in first-seen order. A keyed segment collects every update naming
 its ``message_id``; an id-less segment collects one contiguous run of
@@ -50,8 +50,8 @@ _decoder = msgspec.msgpack.Decoder(TurnState)
 
 class UsageOverflow(Exception):
     """An update refused because its usage would take the turn's sum of a
-    counter past :data:`~processor.wire.models.MAX_USAGE_COUNT`; folding it
-    changed nothing. (:class:`~processor.engine.lifecycle.TurnLife` ends the turn
+    counter past ``MAX_USAGE_COUNT``; folding it
+    changed nothing. (``TurnLife`` ends the turn
     as ``turn_limit`` there.)"""
 
     def __init__(self, counter: str, total: int) -> None:
@@ -112,7 +112,7 @@ class Turn:
     def apply(self, record: Record) -> None:
         """Fold one record (in arrival order). Only ``update`` records change
         the merge; the caller decides what ``end``/``error`` mean. Raises
-        :class:`UsageOverflow`, changing nothing, for an update whose usage
+        ``UsageOverflow``, changing nothing, for an update whose usage
         does not fit (so its ids are taken only after the fold)."""
         update = record.update
         if update is not None:
@@ -121,14 +121,14 @@ class Turn:
             self._take_ids(record.ids)
 
     def fold(self, update: Update) -> None:
-        """Fold one update (in arrival order): :meth:`apply` of a record of
+        """Fold one update (in arrival order): ``apply`` of a record of
         it with no correlation ids.
 
         The usual update, one text, reasoning or argument delta continuing
         the last content of the message its id names, is folded right here,
         in a few steps (a method call costs as much as several of them): it
-        does exactly what :meth:`_apply_update` would. Anything else, or any
-        doubt, takes :meth:`_apply_update`.
+        does exactly what ``_apply_update`` would. Anything else, or any
+        doubt, takes ``_apply_update``.
         """
         try:
             (chunk,) = update.contents  # (cheaper than a len() test, in the usual case)
@@ -295,7 +295,7 @@ class Turn:
         inner response reported before; other inner responses (other agents
         of the turn) keep theirs.
 
-        Raises :class:`UsageOverflow` if the turn's sum (over every inner
+        Raises ``UsageOverflow`` if the turn's sum (over every inner
         response, as rendered) of one of its counters would pass
         ``MAX_USAGE_COUNT``.
         """

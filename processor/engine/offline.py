@@ -49,7 +49,7 @@ class _Open(msgspec.Struct):
 
 
 class OfflineMerge:
-    """Feed entries in arrival order, then :meth:`results`."""
+    """Feed entries in arrival order, then ``results``."""
 
     def __init__(
         self, *, limits: Limits | None = None, progress: bool = False, clock_ms: Any = None

@@ -4,8 +4,8 @@ snapshot. Pure: the same stored records give the same response as
 ``processor merge`` of the same entries, compacted or not.
 
 A turn's ``recs`` hash holds one record per applied entry (field = entry id)
-and, once compacted, a :class:`Snapshot` under the field :data:`STATE`: the
-:class:`~processor.engine.lifecycle.TurnLife` after every record up to its
+and, once compacted, a ``Snapshot`` under the field ``STATE``: the
+``TurnLife`` after every record up to its
 ``cover`` entry id, which those records were replaced by.
 """
 
@@ -50,7 +50,7 @@ STATE = "state"
 
 
 class Snapshot(msgspec.Struct, array_like=True):
-    """A turn's :class:`TurnLife` after every stored record up to ``cover``.
+    """A turn's ``TurnLife`` after every stored record up to ``cover``.
     Only taken while the turn has no outcome, so it holds no late records.
     (Array-like: a snapshot written before a trailing field was added loads
     with its default, and a reader that predates it ignores it.)"""
@@ -106,7 +106,7 @@ class Settled(msgspec.Struct):
 
 
 class Replay:
-    """A turn's records fed in entry-id order through :class:`TurnLife`,
+    """A turn's records fed in entry-id order through ``TurnLife``,
     remembering what a finalise publishes besides the merge: the records
     found after the turn's end (dead letters) and the entry that ended it."""
 
@@ -132,7 +132,7 @@ class Replay:
 
     def feed_updates(self, updates: list[Update], first_id: str, last_id: str,
                      size: int, prefix: Callable[[int], tuple[int, str]]) -> int:
-        """:meth:`TurnLife.feed_updates`: those fed are merged, so none is
+        """``TurnLife.feed_updates``: those fed are merged, so none is
         late and none ends the turn."""
         return self.life.feed_updates(updates, first_id, last_id, size, prefix)
 
@@ -159,7 +159,7 @@ def replay_render(
     cancel_reason: str | None = None,
 ) -> Settled | None:
     """Replay a turn's stored records in entry-id order and render its outputs
-    (:func:`render`)."""
+    (``render``)."""
     return render(key, replay(key, recs, limits), turn_hash, reason, now_ms, with_agui,
                   cancel_reason=cancel_reason)
 
@@ -178,7 +178,7 @@ def render(
     publishes. Consumes ``done`` (cancels or expires its life). ``response``:
     its merged response if the caller has it already (nothing fed since),
     so that it is not rendered again. ``cancel_reason``: for a ``cancel``, the
-    reason read from its key (:func:`processor.wire.cancels.reason_of`).
+    reason read from its key (``processor.wire.cancels.reason_of``).
 
     Returns None when a ``closing`` turn turns out not to be finished (its
     closing record is not in the state any more), which only a concurrent
@@ -213,7 +213,7 @@ def render(
 
 def resume(key: TurnKey, limits: Limits, records: dict[str, Any]) -> tuple[TurnLife, str]:
     """The turn's life from its snapshot, if ``records`` (entry id -> stored
-    record, plus :data:`STATE`) has one, which is popped; and its cover ("" if none).
+    record, plus ``STATE``) has one, which is popped; and its cover ("" if none).
     Every record left is after the cover: compaction deleted the others."""
     life = TurnLife(key, limits)
     blob = records.pop(STATE, None)
@@ -259,7 +259,7 @@ def plan_compaction(
 
 
 def resumed(key: TurnKey, limits: Limits, snap: bytes) -> Replay:
-    """A turn's replay from its stored snapshot alone (what :func:`resume`
+    """A turn's replay from its stored snapshot alone (what ``resume``
     makes of a recs hash holding only ``state``)."""
     life, _cover = resume(key, limits, {STATE: snap})
     return Replay(life)
@@ -267,7 +267,7 @@ def resumed(key: TurnKey, limits: Limits, snap: bytes) -> Replay:
 
 def snapshot(life: TurnLife, cover: str) -> bytes:
     """The stored snapshot of a turn without an outcome after every entry
-    up to ``cover`` (what :func:`resume` reads back): a compaction's, or a
+    up to ``cover`` (what ``resume`` reads back): a compaction's, or a
     held turn's checkpoint (``checkpoint_held``)."""
     return _pack.encode(Snapshot(cover, life.turn.to_bytes(), life.counts, life.bytes,
                                  life.first_id, life.last_id, life.next_n))
@@ -313,7 +313,7 @@ def _late_fields(key: TurnKey, entry_id: str, record: Record, detail: str,
 
 def take_late(done: Replay) -> list[tuple[str, str, str]]:
     """The entries found after the turn's end, as (id, reason, detail),
-    taken out of ``done`` (so :func:`render` publishes none of them): for a
+    taken out of ``done`` (so ``render`` publishes none of them): for a
     caller whose script dead-letters them from the stream's copy, with their
     original fields (``finalise_held``: held entries are still in the stream)."""
     outcome = done.life.outcome

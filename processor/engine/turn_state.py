@@ -1,4 +1,4 @@
-"""The state of one turn's merge: what :class:`~processor.engine.merge.Turn` folds
+"""The state of one turn's merge: what ``Turn`` folds
 into and the worker stores in Redis (msgpack, array-like: compact).
 
 Layout: the turn's messages ("segments") grouped in blocks, one block per
@@ -42,7 +42,7 @@ class Block(msgspec.Struct, array_like=True, gc=False):
 
 
 class TurnState(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Everything :meth:`Turn.finish` needs; what the worker stores in Redis.
+    """Everything ``Turn.finish`` needs; what the worker stores in Redis.
 
     ``gc=False``: it holds plain data (lists, dicts, Segments), never
     anything holding it, so it is in no reference cycle. Untracked, a long

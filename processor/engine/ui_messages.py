@@ -163,7 +163,7 @@ class TurnParts:
         return turn
 
     def apply(self, event: Mapping[str, Any]) -> _Message | None:
-        """Take in a live event (:mod:`processor.engine.live`); its message, or
+        """Take in a live event (``processor.engine.live``); its message, or
         None for an event that changes no part."""
         kind = event.get("type")
         if kind not in LIVE_KINDS or not _well_formed(kind, event):
@@ -369,7 +369,7 @@ class Ending:
 
 class UiStream:
     """The chunks of one open stream, in order: what the client holds is
-    known here (every chunk sent is folded into :attr:`client`), so each
+    known here (every chunk sent is folded into ``client``), so each
     change is sent as the fewest chunks that reach it."""
 
     def __init__(self, message_id: str) -> None:
@@ -398,7 +398,7 @@ class UiStream:
         return [*self._start(), *self._sync(False)]
 
     def event(self, event: Mapping[str, Any]) -> list[Chunk]:
-        """One live event (the terminal one: :meth:`end`)."""
+        """One live event (the terminal one: ``end``)."""
         if self.ended:
             return []
         head = self._start()

@@ -1,9 +1,9 @@
-"""Stream entry fields -> validated :class:`Record`, or a specific error.
+"""Stream entry fields -> validated ``Record``, or a specific error.
 
-Every failure is an :class:`EntryError` with a DLQ reason code (docs/contract.md §5.3)
+Every failure is an ``EntryError`` with a DLQ reason code (docs/contract.md §5.3)
 and a human-readable detail naming the offending path. Nothing here raises
 anything else on bad input: the worker dead-letters the entry and moves on.
-What an update may hold is checked in :mod:`processor.ingest.validate`.
+What an update may hold is checked in ``processor.ingest.validate``.
 
 This is the hot path of every entry, so the common case (str or bytes
 values, ASCII text, no correlation ids) takes as few Python steps as it can;
@@ -74,14 +74,14 @@ _recent_keys: dict[str | bytes, TurnKey] = {}
 _RECENT_KEYS = 1024
 #: The TurnKey of a response id (bytes as Redis returns it, or str) seen
 #: lately, else None: only ids that passed every check of a turn key of
-#: their own (ASCII, not empty, within :data:`MAX_ID_LENGTH`, no attempt id)
+#: their own (ASCII, not empty, within ``MAX_ID_LENGTH``, no attempt id)
 #: are kept. A bound ``dict.get``: grouping a held batch asks it per entry.
 recent_turn = _recent_keys.get
 _KINDS = ("update", "end", "error")
-#: A decoded entry with its size in bytes (:func:`entry_size`).
+#: A decoded entry with its size in bytes (``entry_size``).
 Sized = tuple[TurnKey, Record, int]
 #: The bytes of a plain update's two field names (an entry's size counts
-#: its names and values: :func:`entry_size`).
+#: its names and values: ``entry_size``).
 PLAIN_NAMES = len("response_id") + len("update")
 _END_NAMES = len("response_id") + len("kind") + len("end")
 
@@ -99,7 +99,7 @@ def decode_entry(
 
 
 def _sized_entry(raw_fields: Mapping[Any, Any], max_entry_bytes: int) -> Sized:
-    """:func:`decode_entry`, with the entry's size (:func:`entry_size`)."""
+    """``decode_entry``, with the entry's size (``entry_size``)."""
     if raw_fields.__class__ is dict:
         found = _plain_update(raw_fields, max_entry_bytes)
         if found is not None:
@@ -118,8 +118,8 @@ def _sized_entry(raw_fields: Mapping[Any, Any], max_entry_bytes: int) -> Sized:
 def decode_stream_entry(
     raw_fields: dict[Any, Any], *, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
 ) -> Sized:
-    """:func:`decode_entry` for fields as Redis returns them (bytes names and
-    values), with the entry's size (:func:`entry_size`, which the fast paths
+    """``decode_entry`` for fields as Redis returns them (bytes names and
+    values), with the entry's size (``entry_size``, which the fast paths
     know already: measuring it again cost a twentieth of a worker holding
     turns). Takes a fast path for the usual all-ASCII update: straight
     from the bytes for an entry of just ``response_id`` and ``update`` (or
@@ -155,8 +155,8 @@ def peek_plain(
     (just ``response_id`` and ``update``, ASCII bytes, within the limit),
     without decoding the JSON; None for any other entry. A worker holding
     turns decodes a turn's plain updates later, all at once
-    (:func:`decode_plain`): the entry may still be one
-    :func:`decode_stream_entry` refuses."""
+    (``decode_plain``): the entry may still be one
+    ``decode_stream_entry`` refuses."""
     if len(fields) != 2:
         return None
     raw_id: Any = fields.get(b"response_id")
@@ -178,8 +178,8 @@ def peek_plain(
 
 
 def decode_plain(texts: list[bytes]) -> list[Update] | None:
-    """The updates of plain entries (:func:`peek_plain`), decoded in one
-    msgspec call and checked, exactly as :func:`decode_stream_entry` decodes
+    """The updates of plain entries (``peek_plain``), decoded in one
+    msgspec call and checked, exactly as ``decode_stream_entry`` decodes
     each; None if any of them needs more than that (an error, the .NET
     shape, an unknown field): decode the entries one by one then.
 
@@ -312,7 +312,7 @@ def _record(fields: Mapping[str, Any]) -> Record:
 
 
 def decode_update(fields: Mapping[str, Any]) -> Update:
-    """The ``update`` field of an entry as an :class:`Update`."""
+    """The ``update`` field of an entry as an ``Update``."""
     enc = fields.get("enc")
     raw = fields.get("update")
     if enc is None and raw.__class__ is str:

@@ -2,8 +2,8 @@
 (what ``--max-entry-bytes`` counts), the turn key, the routing id and the
 correlation ids (docs/contract.md §3.1).
 
-Every failure is an :class:`~processor.ingest.validate.EntryError` with a DLQ
-reason code; :mod:`processor.ingest.decode` builds the record on top of these, with
+Every failure is an ``EntryError`` with a DLQ
+reason code; ``processor.ingest.decode`` builds the record on top of these, with
 fast paths whose results and errors must equal theirs.
 """
 
@@ -127,7 +127,7 @@ def check_id(name: str, value: str) -> None:
 
 
 def sized_str_keys(fields: Mapping[Any, Any]) -> tuple[dict[str, Any], int]:
-    """The fields with str names, and :func:`entry_size`, in one pass (the hot path).
+    """The fields with str names, and ``entry_size``, in one pass (the hot path).
 
     Only the size can raise, and it is computed first for each field, so
     failures are those of ``entry_size`` (a bytes name becomes str, never failing). A plain
@@ -169,7 +169,7 @@ def correlation_ids(fields: Mapping[str, Any]) -> dict[str, str]:
 def entry_number(fields: Mapping[str, Any]) -> int | None:
     """The entry's number in its turn, the ``n`` field (docs/contract.md
     §3.4), or None when it has none: decimal digits (0, or no leading zero)
-    up to :data:`~processor.wire.models.MAX_ENTRY_NUMBER`; offline, a JSON
+    up to ``MAX_ENTRY_NUMBER``; offline, a JSON
     integer too. Anything else is ``invalid_entry``: a number that cannot be
     read would hide the very gap it is there to show."""
     value = fields.get("n")

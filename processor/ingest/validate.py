@@ -3,11 +3,11 @@
 msgspec checks the shape (types, required fields) in C. What it cannot check
 is left to this module: free-form values (results, arguments, extra
 properties, ...) must be JSON-shaped and storable (string keys, integers
-msgpack can hold, no msgpack extension types, at most :data:`MAX_DEPTH`
+msgpack can hold, no msgpack extension types, at most ``MAX_DEPTH``
 levels deep), nested contents get the same treatment as top-level ones, and
 fields Agent Framework does not know move into ``additional_properties``.
 
-Every failure is an :class:`EntryError` naming the path and the reason.
+Every failure is an ``EntryError`` naming the path and the reason.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _counts_fit(counts: dict[str, int | None]) -> bool:
 
 
 def _check_counts(counts: dict[str, int | None], path: str) -> None:
-    """Each usage count an integer from 0 to :data:`MAX_USAGE_COUNT` (or
+    """Each usage count an integer from 0 to ``MAX_USAGE_COUNT`` (or
     null), so that every JSON reader holds it, and the turn's sums, exactly."""
     for name, count in counts.items():
         if count is not None and not 0 <= count <= MAX_USAGE_COUNT:

@@ -73,8 +73,8 @@ async def until_done(
     fn: Callable[..., Awaitable[Any]], *args: Any,
     give_up: Callable[[], bool], on_retry: Callable[[BaseException | None], None],
 ) -> Any:
-    """Run ``fn(*args)`` until it succeeds, waiting :data:`BACKOFF` after each
-    transient failure (:func:`is_transient`; ``on_retry`` is told of each),
+    """Run ``fn(*args)`` until it succeeds, waiting ``BACKOFF`` after each
+    transient failure (``is_transient``; ``on_retry`` is told of each),
     and raising at once anything else, or anything once ``give_up()``.
 
     The first try runs bare: building tenacity's retry loop costs about
@@ -106,7 +106,7 @@ def _error_of(state: RetryCallState) -> BaseException | None:
 
 def is_redis_failure(exc: BaseException) -> bool:
     """Whether a background Redis step (a heartbeat, a metrics sample)
-    failed the way Redis calls do: an outage (:func:`is_transient`, which a
+    failed the way Redis calls do: an outage (``is_transient``, which a
     cluster's failover and slot moves need beyond TRANSIENT) or an error
     reply. Worth a warning; anything else is a bug worth logging as one."""
     return is_transient(exc) or isinstance(exc, ResponseError)
@@ -220,8 +220,8 @@ def _stream_entries(entries: list[Any]) -> list[tuple[Any, Any]]:
     return found
 
 
-#: The option of :func:`parse_stream_read` that leaves each entry as the
-#: reply holds it: ``[id, [name, value, ...]]`` (:func:`read_raw`).
+#: The option of ``parse_stream_read`` that leaves each entry as the
+#: reply holds it: ``[id, [name, value, ...]]`` (``read_raw``).
 RAW_ENTRIES = "raw_entries"
 
 
@@ -231,9 +231,9 @@ async def read_raw(client: Any, group: str, consumer: str, stream: str,
     ``[id, [name, value, ...]]``: a worker holding turns groups the usual
     entries straight from that (processor.worker.held.held_batch), and the tuple and
     dict of the usual shape, built and freed per entry, were about 3% of its
-    time. :func:`stream_entry` gives an entry the usual shape. ``client``
-    parses its stream reads with :func:`parse_stream_read` (:func:`connect`'s
-    clients do: :func:`fast_stream_reads`)."""
+    time. ``stream_entry`` gives an entry the usual shape. ``client``
+    parses its stream reads with ``parse_stream_read`` (``connect``'s
+    clients do: ``fast_stream_reads``)."""
     args: list[Any] = ["XREADGROUP", "GROUP", group, consumer]
     if count is not None:
         args += ["COUNT", count]
@@ -244,7 +244,7 @@ async def read_raw(client: Any, group: str, consumer: str, stream: str,
 
 
 def fast_stream_reads(client: Any) -> None:
-    """Parse ``client``'s XREADGROUP replies with :func:`parse_stream_read`
+    """Parse ``client``'s XREADGROUP replies with ``parse_stream_read``
     (the same shape as redis-py's, so every caller of the client is served
     alike; a cluster client's nodes share its callbacks)."""
     client.set_response_callback("XREADGROUP", parse_stream_read)
@@ -294,7 +294,7 @@ async def is_cluster(options: RedisOptions) -> bool:
 
 async def connect(options: RedisOptions, max_connections: int | None = None) -> Any:
     """A client for the URL: the cluster client when the node is in a cluster,
-    its stream reads parsed by :func:`parse_stream_read`. ``max_connections``:
+    its stream reads parsed by ``parse_stream_read``. ``max_connections``:
     the pool's size (per node in a cluster; redis-py's default otherwise, 100)."""
     client: Any
     kwargs = _kwargs(options)

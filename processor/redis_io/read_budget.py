@@ -1,7 +1,7 @@
 """A bound on the bytes of one Redis reply: a command run under a
-:class:`ReadBudget` (:func:`bounded`) has its reply cut with
-:class:`ReplyTooLarge` past the budget, by :class:`LimitedParser`, the parser
-of the clients :func:`processor.redis_io.connections.connect` makes."""
+``ReadBudget`` (``bounded``) has its reply cut with
+``ReplyTooLarge`` past the budget, by ``LimitedParser``, the parser
+of the clients ``processor.redis_io.connections.connect`` makes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 
 class ReplyTooLarge(Exception):
-    """A reply read under a :class:`ReadBudget` passed it: the parser stopped
+    """A reply read under a ``ReadBudget`` passed it: the parser stopped
     reading and the connection is closed (redis-py closes it on any error
     while reading), so nothing of the reply is left in memory. Not a
     connection error: redis-py must not retry the command."""
@@ -41,8 +41,8 @@ _BUDGET: ContextVar[ReadBudget | None] = ContextVar("processor_read_budget", def
 @contextlib.contextmanager
 def bounded(budget: ReadBudget) -> Iterator[ReadBudget]:
     """Run one Redis command under ``budget``: its reply is cut with
-    :class:`ReplyTooLarge` once more than ``budget.limit`` bytes of it were
-    read (clients made by :func:`connect`; others read it whole)."""
+    ``ReplyTooLarge`` once more than ``budget.limit`` bytes of it were
+    read (clients made by ``connect``; others read it whole)."""
     budget.bytes = 0
     token = _BUDGET.set(budget)
     try:
@@ -53,7 +53,7 @@ def bounded(budget: ReadBudget) -> Iterator[ReadBudget]:
 
 class LimitedParser(_AsyncHiredisParser):
     """redis-py's hiredis parser, counting the bytes of a reply read under a
-    :class:`ReadBudget` (:func:`bounded`, set by the task awaiting it) and
+    ``ReadBudget`` (``bounded``, set by the task awaiting it) and
     cutting it past the budget. Without a budget it is hiredis's parser."""
 
     async def read_from_socket(self) -> bool:

@@ -13,8 +13,8 @@ def as_text(value: Any) -> str:
 
 def stream_entry(entry: Any) -> tuple[Any, dict[Any, Any]]:
     """An entry in the usual shape, ``(id, {name: value})``, whether as
-    :func:`~processor.redis_io.connections.read_raw` or as
-    :func:`~processor.redis_io.connections.parse_stream_read` gives it."""
+    ``read_raw`` or as
+    ``parse_stream_read`` gives it."""
     fields = entry[1]
     if fields.__class__ is dict:
         return entry[0], fields

@@ -9,7 +9,7 @@ the ``local function`` before the call). A cycle is an error. The text is
 loaded once; redis-py's ``Script`` objects run it with EVALSHA and reload it
 after a ``NOSCRIPT`` (a restarted or failed-over Redis). The producers'
 scripts are also assembled into a Redis Function library, which producers
-call without any right to load Lua (:mod:`processor.scripts.library`).
+call without any right to load Lua (``processor.scripts.library``).
 """
 
 from __future__ import annotations

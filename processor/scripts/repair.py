@@ -2,10 +2,10 @@
 
 An ``XADD`` with an explicit id at the last possible id makes every later
 ``XADD *`` of the stream fail; one far ahead of Redis's clock gets there
-entry by entry (:mod:`processor.wire.stream_ids`; workers report either in their
+entry by entry (``processor.wire.stream_ids``; workers report either in their
 log, ``processor_stream_ids_bad`` and ``/readyz``). The repair is one Lua
 step per shard (``repair_stream.lua``, which says exactly what it does): the
-entries past the limit move to the DLQ whole (reason :data:`BAD_ID`; one a
+entries past the limit move to the DLQ whole (reason ``BAD_ID``; one a
 worker already merged and acked is only deleted), every
 other entry, pending entry and consumer group stays, and the stream's and
 groups' last ids come back below the limit so that producers' sends work

@@ -1,4 +1,4 @@
-"""A short-lived per-turn cache in front of a :class:`TurnSource`.
+"""A short-lived per-turn cache in front of a ``TurnSource``.
 
 Without it every join, resume and GET reads the turn's past from Redis
 again: resuming a finished turn from seq 0 in a loop read back up to
@@ -24,7 +24,7 @@ it, repeated requests for one turn cost Redis about one read of it per
   be moved on so: once the turn moves on, the next fresh join waits for a
   new read, started after it came.
 - **Reads are shared and spaced**: requests that need a new read of one
-  turn wait for the same one; after :data:`READ_BURST` reads back to back,
+  turn wait for the same one; after ``READ_BURST`` reads back to back,
   the next starts no sooner than ``ttl`` s after the one before (so a
   client looping on a busy turn waits up to ``ttl`` s, and Redis sees
   about one read of it per ``ttl``).
@@ -34,7 +34,7 @@ one-field reads): it decides whether the past must be read at all, and
 only a state read after the client subscribed is exact for it.
 
 Every Redis call of the inner source holds a slot of the replica's
-:class:`~processor.serve.gate.RedisGate`.
+``RedisGate``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class _Slot(Generic[T]):
 
 @dataclass(eq=False)
 class TurnCache:
-    """:class:`TurnSource`: ``inner``'s answers, shared and kept (module doc)."""
+    """``TurnSource``: ``inner``'s answers, shared and kept (module doc)."""
 
     inner: TurnSource
     hub: Hub

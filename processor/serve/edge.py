@@ -1,5 +1,5 @@
 """The HTTP edge of ``processor serve``: what every handler shares
-(:class:`Server`), its error answers, who may ask (tokens), which browser
+(``Server``), its error answers, who may ask (tokens), which browser
 origins may call (CORS), and the middlewares."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def refusal(status: int, code: str, detail: str, **headers: str) -> web.HTTPExce
 
 
 def too_large(limit: int, code: str, detail: str) -> web.HTTPException:
-    """A 413 answer for a body over ``limit`` bytes, shaped as :func:`refusal`'s."""
+    """A 413 answer for a body over ``limit`` bytes, shaped as ``refusal``'s."""
     body = json.dumps({"error": code, "detail": detail})
     return web.HTTPRequestEntityTooLarge(limit, 0, text=body, content_type="application/json")
 

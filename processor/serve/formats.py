@@ -1,5 +1,5 @@
 """How a stream's items are written: the worker's events as they are
-(:class:`Native`), or as AG-UI 1.0 events (:class:`Agui`, ``?format=agui``).
+(``Native``), or as AG-UI 1.0 events (``Agui``, ``?format=agui``).
 
 Both put a seq on one SSE event at most, as its ``id:``, so a resume
 (``Last-Event-ID``) is the same in both: every seq after it, once. Native
@@ -7,7 +7,7 @@ sends one event per seq; AG-UI a group per seq whose last event alone
 carries the id. What has no seq of its own (the native ``merged``, AG-UI's
 final ``MESSAGES_SNAPSHOT``) goes just before the terminal event without an
 id, so a client cut off between the two gets both again. Pure: items in, SSE
-frames out; the AG-UI rendering itself is :mod:`processor.engine.agui`'s.
+frames out; the AG-UI rendering itself is ``processor.engine.agui``'s.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Native:
 
 
 class Agui:
-    """AG-UI 1.0 events (:class:`processor.engine.agui.LiveRun`), for one
+    """AG-UI 1.0 events (``processor.engine.agui.LiveRun``), for one
     connection: every connection is one AG-UI run, as a stock client
     (``HttpAgent``) sees a request. It starts with ``RUN_STARTED``: the
     turn's own (id 0) from its start, else one without an id and what is
@@ -165,7 +165,7 @@ class Agui:
 
 
 def make(name: str, fresh: bool, given: list[dict[str, Any]] | None = None) -> Format:
-    """The format ``?format=`` names (one of :data:`FORMATS`); ``given``: the
+    """The format ``?format=`` names (one of ``FORMATS``); ``given``: the
     messages an AG-UI client posted."""
     return Agui(fresh, given) if name == "agui" else Native()
 

@@ -4,7 +4,7 @@ redis-py's connection pool refuses a command outright when all its
 connections are busy (``MaxConnectionsError``: a 503 for the client). A
 burst of joins, every browser reconnecting after a replica restart, used
 to get hundreds of those with Redis healthy (``EventSource`` gives up for
-good on a non-200). Requests take a :class:`RedisGate` slot around their
+good on a non-200). Requests take a ``RedisGate`` slot around their
 Redis calls instead: at most ``size`` at once, fewer than the pool holds
 (the shard readers keep theirs), the others wait their turn, in order,
 for at most ``wait`` seconds (then a 503), each wait measured.

@@ -3,7 +3,7 @@
 aiohttp closes a connection that has not sent a whole request only when
 its keep-alive timeout (75 s) passes, whatever arrives meanwhile: 2,000
 connections sending one header byte every 5 s all stayed open 40 s, each
-holding a file descriptor. :class:`PendingConnections` watches every
+holding a file descriptor. ``PendingConnections`` watches every
 connection from its accept to the start of its first request, and again
 between requests (keep-alive): one that has not sent a whole request's
 headers within ``header_timeout`` seconds is closed, and past ``limit``
@@ -115,8 +115,8 @@ async def in_request(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 class GuardedRunner(web.AppRunner):
-    """An :class:`aiohttp.web.AppRunner` whose sites accept connections
-    through the app's :class:`PendingConnections`."""
+    """An ``aiohttp.web.AppRunner`` whose sites accept connections
+    through the app's ``PendingConnections``."""
 
     @property
     def server(self) -> Any:

@@ -6,7 +6,7 @@ reached, and hands each entry of a followed turn to the subscriptions of
 that ``response_id``. The Redis load is the same for one open stream or
 ten thousand: one read per shard at a time.
 
-A :class:`Subscription` queues at most ``capacity`` items: a client that
+A ``Subscription`` queues at most ``capacity`` items: a client that
 does not read as fast as its turn is written (its writes block, so its
 queue fills) is dropped, never buffered without bound; it resumes from the
 last id it has.
@@ -14,8 +14,8 @@ last id it has.
 Positions: a reader starts at the streams' ends and never skips an entry
 after that, across Redis failures (it retries from where it was). A stream
 subscribes first and reads the turn's past after its shard's reader has a
-position (:meth:`Hub.subscribe`), so every entry is in the past it reads,
-or in the feed, or both (the :class:`~processor.client.turns.Cursor` drops
+position (``Hub.subscribe``), so every entry is in the past it reads,
+or in the feed, or both (the ``Cursor`` drops
 the repeats).
 """
 
@@ -85,7 +85,7 @@ class Subscription:
 
     async def take(self, timeout: float) -> list[Item] | None:
         """Everything queued, waiting up to ``timeout`` s for something
-        (``[]`` when nothing came); None once :attr:`over`."""
+        (``[]`` when nothing came); None once ``over``."""
         if not self._items and not self.over:
             self._wake.clear()
             # asyncio.timeout, not wait_for: no task per wait (one per event and stream)
@@ -119,7 +119,7 @@ class Hub:
 
     @property
     def alive(self) -> bool:
-        """Every reader is running (a reader only ends by :meth:`close`)."""
+        """Every reader is running (a reader only ends by ``close``)."""
         return bool(self._tasks) and not any(task.done() for task in self._tasks)
 
     @property

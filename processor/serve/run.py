@@ -53,7 +53,7 @@ def pool_size(config: ServeConfig) -> int:
 
 
 def make_site(runner: web.AppRunner, config: ServeConfig) -> web.TCPSite:
-    """Where :func:`make_runner`'s runner listens. Its backlog (connections
+    """Where ``make_runner``'s runner listens. Its backlog (connections
     the kernel holds until they are accepted, at most ``net.core.somaxconn``)
     is ``--max-pending``: a burst of reconnects past the default of 128 had
     its SYNs dropped and retried after 1, 3, 7 s..."""
@@ -61,7 +61,7 @@ def make_site(runner: web.AppRunner, config: ServeConfig) -> web.TCPSite:
 
 
 def make_runner(app: web.Application) -> web.AppRunner:
-    """The runner of :func:`build`'s app: no access log (a browser's token
+    """The runner of ``build``'s app: no access log (a browser's token
     is in its URL), connections not in a request bounded
     (processor/serve/guard.py). Handlers are not cancelled when their
     client goes (a stream notices at its next write, a heartbeat at the

@@ -28,7 +28,7 @@ class RunInput:
 
 
 async def run_input(request: web.Request) -> RunInput:
-    """The posted body, read to its end up to :data:`MAX_RUN_INPUT` bytes (413 over)."""
+    """The posted body, read to its end up to ``MAX_RUN_INPUT`` bytes (413 over)."""
     if request.content_length is not None and request.content_length > MAX_RUN_INPUT:
         raise too_large(MAX_RUN_INPUT, "too_large", f"the body is over {MAX_RUN_INPUT} bytes")
     parts: list[bytes] = []

@@ -44,7 +44,7 @@ def comment(text: str) -> bytes:
 def retry(milliseconds: int) -> bytes:
     """How long a reader waits before it reconnects after the stream breaks
     (a field line of its own: it takes effect as it is read, and, as with
-    :func:`comment`, no blank line dispatches an empty event)."""
+    ``comment``, no blank line dispatches an empty event)."""
     return f"retry: {int(milliseconds)}\n".encode("ascii")
 
 

@@ -56,7 +56,7 @@ class EventStream:
         await self.write([sse.retry(RETRY_MS)], 0)
 
     async def start(self) -> None:
-        """Open the response, counted as an open stream until :func:`run` ends it."""
+        """Open the response, counted as an open stream until ``run`` ends it."""
         self.server.metrics.open_streams.inc()
         self.server.metrics.streams.inc()
         self.opened = True
@@ -142,7 +142,7 @@ class EventStream:
         transport = self.request.transport
         if transport is None:
             return
-        # Ended without the last chunk, as :meth:`cut` does (a client that took
+        # Ended without the last chunk, as ``cut`` does (a client that took
         # a clean end for the turn's end would not resume): closed once what
         # was written (the notice) is out, or at once if it could not be written.
         if told:
@@ -152,7 +152,7 @@ class EventStream:
 
 
 async def join(server: Server, turn: TurnRef, after: int | None, whole: bool = False) -> Join:
-    """What the stream sends before the live feed (:func:`processor.client.joining.join`)."""
+    """What the stream sends before the live feed (``processor.client.joining.join``)."""
     start = await joining.join(server.source, turn, after, whole=whole)
     if start.incomplete:
         server.metrics.incomplete_history.inc()
@@ -186,7 +186,7 @@ async def run(stream: EventStream, subscription: Subscription,
               begin: Callable[[], Awaitable[Join | None]], *,
               abort_unended: bool = False) -> web.StreamResponse:
     """Stream a turn: ``begin`` joins it and, unless it returns None (then
-    204: nothing to stream), starts ``stream`` (:meth:`EventStream.start`)
+    204: nothing to stream), starts ``stream`` (``EventStream.start``)
     and writes the past; then the turn's ``gone`` event or its live feed.
     A slow client is dropped, a client that went away left, and a Redis
     failure on an open stream ends it so that the client resumes: cut at

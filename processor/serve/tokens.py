@@ -6,9 +6,9 @@ HMAC-SHA256 under the server's secret::
     v1.<base64url(JSON {"rid": response_id, "exp": seconds})>.<base64url(MAC)>
 
 The MAC covers ``v1.`` and the payload's text. A backend that holds the
-secret mints tokens (:func:`issue`, or ``processor token``); every replica
+secret mints tokens (``issue``, or ``processor token``); every replica
 of ``processor serve`` checks them with the same secret and no state
-(:func:`verify`). The MAC is compared in constant time, and checked before
+(``verify``). The MAC is compared in constant time, and checked before
 anything in the payload is believed.
 
 Pure functions: the clock is an argument.
@@ -29,7 +29,7 @@ MIN_SECRET_LENGTH = 16
 
 
 class Verdict(Enum):
-    """What :func:`verify` found; each refusal has its HTTP status."""
+    """What ``verify`` found; each refusal has its HTTP status."""
 
     OK = "ok"
     MISSING = "missing"  # no token at all (401)

@@ -1,7 +1,7 @@
-"""The AI SDK's UI message stream as a stream :class:`~processor.serve.formats.Format`
+"""The AI SDK's UI message stream as a stream ``Format``
 (``GET /v1/turns/{id}/stream``): each chunk one SSE ``data:`` JSON line,
 ``data: [DONE]`` after the last. Pure: items in, SSE frames out; the
-rendering is :mod:`processor.engine.ui_messages`'s.
+rendering is ``processor.engine.ui_messages``'s.
 
 SSE ids: the last frame of each live event's chunks carries its seq, as on
 the native stream. The AI SDK sends none back (``reconnectToStream`` is a

@@ -2,7 +2,7 @@
 variables (``PROCESSOR_<NAME>``, plus ``REDIS_URL``), ``--help`` and the
 validation that reports every problem on its own line before start.
 ``processor run`` takes every option; ``init`` and the operator tools take
-the few they use (:data:`INIT_OPTIONS`, :data:`TOOL_OPTIONS`), from the
+the few they use (``INIT_OPTIONS``, ``TOOL_OPTIONS``), from the
 same table, read when the command runs (never while the parser is built).
 The mechanism, shared with ``processor serve``, is processor/service/options.py.
 """
@@ -119,7 +119,7 @@ def add_options(
     parser: argparse.ArgumentParser, names: Collection[str] | None = None
 ) -> None:
     """Add ``--redis-url`` and the options ``names`` (default: every option of
-    ``processor run``) as flags; values stay strings until :func:`resolve`."""
+    ``processor run``) as flags; values stay strings until ``resolve``."""
     embedded = " Without one, an embedded redis-server is started." if names is None else ""
     parser.add_argument(
         "--redis-url",
@@ -163,7 +163,7 @@ def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
-    """The :class:`WorkerConfig` of resolved option values."""
+    """The ``WorkerConfig`` of resolved option values."""
     limits = Limits(
         max_entry_bytes=values["max_entry_bytes"],
         max_turn_updates=values["max_turn_updates"],

@@ -9,7 +9,7 @@ and each group trims the stream at its own oldest pending entry, deleting
 entries the other has not read yet. Nothing a group name can select is
 separate, so a second processor needs its own ``--namespace``.
 
-:func:`other_groups` reads the groups once, before the worker creates its
+``other_groups`` reads the groups once, before the worker creates its
 own: a worker refused for another group leaves nothing behind (a group it
 created would refuse the other group's next start in turn).
 ``--allow-other-groups`` starts anyway, with a warning (a group left by a

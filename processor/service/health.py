@@ -94,7 +94,7 @@ def groups_check(client: Any, namespace: Namespace, group: str,
                  worker: Callable[[], str | None] | None = None) -> Callable[[], Any]:
     """An async readiness check: Redis answers, every shard's group exists, no
     shard's ids are exhausted or far ahead of Redis's clock (the group's
-    ``last-delivered-id``, :mod:`processor.wire.stream_ids`), and ``worker()``
+    ``last-delivered-id``, ``processor.wire.stream_ids``), and ``worker()``
     (what the worker itself reports: the namespace's state lost a moment
     ago, processor.worker.continuity) says nothing."""
 

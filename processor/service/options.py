@@ -1,6 +1,6 @@
-"""Options of a long-running command from one table: each :class:`Option`
+"""Options of a long-running command from one table: each ``Option``
 is a flag, an environment variable (``PROCESSOR_<NAME>``, plus ``REDIS_URL``
-for ``--redis-url``) and a line of ``--help``; :func:`resolve` reports every
+for ``--redis-url``) and a line of ``--help``; ``resolve`` reports every
 invalid value on its own line before anything starts.
 
 ``processor run`` (processor/service/config.py) and ``processor serve``
@@ -79,7 +79,7 @@ SSL_KEYFILE = Option("ssl_keyfile", str, None, "client key for rediss:// URLs")
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option],
                 redis_url_help: str) -> None:
     """Add ``--redis-url`` and every option as a flag (values stay strings
-    until :func:`resolve`)."""
+    until ``resolve``)."""
     parser.add_argument("--redis-url", default=None, metavar="URL", help=redis_url_help)
     for opt in options:
         add_option(parser, opt)

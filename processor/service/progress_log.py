@@ -3,8 +3,8 @@ line with what the worker did since the last one (turns published, input
 entries applied, dead letters, and their rates) and the namespace's lag,
 pending entries and active turns (sampled from Redis right before).
 
-The counts are the worker's own metrics (:class:`processor.worker.metrics.Metrics`);
-what a line says is :func:`progress_fields`, a pure function of two readings.
+The counts are the worker's own metrics (``processor.worker.metrics.Metrics``);
+what a line says is ``progress_fields``, a pure function of two readings.
 """
 
 from __future__ import annotations

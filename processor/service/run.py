@@ -55,7 +55,7 @@ GC_GEN0_THRESHOLD = 10_000
 def tune_gc() -> None:
     """Freeze what start-up created (modules, classes), so full cyclic GC
     passes never walk it again, and raise the generation-0 threshold from
-    700 to :data:`GC_GEN0_THRESHOLD`.
+    700 to ``GC_GEN0_THRESHOLD``.
 
     Why the threshold: the count that triggers a pass is tracked objects
     allocated less those freed, and a batch's transient objects (the reply's
@@ -75,9 +75,9 @@ async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str
                          stop: stopping.Stop | None = None) -> Meta | None:
     """The namespace's record (processor.scripts.meta), written with these values if
     there is none yet; ``values`` then take its shards (and its group, unless
-    one is given: :func:`other_group`). A shard count given explicitly
+    one is given: ``other_group``). A shard count given explicitly
     (``given``: flag or environment) that disagrees raises
-    :class:`~processor.scripts.meta.Mismatch`. None when stopped first."""
+    ``Mismatch``. None when stopped first."""
     def give_up() -> bool:
         return stop is not None and stop.requested.is_set()
 
@@ -114,7 +114,7 @@ async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = N
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
     that came before the worker existed (even before the event loop did, see
     processor/stopping.py) stops it as soon as it does. ``given``: the
-    options given explicitly (:func:`processor.service.config.given`); the others
+    options given explicitly (``processor.service.config.given``); the others
     the namespace's record may override (shards, group)."""
     stop = stopping.attach(asyncio.get_running_loop())
     tune_gc()
@@ -252,7 +252,7 @@ async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = 
     (processor.scripts.meta), then create every shard's stream and consumer group
     (idempotent), so that autoscalers reading the group (KEDA) find it
     before any worker ran, and load the producers' function library
-    (:mod:`processor.scripts.library`). With ``resharding`` (``--reshard``) an
+    (``processor.scripts.library``). With ``resharding`` (``--reshard``) an
     explicit ``--shards`` that differs from the record changes it, once
     every shard is drained and no worker is live (docs/cluster.md)."""
     given = given or {}

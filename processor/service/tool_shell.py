@@ -133,12 +133,12 @@ def stdout_closed() -> bool:
 
 
 def redis_options(url: str, args: argparse.Namespace) -> RedisOptions:
-    """The URL plus the TLS files given by the flags :func:`with_tls` adds."""
+    """The URL plus the TLS files given by the flags ``with_tls`` adds."""
     return RedisOptions(url, args.ssl_ca_certs, args.ssl_certfile, args.ssl_keyfile)
 
 
 def stdout_console() -> Any:
-    """A rich console on stdout that lets :func:`_run` handle a closed pipe (exit 0)."""
+    """A rich console on stdout that lets ``_run`` handle a closed pipe (exit 0)."""
     from rich.console import Console
 
     class Stdout(Console):

@@ -1,8 +1,8 @@
 """A cancellation key's value and life (docs/contract.md §6): the one place
 for their bounds. ``cancel_turn.lua`` (the Redis Function every client
 cancels with) enforces the same numbers; workers read at most
-:data:`REASON_BYTES` of any key's value (``GETRANGE``), so an administrator's
-plain ``SET`` of any size costs them nothing, and :func:`reason_of` makes
+``REASON_BYTES`` of any key's value (``GETRANGE``), so an administrator's
+plain ``SET`` of any size costs them nothing, and ``reason_of`` makes
 text of whatever bytes they get.
 """
 
@@ -22,7 +22,7 @@ MAX_TTL = 86_400
 
 
 def check_reason(reason: str) -> bytes:
-    """A caller's reason as the function takes it: 1 to :data:`REASON_BYTES`
+    """A caller's reason as the function takes it: 1 to ``REASON_BYTES``
     bytes of UTF-8; ``ValueError`` otherwise."""
     if not isinstance(reason, str):
         raise ValueError(f"a cancel reason is text, not {type(reason).__name__}")
@@ -38,7 +38,7 @@ def check_reason(reason: str) -> bytes:
 
 
 def check_ttl(ttl: int) -> int:
-    """A caller's TTL in seconds: 1 to :data:`MAX_TTL`; ``ValueError`` otherwise."""
+    """A caller's TTL in seconds: 1 to ``MAX_TTL``; ``ValueError`` otherwise."""
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= MAX_TTL:
         raise ValueError(f"a cancel's ttl is 1 to {MAX_TTL} seconds, not {ttl!r}")
     return ttl
@@ -46,8 +46,8 @@ def check_ttl(ttl: int) -> int:
 
 def reason_of(raw: bytes | str | None) -> str | None:
     """The ``cancel_reason`` of a cancelled turn, from the first
-    :data:`REASON_BYTES` bytes of its key's value (``GETRANGE key 0 1023``;
-    None: the key was gone). At most :data:`REASON_BYTES` characters:
+    ``REASON_BYTES`` bytes of its key's value (``GETRANGE key 0 1023``;
+    None: the key was gone). At most ``REASON_BYTES`` characters:
     invalid UTF-8 is replaced (U+FFFD), a character the cut split in two is
     left out, and an empty value is no reason (None). ``raw`` is what
     ``GETRANGE key 0 1023`` gave (longer is cut here as that would)."""

@@ -38,7 +38,7 @@ class TurnKey(NamedTuple):
 
     @classmethod
     def decode(cls, text: str) -> TurnKey:
-        """The inverse of :meth:`encode`."""
+        """The inverse of ``encode``."""
         length, _, rest = text.partition(":")
         n = int(length)
         return cls(rest[:n], rest[n + 1 :])

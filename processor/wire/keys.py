@@ -27,7 +27,7 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:s}:idem:<key>`` string with TTL: producer idempotency keys
 - ``{ns:s}:inbox``      list: entries of least-privilege producers (``send_inbox``),
   one msgpack array of field names and values each, until a worker admits them
-  into ``updates`` (``admit_inbox``, :mod:`processor.worker.inbox`)
+  into ``updates`` (``admit_inbox``, ``processor.worker.inbox``)
 - ``{ns:s}:inbox:bell`` list: a token when the inbox has entries, which the
   admitting worker waits on (BLPOP)
 - ``{ns:s}:updates:repair`` scratch stream of ``processor repair-stream``
@@ -38,12 +38,12 @@ Internal keys (the state machine, see docs/design.md):
 - ``{ns:0}:cancels`` a Pub/Sub channel, not a key: cancel requests of clients
   that may not write cancel keys (the ``serve`` and ``producer`` ACL users),
   published by ``cancel_turn.lua``; every worker takes them
-  (:mod:`processor.worker.cancel_requests`) and sets the key itself
+  (``processor.worker.cancel_requests``) and sets the key itself
 - ``{ns:0}:meta`` hash: the namespace's record (shards, group, epoch), written
   once by ``processor init`` or the first worker, read by every party
-  (:mod:`processor.scripts.meta`); one per namespace, under shard 0's hash tag
+  (``processor.scripts.meta``); one per namespace, under shard 0's hash tag
 
-``<tk>`` is :meth:`processor.wire.ids.TurnKey.encode`.
+``<tk>`` is ``processor.wire.ids.TurnKey.encode``.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Namespace:
 
     @property
     def meta(self) -> str:
-        """The namespace's record (:mod:`processor.scripts.meta`): one key for the
+        """The namespace's record (``processor.scripts.meta``): one key for the
         namespace, under shard 0's hash tag; its name does not depend on
         ``shards``, which it holds."""
         return f"{self.shard(0).tag}:meta"
@@ -170,9 +170,9 @@ class Namespace:
         return f"{self.shard(0).tag}:cancels"
 
     def cancel_key_shard(self, key: str) -> Shard | None:
-        """The shard whose cancellation key ``key`` is (:meth:`Shard.cancel`),
+        """The shard whose cancellation key ``key`` is (``Shard.cancel``),
         or None when it is not one of this namespace's (its id empty or longer
-        than :data:`MAX_ID_LENGTH`, docs/contract.md §3.2)."""
+        than ``MAX_ID_LENGTH``, docs/contract.md §3.2)."""
         head, sep, response_id = key.partition("}:cancel:")
         prefix = f"{{{self.name}:"
         if (not sep or not response_id or len(response_id) > MAX_ID_LENGTH

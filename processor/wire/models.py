@@ -134,7 +134,7 @@ class InputEntry(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False
     """The fields of one ``XADD {ns:s}:updates`` entry (docs/contract.md §3.1).
 
     ``update`` is JSON text (or msgpack bytes with ``enc=msgpack``); the
-    decoder turns it into an :class:`Update`. Used for the JSON Schema and by
+    decoder turns it into an ``Update``. Used for the JSON Schema and by
     ``processor merge``; the worker reads the same fields from a stream entry.
     """
 
@@ -280,7 +280,7 @@ class SynthesisStarted(_EventBase, tag="synthesis.started", kw_only=True):
 
 
 class SynthesisChunk(_EventBase, tag="synthesis.chunk", kw_only=True):
-    """A text delta of one message (live progress, :mod:`processor.engine.live`):
+    """A text delta of one message (live progress, ``processor.engine.live``):
     appended to what the message's earlier chunks said, or, with
     ``replace``, its whole text so far (the merge rewrote it).
 
@@ -301,7 +301,7 @@ class SynthesisChunk(_EventBase, tag="synthesis.chunk", kw_only=True):
 
 
 class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
-    """A reasoning delta of one message, as :class:`SynthesisChunk` for text."""
+    """A reasoning delta of one message, as ``SynthesisChunk`` for text."""
 
     message_id: str
     agent_id: str | None
@@ -314,7 +314,7 @@ class ReasoningChunk(_EventBase, tag="reasoning.chunk", kw_only=True):
 
 class ToolCallChunk(_EventBase, tag="tool_call.chunk", kw_only=True):
     """An arguments delta of one function call (the ``index``-th call of its
-    message), as :class:`SynthesisChunk` for text; arguments that are not
+    message), as ``SynthesisChunk`` for text; arguments that are not
     text come whole, as JSON, with ``replace``."""
 
     message_id: str

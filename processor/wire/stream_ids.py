@@ -8,7 +8,7 @@ repaired; an id far ahead of Redis's clock makes every later ``XADD *``
 count up from it, so it gets there one entry at a time (and entry ids stop
 telling times). A worker sees either in its group's ``last-delivered-id``
 (``XINFO GROUPS``, no payload read) once it has read the entry; ``processor
-repair-stream`` (:mod:`processor.scripts.repair`) brings the stream back.
+repair-stream`` (``processor.scripts.repair``) brings the stream back.
 
 Pure functions; ids are compared as integers (Lua and floats cannot hold
 them).

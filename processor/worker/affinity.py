@@ -17,9 +17,9 @@ workers of a consumer group split the shards between them:
 
 Nothing is lost if views disagree or a worker hangs: a worker also reads a
 shard it does not own while that shard has entries nobody has delivered and
-none of its owners has read from it for ``ttl`` (:func:`stalled`).
+none of its owners has read from it for ``ttl`` (``stalled``).
 
-Pure functions here; :mod:`processor.worker.membership` does the I/O.
+Pure functions here; ``processor.worker.membership`` does the I/O.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class ApplyCall:
     def dead_by_turn(self) -> dict[TurnKey, int]:
         """How many entries of each turn this call asks ``apply_entries`` to
         dead-letter (each moves a started turn's version, as a record does:
-        :mod:`processor.worker.stored.mirror` keeps its copy across them)."""
+        ``processor.worker.stored.mirror`` keeps its copy across them)."""
         counts: dict[TurnKey, int] = {}
         for _, _, tk in self.dead_letters():
             if tk:
@@ -113,8 +113,8 @@ class ApplyCall:
 
 
 #: ``apply_entries``' ARGV, in order (its header documents each): the head
-#: built with the batch, the three values given when it is sent (:meth:`ApplyCall.argv`),
-#: then two per turn from :data:`APPLY_TURNS` on, and last the entries.
+#: built with the batch, the three values given when it is sent (``ApplyCall.argv``),
+#: then two per turn from ``APPLY_TURNS`` on, and last the entries.
 APPLY_HEAD = ("group", "events_maxlen", "dlq_maxlen", "turns", "max_turn_updates",
               "max_turn_bytes", "dlq_fields_max", "ready_limit", "compact_threshold",
               "done_ttl")
@@ -163,9 +163,9 @@ class _Turns:
 
 
 def _started_fields(key: TurnKey, started: Event) -> list[str | msgspec.Raw]:
-    """:func:`~processor.engine.render.event_fields` of a turn's
+    """``event_fields`` of a turn's
     ``synthesis.started``, its JSON packed as the msgpack str it is encoded
-    to (never decoded: :func:`live_fields`)."""
+    to (never decoded: ``live_fields``)."""
     fields: list[str | msgspec.Raw] = ["type", "synthesis.started", "response_id",
                                        key.response_id, "synthesis_id", key.synthesis_id()]
     if key.attempt_id:
@@ -295,7 +295,7 @@ def build_finalise(
     consumer: str = "", floor: str = "",
 ) -> ScriptCall:
     """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn;
-    the calling consumer and its floor as in :meth:`ApplyCall.argv`."""
+    the calling consumer and its floor as in ``ApplyCall.argv``."""
     call = ScriptCall(
         [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates],
         [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
@@ -391,7 +391,7 @@ def build_finalise_held(
     shard: Shard, settled: list[HeldOutcome], options: BatchOptions, consumer: str,
     speaker: str = "",
 ) -> ScriptCall:
-    """KEYS/ARGV of ``finalise_held``, one :data:`HeldOutcome` per turn (its
+    """KEYS/ARGV of ``finalise_held``, one ``HeldOutcome`` per turn (its
     last live events said by ``speaker``, the worker's ``publish_live`` token)."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
@@ -417,7 +417,7 @@ LostOutcome = tuple[TurnKey, list[str], Settled]
 def build_publish_lost(
     shard: Shard, turns: list[LostOutcome], options: BatchOptions,
 ) -> ScriptCall:
-    """KEYS/ARGV of ``publish_lost_turns``, one :data:`LostOutcome` per turn."""
+    """KEYS/ARGV of ``publish_lost_turns``, one ``LostOutcome`` per turn."""
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates]
     rows = []
     for key, ids, outcome in turns:
@@ -484,7 +484,7 @@ class LiveTurn(NamedTuple):
     renew: bool  # give its live log its TTL again
 
 
-#: Each event class's ``type`` tag (:func:`~processor.engine.render.event_type`).
+#: Each event class's ``type`` tag (``event_type``).
 _TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
 
 
@@ -502,7 +502,7 @@ def build_publish_live(
 
 def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
     """The ``events`` stream entries' fields of a turn's live events
-    (:func:`~processor.engine.render.event_fields` of each, the turn's part made once;
+    (``event_fields`` of each, the turn's part made once;
     each event's JSON packed as the msgpack str it is, never decoded)."""
     if not found:
         return []

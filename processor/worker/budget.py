@@ -11,7 +11,7 @@ adds them up and quotes the measured peak.
 from __future__ import annotations
 
 #: One read's reply, over all of a worker's shards (each shard's read gets
-#: its share, never less than :func:`read_bytes`' floor): XREADGROUP, the
+#: its share, never less than ``read_bytes``' floor): XREADGROUP, the
 #: take-back of its own pending entries, XAUTOCLAIM and XCLAIM. The parser
 #: cuts a reply past it (read_budget.LimitedParser); the entries cut are
 #: pending to the worker and read again, fewer at a time.
@@ -32,7 +32,7 @@ FINALISE_BYTES = 16 << 20
 
 
 def read_bytes(shards: int, max_entry_bytes: int) -> int:
-    """One shard's read budget: its share of :data:`READ_BYTES`, but room
+    """One shard's read budget: its share of ``READ_BYTES``, but room
     for at least two entries of the largest valid size (with their field
     names and the reply's framing), so that every valid entry can be read."""
     return max(READ_BYTES // max(1, shards), 2 * max_entry_bytes + (64 << 10))

@@ -53,7 +53,7 @@ class Refused(ValueError):
 def parse_request(namespace: Namespace, data: bytes | str) -> tuple[str, str, int]:
     """A request as ``cancel_turn.lua`` publishes it, ``[key, reason, ttl]``
     (JSON), checked: a cancellation key of ``namespace``, a reason and a TTL
-    within the function's bounds. :class:`Refused` says what is wrong."""
+    within the function's bounds. ``Refused`` says what is wrong."""
     try:
         value = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -1,4 +1,4 @@
-"""What ``processor run`` can tell a worker (:class:`WorkerConfig`; the
+"""What ``processor run`` can tell a worker (``WorkerConfig``; the
 command line's option table is processor.service.config)."""
 
 from __future__ import annotations

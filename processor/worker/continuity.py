@@ -14,7 +14,7 @@
 - **The namespace's state is gone**: its record (processor.scripts.meta) is missing
   or has another epoch, which is what a Redis restarted without persistence
   looks like. Said once at error level, on ``/readyz`` for
-  :data:`STATE_LOST_READY_S` and in ``processor_state_lost_total``. Every
+  ``STATE_LOST_READY_S`` and in ``processor_state_lost_total``. Every
   turn this worker knew in flight (held, or with a copy: mirror.py) is
   published as error ``state_lost`` with what it had
   (``publish_lost_turns.lua``); entries it had read and not applied, which
@@ -22,9 +22,9 @@
   then the record and the groups are written again and work goes on. Turns
   it did not know of cannot be told apart from new ones: a documented limit.
 
-:class:`Continuity` is one part of :class:`~processor.worker.worker.Worker`.
+``Continuity`` is one part of ``Worker``.
 What concerns one shard's turns runs in that shard's applier, between
-steps, like every other state change of the shard (:meth:`Continuity.lose_shard_now`).
+steps, like every other state change of the shard (``Continuity.lose_shard_now``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def is_nogroup(exc: BaseException) -> bool:
 
 class Continuity:
     """A vanished group and a lost namespace state, for the worker's shards
-    (one of the parts :class:`~processor.worker.worker.Worker` is made of)."""
+    (one of the parts ``Worker`` is made of)."""
 
     def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
                  membership: Membership, apply: Apply, stop: Callable[[], None],
@@ -96,7 +96,7 @@ class Continuity:
         self.state_lost_at: float | None = None  # monotonic time the state was found lost
         self.state_lost_why = ""
         # After a loss, the groups come back only at this (monotonic) time:
-        # :meth:`_state_lost` says why.
+        # ``_state_lost`` says why.
         self._regroup_at: float | None = None
 
     def readiness(self) -> str | None:
@@ -113,7 +113,7 @@ class Continuity:
 
     async def watch_namespace(self) -> None:
         """Read the namespace's record once a beat period until stopping
-        (:meth:`_check_namespace`), and put the groups back when due after a
+        (``_check_namespace``), and put the groups back when due after a
         loss. A failed step is tried again at the next."""
         while True:
             try:
@@ -132,9 +132,9 @@ class Continuity:
                     log.exception("reading the namespace's record failed unexpectedly")
 
     async def _check_namespace(self) -> None:
-        """The namespace's state lost (:meth:`_state_lost`), or the record
+        """The namespace's state lost (``_state_lost``), or the record
         now saying another shard count than this worker serves (resharded
-        while it ran: it stops, :attr:`fatal`)."""
+        while it ran: it stops, ``fatal``)."""
         if not await self.namespace_lost("the namespace's record changed"):
             meta = self.meta
             if meta is not None:
@@ -152,7 +152,7 @@ class Continuity:
     async def namespace_lost(self, why: str) -> bool:
         """Whether the namespace's state is gone: its record is missing or
         has another epoch than the one this worker started with (then
-        :meth:`_state_lost` has dealt with it). One ``HGETALL``."""
+        ``_state_lost`` has dealt with it). One ``HGETALL``."""
         if self.meta is None:  # (not started by run(): nothing to compare with)
             return False
         meta = await read(self.client, self.config.namespace)
@@ -166,7 +166,7 @@ class Continuity:
 
     async def _state_lost(self, why: str) -> None:
         """The namespace's state is gone: say so once, and have every shard's
-        applier publish the turns it knew (:meth:`lose_shard_now`); then a
+        applier publish the turns it knew (``lose_shard_now``); then a
         new record (a new epoch: other workers learn of it too).
 
         The groups come back two beat periods later, from the watcher, not at
@@ -290,7 +290,7 @@ class Continuity:
     async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
                           versions: dict[TurnKey, Version]) -> str | None:
         """What an ``apply_entries`` reply says of the namespace's state,
-        checked (:meth:`namespace_lost`) only when Redis answered as only a
+        checked (``namespace_lost``) only when Redis answered as only a
         loss (or a rare race) makes it: ``"fenced"`` when not one entry of
         the call was acked (all were pending to this consumer in a group
         that was since replaced), ``"vanished"`` when a turn this worker had
@@ -354,7 +354,7 @@ class Continuity:
 
     async def group_vanished(self, shard: Shard) -> bool:
         """Redis answered NOGROUP on ``shard``: True when the namespace's
-        whole state is gone (:meth:`_state_lost`); else the group is put
+        whole state is gone (``_state_lost``); else the group is put
         back and this consumer's pending entries restored
         (``recreate_group.lua``), and the caller may run its step again."""
         async with self._regroup_lock:

@@ -4,11 +4,11 @@ A least-privilege producer (``Producer(inbox=True)``, the ``producer`` ACL
 user) cannot XADD: its ``send_inbox`` pushes each entry to its shard's
 ``{ns:s}:inbox`` list and rings the shard's bell (a token in
 ``{ns:s}:inbox:bell``) unless it holds one already. Every worker admits the
-inbox of each shard it reads (:meth:`Membership.reads`): a task per shard
-waits on the bell with a ``BLPOP`` of :data:`WAIT_S` (which holds one pooled
+inbox of each shard it reads (``Membership.reads``): a task per shard
+waits on the bell with a ``BLPOP`` of ``WAIT_S`` (which holds one pooled
 connection per shard while it waits) and, when it rings, calls
 ``admit_inbox.lua`` until the inbox is empty. Each call moves up to
-:data:`ADMIT_ITEMS` entries (and :data:`ADMIT_BYTES`) from the inbox's head
+``ADMIT_ITEMS`` entries (and ``ADMIT_BYTES``) from the inbox's head
 to the stream, each with one ``XADD *`` and ``LPOP`` in the same atomic
 step, so the stream takes the inbox's order, and an entry is never in both
 places or in neither, whatever crashes. From there the shard loop reads it
@@ -19,14 +19,14 @@ entry out of Redis into the worker, where a crash loses it; the bell carries
 no data, so a lost token loses nothing (the next send rings again, and a
 shard's new reader admits at once).
 
-Idle cost per shard read: one ``BLPOP`` that times out every :data:`WAIT_S`,
-and every :data:`CHECK_EVERY` of them one ``admit_inbox`` call that finds
+Idle cost per shard read: one ``BLPOP`` that times out every ``WAIT_S``,
+and every ``CHECK_EVERY`` of them one ``admit_inbox`` call that finds
 the inbox empty (for entries pushed without ringing, which only a producer
 bypassing ``send_inbox`` does). Nothing else runs while no producer uses an
 inbox.
 
 An item that is not an entry's fields (a hostile producer may ``RPUSH``
-anything) is dead-lettered by the script, whole, with :data:`BAD_INBOX_ITEM`.
+anything) is dead-lettered by the script, whole, with ``BAD_INBOX_ITEM``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Admitter:
         """Move the shard's inbox into its stream, a call at a time, until it is
         empty; returns the entries admitted. An XADD the script could not do
         (out of memory, the stream's ids exhausted) raises
-        :class:`AdmitFailed`: the entry stays first in the inbox."""
+        ``AdmitFailed``: the entry stays first in the inbox."""
         total = 0
         while True:
             admitted, dead, left, error = await self.script(

@@ -1,4 +1,4 @@
-"""The worker's side of shard affinity (:mod:`processor.worker.affinity`): beating
+"""The worker's side of shard affinity (``processor.worker.affinity``): beating
 in the group's workers zset, keeping the set of shards it reads, and
 checking the shards it does not own for a stalled owner.
 

@@ -1,12 +1,12 @@
 """Prometheus metrics of one worker: this module owns every metric object.
 
-The worker calls a few small hooks (:meth:`Metrics.read`, :meth:`applied`,
-:meth:`finalised`, ...); what the Lua scripts decide (dead letters by
+The worker calls a few small hooks (``Metrics.read``, ``applied``,
+``finalised``, ...); what the Lua scripts decide (dead letters by
 reason, dropped entries) is counted from their replies, and what is
 published (terminal status, dead letters found by the replay) from what the
 worker hands to ``finalise_turns`` and that script's per-turn result.
 Shared state (lag, pending, active turns, DLQ length) is sampled per shard
-every few seconds by :class:`processor.worker.sampler.Sampler`, never per entry.
+every few seconds by ``processor.worker.sampler.Sampler``, never per entry.
 
 Labels are bounded: a shard index, a status, a reason code, an exception
 class name. Never a response id, a consumer name or anything from a URL.
@@ -204,7 +204,7 @@ class Metrics:
 
     def finalised(self, settled: Sequence[tuple[Any, str, Any]], results: Sequence[Any]) -> None:
         """``finalise_turns`` was called with ``settled`` (turn, version,
-        :class:`~processor.engine.render.Settled`) and replied ``results``: a 1 is
+        ``Settled``) and replied ``results``: a 1 is
         a turn published, with its merged entry, terminal event and the dead
         letters its replay found. Also logs each published turn: completed
         ones at debug, cancelled and failed ones at info."""

@@ -1,4 +1,4 @@
-"""The two paths of a batch a shard runner read (:class:`Paths`, one part of
+"""The two paths of a batch a shard runner read (``Paths``, one part of
 a worker): held (processor.worker.held.holding) or stored
 (processor.worker.stored.storing), and entry by entry when the batch
 fails, so that one entry that always fails stays pending alone."""
@@ -62,7 +62,7 @@ class Paths:
         call: ApplyCall | HeldCall | None = None,
     ) -> None:
         """Apply a batch (``call``: its script call, if already built): hold
-        it (:mod:`processor.worker.held.holding`) or store it."""
+        it (``processor.worker.held.holding``) or store it."""
         if isinstance(call, HeldCall):  # grouped for holding (ShardRunner._prepare)
             await self.held.apply_held(shard, entries, call)
         elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)

@@ -1,17 +1,17 @@
 """The worker's side of live progress (``--progress``, on by default;
-:mod:`processor.engine.live` decides what to say): after each batch, one
+``processor.engine.live`` decides what to say): after each batch, one
 ``publish_live`` call for the turns the batch moved (two for a held batch of
 many turns), from the held path (the held turn's merge) and from the stored
-path (the worker's own copy of the turn, :mod:`processor.worker.stored.mirror`).
-:class:`LivePublisher` is one part of :class:`~processor.worker.worker.Worker`,
+path (the worker's own copy of the turn, ``processor.worker.stored.mirror``).
+``LivePublisher`` is one part of ``Worker``,
 given to both paths and run inside its shard runners, before the batch's
 finalise (so a turn's last deltas come before its outcome).
 
-What a turn's live events have said (:class:`~processor.engine.live.Shown`) lives
-with the turn: on its :class:`~processor.worker.held.hold.Held` while held, on
+What a turn's live events have said (``Shown``) lives
+with the turn: on its ``Held`` while held, on
 its copy while stored. A held turn that spills hands it over, with how many
 of its updates its log holds already and how many calls for it ran (kept in
-the shard's :class:`~processor.worker.shard_state.ShardState`), to the stored
+the shard's ``ShardState``), to the stored
 path's first publish of it. A stored turn without a copy (stored by several
 workers, or past ``--mirror-turns``) publishes no deltas: its stream goes on
 with its outcome, whose ``merged`` event is authoritative.
@@ -103,7 +103,7 @@ class LivePublisher:
 
     A running turn's live progress is published at most once per
     ``--live-interval-ms``: a turn a batch moves sooner after its last
-    publish waits (its updates coalesce), and :meth:`publish_waiting`, run
+    publish waits (its updates coalesce), and ``publish_waiting``, run
     by the shard loop after each batch and each idle read, publishes it once
     its time comes. A turn that ended, or whose copy began with the batch,
     never waits."""
@@ -168,7 +168,7 @@ class LivePublisher:
         """The live progress of the held turns a batch fed, then ``then``
         (the batch's finalise). A turn that ended is not in the call: its
         events, and the merged response they were diffed from, go to
-        ``then`` (:data:`Rendered`), whose ``finalise_held`` publishes them
+        ``then`` (``Rendered``), whose ``finalise_held`` publishes them
         just before its outcome, in the same step. The call for the other
         turns (two for many of them: the first half's sent as soon as it is
         made) is sent first, so that redis-server runs it while the ended
@@ -223,7 +223,7 @@ class LivePublisher:
     def _turn(self, key: TurnKey, found: list[Event], fresh: list[bytes], spoken: int,
               now: float) -> LiveTurn:
         """A turn's part of a ``publish_live`` call: its log gets its TTL
-        when :class:`Renewals` says so (asked only of a part that adds a log
+        when ``Renewals`` says so (asked only of a part that adds a log
         entry, so that the entry that makes the log gets it)."""
         return LiveTurn(key, found, updates_json(fresh), spoken,
                         bool(found or fresh) and self.renewals.due(key, now))
@@ -341,7 +341,7 @@ class LivePublisher:
     async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[int]:
         """One ``publish_live`` call, retried unchanged until its outcome is
         known: its answer per turn (``publish_live.lua``). One whose outcome
-        stays unknown answers :data:`SILENT` for each turn (the caller
+        stays unknown answers ``SILENT`` for each turn (the caller
         silences them: saying anything more of them might repeat what the
         call said). The batch is applied whatever happens here."""
         call = build_publish_live(shard, turns, self.options, self.speaker)

@@ -1,7 +1,7 @@
 """What a worker does about entries that are pending but not being applied:
 its own, delivered by a read whose reply was lost (take-back), and a dead
 worker's, idle in the group's pending list (reclaim); and leaving the group
-cleanly. :class:`Recovery` is one part of :class:`~processor.worker.worker.Worker`:
+cleanly. ``Recovery`` is one part of ``Worker``:
 these run inside its shard runners, between batches, and apply through the
 same transitions."""
 
@@ -41,7 +41,7 @@ LOST_MARK_CHUNK = 1000
 
 class Recovery:
     """Take-back, reclaim and leaving, for the worker's shards (one of the
-    parts :class:`~processor.worker.worker.Worker` is made of)."""
+    parts ``Worker`` is made of)."""
 
     def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
                  membership: Membership, stored: StoredPath, apply: Apply, retrying: Retrying,
@@ -279,7 +279,7 @@ class Recovery:
         letter (no fields), the metric and one warning with the ids; and the
         turns that may have had one of them are marked, so that they end as
         ``entries_lost`` rather than complete without it
-        (:func:`~processor.worker.batches.lost_turns_of` says which)."""
+        (``lost_turns_of`` says which)."""
         lost = [*pending, *removed]
         turns = lost_turns_of(lost, await self._active_turns(shard))
         first = min(lost, key=id_order)

@@ -1,10 +1,10 @@
-"""The per-shard loop of a worker (:class:`ShardRunner`, one per shard): a
+"""The per-shard loop of a worker (``ShardRunner``, one per shard): a
 reader task that reads (and decodes) one batch ahead, and an apply loop that
 applies batches in the order they were read, then sweeps and reclaims. One
 failing step never stops the loop: it is counted, logged and retried later
 (its entries stay pending). The transitions are the worker's and its parts'
-(:class:`~processor.worker.worker.Worker`); the shard's state is its
-:class:`~processor.worker.shard_state.ShardState`."""
+(``Worker``); the shard's state is its
+``ShardState``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("processor.worker")
 
-#: How a step of the shard loop went (:meth:`ShardRunner._guarded`).
+#: How a step of the shard loop went (``ShardRunner._guarded``).
 Step = Literal["done", "failed", "vanished"]
 DONE: Step = "done"
 FAILED: Step = "failed"
@@ -103,7 +103,7 @@ async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None])
 
 class RunnerHost(Protocol):
     """What a shard runner uses of the worker that owns it
-    (:class:`~processor.worker.worker.Worker`): its parts, and the steps that
+    (``Worker``): its parts, and the steps that
     stay the worker's. A protocol, so that this module never imports the
     worker (which imports it)."""
 
@@ -129,13 +129,13 @@ class RunnerHost(Protocol):
 
 class ShardRunner:
     """Reading ahead, applying, sweeping and reclaiming one shard: one per
-    shard of a :class:`~processor.worker.worker.Worker`, which owns it and
+    shard of a ``Worker``, which owns it and
     whose parts (held, stored, recovery, continuity) it runs."""
 
     def __init__(self, worker: RunnerHost, state: ShardState) -> None:
         self.worker = worker
         self.state = state
-        #: How the shard's next batch is read: :meth:`read_redis` (a test
+        #: How the shard's next batch is read: ``read_redis`` (a test
         #: may give another source).
         self.read: Callable[[], Awaitable[list[Any]]] = self.read_redis
         self.shard = state.shard
@@ -285,7 +285,7 @@ class ShardRunner:
     async def _guarded(self, fn: Callable[..., Awaitable[object]], *args: Any) -> Step:
         """One step of the shard loop; a failure is logged and counted, never
         fatal. A stream or group found missing is put back (continuity.py):
-        :data:`VANISHED`, so that the caller may run the step again."""
+        ``VANISHED``, so that the caller may run the step again."""
         try:
             await fn(*args)
             return DONE

@@ -1,4 +1,4 @@
-"""The per-shard gauges of :class:`processor.worker.metrics.Metrics` read
+"""The per-shard gauges of ``processor.worker.metrics.Metrics`` read
 from Redis every few seconds (group lag, pending, consumers, active turns,
 DLQ and inbox lengths), and the input stream's ids checked on the way."""
 
@@ -22,7 +22,7 @@ class Sampler:
     DLQ length and inbox length every ``interval`` seconds (one pipeline per shard).
 
     It also checks the group's ``last-delivered-id`` against Redis's clock
-    (:mod:`processor.wire.stream_ids`): an input stream whose ids are exhausted or
+    (``processor.wire.stream_ids``): an input stream whose ids are exhausted or
     far ahead sets ``processor_stream_ids_bad`` and is logged once, when it
     turns bad (and once when it is fine again). Here because this already
     reads ``XINFO GROUPS`` of every shard periodically: the check costs one

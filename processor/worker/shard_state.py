@@ -1,6 +1,6 @@
-"""What a worker keeps of one shard: one :class:`ShardState` per shard,
+"""What a worker keeps of one shard: one ``ShardState`` per shard,
 made by the worker and read and changed only by that shard's loop (its
-reader and its applier, :mod:`processor.worker.runner`) and the paths it
+reader and its applier, ``processor.worker.runner``) and the paths it
 runs (held, stored, recovery, continuity). Plain data and the small
 questions asked of it; no I/O."""
 

@@ -1,6 +1,6 @@
-"""What every part of a worker is given (:class:`Shell`): its Redis client,
+"""What every part of a worker is given (``Shell``): its Redis client,
 settings, scripts, metrics and dead-letter log, made once by
-:class:`~processor.worker.worker.Worker` and shared by the paths it is
+``Worker`` and shared by the paths it is
 composed of (held, stored, recovery, continuity) and its shard runners."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def cancel_pending() -> bool:
 
 
 def end_if_cancelled() -> None:
-    """Raise ``CancelledError`` if a cancel is pending (:func:`cancel_pending`)."""
+    """Raise ``CancelledError`` if a cancel is pending (``cancel_pending``)."""
     if cancel_pending():
         raise asyncio.CancelledError
 
@@ -39,7 +39,7 @@ def end_if_cancelled() -> None:
 async def run_together(*parts: Awaitable[None]) -> None:
     """Run ``parts`` as tasks until they have all ended. When one fails, or
     the caller is cancelled, the others are cancelled, and cancelled again
-    while they run on (a cancel dropped, :func:`cancel_pending`), and the
+    while they run on (a cancel dropped, ``cancel_pending``), and the
     failure or the cancel is raised only once every one has ended: no part
     outlives the call (``asyncio.gather`` returns as soon as one fails or is
     cancelled, and leaves the others running)."""
@@ -76,7 +76,7 @@ class Shell:
 
 class Apply(Protocol):
     """Apply entries read from a shard, a batch or one by one if the batch
-    fails (:meth:`processor.worker.paths.Paths.apply_isolated`)."""
+    fails (``processor.worker.paths.Paths.apply_isolated``)."""
 
     def __call__(self, shard: Shard, entries: list[tuple[Any, Any]],
                  deliveries: dict[str, int]) -> Awaitable[None]: ...
@@ -84,6 +84,6 @@ class Apply(Protocol):
 
 class Retrying(Protocol):
     """Run a step until it succeeds, through connection errors
-    (:meth:`processor.worker.worker.Worker.retrying`)."""
+    (``processor.worker.worker.Worker.retrying``)."""
 
     def __call__(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]: ...

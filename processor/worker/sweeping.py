@@ -1,4 +1,4 @@
-"""What a shard loop checks between batches (:class:`Sweeper`, one part of a
+"""What a shard loop checks between batches (``Sweeper``, one part of a
 worker): turns made ready, timed out or cancelled while no entry came
 (``sweep_shard``), and cancelled turns a finalise left waiting for their
 cut (``cancelled_turns``); the turns found are published by the held path
@@ -29,7 +29,7 @@ CANCEL_CYCLE_S = 0.5
 def cancel_slice(active: int, configured: int, sweep_interval: float) -> int:
     """How many cancel keys one sweep reads (one MGET): at least ``configured``,
     more when the shard has so many active turns that slices of that size
-    would take longer than :data:`CANCEL_CYCLE_S` to go round them all."""
+    would take longer than ``CANCEL_CYCLE_S`` to go round them all."""
     sweeps_per_cycle = max(1, int(CANCEL_CYCLE_S / max(sweep_interval, 1e-3)))
     return max(configured, -(-active // sweeps_per_cycle))
 

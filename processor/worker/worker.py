@@ -1,15 +1,15 @@
 """``processor run``: one worker consuming every shard of a namespace.
 
-The imperative shell. Per shard, a runner (:mod:`processor.worker.runner`) reads
-batches with XREADGROUP, one ahead, decodes them (:mod:`processor.worker.batches`),
-holds them (:mod:`processor.worker.held.holding`) or stores them with one
+The imperative shell. Per shard, a runner (``processor.worker.runner``) reads
+batches with XREADGROUP, one ahead, decodes them (``processor.worker.batches``),
+holds them (``processor.worker.held.holding``) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
-(:mod:`processor.worker.stored.storing`: from the worker's own copy,
-:mod:`processor.worker.stored.mirror`,
-or a replay of the stored records, :mod:`processor.engine.render`; then one
+(``processor.worker.stored.storing``: from the worker's own copy,
+``processor.worker.stored.mirror``,
+or a replay of the stored records, ``processor.engine.render``; then one
 ``finalise_turns`` call). Between batches it sweeps the shard (timeouts,
 cancellation keys, turns left ready by a dead worker) and reclaims entries
-idle in a dead consumer's pending list (:mod:`processor.worker.recovery`). Which
+idle in a dead consumer's pending list (``processor.worker.recovery``). Which
 entry merges where is decided by the data and the scripts, never here.
 """
 
@@ -57,14 +57,14 @@ class Worker:
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains.
 
     Made of parts it owns (docs/design.md, *The worker: parts it owns*): its
-    :class:`~processor.worker.membership.Membership`, one
-    :class:`~processor.worker.shard_state.ShardState` and one
-    :class:`~processor.worker.runner.ShardRunner` per shard, and the paths
-    the runners run: :class:`~processor.worker.stored.storing.StoredPath`,
-    :class:`~processor.worker.held.holding.HeldPath` (given the stored path),
-    :class:`~processor.worker.recovery.Recovery`,
-    :class:`~processor.worker.continuity.Continuity` and, given to both paths,
-    :class:`~processor.worker.publishing.LivePublisher`."""
+    ``Membership``, one
+    ``ShardState`` and one
+    ``ShardRunner`` per shard, and the paths
+    the runners run: ``StoredPath``,
+    ``HeldPath`` (given the stored path),
+    ``Recovery``,
+    ``Continuity`` and, given to both paths,
+    ``LivePublisher``."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
@@ -130,12 +130,12 @@ class Worker:
 
     @property
     def meta(self) -> Meta | None:
-        """The namespace's record (scripts.meta), read by :meth:`run`."""
+        """The namespace's record (scripts.meta), read by ``run``."""
         return self.continuity.meta
 
     @property
     def fatal(self) -> str | None:
-        """Why the worker stopped by itself (:meth:`run` returned)."""
+        """Why the worker stopped by itself (``run`` returned)."""
         return self.continuity.fatal
 
     def readiness(self) -> str | None:
@@ -151,8 +151,8 @@ class Worker:
         return self._stopping.is_set()
 
     async def run(self) -> None:
-        """Serve every shard until :meth:`stop`. Raises
-        :class:`~processor.scripts.meta.Mismatch` at once when the namespace's record
+        """Serve every shard until ``stop``. Raises
+        ``Mismatch`` at once when the namespace's record
         (written by the first worker or ``processor init``) has another
         shard count than this worker's."""
         self.continuity.meta = await self.retrying(self._open_namespace)
@@ -193,7 +193,7 @@ class Worker:
                     raise
 
     async def load_library(self) -> None:
-        """Load the producers' function library (:mod:`processor.scripts.library`).
+        """Load the producers' function library (``processor.scripts.library``).
         Refused (a user without FUNCTION LOAD): logged, not fatal, since
         merging does not need it; producers on Redis 7 do."""
         try:
@@ -206,7 +206,7 @@ class Worker:
     async def retrying(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``fn`` until it succeeds, waiting with backoff and jitter on
         connection errors (Redis restarting, failing over, unreachable),
-        each counted and logged (:func:`~processor.redis_io.connections.until_done`).
+        each counted and logged (``until_done``).
         Once stopping, it gives up: what was read stays pending for another
         worker to reclaim, and a SIGTERM never waits for Redis to return."""
         result: T = await until_done(fn, *args, give_up=lambda: self.stopping,

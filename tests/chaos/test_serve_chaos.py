@@ -206,7 +206,7 @@ class Run:
 
     def _frozen_events(self, before: int) -> Callable[[], Any]:
         """Enough events written since ``before`` while the replicas are
-        frozen: :data:`FROZEN_EVENTS`, or fewer, but some, once no more can
+        frozen: ``FROZEN_EVENTS``, or fewer, but some, once no more can
         come: only turns between their first and last delta go on (the
         others wait for a client to connect to a replica), and on a busy
         machine a worker merges more deltas into each event, so those turns

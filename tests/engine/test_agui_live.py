@@ -1,8 +1,8 @@
-"""The live AG-UI projection (:class:`processor.engine.agui.LiveRun`), pure:
+"""The live AG-UI projection (``processor.engine.agui.LiveRun``), pure:
 over random turns cut into random batches, a client that applies the
-events as ``@ag-ui/client`` 1.0 does (:class:`~processor.engine.agui.ClientState`)
+events as ``@ag-ui/client`` 1.0 does (``ClientState``)
 holds, at the end, exactly the merged response's ``MESSAGES_SNAPSHOT``
-(:func:`~processor.engine.agui.messages` of ``--agui``'s run): followed from
+(``messages`` of ``--agui``'s run): followed from
 the start, joined late (by a snapshot), or cut anywhere (inside a group too)
 and resumed from its last id; and every connection is a run the
 ``ag-ui-protocol`` models and ``ag-ui-validate`` accept."""

@@ -1,4 +1,4 @@
-"""Live progress events (:mod:`processor.engine.live`), pure: over random turns cut
+"""Live progress events (``processor.engine.live``), pure: over random turns cut
 into random batches, a reader that applies the events holds exactly the
 merge, per message: text, reasoning, every call's arguments and every
 result; and a turn that only grows gives plain appends."""

@@ -1,7 +1,7 @@
 """Properties of the merge engine (docs/contract.md §4) on random turns.
 
-Turns come from :mod:`support.strategies`; the checks of docs/contract.md §4
-live in :func:`support.delta_oracle.check_deltas` (shared with the worker
+Turns come from ``support.strategies``; the checks of docs/contract.md §4
+live in ``support.delta_oracle.check_deltas`` (shared with the worker
 tests). Here: those checks, determinism, resuming a serialised or compacted
 state at any point, and the stability of assigned ids between a partial and
 the final merge.
@@ -45,7 +45,7 @@ def producer_ids(records: list[Record]) -> set[str]:
 # ---------------------------------------------------------------- docs/contract.md §4
 
 def _agent_0(content: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """An update entry of turn-1 by agent-0, as :mod:`support.strategies` writes one."""
+    """An update entry of turn-1 by agent-0, as ``support.strategies`` writes one."""
     update = {"type": "agent_response_update", "contents": [content], "role": "assistant",
               "agent_id": "agent-0", **fields}
     return {"response_id": "turn-1", "kind": "update", "update": update}

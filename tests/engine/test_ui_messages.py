@@ -1,7 +1,7 @@
-"""The AI SDK's UI message stream of a turn (:mod:`processor.engine.ui_messages`),
+"""The AI SDK's UI message stream of a turn (``processor.engine.ui_messages``),
 pure: over random turns cut into random batches and ended at a random
 batch (completed, cancelled or failed), a client reading the chunks (the
-AI SDK's ``processUIMessageStream``, :class:`ui_messages.Reader`) from the
+AI SDK's ``processUIMessageStream``, ``ui_messages.Reader``) from the
 start, joined late from a snapshot, or after the end ends with the merged
 response's parts, and live holds each message's text and reasoning as
 merged so far after every batch. (tests/serve/test_serve_ai_sdk.py checks the

@@ -2,10 +2,10 @@
 workers (``--progress``) and a private Redis: every connection a client reads
 (live, a late join, a join by snapshot, resumed after a cut anywhere) is an
 AG-UI 1.0 run that the ``ag-ui-protocol`` models and ``ag-ui-validate``
-accept (each reopened id as a span of its own, :func:`agui_checks.distinct_reopens`),
+accept (each reopened id as a span of its own, ``agui_checks.distinct_reopens``),
 ends on the turn's outcome (cancelled included), and holds the merged
 response in its last ``MESSAGES_SNAPSHOT``; a client applying the events
-(:class:`processor.engine.agui.ClientState`, @ag-ui/client's rules) ends with
+(``processor.engine.agui.ClientState``, @ag-ui/client's rules) ends with
 exactly its messages, however it was cut. tests/serve/test_agui_clients.py runs
 the real ``HttpAgent``."""
 

@@ -38,7 +38,7 @@ from processor.wire.ids import TurnKey
 
 
 class EndsBeforeTheLogIsRead:
-    """A :class:`TurnSource` whose reads of the live log (``snapshot``,
+    """A ``TurnSource`` whose reads of the live log (``snapshot``,
     ``history``) wait, once, until ``release`` is set: the test finishes the
     turn meanwhile (``entered`` tells it the read is due)."""
 

@@ -1,4 +1,4 @@
-"""The AI SDK stream's SSE framing (:mod:`processor.serve.ui_format`): one
+"""The AI SDK stream's SSE framing (``processor.serve.ui_format``): one
 ``data:`` JSON line per chunk, the seq as the id of each event's last
 frame, ``data: [DONE]`` after the outcome; the outcome read from the
 terminal event (``cancel_reason`` when it has one, else the merged meta's),

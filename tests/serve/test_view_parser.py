@@ -1,6 +1,6 @@
 """The watch page's SSE parser (the JavaScript in
 processor/serve/static/view.html, run by Node.js) reads any stream, cut
-into chunks anywhere, as :class:`processor.serve.sse.Parser` (the
+into chunks anywhere, as ``processor.serve.sse.Parser`` (the
 ``EventSource`` reading of the HTML standard) does: the same events, each
 with the same last id, and the same retry values. The page resumes from
 that id, so this is what makes its resume exact."""

@@ -1,6 +1,6 @@
 """Checks of AG-UI runs (``--agui``) with the AG-UI project's own tools.
 
-Each run is checked twice, independently of :mod:`processor.engine.agui`:
+Each run is checked twice, independently of ``processor.engine.agui``:
 
 - every event parses as its ``ag-ui-protocol`` 1.0 pydantic model with no
   unknown field, and serialises back to exactly the dict we wrote;
@@ -9,7 +9,7 @@ Each run is checked twice, independently of :mod:`processor.engine.agui`:
 
 The validator's catalog was written against AG-UI 0.x. Two of its rules are
 stricter than AG-UI 1.0 on streams this projection writes, and only there
-are they turned off (:func:`rules_off`):
+are they turned off (``rules_off``):
 
 - ``AGUI204`` (arguments must parse as JSON): 1.0 keeps arguments "as
   written because a model can emit arguments that are not valid JSON"

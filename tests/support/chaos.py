@@ -78,7 +78,7 @@ def burners_needed(cpu_load: int) -> int:
     once the machine is already busy (the rest of the test suite running
     beside the soak, which then competes with the workers as a burner
     would). A burner there only slowed every other test down (a core each
-    for the whole soak). Measured now (:func:`idle_cpus`), not from the load
+    for the whole soak). Measured now (``idle_cpus``), not from the load
     average, which lags by a minute: at the start of a suite it still said
     idle, and the soaks, started first, burned a core each beside it."""
     if not cpu_load:

@@ -2,7 +2,7 @@
 entry merged, dropped or dead-lettered exactly once, each response
 byte-identical to ``processor merge`` of the entries it merged (with the
 cancel where one cut it), and each turn's events in order with one terminal
-event. A mixin of :class:`chaos.ChaosRun`, which runs the soak and reads
+event. A mixin of ``chaos.ChaosRun``, which runs the soak and reads
 the outputs."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running the operator tools (``processor stats|tail|dlq``) as a user would:
 ``python -m processor.cli.main`` in a subprocess, its stdout a pipe (so tables
-are plain lines: :func:`plain_rows`)."""
+are plain lines: ``plain_rows``)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ helpers read (tests/support/worker_harness.py reads every ``merged``, ``events``
 ``dlq`` entry of every live test) is checked here against the JSON Schema that
 ``processor schema`` prints, so every integration test checks it.
 
-``processor schema`` prints :func:`processor.wire.schema.document` (test_decode
+``processor schema`` prints ``processor.wire.schema.document`` (test_decode
 runs the CLI and checks that); it is built in-process here to stay fast, and
 compiled to Python by fastjsonschema: the schema uses only keywords of
 draft 7 (type, anyOf, properties, required, enum, items,

@@ -1,8 +1,8 @@
-"""An oracle for turns made by :mod:`support.strategies`: :func:`check_deltas`.
+"""An oracle for turns made by ``support.strategies``: ``check_deltas``.
 
 Every delta token appears exactly once, in its message, in arrival order, and
 the rest of docs/contract.md §4 holds (block order, ids, results after calls,
-usage, finish reason). :func:`tokens` lists the tokens of any JSON value.
+usage, finish reason). ``tokens`` lists the tokens of any JSON value.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _positions(response: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
 
 
 def check_deltas(entries: list[dict[str, Any]], response: dict[str, Any]) -> None:
-    """docs/contract.md §4 on a turn built by :mod:`support.strategies`."""
+    """docs/contract.md §4 on a turn built by ``support.strategies``."""
     response_id = response["response_id"]
     updates = _updates(entries, response_id)
     where = _positions(response)

@@ -6,12 +6,12 @@ the same thing, one turn's result as a plain JSON dict shaped like a
 "response", "meta", "events"}``. Every check raises ``AssertionError`` with
 the scenario/turn named, so a failure says what broke where.
 
-- :func:`check_expected_turn`: one turn of a ``NAME.expect.json`` (only the
+- ``check_expected_turn``: one turn of a ``NAME.expect.json`` (only the
   keys the expectation names are compared, as scenarios/README.md says).
-- :func:`check_invariants`: what every turn must satisfy (unique message ids,
+- ``check_invariants``: what every turn must satisfy (unique message ids,
   event sequence, the response loads in Agent Framework).
 
-:func:`delta_oracle.check_deltas` checks the turns of :mod:`support.strategies`.
+``delta_oracle.check_deltas`` checks the turns of ``support.strategies``.
 """
 
 from __future__ import annotations

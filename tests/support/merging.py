@@ -1,5 +1,5 @@
 """Merging test entries in-process: one turn's entries (dicts as a test
-writes them) decoded and fed through :class:`~processor.engine.merge.Turn`, without
+writes them) decoded and fed through ``Turn``, without
 the worker or the offline CLI. Shared by the merge property tests, the worked
 merge cases and the interop tests."""
 

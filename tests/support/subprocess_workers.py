@@ -1,4 +1,4 @@
-"""``processor run`` subprocesses for :class:`worker_harness.Harness`: spawn
+"""``processor run`` subprocesses for ``worker_harness.Harness``: spawn
 them on the harness's namespace, wait until they started, kill or
 terminate them (crash, restart and drain tests, the chaos soak, the
 benchmarks)."""
@@ -48,7 +48,7 @@ def _stop_signals_blocked() -> Any:
 
 
 class Subprocesses:
-    """A mixin of :class:`worker_harness.Harness`, which supplies the
+    """A mixin of ``worker_harness.Harness``, which supplies the
     namespace, the Redis URL, the log directory and ``wait_for``."""
 
     url: str

@@ -7,7 +7,7 @@ certificate, asks for and verifies client certificates as redis-server's
 CA signed is required; ``"optional"``: checked if given), and forwards the
 decrypted bytes to the plain server. The handshake, with its failures (no
 client certificate, untrusted server, untrusted client), is a real one made
-by OpenSSL through the stdlib :mod:`ssl`, as redis-server's would be. It runs
+by OpenSSL through the stdlib ``ssl``, as redis-server's would be. It runs
 in daemon threads of the test process.
 """
 
@@ -136,9 +136,9 @@ class TlsProxy:
 
 
 class ProxiedTlsRedis:
-    """A plain private redis-server reached only through a :class:`TlsProxy`.
+    """A plain private redis-server reached only through a ``TlsProxy``.
 
-    It offers what the TLS tests use of a TLS :class:`EmbeddedRedis`: ``url``
+    It offers what the TLS tests use of a TLS ``EmbeddedRedis``: ``url``
     (``rediss://``), ``host``/``port`` (the proxy's), ``tls``, ``password``,
     ``client_kwargs()``, ``version_info``, ``running`` and the
     lifecycle (``start``/``stop``/``kill``/``restart``/``close`` act on the

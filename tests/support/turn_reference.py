@@ -1,12 +1,12 @@
 """Test turns and their reference results, for the live-worker tests.
 
 Entries are dicts as a test writes them (``update`` as an object or JSON
-text); :func:`entry_fields` gives the stream fields a producer XADDs and
-:func:`entry_line` the ``processor merge`` line of the same values.
-:func:`offline_results` is ``processor merge`` of the entries, and
-:func:`compare_with_offline` the check every live test ends with: each turn
+text); ``entry_fields`` gives the stream fields a producer XADDs and
+``entry_line`` the ``processor merge`` line of the same values.
+``offline_results`` is ``processor merge`` of the entries, and
+``compare_with_offline`` the check every live test ends with: each turn
 merged once, byte-identical to the offline merge, with its events in order.
-:class:`Outputs` is what :class:`worker_harness.Harness` reads back.
+``Outputs`` is what ``worker_harness.Harness`` reads back.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The AI SDK's side of a UI message stream, in Python, for the tests:
 
-- :class:`Reader`: what ``ai``'s ``processUIMessageStream`` (7.0.173,
+- ``Reader``: what ``ai``'s ``processUIMessageStream`` (7.0.173,
   tests/js/node_modules/ai/src/ui/process-ui-message-stream.ts) makes of a
   stream of chunks, for the chunk types processor sends: the same parts,
   the same errors for a chunk that names a part it does not have, and the
   required fields of ``uiMessageChunkSchema`` checked;
-- :func:`expected_parts`: the parts a turn's merged response should give
+- ``expected_parts``: the parts a turn's merged response should give
   (docs/serve.md, "The AI SDK"), written from the merged response's JSON
   without processor's code;
-- :func:`comparable`: a ``UIMessage``'s parts with what the two sides
+- ``comparable``: a ``UIMessage``'s parts with what the two sides
   compute alike (a streaming input's partial parse is the JavaScript's own).
 """
 

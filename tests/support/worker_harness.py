@@ -1,11 +1,11 @@
 """Live workers on a real Redis, for the worker integration tests.
 
-:class:`Harness` runs N in-process :class:`~processor.worker.worker.Worker` tasks
+``Harness`` runs N in-process ``Worker`` tasks
 and/or ``processor run`` subprocesses on one namespace, XADDs input entries
 (batched pipelines, routed to their shard like a producer would), waits until
 everything is drained, and collects what the workers published: merged
 entries, events and dead letters, per turn in the shape of a ``processor
-merge`` line so that :mod:`support.expectations` can check them.
+merge`` line so that ``support.expectations`` can check them.
 
 Nothing here knows the merge rules: a test compares the live outputs with
 ``turn_reference.offline_results`` (``processor merge`` of the same entries). Every

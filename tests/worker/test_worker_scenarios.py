@@ -2,7 +2,7 @@
 the same ``response`` as ``processor merge``, byte for byte, the scenario's
 expectations hold on what the workers published, and (``--agui``) each
 turn's AG-UI run in ``{ns:s}:agui`` is valid AG-UI 1.0 and the run
-:func:`processor.engine.agui.project` makes offline."""
+``processor.engine.agui.project`` makes offline."""
 
 from __future__ import annotations
 

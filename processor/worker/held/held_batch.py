@@ -11,9 +11,9 @@ Why runs: a worker holding turns is bound by its own Python, and a batch
 holds a turn's updates by the dozen. Grouping takes one short step per
 entry; what a run's entries need (their texts, ids, sizes, the ASCII
 check) is then taken in C-level passes over the run (``map``, ``join``),
-and a held turn takes a run in one step (:meth:`processor.worker.held.hold.Held.take_run`).
-:func:`group_each` is the reference, one entry at a time as
-``apply_entries`` decodes it; :func:`group_batch` must give what it gives
+and a held turn takes a run in one step (``processor.worker.held.hold.Held.take_run``).
+``group_each`` is the reference, one entry at a time as
+``apply_entries`` decodes it; ``group_batch`` must give what it gives
 (``tests/worker/test_held_batch.py``).
 
 Pure: no I/O.
@@ -89,7 +89,7 @@ class Run:
         return True
 
     def _check_one(self, base: int, max_entry_bytes: int) -> bool:
-        """:meth:`check` of a run of one entry, without its joins and maps."""
+        """``check`` of a run of one entry, without its joins and maps."""
         text = self.texts[0]
         if text.__class__ is not bytes or not text.isascii() \
                 or len(text) + base > max_entry_bytes:
@@ -123,7 +123,7 @@ Part = Run | Single
 
 @dataclass
 class HeldBatch:
-    """A batch read for holding, as :func:`group_batch` groups it."""
+    """A batch read for holding, as ``group_batch`` groups it."""
 
     turns: dict[TurnKey, list[Part]] = field(default_factory=dict)  # first-seen order
     # For apply_entries, in batch order, in the usual shape (stream_entry)
@@ -132,7 +132,7 @@ class HeldBatch:
 
 @dataclass
 class HeldCall:
-    """A batch read with XREADGROUP > grouped for holding (:func:`decode_batch`):
+    """A batch read with XREADGROUP > grouped for holding (``decode_batch``):
     ``held`` has each turn's entries of this shard, and the entries left to
     ``apply_entries`` (it dead-letters them; their call is built when needed)."""
 
@@ -145,20 +145,20 @@ def decode_batch(
     shard: Shard, entries: list[Entry], options: BatchOptions, now_ms: int
 ) -> HeldCall:
     """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
-    :func:`group_batch`)."""
+    ``group_batch``)."""
     return HeldCall(group_batch(entries, shard.index, options.shards,
                                 options.limits.max_entry_bytes), now_ms)
 
 
 def group_batch(entries: list[Entry], shard: int, shards: int,
                 max_entry_bytes: int) -> HeldBatch:
-    """``entries`` (one XREADGROUP > reply as :func:`~processor.redis_io.connections.read_raw`
+    """``entries`` (one XREADGROUP > reply as ``read_raw``
     gives it, in id order) grouped per turn.
 
     One step per entry: an entry of just ``response_id`` and ``update``
     (in either order) whose response id names a turn seen lately joins its
-    turn's current run, checked with the run (:meth:`Run.check`); anything
-    else is classified by :func:`_add_one`, as :func:`group_each` does. A
+    turn's current run, checked with the run (``Run.check``); anything
+    else is classified by ``_add_one``, as ``group_each`` does. A
     run that fails its check is classified again one entry at a time."""
     batch = HeldBatch()
     turns = batch.turns
@@ -193,8 +193,8 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
 
 def group_each(entries: list[Entry], shard: int, shards: int,
                max_entry_bytes: int) -> HeldBatch:
-    """The reference for :func:`group_batch`: every entry classified on
-    its own (:func:`peek_plain`, else :func:`decode_stream_entry`)."""
+    """The reference for ``group_batch``: every entry classified on
+    its own (``peek_plain``, else ``decode_stream_entry``)."""
     batch = HeldBatch()
     open_runs: dict[TurnKey, Run] = {}
     for entry in entries:

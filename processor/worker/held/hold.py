@@ -6,7 +6,7 @@ Pure bookkeeping: which turns of a batch this worker holds, what it holds
 of each (the merge so far, and the entries as read, which a *spill* hands
 to ``apply_entries`` when holding a turn stops being safe or cheap), and
 which held turns are due to spill. The I/O is the worker's
-(:mod:`processor.worker.held.holding`).
+(``processor.worker.held.holding``).
 
 A turn is held only from its first entry on (``open_turns`` says whether
 any consumer started it before); once spilled, it takes the
@@ -33,7 +33,7 @@ from processor.worker.stored.mirror import Applied, TurnCopy
 
 _json = msgspec.json.Encoder()
 
-#: Bytes, named apart from the ``bytes`` field of :class:`Holds` (a class
+#: Bytes, named apart from the ``bytes`` field of ``Holds`` (a class
 #: scope where ``bytes`` is that field).
 Blob = bytes
 
@@ -44,13 +44,13 @@ OLD_TURNS = 10_000
 
 @dataclass(kw_only=True)
 class Held(TurnCopy):
-    """What this worker holds of one turn (a :class:`~processor.worker.stored.mirror.TurnCopy`
+    """What this worker holds of one turn (a ``TurnCopy``
     never stored: version 0).
 
     Its plain updates may wait in ``pending`` (their JSON texts, not
     decoded yet: the last ``len(pending)`` of ``entries`` and ``ids``)
     while the turn is open and they stay within its limits (so each one
-    would be merged): :meth:`catch_up` decodes them together and feeds them
+    would be merged): ``catch_up`` decodes them together and feeds them
     before anything reads the replay. One that turns out to be an entry
     ``apply_entries`` dead-letters breaks the turn, which must then spill
     (the stored path dead-letters it in its place)."""
@@ -246,7 +246,7 @@ class Holds:
 
     def route(self, entries: list[Entry], batch: HeldBatch) -> Routed:
         """Feed the entries of held turns (a run of plain updates may wait,
-        see :class:`Held`); the rest are stored (an entry that failed to
+        see ``Held``); the rest are stored (an entry that failed to
         decode is dead-lettered by ``apply_entries``, which moves its turn's
         version: a held turn then spills at its finalise). A batch routed
         again (its reply lost, the same call retried) feeds nothing twice."""
@@ -287,7 +287,7 @@ class Holds:
     def checkpointed(self, key: TurnKey, version: int, snap: Blob, now: float) -> None:
         """``checkpoint_held`` stored the turn's merge and acked its entries:
         it holds none now, under its new version, held again from ``now``
-        (so last in the order :meth:`due` reads)."""
+        (so last in the order ``due`` reads)."""
         held = self.turns.pop(key)
         self.turns[key] = held
         held.checkpoint, held.checkpoint_id = snap, held.ids[-1]

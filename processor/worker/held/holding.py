@@ -1,11 +1,11 @@
-"""The worker's side of held turns (``--hold-turns``; :mod:`processor.worker.held.hold`,
+"""The worker's side of held turns (``--hold-turns``; ``processor.worker.held.hold``,
 docs/design.md *Held turns*): opening the turns a batch starts, feeding
 their entries to this worker's memory only, publishing them with
 ``finalise_held`` and spilling them to ``apply_entries`` whenever holding
-stops being safe. :class:`HeldPath` is one part of
-:class:`~processor.worker.worker.Worker`, run inside its shard runners; every
+stops being safe. ``HeldPath`` is one part of
+``Worker``, run inside its shard runners; every
 path out of holding ends in the stored path
-(:class:`~processor.worker.stored.storing.StoredPath`, which it is given),
+(``StoredPath``, which it is given),
 which decides nothing differently."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class HeldPath:
 
     async def open_batch(self, shard: Shard, call: HeldCall) -> None:
         """``open_turns`` for the batch's turns this worker knows nothing of.
-        The reader and the applier may both open (:meth:`open_ahead`): one
+        The reader and the applier may both open (``open_ahead``): one
         at a time, so that no turn is opened twice."""
         async with self.shards[shard.index].opening:
             if call.opened:  # (the reader's: the applier need not look again)
@@ -138,7 +138,7 @@ class HeldPath:
         applier is still busy with the batch before: the round trip then
         overlaps the applier's Python instead of stalling it (redis-server
         answers the reader's XREADGROUP first). Best effort: whatever this
-        does not open, the applier opens (:meth:`apply_held`)."""
+        does not open, the applier opens (``apply_held``)."""
         if not isinstance(call, HeldCall):
             return
         try:
@@ -158,11 +158,11 @@ class HeldPath:
 
         With ``defer`` (a batch's ended turns) the call is sent and this
         returns at once: redis-server runs it while the worker merges the
-        next batch, and :meth:`settle` commits it before anything next
+        next batch, and ``settle`` commits it before anything next
         reads or changes the held turns (the next finalise, a spill, a
         sweep's, a take-back or a reclaim; the next batch first if it has
         an entry of one of them). ``reasons``: the cancelled turns' reasons
-        (:func:`~processor.worker.stored.storing.cancel_reasons`)."""
+        (``cancel_reasons``)."""
         state = self.shards[shard.index]
         if state.unknown_pending():
             # One of them may be a held turn's: finalise_held's argument needs
@@ -215,7 +215,7 @@ class HeldPath:
 
     async def settle(self, shard: Shard) -> None:
         """Until the shard's batch finalise in flight, if any, is committed
-        (see :meth:`_finalise_held`; but in the commit's own spills)."""
+        (see ``_finalise_held``; but in the commit's own spills)."""
         going = self._finalising.get(shard.index)
         if going is not None and going.commit is not None \
                 and asyncio.current_task() is not going.commit:
@@ -277,7 +277,7 @@ class HeldPath:
         """Hand held turns to apply_entries: their entries are stored and
         acked there (the XACK fence skips any that were applied already), and
         the turns go on as any stored turn (the finalise in flight committed
-        first: :meth:`settle`)."""
+        first: ``settle``)."""
         await self.settle(shard)
         await self._spill(shard, keys, why)
 

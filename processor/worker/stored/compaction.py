@@ -2,7 +2,7 @@
 
 ``apply_entries`` reports the turns whose stored records reached the
 threshold; here one pipeline reads the shard's watermark (oldest pending
-entry) and then their records, :func:`processor.engine.render.plan_compaction`
+entry) and then their records, ``processor.engine.render.plan_compaction``
 folds the records below the watermark into a snapshot, and ``compact_turn``
 swaps them atomically if nothing changed meanwhile. Reading the watermark
 *before* the records is what makes the plan complete: the watermark only

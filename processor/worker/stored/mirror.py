@@ -3,7 +3,7 @@ turn need not read its records back from Redis and replay them.
 
 Redis stays the source of truth: every record is still stored by
 ``apply_entries`` (any worker can finish any turn, and a crash loses
-nothing). A :class:`Mirror` is only a cache of the replay of those records,
+nothing). A ``Mirror`` is only a cache of the replay of those records,
 kept while this worker stored *every* record of the turn, in entry-id
 order. ``apply_entries`` reports each turn's version before and after a call
 and how many records it stored; a mirror whose version is not exactly the
@@ -18,7 +18,7 @@ it: the turn's live progress, told from the mirror, goes on after it.
 The finalise uses a mirror only if the turn hash it reads has the
 mirror's version and start time, or, without reading it, if the apply
 call that made the turn ready left it at the mirror's version
-(:meth:`Mirrors.update` names those turns); ``finalise_turns`` checks that
+(``Mirrors.update`` names those turns); ``finalise_turns`` checks that
 version again atomically with the publish: whatever happened since, the
 published response is the replay of exactly the stored records, as before.
 
@@ -70,9 +70,9 @@ MIRROR_BYTES = COPY_BYTES
 class TurnCopy:
     """A turn merged in this worker's memory: the replay of the entries it
     fed, and what rendering it needs of the turn's hash (its version and
-    start). Two kinds, which share this: a :class:`Mirror` follows a
+    start). Two kinds, which share this: a ``Mirror`` follows a
     stored turn (its version is the one ``apply_entries`` left, its live
-    progress may not have begun here), a :class:`~processor.worker.held.hold.Held`
+    progress may not have begun here), a ``Held``
     turn was never stored (version 0), keeps its entries, pending, to spill
     them, and its live progress from its first entry on."""
 
@@ -114,7 +114,7 @@ class Mirror(TurnCopy):
 
 
 class _Fed:
-    """One turn of a batch fed ahead (:meth:`Mirrors.feed_ahead`)."""
+    """One turn of a batch fed ahead (``Mirrors.feed_ahead``)."""
 
     __slots__ = ("bytes", "count", "known", "last", "mirror", "version")
 
@@ -217,9 +217,9 @@ class Mirrors:
     def feed_ahead(self, applied: list[Applied], ahead: Ahead) -> None:
         """Feed a batch read with one ``XREADGROUP >`` into the mirrors before
         ``apply_entries`` answers, so that the worker's Python runs while
-        redis-server runs the script; :meth:`confirm` then keeps what the
-        call's versions confirm, and :meth:`forget` drops it all if the call
-        (or this) failed. Together they end as :meth:`update` with ``newest``."""
+        redis-server runs the script; ``confirm`` then keeps what the
+        call's versions confirm, and ``forget`` drops it all if the call
+        (or this) failed. Together they end as ``update`` with ``newest``."""
         if self.max_turns == 0:
             return
         turns = ahead.turns
@@ -243,7 +243,7 @@ class Mirrors:
 
     def confirm(self, ahead: Ahead, versions: dict[TurnKey, Version],
                 dead: Mapping[TurnKey, int] | None = None) -> set[TurnKey]:
-        """What :meth:`update` returns, for a batch fed by :meth:`feed_ahead`
+        """What ``update`` returns, for a batch fed by ``feed_ahead``
         (the same checks, made after feeding: a mirror that fails them is
         dropped, fed or not)."""
         if self.max_turns == 0:
@@ -287,7 +287,7 @@ class Mirrors:
 
     def forget(self, ahead: Ahead) -> None:
         """The call failed (or may have), or feeding did: drop every mirror
-        :meth:`feed_ahead` fed, which a retry would feed again."""
+        ``feed_ahead`` fed, which a retry would feed again."""
         self._account(ahead)
         for key in ahead.turns:
             self.drop(key)

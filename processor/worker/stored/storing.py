@@ -1,13 +1,13 @@
 """The worker's side of the stored path (the default; docs/design.md):
 each batch stored with one ``apply_entries`` call, this worker's copies of
-its turns fed meanwhile (:mod:`processor.worker.stored.mirror`), and the turns that call
+its turns fed meanwhile (``processor.worker.stored.mirror``), and the turns that call
 or a sweep made ready published with ``finalise_turns``, from a copy or
-from a replay of the stored records (:mod:`processor.engine.render`).
-:class:`StoredPath` is one part of :class:`~processor.worker.worker.Worker`;
-held turns (:mod:`processor.worker.held.holding`) end here whenever holding
+from a replay of the stored records (``processor.engine.render``).
+``StoredPath`` is one part of ``Worker``;
+held turns (``processor.worker.held.holding``) end here whenever holding
 them stops being safe. The held path calls this one, never the reverse
 (an import-linter contract): what the stored path needs of other parts is
-a protocol here (:class:`StoredShard`, :class:`Losses`, :data:`BeforeFinalise`)."""
+a protocol here (``StoredShard``, ``Losses``, ``BeforeFinalise``)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ log = logging.getLogger("processor.worker")
 async def cancel_reasons(client: Any, shard: Shard,
                          todo: Mapping[TurnKey, Reason]) -> dict[TurnKey, str | None]:
     """The reason of each turn ``todo`` finalises as cancelled: the first
-    :data:`~processor.wire.cancels.REASON_BYTES` of its cancel key's value
+    ``REASON_BYTES`` of its cancel key's value
     (``GETRANGE``, never the whole value: an administrator's plain ``SET``
-    may be of any size), as text (:func:`~processor.wire.cancels.reason_of`).
+    may be of any size), as text (``reason_of``).
     None for a key gone meanwhile (expired), empty, or not a string."""
     keys = [key for key, why in todo.items() if why == "cancel"]
     if not keys:
@@ -64,7 +64,7 @@ async def cancel_reasons(client: Any, shard: Shard,
 
 class StoredShard(Protocol):
     """What the stored path keeps and reads of a shard
-    (:class:`~processor.worker.shard_state.ShardState`)."""
+    (``ShardState``)."""
 
     @property
     def mirrors(self) -> Mirrors: ...
@@ -77,7 +77,7 @@ class StoredShard(Protocol):
 
 class Losses(Protocol):
     """What the stored path asks when Redis may have lost the namespace's
-    state (:class:`~processor.worker.continuity.Continuity`)."""
+    state (``Continuity``)."""
 
     async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
                          versions: dict[TurnKey, Version]) -> str | None: ...
@@ -90,7 +90,7 @@ class Losses(Protocol):
 
 class LiveProgress(Protocol):
     """Live progress of the turns a batch stored
-    (:class:`~processor.worker.publishing.LivePublisher`)."""
+    (``LivePublisher``)."""
 
     async def publish_live_stored(self, shard: Shard, applied: list[Applied],
                                   fresh: set[TurnKey]) -> None: ...
@@ -98,7 +98,7 @@ class LiveProgress(Protocol):
 
 #: Called with the turns a finalise is about to publish, before it reads
 #: them: the held path spills those it holds entries of
-#: (:meth:`~processor.worker.held.holding.HeldPath.spill_ready`). The stored
+#: (``HeldPath.spill_ready``). The stored
 #: path never calls the held path otherwise.
 BeforeFinalise = Callable[[Shard, dict[TurnKey, Reason]], Awaitable[None]]
 
@@ -163,12 +163,12 @@ class StoredPath:
     async def _follow_ahead(
         self, shard: Shard, call: ApplyCall, applying: Awaitable[list[Any]]
     ) -> tuple[Any, ...]:
-        """``apply_entries``' reply and :meth:`_follow`'s turns, for a batch
+        """``apply_entries``' reply and ``_follow``'s turns, for a batch
         read with ``XREADGROUP >``: the copies are fed while redis-server runs
-        the script (:meth:`~processor.worker.stored.mirror.Mirrors.feed_ahead`), and kept
-        only where its versions confirm them, exactly as :meth:`_follow`
+        the script (``Mirrors.feed_ahead``), and kept
+        only where its versions confirm them, exactly as ``_follow``
         would keep them. Last, what the reply says of the namespace's state
-        (:meth:`~processor.worker.continuity.Continuity.lost_under`), checked
+        (``Continuity.lost_under``), checked
         before the copies are settled: a lost turn is published from its copy."""
         applied = call.applied
         mirrors = self.shards[shard.index].mirrors
@@ -206,7 +206,7 @@ class StoredPath:
         return (*reply, fresh, None)
 
     def _follow(self, shard: Shard, call: ApplyCall, versions: list[Any]) -> set[TurnKey]:
-        """Keep this worker's copies of the batch's turns (:mod:`processor.worker.stored.mirror`);
+        """Keep this worker's copies of the batch's turns (``processor.worker.stored.mirror``);
         returns the turns whose copy is the state this very call left."""
         mirrors = self.shards[shard.index].mirrors
         try:
@@ -295,7 +295,7 @@ class StoredPath:
         copies: dict[TurnKey, Mirror], reasons: dict[TurnKey, str | None],
     ) -> dict[TurnKey, Reason]:
         """Settle and publish ``keys`` (one finalise_turns call); the turns to
-        retry. ``reasons``: the cancelled turns' (:func:`cancel_reasons`)."""
+        retry. ``reasons``: the cancelled turns' (``cancel_reasons``)."""
         reads = [key for key in keys if key not in known and key not in copies and hashes[key]]
         records = dict(zip(reads, await self._read_records(shard, reads), strict=True))
         now = now_ms()
