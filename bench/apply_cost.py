@@ -48,7 +48,7 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
     finalise = finalise or held
     config = WorkerConfig(namespace="cost", consumer="cost", hold_turns=held)
     shard = next(iter(Namespace(config.namespace, 1).all()))
-    scripts, options = Scripts(client), config.batch_options()
+    scripts, options = Scripts(client), config
     worker = Worker(client, config) if finalise else None
     await client.copy("cost:template", shard.updates, replace=True)
     await client.config_resetstat()

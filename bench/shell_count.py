@@ -128,7 +128,7 @@ def as_read(replies: list[list[Entry]]) -> list[list[Any]]:
 def run(side: str, replies: list[list[Entry]], read: list[list[Any]]) -> None:
     config = WorkerConfig(namespace="count")
     shard = next(iter(Namespace(config.namespace, 1).all()))
-    options = config.batch_options()
+    options = config
     mirrors = Mirrors(config.limits)
     holds = Holds(config.limits, defaults.HELD_TURNS, HELD_BYTES)
     for entries, raw in zip(replies, read, strict=True):

@@ -4,11 +4,11 @@ apply_entries: apply a batch of entries read from one shard's updates stream.
 For each entry, atomically: XACK it (the fence: an entry another consumer
 already acked is skipped, so every entry is applied exactly once), then
 either dead-letter it, drop it (cancelled turn) or store its record in
-the turn's state, publishing synthesis.started on a turn's first entry and
-the entry's progress events with gap-free seq. A turn's correlation ids
-(first value applied wins) are kept in its hash and filled into the
-synthesis.started and progress events that do not carry them themselves, so
-that every event of the turn has them (docs/contract.md §3.1). Acked entries
+the turn's state, publishing synthesis.started on a turn's first entry (a
+running turn's other events are live progress: publish_live.lua). A turn's
+correlation ids (first value applied wins) are kept in its hash and filled
+into synthesis.started when it does not carry them itself, so that every
+event of the turn has them (docs/contract.md §3.1). Acked entries
 leave the stream at the end: everything below the group's oldest pending
 entry (every one of them acked) in one XTRIM MINID, which frees whole
 listpack nodes instead of marking entries deleted one XDEL at a time.
@@ -37,10 +37,9 @@ ARGV[11] this consumer        ARGV[12] its floor (includes/watermark; '' = none)
 ARGV[13] the first entry id of the XREADGROUP > read the entries come from ('' =
          not such a read: a spill, a reclaim, a take-back), for the cut
 ARGV[14 + 2*(t-1) + 0..1]     per turn t: tk, synthesis.started fields (msgpack array)
-ARGV[14 + 2*T]                the entries: one msgpack array, 8 values per entry:
-                              id, turn index (0 = none), op, a, b, c, deliveries, ids
-  op "u" update / "e" end|error: a = stored record, b = size, c = progress events
-                                  (msgpack array of field arrays), ids = the entry's
+ARGV[14 + 2*T]                the entries: one msgpack array, 7 values per entry:
+                              id, turn index (0 = none), op, a, b, deliveries, ids
+  op "u" update / "e" end|error: a = stored record, b = size, ids = the entry's
                                   turn-level ids (msgpack [name, JSON value, ...]) or ""
   op "d" dead letter:            a = reason, b = detail
 
@@ -72,7 +71,6 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_str = tostring(now_ms)
 
 --- includes/pad_id
---- includes/publish_event
 --- includes/dead_letter
 --- includes/last_delivered
 --- includes/trim_acked
@@ -196,7 +194,7 @@ local function count_dead(ti)
   c.ver = c.ver + 1
 end
 
-local function store(ti, id, op, record, size, progress, ids)
+local function store(ti, id, op, record, size, ids)
   local tkey, rkey = turn_keys(ti)
   local tk = ARGV[TURNS + 2 * (ti - 1)]
   -- (A turn this call already found or made the hash of has nothing to start.)
@@ -211,11 +209,6 @@ local function store(ti, id, op, record, size, progress, ids)
   end
   c.ver, c.stored, c.bytes = c.ver + 1, c.stored + 1, c.bytes + size
   if op == 'u' then c.n = c.n + 1 end
-  if progress ~= '' then
-    for _, fields in ipairs(cmsgpack.unpack(progress)) do
-      publish_event(tkey, events, events_max, fill_ids(tkey, fields))
-    end
-  end
   touched[ti] = tk
   if op == 'e' or c.n > max_updates or c.bytes > max_bytes then mark_closing(ti, tkey, tk, id) end
   if op == 'e' then
@@ -243,9 +236,9 @@ local function drop(ti)
   c.ver = c.ver + 1
 end
 
-local function apply_one(id, ti, op, a, b, c, deliveries, ids)
+local function apply_one(id, ti, op, a, b, deliveries, ids)
   if open_turn[ti] and op ~= 'd' then
-    store(ti, id, op, a, tonumber(b), c, ids)
+    store(ti, id, op, a, tonumber(b), ids)
     count('stored')
     return
   end
@@ -284,7 +277,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
       count_dead(ti)
       count('dlq:turn_closed')
     else
-      store(ti, id, op, a, tonumber(b), c, ids)
+      store(ti, id, op, a, tonumber(b), ids)
       count('stored')
     end
   elseif cached(cancel_of, ti, exists, ckey) then
@@ -299,7 +292,7 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     end
     report_cancelled(ti)
     if pad_id(id) < cut then
-      store(ti, id, op, a, tonumber(b), c, ids)
+      store(ti, id, op, a, tonumber(b), ids)
       count('stored')
     else
       drop(ti)
@@ -307,25 +300,25 @@ local function apply_one(id, ti, op, a, b, c, deliveries, ids)
     end
   else
     open_turn[ti] = true
-    store(ti, id, op, a, tonumber(b), c, ids)
+    store(ti, id, op, a, tonumber(b), ids)
     count('stored')
   end
 end
 
 local E = cmsgpack.unpack(ARGV[TURNS + 2 * nturns])
 local acked = {}
-for i = 1, #E, 8 do
+for i = 1, #E, 7 do
   local id = E[i]
   if redis.call('XACK', updates, group, id) == 1 then
     local ok, err = pcall(apply_one, id, tonumber(E[i + 1]), E[i + 2], E[i + 3],
-                          E[i + 4], E[i + 5], E[i + 6], E[i + 7])
+                          E[i + 4], E[i + 5], E[i + 6])
     if not ok then
       -- A bug here must not lose the acked entry (scripts are not rolled
       -- back): it goes to the DLQ, with its fields if that still works.
       local detail = 'applying the entry failed: ' .. tostring(type(err) == 'table' and err.err or err)
-      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_fields_max, id, 'internal_error', detail, E[i + 6]) then
+      if not pcall(dead_letter, updates, dlq, dlq_max, dlq_fields_max, id, 'internal_error', detail, E[i + 5]) then
         redis.call('XADD', dlq, 'MAXLEN', '~', dlq_max, '*', 'reason', 'internal_error',
-                   'detail', detail, 'source_id', id, 'deliveries', E[i + 6])
+                   'detail', detail, 'source_id', id, 'deliveries', E[i + 5])
       end
       count('dlq:internal_error')
     end

@@ -7,7 +7,7 @@ transitions (which do the atomic state changes). Nothing here talks to Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, get_args
+from typing import Any, NamedTuple, Protocol, get_args
 
 import msgspec
 
@@ -23,7 +23,6 @@ from processor.engine.render import (
 from processor.ingest.decode import EntryError, decode_stream_entry
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text
-from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import TURN_IDS, Event
@@ -34,26 +33,37 @@ _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 
 
-@dataclass(frozen=True)
-class BatchOptions:
-    group: str
-    shards: int
-    limits: Limits
-    progress: bool = False
-    max_deliveries: int = defaults.MAX_DELIVERIES
-    events_maxlen: int = defaults.EVENTS_MAXLEN
-    dlq_maxlen: int = defaults.DLQ_MAXLEN
-    merged_maxlen: int = defaults.MERGED_MAXLEN
-    # Names and values of an entry copied into its DLQ entry as fields (one XADD
-    # from Lua carries ~8000 values); a wider entry is kept whole, packed.
-    dlq_fields_max: int = defaults.DLQ_FIELDS_MAX
-    ready_limit: int = 1000
-    done_ttl: int = defaults.DONE_TTL
-    agui: bool = False
-    compact_threshold: int = defaults.COMPACT_THRESHOLD  # records before compaction; 0 = never
-    # Seconds a turn's live log is kept after its last entry (--done-ttl plus
-    # --turn-timeout: WorkerConfig sets it from those).
-    live_ttl: int = defaults.DONE_TTL + int(defaults.TURN_TIMEOUT)
+class BatchOptions(Protocol):
+    """What the script-call builders read of a worker's settings: a view of
+    its ``WorkerConfig`` (processor.worker.config), where each has its one
+    default."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def shards(self) -> int: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def max_deliveries(self) -> int: ...
+    @property
+    def events_maxlen(self) -> int: ...
+    @property
+    def dlq_maxlen(self) -> int: ...
+    @property
+    def merged_maxlen(self) -> int: ...
+    @property
+    def dlq_fields_max(self) -> int: ...
+    @property
+    def ready_limit(self) -> int: ...
+    @property
+    def done_ttl(self) -> int: ...
+    @property
+    def agui(self) -> bool: ...
+    @property
+    def compact_threshold(self) -> int: ...
+    @property
+    def live_ttl(self) -> int: ...
 
 
 @dataclass
@@ -70,7 +80,7 @@ class ApplyCall:
 
     keys: list[str]
     head: list[Any]
-    entries: list[Any]  # flat, 8 values per entry (see apply_entries.lua), bytes as msgpack_str
+    entries: list[Any]  # flat, 7 values per entry (see apply_entries.lua), bytes as msgpack_str
     applied: list[Applied] = field(default_factory=list)  # the entries asked to be stored
     # Read by one XREADGROUP ">": in id order, and newer than every entry
     # delivered before (processor.worker.stored.mirror need not check their order).
@@ -86,7 +96,7 @@ class ApplyCall:
         deliveries); never a payload."""
         found = []
         flat = self.entries
-        for i in range(0, len(flat) - 7, 8):
+        for i in range(0, len(flat) - 6, 7):
             if flat[i + 2] == "d":
                 ti = flat[i + 1]
                 tk = as_text(self.head[_HEAD + 2 * (ti - 1)]) if ti else ""
@@ -208,7 +218,7 @@ def build_dead_letters(
     Redis (includes/dead_letter.lua): the worker never loads its payload."""
     per_entry: list[Any] = []
     for entry_id, reason, detail, deliveries in rows:
-        per_entry += [entry_id, 0, "d", reason, detail, "", deliveries, ""]
+        per_entry += [entry_id, 0, "d", reason, detail, deliveries, ""]
     lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing]
     head = [options.group, options.events_maxlen, options.dlq_maxlen, 0,
@@ -233,29 +243,23 @@ def _entry_args(
     if deliveries > options.max_deliveries:
         limit = options.max_deliveries
         detail = f"delivered {deliveries} times without being acked (limit {limit})"
-        return [entry_id, 0, "d", "max_deliveries", detail, "", deliveries, ""]
+        return [entry_id, 0, "d", "max_deliveries", detail, deliveries, ""]
     try:
         key, record, size = decode_stream_entry(
             fields, max_entry_bytes=options.limits.max_entry_bytes
         )
     except EntryError as exc:
         n = turns.number(exc.turn, now_ms) if exc.turn else 0
-        return [entry_id, n, "d", exc.reason, exc.detail, "", deliveries, ""]
+        return [entry_id, n, "d", exc.reason, exc.detail, deliveries, ""]
     expected = entry_shard(fields, options.shards) if options.shards > 1 else 0
     if expected != shard.index:
         detail = f"the turn belongs to shard {expected}, not {shard.index}"
-        return [entry_id, 0, "d", "wrong_shard", detail, "", deliveries, ""]
+        return [entry_id, 0, "d", "wrong_shard", detail, deliveries, ""]
     n = turns.number(key, now_ms)
-    progress = b""
-    if options.progress and record.update is not None:
-        found = ev.progress(key, {}, record, now_ms)
-        if found:
-            progress = _pack.encode([event_fields(key, e) for e in found])
     op = "u" if record.kind == "update" else "e"
     ids = _turn_ids(record.ids) if record.ids else b""  # most entries carry none
     applied.append(_new_tuple(Applied, (key, entry_id, record, size)))
-    return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size,
-            msgpack_str(progress) if progress else "", deliveries,
+    return [entry_id, n, op, msgpack_str(encode_stored(size, record)), size, deliveries,
             msgpack_str(ids) if ids else ""]
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from processor.engine.lifecycle import Limits
 from processor.wire import defaults
 from processor.wire.keys import DEFAULT_GROUP, DEFAULT_NAMESPACE
-from processor.worker.batches import BatchOptions
 
 
 def default_consumer() -> str:
@@ -21,7 +20,9 @@ def default_consumer() -> str:
 
 @dataclass
 class WorkerConfig:
-    """Everything ``processor run`` can be told (see ``processor run --help``)."""
+    """Everything ``processor run`` can be told (see ``processor run --help``);
+    the script-call builders read it as their ``BatchOptions``
+    (processor.worker.batches)."""
 
     namespace: str = DEFAULT_NAMESPACE
     shards: int = 1
@@ -51,12 +52,17 @@ class WorkerConfig:
     hold_turns: bool = defaults.HOLD_TURNS
     hold_ms: int = defaults.HOLD_MS
 
-    def batch_options(self) -> BatchOptions:
-        return BatchOptions(
-            group=self.group, shards=self.shards, limits=self.limits,
-            max_deliveries=self.max_deliveries, events_maxlen=self.events_maxlen,
-            dlq_maxlen=self.dlq_maxlen, merged_maxlen=self.merged_maxlen,
-            done_ttl=self.done_ttl, ready_limit=max(self.batch, 100), agui=self.agui,
-            compact_threshold=self.compact_threshold,
-            live_ttl=self.done_ttl + max(1, int(self.limits.turn_timeout)),
-        )
+    # Names and values of an entry copied into its DLQ entry as fields (one
+    # XADD from Lua carries ~8000 values); a wider entry is kept whole, packed.
+    dlq_fields_max: int = defaults.DLQ_FIELDS_MAX
+
+    @property
+    def ready_limit(self) -> int:
+        """Most closing or timed-out turns one script call reports ready."""
+        return max(self.batch, 100)
+
+    @property
+    def live_ttl(self) -> int:
+        """Seconds a turn's live log is kept after its last entry: it
+        outlives an abandoned turn (--done-ttl plus --turn-timeout)."""
+        return self.done_ttl + max(1, int(self.limits.turn_timeout))

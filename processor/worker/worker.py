@@ -27,6 +27,7 @@ from processor.scripts import Scripts, library
 from processor.scripts.meta import Meta, check, create
 from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
+from processor.worker.batches import BatchOptions
 from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
 from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer
@@ -70,7 +71,7 @@ class Worker:
         self.client = client
         self.config = config
         self.metrics = metrics or Metrics()
-        self.options = config.batch_options()
+        self.options: BatchOptions = config  # (what the script-call builders read of it)
         self.namespace = Namespace(config.namespace, config.shards)
         self.scripts = Scripts(client)
         self._stopping = asyncio.Event()

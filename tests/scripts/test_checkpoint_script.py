@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from processor.engine.lifecycle import Limits
 from processor.scripts import Scripts
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
-from processor.worker.batches import BatchOptions, HeldCheckpoint, build_checkpoint_held
+from processor.worker.batches import HeldCheckpoint, build_checkpoint_held
+from processor.worker.config import WorkerConfig
 
 GROUP = "processor"
 
 
 async def _call(client: Any, ns: Namespace, turn: HeldCheckpoint, consumer: str = "c1") -> int:
-    options = BatchOptions(group=GROUP, shards=1, limits=Limits())
+    options = WorkerConfig(group=GROUP)
     call = build_checkpoint_held(ns.shard(0), [turn], options, consumer)
     [result] = await Scripts(client).checkpoint_held(keys=call.keys, args=call.args)
     return int(result)

@@ -12,12 +12,10 @@ from importlib import resources
 
 import pytest
 
-from processor.engine.lifecycle import Limits
 from processor.engine.render import Settled
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.worker.batches import (
-    BatchOptions,
     HeldCheckpoint,
     HeldOutcome,
     LiveTurn,
@@ -29,6 +27,7 @@ from processor.worker.batches import (
     build_open,
     build_publish_live,
 )
+from processor.worker.config import WorkerConfig
 
 _PER_TURN = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*\(t-1\) \+ [01]\.\.\d+\]")
 _TRAILING = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T( \+ 1)?\]")
@@ -67,7 +66,7 @@ def header(script: str) -> dict[str, Layout]:
 
 NS = Namespace("layout", 1)
 SHARD = NS.shard(0)
-OPTIONS = BatchOptions(group="g", shards=1, limits=Limits())
+OPTIONS = WorkerConfig(group="g", consumer="c")
 SETTLED = Settled("completed", b"\x90", b"\x90")
 
 

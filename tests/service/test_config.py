@@ -125,13 +125,13 @@ def test_the_operations_table_lists_every_option() -> None:
 
 def test_the_option_table_and_the_worker_config_default_alike() -> None:
     """One place for each default (processor/wire/defaults.py): the flags'
-    defaults are WorkerConfig's, Limits' and BatchOptions'."""
+    defaults are WorkerConfig's and Limits'."""
     from processor.engine.lifecycle import Limits
     from processor.service.config import OPTIONS
     from processor.worker.worker import WorkerConfig
 
     config, limits = WorkerConfig(consumer="c"), Limits()
-    sources = (config, limits, config.batch_options())
+    sources = (config, limits)
     checked = 0
     for option in OPTIONS:
         source = next((s for s in sources if hasattr(s, option.name)), None)

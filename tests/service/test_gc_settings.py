@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from support.turn_reference import entry_fields, text_delta
 
-from processor.engine.lifecycle import Limits
 from processor.service.run import GC_GEN0_THRESHOLD, tune_gc
 from processor.wire.keys import Namespace
-from processor.worker.batches import BatchOptions, build_apply
+from processor.worker.batches import build_apply
+from processor.worker.config import WorkerConfig
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def passes_while_decoding(count: int) -> int:
     (a held batch decodes less: its plain updates wait undecoded)."""
     entries = text_deltas(count)
     shard = next(iter(Namespace("gc", 1).all()))
-    options = BatchOptions(group="g", shards=1, limits=Limits())
+    options = WorkerConfig(group="g", consumer="c")
     gc.collect()  # the young generation's count starts at 0
     before = gc.get_stats()[0]["collections"]
     call = build_apply(shard, entries, {}, options, 0)

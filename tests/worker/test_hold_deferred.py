@@ -31,7 +31,7 @@ from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.wire.models import MAX_USAGE_COUNT, Record, Update
-from processor.worker.batches import BatchOptions
+from processor.worker.config import WorkerConfig
 from processor.worker.held.held_batch import Run, decode_batch
 from processor.worker.held.hold import Holds
 
@@ -225,7 +225,7 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
     entries = as_read([(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)])
     holds = Holds(limits, max_turns=10, max_bytes=1 << 30)
     holds.opened({key: True}, "5", 0.0)  # open_turns: held from its first entry
-    options = BatchOptions("g", 1, limits)
+    options = WorkerConfig(group="g", limits=limits)
     kept = []  # what decode_batch does not leave to apply_entries
     reference = Reference(limits)
     for batch in _batches(entries, cuts):
@@ -260,7 +260,7 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
 def test_updates_wait_until_the_end_and_are_fed_then() -> None:
     holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
     batch = as_read([(f"{i}-0".encode(), plain("t", delta(str(i)))) for i in range(1, 4)])
-    grouped = decode_batch(SHARD, batch, BatchOptions("g", 1, Limits()), NOW).held
+    grouped = decode_batch(SHARD, batch, WorkerConfig(group="g"), NOW).held
     assert grouped is not None
     (run,) = grouped.turns[TurnKey("t")]  # one run of three plain updates
     assert isinstance(run, Run) and run.ids == ["1-0", "2-0", "3-0"]
@@ -269,7 +269,7 @@ def test_updates_wait_until_the_end_and_are_fed_then() -> None:
     held = holds.turns[TurnKey("t")]
     assert len(held.pending) == 3 and held.replay.life.counts.updates == 0
     end = as_read([(b"4-0", {b"response_id": b"t", b"kind": b"end"})])
-    ending = decode_batch(SHARD, end, BatchOptions("g", 1, Limits()), NOW).held
+    ending = decode_batch(SHARD, end, WorkerConfig(group="g"), NOW).held
     assert ending is not None
     holds.route(end, ending)
     assert held.pending == [] and held.ended

@@ -239,17 +239,17 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
 
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]
-        config = WorkerConfig(namespace=namespace, consumer="bug", progress=True)
+        config = WorkerConfig(namespace=namespace, consumer="bug")
         await harness.client.xgroup_create(shard.updates, config.group, id="0", mkstream=True)
         ids = await harness.add([{"response_id": "bug", "update": _update("a")},
                                  {"response_id": "bug", "update": _update("b")},
                                  {"response_id": "bug", "kind": "end"}])
         [[_, entries]] = await harness.client.xreadgroup(
             config.group, "bug", {shard.updates: ">"}, count=10)
-        call = build_apply(shard, entries, {}, config.batch_options(), 0)
-        # Corrupt the progress events of the first entry: unpacking them fails.
+        call = build_apply(shard, entries, {}, config, 0)
+        # Corrupt the turn-level ids of the first entry: unpacking them fails.
         first = call.entries.index(ids[0])
-        call.entries[first + 5] = msgpack_str(b"\xc1")
+        call.entries[first + 6] = msgpack_str(b"\xc1")
         await Scripts(harness.client).apply_entries(keys=call.keys, args=call.argv())
         assert await harness.client.xlen(shard.updates) == 0
         assert (await harness.client.xpending(shard.updates, config.group))["pending"] == 0

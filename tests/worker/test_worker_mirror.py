@@ -199,7 +199,7 @@ async def test_a_turn_another_consumer_stored_into_is_read_back(
         await harness.add(entries[2:4])
         [[_, read]] = await harness.client.xreadgroup(
             config.group, "intruder", {shard.updates: ">"}, count=10)
-        call = build_apply(shard, read, {}, config.batch_options(), 0)
+        call = build_apply(shard, read, {}, config, 0)
         reply = await Scripts(harness.client).apply_entries(keys=call.keys, args=call.argv())
         assert parse_versions(reply[4])[TurnKey("shared")].before == 2
         harness.workers.clear()
