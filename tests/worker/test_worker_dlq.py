@@ -330,3 +330,21 @@ async def test_live_progress_goes_on_after_a_dead_lettered_entry(
     assert told == merged_text
     seqs = [int(e["seq"]) for e in turn.events]
     assert seqs == list(range(len(seqs)))
+
+
+async def test_a_flood_of_bad_entries_keeps_the_dlq_near_dlq_maxlen(
+        redis_url: str, namespace: str) -> None:
+    """A producer flooding the DLQ (docs/security.md: each dead letter is
+    the entry as written) pushes the oldest dead letters out: the DLQ stays
+    near ``--dlq-maxlen``, Redis's approximate trim (whole nodes of up to
+    100 entries) aside, and the newest dead letter is kept."""
+    async with Harness(redis_url, namespace, dlq_maxlen=50) as harness:
+        await harness.start_worker()
+        ids = await harness.add([{"response_id": f"bad-{i}", "update": "not json"}
+                                 for i in range(600)])
+        await harness.wait_drained()
+        dlq = harness.shards[0].dlq
+        length = await harness.client.xlen(dlq)
+        [(_, newest)] = await harness.client.xrevrange(dlq, count=1)
+    assert 50 <= length <= 50 + 100, length
+    assert newest[b"source_id"].decode() == ids[-1]
