@@ -104,3 +104,27 @@ def test_processor_cancel_refuses_a_reason_or_ttl_out_of_bounds(redis_url: str,
              "--redis-url", redis_url, *extra],
             capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 2 and "processor cancel: a cancel" in proc.stderr, proc.stderr
+
+
+async def test_refused_cancel_requests_are_counted_and_a_flood_logged_once(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Junk on the request channel is refused, each one counted in
+    ``processor_cancel_requests_total{outcome="refused"}``, and a flood
+    logged once (with how many) rather than once per message."""
+    import logging
+
+    import redis.asyncio
+
+    from processor.worker.cancel_requests import CancelRequests
+    from processor.worker.metrics import Metrics
+
+    metrics = Metrics()
+    client = redis.asyncio.Redis.from_url(redis_url)  # (a refusal sends it nothing)
+    requests = CancelRequests(client, Namespace("agent", 4), metrics)
+    with caplog.at_level(logging.WARNING, logger="processor.worker"):
+        outcomes = [await requests.take(junk) for junk in (b"\xff", "{}", "x" * 100_000) * 100]
+    await client.aclose()
+    assert outcomes == ["refused"] * 300
+    assert metrics.cancel_requests.labels("refused")._value.get() == 300
+    refused = [r for r in caplog.records if r.getMessage() == "cancel requests refused"]
+    assert len(refused) == 1 and refused[0].count == 1  # (the first; the rest within the minute)
