@@ -43,6 +43,7 @@ from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
+from processor.worker.shell import run_together
 
 log = logging.getLogger("processor.inbox")
 
@@ -82,15 +83,8 @@ class Admitter:
         """One task per shard until ``stopping`` is set. Each then finishes what
         it is doing (a BLPOP returns within ``wait``) rather than being
         cancelled in the middle of a blocking read; only a cancelled ``run``
-        cancels them."""
-        tasks = [asyncio.create_task(self._shard(shard, stopping), name=f"inbox-{shard.index}")
-                 for shard in self.namespace.all()]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        cancels them (until each has ended: ``run_together``)."""
+        await run_together(*(self._shard(shard, stopping) for shard in self.namespace.all()))
 
     async def _shard(self, shard: Shard, stopping: asyncio.Event) -> None:
         due, waits = True, 0  # admit at start: entries may have waited for a worker
