@@ -37,8 +37,8 @@ Keys it names itself, per turn: its hash, done hash and live log,
 `<ARGV[6]>:turn:<tk>`, `<ARGV[6]>:done:<tk>` and `<ARGV[6]>:live:<tk>` (as
 processor.wire.keys's Shard.turn, Shard.done and Shard.live name them), all
 in the hash slot of KEYS[1] (ARGV[6] is the shard's tag), as sweep_shard
-names its slice's keys: declared, they were three KEYS per turn per call,
-the largest part of the call's packing when a batch moves many turns.
+names its slice's keys: declared, they would be three KEYS per turn per
+call, the largest part of its packing when a batch moves many turns.
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
 ARGV[4] speaker            ARGV[5] the turns: one msgpack array, per turn t an

@@ -10,9 +10,9 @@ Keys it names itself: the slice's cancellation keys and turn hashes,
 `<ARGV[8]>:cancel:<response id>` and `<ARGV[8]>:turn:<member>` (as
 processor.wire.keys's Shard.cancel and Shard.turn name them), all in the
 hash slot of KEYS (ARGV[8] is the shard's tag), as BullMQ's scripts name a
-job's keys from their queue's prefix. Declared, they were two KEYS per
-active turn on every sweep: at 1,000 open turns, building and sending them
-cost the worker more than anything but its live progress.
+job's keys from their queue's prefix: declared, they would be two KEYS
+per active turn on every sweep, which at 1,000 open turns would cost the
+worker more to build and send than anything but its live progress.
 
 ARGV[1] consumer group   ARGV[2] turn timeout (ms)
 ARGV[3] ready limit (most closing and timed-out turns returned; 0 for
