@@ -1,7 +1,9 @@
 """Shared fixtures: private real Redis servers (see ``support/redis_servers.py``),
-and the suite's Hypothesis settings."""
+one with the shipped ACL users (``support/acl_users.py``), and the suite's
+Hypothesis settings."""
 
 from hypothesis import settings
+from support.acl_users import acl_server
 from support.redis_servers import (
     async_redis_client,
     make_redis_cluster,
@@ -15,6 +17,7 @@ from support.redis_servers import (
 )
 
 __all__ = [
+    "acl_server",
     "async_redis_client",
     "make_redis_cluster",
     "make_redis_server",

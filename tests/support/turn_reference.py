@@ -207,3 +207,15 @@ def simple_turn(response_id: str, updates: int) -> list[dict[str, Any]]:
         out.append({"response_id": response_id, "update": update})
     out.append({"response_id": response_id, "kind": "end"})
     return out
+
+
+def stream_fields(entry: dict[str, Any]) -> dict[bytes, bytes]:
+    """A test entry as XREADGROUP returns it (bytes names and values),
+    without ``kind=update`` (its default: most producers leave it out)."""
+    return {k.encode(): v if isinstance(v, bytes) else str(v).encode()
+            for k, v in entry_fields(entry).items() if (k, v) != ("kind", "update")}
+
+
+def delta(text: str, message_id: str = "m1") -> str:
+    return json.dumps({"contents": [{"type": "text", "text": text}], "message_id": message_id,
+                       "role": "assistant"})

@@ -17,8 +17,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.strategies import turns
-from support.turn_reference import as_read
-from test_hold_deferred import delta, stream_fields
+from support.turn_reference import as_read, delta, stream_fields
 
 from processor.ingest import decode
 from processor.ingest.decode import EntryError, decode_stream_entry, peek_plain

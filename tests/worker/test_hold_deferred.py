@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.strategies import turns
-from support.turn_reference import as_read, entry_fields
+from support.turn_reference import as_read, delta, stream_fields
 
 from processor.engine.lifecycle import Limits, TurnLife
 from processor.engine.render import Replay, render
@@ -39,21 +39,9 @@ SHARD = next(iter(Namespace("deferred", 1).all()))
 NOW = 1_700_000_000_000
 
 
-def stream_fields(entry: dict[str, Any]) -> dict[bytes, bytes]:
-    """A test entry as XREADGROUP returns it (bytes names and values),
-    without ``kind=update`` (its default: most producers leave it out)."""
-    return {k.encode(): v if isinstance(v, bytes) else str(v).encode()
-            for k, v in entry_fields(entry).items() if (k, v) != ("kind", "update")}
-
-
 def plain(response_id: str, text: bytes | str) -> dict[bytes, bytes]:
     raw = text.encode() if isinstance(text, str) else text
     return {b"response_id": response_id.encode(), b"update": raw}
-
-
-def delta(text: str, message_id: str = "m1") -> str:
-    return json.dumps({"contents": [{"type": "text", "text": text}], "message_id": message_id,
-                       "role": "assistant"})
 
 
 # --------------------------------------------------------------------------- decode_plain

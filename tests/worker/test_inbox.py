@@ -18,12 +18,12 @@ import msgspec
 import pytest
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
+from support.acl_users import url_for
 from support.cli_tools import run
 from support.records import init_namespace
 from support.strategies import random_turn
 from support.turn_reference import compare_with_offline, offline_results, response_text, simple_turn
 from support.worker_harness import Harness
-from test_acl import acl_server, url_for  # noqa: F401 (acl_server: a fixture)
 
 from processor.client import Producer, RetryPolicy, Subscriber, TurnEnded
 from processor.embedded import EmbeddedRedis
@@ -59,7 +59,7 @@ def _dlq_reasons(dlq: list[dict[str, str]]) -> list[str]:
 
 
 async def test_a_least_privilege_producer_streams_through_the_inbox_with_a_worker_killed(
-    acl_server: EmbeddedRedis, tmp_path: Path  # noqa: F811 (the fixture)
+    acl_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
     """The shipped ACL: two `processor run` workers as `processor` on four
     shards, six least-privilege producers (the `producer` user, which has no
