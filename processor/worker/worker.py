@@ -58,14 +58,12 @@ class Worker:
     """One consumer in each shard's group. ``await run()``; ``stop()`` drains.
 
     Made of parts it owns (docs/design.md, *The worker: parts it owns*): its
-    ``Membership``, one
-    ``ShardState`` and one
-    ``ShardRunner`` per shard, and the paths
-    the runners run: ``StoredPath``,
-    ``HeldPath`` (given the stored path),
-    ``Recovery``,
-    ``Continuity`` and, given to both paths,
-    ``LivePublisher``."""
+    ``Membership``, ``Admitter`` and ``CancelRequests``; one ``ShardState``
+    and one ``ShardRunner`` per shard; and what the runners run:
+    ``StoredPath``, ``HeldPath`` (given the stored path), ``Paths`` (a batch
+    to one of them), ``Sweeper``, ``Recovery``, ``Continuity`` and, given to
+    both paths, ``LivePublisher``. It only composes them, runs them together
+    and retries their Redis calls."""
 
     def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
         self.client = client
