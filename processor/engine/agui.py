@@ -100,8 +100,11 @@ class _Run:
 
     def emit(self, type_: str, ts: int | None = None, **fields: Any) -> None:
         event = {"type": type_, "timestamp": self.ts if ts is None else ts, **fields}
-        if "messageId" in fields:
-            self.carried.add(fields["messageId"])
+        # A call's parentMessageId names a message on the client as much as a
+        # messageId does: a tool result must not take that id too.
+        for field in ("messageId", "parentMessageId"):
+            if field in fields:
+                self.carried.add(fields[field])
         self.events.append({k: v for k, v in event.items() if v is not None})
 
     def unique(self, candidate: str) -> str:

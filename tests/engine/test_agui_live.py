@@ -118,6 +118,7 @@ def test_a_client_ends_holding_the_merged_response_live_late_or_resumed(
 ) -> None:
     events, merges, final = _live(entries, cuts)
     want = agui.messages(agui.project(final, _meta(final), "completed")[1:-1])
+    assert len({m["id"] for m in want}) == len(want)  # a client keys its messages by id
     whole = _connection(events, -1, final)
     _valid(whole)
     assert _held(whole) == want
@@ -163,3 +164,37 @@ def test_a_cancel_reason_rides_on_run_finished_metadata() -> None:
     [plain] = agui.LiveRun().event({**base, "type": "synthesis", "status": "cancelled",
                                     "error": None, "cancel_reason": None})
     assert "metadata" not in plain
+
+
+def test_a_result_in_a_message_that_also_streams_a_call_takes_an_id_of_its_own() -> None:
+    """A message whose role turned to ``tool`` mid-call (an id-less run: a
+    new message) holds the rest of a call's arguments and then a result:
+    ``TOOL_CALL_START`` names the message as ``parentMessageId``, so the
+    result's ``TOOL_CALL_RESULT`` must not take the same id. It did, and the
+    live client and the merged snapshot then disagreed on the order."""
+    def update(contents: list[dict[str, Any]], role: str) -> dict[str, Any]:
+        return {"response_id": "turn-1", "kind": "update", "update": {
+            "type": "agent_response_update", "contents": contents, "role": role,
+            "author_name": "alice", "agent_id": "agent-0"}}
+
+    def call(call_id: str, args: str, name: str | None = "search") -> dict[str, Any]:
+        return {"type": "function_call", "call_id": call_id, "arguments": args,
+                **({"name": name} if name else {})}
+
+    entries = [update([call("call-0", '{"q": "<0>"}'), call("call-2", '{"q": "<2>')],
+                      "assistant"),
+               update([call("call-2", '<4>"}', None)], "tool"),
+               update([{"type": "function_result", "call_id": "call-0",
+                        "result": {"value": "<5>"}}], "tool"),
+               {"response_id": "turn-1", "kind": "end"}]
+    events, _, final = _live(entries, [])
+    want = agui.messages(agui.project(final, _meta(final), "completed")[1:-1])
+    ids = [m["id"] for m in want]
+    assert len(ids) == len(set(ids)), ids
+    # (the result goes right after the message holding its call, as the client puts it)
+    assert [(m["role"], m["id"].split("-")[0]) for m in want] == [
+        ("assistant", "msg"), ("tool", "msg"), ("assistant", "msg")]
+    assert want[1]["id"] == want[2]["id"] + ":result"
+    whole = _connection(events, -1, final)
+    _valid(whole)
+    assert _held(whole) == want
