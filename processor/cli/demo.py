@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from processor.client import Producer
 from processor.engine.lifecycle import Limits
@@ -39,6 +39,9 @@ from processor.service.run import start_embedded
 from processor.wire.keys import Namespace
 from processor.wire.stream_ids import id_order
 from processor.worker.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 NAMESPACE = "demo"
 #: One shard per worker: each reads its shard alone, so it holds its turns and
@@ -111,13 +114,13 @@ async def _produce(producer: Producer, pace: float) -> None:
     await producer.error("demo-error", "model quota exceeded", code="429")
 
 
-async def _wait_merged(client: Any, count: int, timeout: float = 10.0) -> list[Any]:
+async def _wait_merged(client: RedisClient, count: int, timeout: float = 10.0) -> list[Any]:
     shards = Namespace(NAMESPACE, SHARDS).all()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         entries: list[Any] = []
         for shard in shards:
-            entries += await client.xrange(shard.merged)
+            entries += cast(list[Any], await client.xrange(shard.merged))
         if len(entries) >= count:
             return sorted(entries, key=lambda e: id_order(as_text(e[0])))
         await asyncio.sleep(0.05)
@@ -168,7 +171,7 @@ class _Serve:
         self.runner, self.server, self.url, self.secret = runner, server, url, secret
 
     @classmethod
-    async def start(cls, client: Any, redis_url: str, port: int) -> _Serve:
+    async def start(cls, client: RedisClient, redis_url: str, port: int) -> _Serve:
         from aiohttp import web
 
         from processor.serve.config import ServeConfig

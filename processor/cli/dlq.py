@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.service.tool_shell import (
     AddFlags,
@@ -19,6 +19,9 @@ from processor.service.tool_shell import (
     stdout_console,
 )
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 
 def _shard_list(args: argparse.Namespace, keys: Namespace) -> list[int]:
@@ -33,7 +36,7 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
     from processor.cli.tables import Column, print_table
     from processor.scripts.dlq import clip, listing
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         shards = _shard_list(args, keys)
         with progress("reading dead letters", len(shards)) as advance:
             letters = await listing(client, keys, shards, args.limit, args.reason, advance)
@@ -59,7 +62,7 @@ def _cmd_dlq_show(args: argparse.Namespace) -> int:
 
     from processor.scripts.dlq import DlqError, find
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         _shard_list(args, keys)
         try:
             letter = await find(client, keys, args.id, args.shard)
@@ -116,7 +119,7 @@ def _cmd_dlq_replay(args: argparse.Namespace) -> int:
     except Refused as exc:
         return fail("dlq replay", str(exc), 2)
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         shards = _shard_list(args, keys)
         if args.all:
             letters = await listing(client, keys, shards, 10**9, args.reason)

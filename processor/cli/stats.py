@@ -13,7 +13,7 @@ time, so it works the same on one node and on a Redis Cluster.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from redis.exceptions import ResponseError
@@ -23,6 +23,9 @@ from processor.cli.tables import Column, Table, print_table
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace, Shard
 from processor.worker.affinity import owned_shards
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 
 class ConsumerStats(msgspec.Struct):
@@ -74,7 +77,7 @@ def _missing_key(exc: ResponseError) -> bool:
     return "no such key" in str(exc).lower()
 
 
-async def _stream_info(client: Any, key: str) -> dict[str, Any] | None:
+async def _stream_info(client: RedisClient, key: str) -> dict[str, Any] | None:
     try:
         return dict(await client.xinfo_stream(key))
     except ResponseError as exc:
@@ -83,7 +86,7 @@ async def _stream_info(client: Any, key: str) -> dict[str, Any] | None:
         raise
 
 
-async def _group_info(client: Any, key: str, group: str) -> dict[str, Any] | None:
+async def _group_info(client: RedisClient, key: str, group: str) -> dict[str, Any] | None:
     try:
         groups = await client.xinfo_groups(key)
     except ResponseError as exc:
@@ -110,14 +113,14 @@ def _lag(length: int, info: dict[str, Any] | None) -> tuple[int, bool]:
     return max(0, length - int(info["pending"])), False
 
 
-async def _consumers(client: Any, key: str, group: str) -> list[ConsumerStats]:
+async def _consumers(client: RedisClient, key: str, group: str) -> list[ConsumerStats]:
     replies = await client.xinfo_consumers(key, group)
     return [
         ConsumerStats(as_text(c["name"]), int(c["pending"]), int(c["idle"])) for c in replies
     ]
 
 
-async def shard_stats(client: Any, shard: Shard, group: str) -> ShardStats:
+async def shard_stats(client: RedisClient, shard: Shard, group: str) -> ShardStats:
     """The figures of one shard (every key of it lives on one Cluster node)."""
     stream = await _stream_info(client, shard.updates)
     length = int(stream["length"]) if stream else 0
@@ -144,7 +147,7 @@ async def shard_stats(client: Any, shard: Shard, group: str) -> ShardStats:
 
 
 async def collect(
-    client: Any, keys: Namespace, group: str, advance: Callable[[], None] | None = None
+    client: RedisClient, keys: Namespace, group: str, advance: Callable[[], None] | None = None
 ) -> Stats:
     """Every shard's figures; ``advance()`` is called after each shard (progress)."""
     shards = []
@@ -155,10 +158,11 @@ async def collect(
     return Stats(keys.name, group, shards, await worker_stats(client, keys, group))
 
 
-async def worker_stats(client: Any, keys: Namespace, group: str) -> list[WorkerStats]:
+async def worker_stats(client: RedisClient, keys: Namespace, group: str) -> list[WorkerStats]:
     """The workers in the group's workers set (those a TTL silent included,
     until a beat drops them) and the shards each reads."""
-    beats = await client.zrange(keys.workers(group), 0, -1, withscores=True)
+    beats = cast(list[tuple[bytes, float]],
+                 await client.zrange(keys.workers(group), 0, -1, withscores=True))
     seconds, micros = await client.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     names = sorted(as_text(name) for name, _score in beats)

@@ -15,13 +15,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
 from processor.client import EventItem, Item, MergedItem, Subscriber
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 STREAMS = ("merged", "events")
 _ID = re.compile(r"^\d+(-\d+)?$")
@@ -219,7 +222,7 @@ def _caught_up(positions: dict[str, str], ends: dict[str, str]) -> bool:
 class Tail:
     """Follows ``merged`` and ``events`` of every shard until stopped."""
 
-    client: Any
+    client: RedisClient
     keys: Namespace
     start: Start
     follow: bool = True

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.service.config import add_option
 from processor.service.tool_shell import (
@@ -25,12 +25,15 @@ from processor.service.tool_shell import (
 )
 from processor.wire.keys import Namespace
 
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
+
 # --------------------------------------------------------------------------- stats
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         from processor.cli import stats
 
         with progress("reading shards", keys.shards) as advance:
@@ -64,7 +67,7 @@ def _add_stats(sub: Any, redis_flags: AddFlags) -> None:
 def _cmd_tail(args: argparse.Namespace) -> int:
     from processor.cli.tail import Tail, TailError, as_json, line, parse_from
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         try:
             start = parse_from(args.start, keys)
         except TailError as exc:
@@ -129,7 +132,7 @@ def _add_tail(sub: Any, redis_flags: AddFlags) -> None:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from processor.scripts.capture import Capture, CaptureError, start_position
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         try:
             start = start_position(args.start)
         except CaptureError as exc:
@@ -193,7 +196,7 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
     from processor.scripts.repair import repair, running_workers
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         if args.shard is not None and not 0 <= args.shard < keys.shards:
             raise Refused(f"--shard {args.shard} is not one of the {keys.shards} shard(s)")
         shards = keys.all() if args.shard is None else [keys.shard(args.shard)]

@@ -17,7 +17,7 @@ hop over the same keys). A browser or another language uses the server.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.client.items import xread_entries
 from processor.client.joining import join
@@ -33,20 +33,24 @@ from processor.client.source import (
     owned_merged,
 )
 from processor.client.turns import Cursor, LiveEvent, MergedOutput, Snapshot, TurnRef
+from processor.redis_io.client import streams_arg
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 #: What ``follow`` yields.
 Followed = Snapshot | LiveEvent | MergedOutput
 
 
-def default_source(client: Any, namespace: Namespace) -> TurnSource:
+def default_source(client: RedisClient, namespace: Namespace) -> TurnSource:
     """The past of turns on the keys workers write (the server's source:
     the turns' live logs)."""
     return LogSource(client, namespace)
 
 
-async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | None,
+async def follow(client: RedisClient, namespace: Namespace, turn: TurnRef, after: int | None,
                  *, source: TurnSource | None = None, block_ms: int = 1000,
                  retry: RetryPolicy | None = None) -> AsyncIterator[Followed]:
     """The turn's snapshot (a fresh join of a running turn, when the source
@@ -97,7 +101,8 @@ async def follow(client: Any, namespace: Namespace, turn: TurnRef, after: int | 
             yield item
             if cursor.ended:
                 return
-        reply = await retry.run(lambda: client.xread(dict(positions), count=1000, block=block_ms))
+        reply = await retry.run(lambda: client.xread(streams_arg(positions), count=1000,
+                                                     block=block_ms))
         past = []
         for stream, entries in xread_entries(reply):
             for entry_id, fields in entries:

@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -34,6 +34,9 @@ from processor.scripts.meta import require
 from processor.wire.cancels import DEFAULT_REASON, DEFAULT_TTL, check_reason, check_ttl
 from processor.wire.ids import MAX_ID_LENGTH, response_id_for_turn
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 T = TypeVar("T")
 
@@ -100,7 +103,7 @@ class Producer:
 
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         namespace: str = DEFAULT_NAMESPACE,
         shards: int | None = None,
         *,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import msgspec
 
@@ -29,6 +29,9 @@ from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 from processor.wire.models import Update
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 Phase = Literal["unknown", "running", "finished"]
 
@@ -121,7 +124,7 @@ class LogSource:
     (``{ns:s}:live:<tk>``, written by ``publish_live.lua``) for its past
     and its snapshot, and its done marker's entry ids for its outputs."""
 
-    def __init__(self, client: Any, namespace: Namespace, read_budget: int | None = None,
+    def __init__(self, client: RedisClient, namespace: Namespace, read_budget: int | None = None,
                  over_budget: Callable[[], object] | None = None) -> None:
         self.client = client
         self.namespace = namespace
@@ -151,8 +154,7 @@ class LogSource:
         """The turn's live log (``PastTooLarge`` past the read budget)."""
         key = turn.shard(self.namespace).live(turn.key.encode())
         if self.read_budget is None:
-            entries: list[tuple[Any, Mapping[Any, Any]]] = await self.client.xrange(key)
-            return entries
+            return cast(list[tuple[Any, Mapping[Any, Any]]], await self.client.xrange(key))
         found: list[tuple[Any, Mapping[Any, Any]]] = []
         reader = PagedRead(self.read_budget, self.over_budget)
         start: Any = "-"

@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.cluster import RedisCluster
 
@@ -21,10 +21,14 @@ from processor.client.items import Item, MergedItem, decode_item, entry_ms, xrea
 from processor.client.retry import RetryPolicy
 from processor.client.source import TurnSource
 from processor.client.turns import TurnRef
+from processor.redis_io.client import streams_arg
 from processor.redis_io.replies import as_text
 from processor.scripts.meta import require
 from processor.wire.ids import response_id_for_turn, shard_of
 from processor.wire.keys import DEFAULT_NAMESPACE, Namespace, Shard
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 #: The streams of a shard a ``Subscriber`` can follow.
 STREAMS = ("merged", "events", "dlq", "updates")
@@ -53,7 +57,7 @@ class Subscriber(AsyncClosing):
 
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         namespace: str = DEFAULT_NAMESPACE,
         shards: int | None = None,
         streams: Iterable[str] = ("merged", "events"),
@@ -290,7 +294,7 @@ class Subscriber(AsyncClosing):
 
     async def _xread(self, streams: dict[str, str], block_ms: int | None) -> list[Any]:
         """One XREAD of ``streams`` (key -> last id)."""
-        reply = await self.client.xread(streams, count=self.count, block=block_ms)
+        reply = await self.client.xread(streams_arg(streams), count=self.count, block=block_ms)
         return xread_entries(reply)
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from processor.client.closing import AsyncClosing
 from processor.redis_io.connections import is_transient
 from processor.redis_io.replies import as_text
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 # The name the logger had before processor.client became a package: log filters keep working.
 log = logging.getLogger("processor.client")
@@ -37,7 +40,7 @@ class CancelWatch(AsyncClosing, Generic[T]):
     ``aclose``) when you may stop iterating early.
     """
 
-    def __init__(self, client: Any, key: str | Callable[[], Awaitable[str]],
+    def __init__(self, client: RedisClient, key: str | Callable[[], Awaitable[str]],
                  updates: AsyncIterable[T], poll_interval: float):
         """Watch ``key`` on ``client`` while iterating ``updates`` (``key`` may
         be a coroutine function giving it, awaited at the first poll: the
@@ -87,12 +90,13 @@ class CancelWatch(AsyncClosing, Generic[T]):
     async def _poll(self) -> bool:
         """Read the key once (a transient error counts as "not cancelled")."""
         self._next_poll = asyncio.get_running_loop().time() + self._interval
-        if self._key is None and not isinstance(self._key_of, str):
-            self._key = await self._key_of()
+        key = self._key
+        if key is None:
+            key = self._key = await self._key_of() if callable(self._key_of) else self._key_of
         try:
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.exists(self._key)
-                pipe.getrange(self._key, 0, REASON_BYTES - 1)
+                pipe.exists(key)
+                pipe.getrange(key, 0, REASON_BYTES - 1)
                 found, value = await pipe.execute()
         except Exception as exc:
             if not is_transient(exc):

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
@@ -36,6 +36,9 @@ from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.read_budget import LimitedParser
 from processor.redis_io.replies import fields_dict
 from processor.stopping import Stop
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.connections")
 
@@ -225,7 +228,7 @@ def _stream_entries(entries: list[Any]) -> list[tuple[Any, Any]]:
 RAW_ENTRIES = "raw_entries"
 
 
-async def read_raw(client: Any, group: str, consumer: str, stream: str,
+async def read_raw(client: RedisClient, group: str, consumer: str, stream: str,
                    count: int | None = None, block: int | None = None) -> list[list[Any]]:
     """``XREADGROUP ... STREAMS stream >``, each entry as the reply holds it,
     ``[id, [name, value, ...]]``: a worker holding turns groups the usual
@@ -243,7 +246,7 @@ async def read_raw(client: Any, group: str, consumer: str, stream: str,
     return [entry for _stream, entries in reply or [] for entry in entries]
 
 
-def fast_stream_reads(client: Any) -> None:
+def fast_stream_reads(client: RedisClient) -> None:
     """Parse ``client``'s XREADGROUP replies with ``parse_stream_read``
     (the same shape as redis-py's, so every caller of the client is served
     alike; a cluster client's nodes share its callbacks)."""
@@ -296,7 +299,7 @@ async def connect(options: RedisOptions, max_connections: int | None = None) -> 
     """A client for the URL: the cluster client when the node is in a cluster,
     its stream reads parsed by ``parse_stream_read``. ``max_connections``:
     the pool's size (per node in a cluster; redis-py's default otherwise, 100)."""
-    client: Any
+    client: RedisClient
     kwargs = _kwargs(options)
     if max_connections is not None:
         kwargs["max_connections"] = max_connections

@@ -18,7 +18,10 @@ import re
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 _INCLUDE = re.compile(r"^--- includes/(\w+)\s*$", re.MULTILINE)
 
@@ -70,7 +73,7 @@ NAMES = (
 class Scripts:
     """The registered scripts of one Redis client, by name."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.apply_entries = client.register_script(source("apply_entries"))
         self.finalise_turns = client.register_script(source("finalise_turns"))
         self.sweep_shard = client.register_script(source("sweep_shard"))

@@ -27,15 +27,19 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from redis.asyncio.cluster import RedisCluster
 
+from processor.redis_io.client import streams_arg
 from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.cancels import REASON_BYTES, reason_of
 from processor.wire.keys import Namespace, Shard
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 _ID = re.compile(r"^\d+(-\d+)?$")
 _msgpack = msgspec.msgpack.Decoder()
@@ -104,7 +108,7 @@ def cancel_line(response_id: str, reason: str | None = None) -> bytes:
 class Capture:
     """Follows the input of ``keys`` (every shard, or ``turn``'s) from ``start``."""
 
-    client: Any
+    client: RedisClient
     keys: Namespace
     start: str = "$"
     turn: str | None = None
@@ -172,7 +176,7 @@ class Capture:
                 await asyncio.wait_for(self.stopping.wait(), self.poll)
             return
         streams = {shard.updates: self.positions[shard.index] for shard in self.shards}
-        await self.client.xread(streams, count=1, block=self.block_ms)
+        await self.client.xread(streams_arg(streams), count=1, block=self.block_ms)
 
     async def _read_shard(
         self, shard: Shard, first: bool, warn: Callable[[str], None]

@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
@@ -31,6 +31,9 @@ from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.ids import shard_of
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 #: What a worker appends to the original fields, in this order.
 ADDED = ("reason", "detail", "source_id", "deliveries")
@@ -130,13 +133,13 @@ def split(shard: int, entry_id: str, raw: Mapping[Any, Any]) -> DeadLetter:
     return DeadLetter(shard, entry_id, original, added)
 
 
-async def _xrange(client: Any, key: str, start: str, count: int) -> list[tuple[str, Any]]:
-    reply = await client.xrange(key, start, "+", count=count)
+async def _xrange(client: RedisClient, key: str, start: str, count: int) -> list[tuple[str, Any]]:
+    reply: Any = await client.xrange(key, start, "+", count=count)
     return [(as_text(entry_id), fields) for entry_id, fields in reply]
 
 
 async def listing(
-    client: Any, keys: Namespace, shards: list[int], limit: int, reason: str | None = None,
+    client: RedisClient, keys: Namespace, shards: list[int], limit: int, reason: str | None = None,
     advance: Callable[[], None] | None = None,
 ) -> list[DeadLetter]:
     """Up to ``limit`` dead letters per shard (oldest first), of ``reason`` when given."""
@@ -164,14 +167,15 @@ async def listing(
     return out
 
 
-async def find(client: Any, keys: Namespace, entry_id: str, shard: int | None) -> DeadLetter:
+async def find(client: RedisClient, keys: Namespace, entry_id: str,
+               shard: int | None) -> DeadLetter:
     """The dead letter ``entry_id`` (of ``shard``, else of whichever shard has it)."""
     if not _ENTRY_ID.match(entry_id):
         raise DlqError(f"{entry_id!r} is not an entry id (like 1700000000000-0)")
     candidates = [shard] if shard is not None else list(range(keys.shards))
     found = []
     for index in candidates:
-        reply = await client.xrange(keys.shard(index).dlq, entry_id, entry_id, count=1)
+        reply: Any = await client.xrange(keys.shard(index).dlq, entry_id, entry_id, count=1)
         found += [split(index, as_text(got_id), fields) for got_id, fields in reply]
     if not found:
         where = f"shard {shard}" if shard is not None else f"any of {keys.shards} shard(s)"
@@ -206,7 +210,7 @@ def fields_from_json(text: str) -> list[tuple[str, str]]:
 
 
 async def check(
-    client: Any, keys: Namespace, letter: DeadLetter, fields: list[tuple[str, Any]]
+    client: RedisClient, keys: Namespace, letter: DeadLetter, fields: list[tuple[str, Any]]
 ) -> None:
     """Refuse fields the worker would dead-letter again (bad entry, wrong shard, ended turn)."""
     as_map = dict(fields)
@@ -229,7 +233,7 @@ async def check(
 
 
 async def replay(
-    client: Any, keys: Namespace, letter: DeadLetter,
+    client: RedisClient, keys: Namespace, letter: DeadLetter,
     fields: list[tuple[str, str]] | None = None, *, force: bool = False,
 ) -> str:
     """Move ``letter`` back to its shard's updates stream (with ``fields`` if given).

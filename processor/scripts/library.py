@@ -30,11 +30,14 @@ from __future__ import annotations
 import hashlib
 import re
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from processor.scripts import source
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 #: The functions of the library, each ``processor/scripts/<name>.lua``: a send to
 #: the updates stream (``XADD``), a send to the shard's inbox, which
@@ -91,7 +94,7 @@ def unknown_command(exc: RedisError) -> bool:
     return not isinstance(exc, NoPermissionError) and bool(_UNKNOWN_COMMAND.search(str(exc)))
 
 
-async def load(client: Any) -> bool:
+async def load(client: RedisClient) -> bool:
     """``FUNCTION LOAD REPLACE`` the library (on every master of a Cluster).
     False on a Redis without functions (before 7.0), where producers run the
     same files with EVALSHA; a refusal (NOPERM) is raised."""
@@ -115,7 +118,7 @@ class Function:
     ``LibraryNotLoaded`` says what to do.
     """
 
-    def __init__(self, client: Any, name: str) -> None:
+    def __init__(self, client: RedisClient, name: str) -> None:
         self.client = client
         self.name = function_name(name)
         self._script = client.register_script(source(name))

@@ -24,11 +24,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 
 class NamespaceError(Exception):
@@ -85,12 +88,12 @@ def parse(namespace: str, stored: Mapping[Any, Any] | list[Any]) -> Meta | None:
             f"malformed: {sorted(fields)}") from None
 
 
-async def read(client: Any, namespace: str) -> Meta | None:
+async def read(client: RedisClient, namespace: str) -> Meta | None:
     """The namespace's record, or None when there is none (one ``HGETALL``)."""
     return parse(namespace, await client.hgetall(Namespace(namespace).meta))
 
 
-async def create(client: Any, namespace: str, shards: int, group: str) -> Meta:
+async def create(client: RedisClient, namespace: str, shards: int, group: str) -> Meta:
     """The namespace's record: written with these values if there is none
     (with a new epoch), else the one stored (which may disagree: ``check``)."""
     script = client.register_script(source("create_namespace"))
@@ -119,7 +122,7 @@ def check(meta: Meta, shards: int | None = None, shards_from: str = "shards=",
             f"record {key}), but {group_from} says {group!r}")
 
 
-async def require(client: Any, namespace: str, shards: int | None = None,
+async def require(client: RedisClient, namespace: str, shards: int | None = None,
                   shards_from: str = "shards=") -> Meta:
     """The namespace's record for a client or a tool: ``NotInitialised``
     when there is none, ``Mismatch`` when ``shards`` (given explicitly)
@@ -134,7 +137,7 @@ async def require(client: Any, namespace: str, shards: int | None = None,
 # --------------------------------------------------------------------------- resharding
 
 
-async def drain_problems(client: Any, meta: Meta, worker_ttl_ms: int) -> list[str]:
+async def drain_problems(client: RedisClient, meta: Meta, worker_ttl_ms: int) -> list[str]:
     """Why the namespace cannot be resharded now, one line per problem
     (none: every shard drained and no worker live). Drained: no entry in
     ``updates`` (workers delete what they applied) or in the inbox (routed
@@ -166,7 +169,7 @@ async def drain_problems(client: Any, meta: Meta, worker_ttl_ms: int) -> list[st
     return problems
 
 
-async def reshard(client: Any, meta: Meta, shards: int) -> bool:
+async def reshard(client: RedisClient, meta: Meta, shards: int) -> bool:
     """Change the record's shard count if it is still ``meta`` (compare and
     set); False if it changed meanwhile. The caller checked ``drain_problems``."""
     script = client.register_script(source("reshard_namespace"))

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.redis_io.replies import as_text
 from processor.scripts import source
 from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import MAX_AHEAD_MS
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 #: The DLQ reason of an entry the repair moved.
 BAD_ID = "bad_id"
@@ -95,14 +98,14 @@ def parse_reply(shard: int, reply: Sequence[Any]) -> ShardRepair:
                        int(reply[4]), int(reply[5]), groups)
 
 
-async def running_workers(client: Any, keys: Namespace, group: str) -> list[str]:
+async def running_workers(client: RedisClient, keys: Namespace, group: str) -> list[str]:
     """The workers of ``group`` that beat within the last two ``--worker-ttl``
     (a drained worker leaves at once; one that died drops out after that;
     workers run with ``--no-affinity`` do not beat and are not seen)."""
     return sorted(as_text(name) for name in await client.zrange(keys.workers(group), 0, -1))
 
 
-async def repair(client: Any, shard: Shard, *, max_ahead_ms: int = MAX_AHEAD_MS,
+async def repair(client: RedisClient, shard: Shard, *, max_ahead_ms: int = MAX_AHEAD_MS,
                  dry_run: bool = False) -> ShardRepair:
     """Repair ``shard``'s updates stream (or, with ``dry_run``, say what it would do)."""
     script = client.register_script(source("repair_stream"))

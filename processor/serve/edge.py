@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -24,6 +24,9 @@ from processor.serve.hub import Hub
 from processor.serve.metrics import ServeMetrics
 from processor.serve.tokens import Verdict, verify
 from processor.wire.ids import MAX_ID_LENGTH, response_id_for_turn
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.serve")
 
@@ -56,7 +59,7 @@ class Server:
     """What every request handler shares."""
 
     config: ServeConfig
-    client: Any
+    client: RedisClient
     hub: Hub
     source: TurnSource
     metrics: ServeMetrics = field(default_factory=ServeMetrics)

@@ -25,15 +25,19 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.client.items import xread_entries
 from processor.client.source import entry_field, owned_event, owned_merged
 from processor.client.turns import Item, TurnRef
+from processor.redis_io.client import streams_arg
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text
 from processor.serve.metrics import ServeMetrics
 from processor.wire.keys import Namespace, Shard
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.serve")
 
@@ -102,7 +106,7 @@ class Subscription:
 class Hub:
     """The readers of one process and the subscriptions they feed."""
 
-    def __init__(self, client: Any, namespace: Namespace, metrics: ServeMetrics,
+    def __init__(self, client: RedisClient, namespace: Namespace, metrics: ServeMetrics,
                  block_ms: int = 1000) -> None:
         self.client = client
         self.namespace = namespace
@@ -179,7 +183,7 @@ class Hub:
                     positions = await self._ends(shard)
                     self._positioned[shard.index].set()
                 self.metrics.redis_calls.labels("live").inc()
-                reply = await self.client.xread(dict(positions), count=READ_COUNT,
+                reply = await self.client.xread(streams_arg(positions), count=READ_COUNT,
                                                 block=self.block_ms)
             except Exception as exc:
                 failures += 1

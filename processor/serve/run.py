@@ -14,6 +14,7 @@ from aiohttp import web
 
 from processor import logs, stopping
 from processor.client.source import LogSource
+from processor.redis_io.client import RedisClient
 from processor.redis_io.connections import connect_retrying
 from processor.redis_io.options import redact
 from processor.scripts.meta import Mismatch, NamespaceError, require
@@ -32,7 +33,7 @@ log = logging.getLogger("processor.serve")
 SHUTDOWN_TIMEOUT = 5.0
 
 
-def build(config: ServeConfig, client: object) -> tuple[web.Application, Server]:
+def build(config: ServeConfig, client: RedisClient) -> tuple[web.Application, Server]:
     """The application on a connected client (also what the tests run)."""
     metrics = ServeMetrics()
     hub = Hub(client, config.namespace, metrics)

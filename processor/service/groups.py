@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError
 
 from processor.redis_io.connections import until_done
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.groups")
 
@@ -77,7 +80,7 @@ def refusal(namespace: Namespace, group: str, others: list[OtherGroup]) -> str:
             f"--allow-other-groups starts anyway")
 
 
-async def other_groups(client: Any, namespace: Namespace, group: str,
+async def other_groups(client: RedisClient, namespace: Namespace, group: str,
                        give_up: Callable[[], bool]) -> list[OtherGroup] | None:
     """The groups other than ``group`` on the namespace's shard streams
     (XINFO GROUPS of each, in one pipeline; retried while Redis is
@@ -108,7 +111,7 @@ async def other_groups(client: Any, namespace: Namespace, group: str,
     return find_others(list(zip(streams, replies, strict=True)), group)
 
 
-async def check_groups(client: Any, namespace: Namespace, group: str, allow: bool,
+async def check_groups(client: RedisClient, namespace: Namespace, group: str, allow: bool,
                        give_up: Callable[[], bool]) -> str | None:
     """At start: the refusal line if another group reads the namespace's
     shard streams (None: start). With ``allow``, a warning instead."""

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import make_wsgi_app
@@ -36,6 +36,9 @@ from processor.wire import stream_ids
 from processor.wire.keys import Namespace
 from processor.worker.metrics import Metrics
 from processor.worker.sampler import find_group
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.health")
 
@@ -90,7 +93,7 @@ class Health:
             return f"readiness check failed: {type(exc).__name__}"
 
 
-def groups_check(client: Any, namespace: Namespace, group: str,
+def groups_check(client: RedisClient, namespace: Namespace, group: str,
                  worker: Callable[[], str | None] | None = None) -> Callable[[], Any]:
     """An async readiness check: Redis answers, every shard's group exists, no
     shard's ids are exhausted or far ahead of Redis's clock (the group's

@@ -9,7 +9,7 @@ import gc
 import logging
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError
 
@@ -30,6 +30,9 @@ from processor.service.progress_log import log_progress
 from processor.worker.metrics import Metrics
 from processor.worker.sampler import Sampler
 from processor.worker.worker import Worker
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.service")
 
@@ -71,7 +74,7 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
-async def open_namespace(client: Any, values: dict[str, Any], given: Mapping[str, str],
+async def open_namespace(client: RedisClient, values: dict[str, Any], given: Mapping[str, str],
                          stop: stopping.Stop | None = None) -> Meta | None:
     """The namespace's record (processor.scripts.meta), written with these values if
     there is none yet; ``values`` then take its shards (and its group, unless
@@ -216,7 +219,7 @@ def cancel(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail("cancel", str(exc), 2)
 
-    async def body(client: Any, keys: Namespace) -> int:
+    async def body(client: RedisClient, keys: Namespace) -> int:
         # A turn that has ended (its done marker, kept --done-ttl) is left alone.
         # A user who may not read the marker cancels without this check.
         done = keys.shard_for(args.turn_id or args.response_id).done(
@@ -307,7 +310,7 @@ async def init_groups(values: dict[str, Any], given: Mapping[str, str] | None = 
         await client.aclose()
 
 
-async def _reshard(client: Any, meta: Meta, values: dict[str, Any]) -> int:
+async def _reshard(client: RedisClient, meta: Meta, values: dict[str, Any]) -> int:
     """Change the record's shard count; 0 when done, else the exit status
     after saying why not (a shard not drained, a worker live, a race)."""
     problems = await drain_problems(client, meta, int(values["worker_ttl"] * 1000))

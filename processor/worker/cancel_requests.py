@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
@@ -36,6 +36,9 @@ from processor.wire import defaults
 from processor.wire.cancels import check_reason, check_ttl
 from processor.wire.keys import Namespace
 from processor.worker.metrics import Metrics
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.cancels")
 
@@ -74,7 +77,7 @@ def parse_request(namespace: Namespace, data: bytes | str) -> tuple[str, str, in
 class CancelRequests:
     """Takes the namespace's cancel requests until stopped."""
 
-    def __init__(self, client: Any, namespace: Namespace, metrics: Metrics,
+    def __init__(self, client: RedisClient, namespace: Namespace, metrics: Metrics,
                  wait: float = WAIT_S) -> None:
         self.client = client
         self.wait = wait  # seconds of each read of the channel (WAIT_S)
@@ -115,7 +118,8 @@ class CancelRequests:
                     await self.take(message["data"])
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                # (redis-py leaves PubSub.aclose unannotated)
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def take(self, data: bytes | str) -> str:
         """Carry out one request; what became of it (``set``, ``kept``, ``refused``)."""

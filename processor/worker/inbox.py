@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from processor.redis_io.connections import is_redis_failure, is_transient
 from processor.redis_io.replies import as_text
@@ -44,6 +44,9 @@ from processor.wire.keys import Namespace, Shard
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
 from processor.worker.shell import run_together
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient, Script
 
 log = logging.getLogger("processor.inbox")
 
@@ -66,8 +69,9 @@ LOG_EVERY_S = 60.0
 class Admitter:
     """Admits the inbox of every shard this worker reads, until stopped."""
 
-    def __init__(self, client: Any, script: Any, namespace: Namespace, membership: Membership,
-                 metrics: Metrics, dead_letters: DeadLetterLog, dlq_maxlen: int,
+    def __init__(self, client: RedisClient, script: Script, namespace: Namespace,
+                 membership: Membership, metrics: Metrics, dead_letters: DeadLetterLog,
+                 dlq_maxlen: int,
                  wait: float = WAIT_S) -> None:
         self.client = client
         self.script = script  # (Scripts.admit_inbox)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
@@ -28,6 +28,9 @@ from processor.worker.metrics import Metrics
 from processor.worker.sampler import find_group
 from processor.worker.shell import end_if_cancelled
 
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient, Script
+
 log = logging.getLogger("processor.worker")
 
 
@@ -35,7 +38,7 @@ class Membership:
     """Which shards of ``namespace`` this consumer reads (all of them with
     ``enabled=False``, or until the first beat)."""
 
-    def __init__(self, client: Any, beat_worker: Any, namespace: Namespace, group: str,
+    def __init__(self, client: RedisClient, beat_worker: Script, namespace: Namespace, group: str,
                  consumer: str, ttl: float, enabled: bool, metrics: Metrics) -> None:
         self.client = client
         self.namespace = namespace

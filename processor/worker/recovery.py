@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from processor.redis_io.client import ids_arg
 from processor.redis_io.connections import TRANSIENT
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
@@ -78,7 +79,7 @@ class Recovery:
             budget = ReadBudget(self.read_budget)
             try:
                 with bounded(budget):
-                    reply = await self.client.xreadgroup(cfg.group, cfg.consumer,
+                    reply: Any = await self.client.xreadgroup(cfg.group, cfg.consumer,
                                                          {shard.updates: start}, count=count)
             except ReplyTooLarge:
                 if count > 1:  # one, then as many as fit at its size
@@ -212,8 +213,8 @@ class Recovery:
                 continue
             try:
                 with bounded(ReadBudget(self.read_budget)):
-                    claimed = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
-                                                       min_idle_time=0, message_ids=ids)
+                    claimed: Any = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
+                                                       min_idle_time=0, message_ids=ids_arg(ids))
             except ReplyTooLarge:
                 self.shards[shard.index].orphans = True  # claimed, the reply cut: taken back
                 return

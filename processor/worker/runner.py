@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -34,6 +34,9 @@ from processor.worker.recovery import Recovery
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import cancel_pending, end_if_cancelled, now_ms
 from processor.worker.sweeping import Sweeper
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 T = TypeVar("T")
 
@@ -107,7 +110,7 @@ class RunnerHost(Protocol):
     stay the worker's. A protocol, so that this module never imports the
     worker (which imports it)."""
 
-    client: Any
+    client: RedisClient
     config: WorkerConfig
     metrics: Metrics
     options: BatchOptions
@@ -364,7 +367,7 @@ class ShardRunner:
                     entries = await read_raw(self.client, cfg.group, cfg.consumer,
                                              shard.updates, count, cfg.block_ms)
                 else:
-                    reply = await self.client.xreadgroup(
+                    reply: Any = await self.client.xreadgroup(
                         cfg.group, cfg.consumer, {shard.updates: ">"},
                         count=count, block=cfg.block_ms,
                     )

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text
 from processor.wire import stream_ids
 from processor.wire.keys import Namespace, Shard
 from processor.worker.metrics import Metrics
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 log = logging.getLogger("processor.metrics")
 
@@ -30,7 +33,7 @@ class Sampler:
     worker has read the entry."""
 
     def __init__(
-        self, client: Any, namespace: Namespace, group: str, metrics: Metrics,
+        self, client: RedisClient, namespace: Namespace, group: str, metrics: Metrics,
         interval: float = 5.0,
     ) -> None:
         self.client = client

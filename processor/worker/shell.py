@@ -9,13 +9,16 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from processor.scripts import Scripts
 from processor.wire.keys import Shard
 from processor.worker.batches import BatchOptions
 from processor.worker.config import WorkerConfig
 from processor.worker.metrics import DeadLetterLog, Metrics
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
 
 T = TypeVar("T")
 
@@ -66,7 +69,7 @@ class Shell:
     """The worker's I/O and settings, shared by its parts."""
 
     # A redis-py asyncio client (Redis or RedisCluster, processor.redis_io.connections.connect).
-    client: Any
+    client: RedisClient
     config: WorkerConfig
     options: BatchOptions
     scripts: Scripts

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import NoPermissionError, ResponseError
 
@@ -47,6 +47,9 @@ from processor.worker.stored.mirror import Mirrors
 from processor.worker.stored.storing import StoredPath
 from processor.worker.sweeping import Sweeper
 
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
+
 __all__ = ["Worker", "WorkerConfig", "default_consumer"]
 
 T = TypeVar("T")
@@ -65,7 +68,8 @@ class Worker:
     both paths, ``LivePublisher``. It only composes them, runs them together
     and retries their Redis calls."""
 
-    def __init__(self, client: Any, config: WorkerConfig, metrics: Metrics | None = None) -> None:
+    def __init__(self, client: RedisClient, config: WorkerConfig,
+                 metrics: Metrics | None = None) -> None:
         self.client = client
         self.config = config
         self.metrics = metrics or Metrics()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from processor.engine.render import Reason, render, resumed, snapshot, take_late
+from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import as_text, stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
@@ -448,7 +449,7 @@ class HeldPath:
         cfg = self.config
         for i in range(0, len(ids), 1000):
             await self.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
-                                     ids[i:i + 1000], justid=True)
+                                     ids_arg(ids[i:i + 1000]), justid=True)
 
     async def publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Of a sweep's turns, publish the held ones that were cancelled or

@@ -12,7 +12,7 @@ records were read. Docs: docs/design.md, "Compaction".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from processor.engine.render import plan_compaction
 from processor.redis_io.replies import as_text
@@ -20,9 +20,13 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.batches import BatchOptions, build_compact
 
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
+    from processor.scripts import Scripts
+
 
 async def compact_turns(
-    client: Any, scripts: Any, shard: Shard, keys: list[TurnKey], options: BatchOptions
+    client: RedisClient, scripts: Scripts, shard: Shard, keys: list[TurnKey], options: BatchOptions
 ) -> dict[TurnKey, int]:
     """Compact each turn as far as the watermark allows; returns the script's
     answer per turn it tried (1 compacted, 0 gone, -1 changed, 2 not yet)."""

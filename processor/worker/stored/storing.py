@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.engine.render import Reason, Settled, render, replay_render, text_hash
 from processor.redis_io.connections import handed_over
@@ -35,10 +35,13 @@ from processor.worker.shell import Shell, now_ms
 from processor.worker.stored.compaction import compact_turns
 from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
 
+if TYPE_CHECKING:
+    from processor.redis_io.client import RedisClient
+
 log = logging.getLogger("processor.worker")
 
 
-async def cancel_reasons(client: Any, shard: Shard,
+async def cancel_reasons(client: RedisClient, shard: Shard,
                          todo: Mapping[TurnKey, Reason]) -> dict[TurnKey, str | None]:
     """The reason of each turn ``todo`` finalises as cancelled: the first
     ``REASON_BYTES`` of its cancel key's value
