@@ -194,7 +194,7 @@ class Continuity:
             self.state_lost_at, self.state_lost_why = time.monotonic(), found
             self.generation += 1
             for state in self.shards.values():
-                state.lost = True
+                state.mark_lost(True)
             cfg = self.config
             self.meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
             self._refuse_changed(self.meta)
@@ -208,7 +208,7 @@ class Continuity:
         if not state.lost:
             return set()
         published = await self._lose_shard(shard)
-        state.lost = False
+        state.mark_lost(False)
         return published
 
     async def _lose_shard(self, shard: Shard) -> set[TurnKey]:

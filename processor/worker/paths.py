@@ -47,7 +47,7 @@ class Paths:
             if self.hold_turns:
                 # Some may stay pending, neither held nor applied: no floor
                 # (ShardState.floor) until they are taken back before the next read.
-                self.shards[shard.index].orphans = True
+                self.shards[shard.index].reply_lost()
             if len(entries) == 1:
                 log.exception("entry failed, left pending for redelivery",
                               extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})

@@ -130,7 +130,7 @@ class LivePublisher:
                   logged: int, spoken: int) -> None:
         """A held turn spills: its live state goes with it to the stored path."""
         if self.config.progress:
-            self.shards[shard.index].live_handed[key] = (shown, logged, spoken)
+            self.shards[shard.index].hand_live(key, (shown, logged, spoken))
 
     def _wait(self, shard: Shard, key: TurnKey, since: float) -> bool:
         """Whether a running turn last published at ``since`` waits for its
@@ -252,7 +252,6 @@ class LivePublisher:
         the state the call left). A running turn published less than
         ``--live-interval-ms`` ago waits, its updates kept on its copy."""
         state = self.shards[shard.index]
-        handed = state.live_handed
         mirrors = state.mirrors.turns
         by_turn: dict[TurnKey, list[Applied]] = {}
         for entry in applied:
@@ -261,7 +260,7 @@ class LivePublisher:
         first: set[TurnKey] = set()
         without_copy = 0
         for key, records in by_turn.items():
-            hand = handed.pop(key, None)
+            hand = state.take_handed(key)
             mirror = mirrors.get(key) if key in fresh else None
             if mirror is None:
                 without_copy += 1

@@ -107,7 +107,7 @@ class Recovery:
                                                await self._deliveries(shard, entries))
                 finally:
                     self.shards[shard.index].batch_done(entries)
-        self.shards[shard.index].orphans = False
+        self.shards[shard.index].orphans_taken_back()
 
     async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
         """This consumer's pending entries after ``start`` ("0": all), oldest
@@ -170,14 +170,14 @@ class Recovery:
         except ReplyTooLarge:
             # Claimed for this consumer, the reply cut: taken back, bounded
             # and delivery counts first, before the next read.
-            self.shards[shard.index].orphans = True
+            self.shards[shard.index].reply_lost()
             return
         except Exception:
             # Claimed for this consumer, maybe, and the reply lost (an outage,
             # or a MemoryError reading it): taken back before the next read.
-            self.shards[shard.index].orphans = True
+            self.shards[shard.index].reply_lost()
             raise
-        self.shards[shard.index].reclaim_cursor = as_text(reply[0])
+        self.shards[shard.index].reclaiming(as_text(reply[0]))
         entries = [(i, f) for i, f in reply[1] if f is not None]
         # Entries deleted from the stream while pending (a trim): Redis 7 takes
         # them out of the pending list and lists their ids apart, to this
@@ -187,7 +187,7 @@ class Recovery:
         if removed:
             await self.retrying(self._entries_lost, shard, [], removed, "reclaim")
         if any(f is None for _i, f in reply[1]):
-            self.shards[shard.index].orphans = True
+            self.shards[shard.index].reply_lost()
         await self._apply_claimed(shard, entries)
 
     async def claim_departed(self, shard: Shard) -> None:
@@ -216,14 +216,14 @@ class Recovery:
                     claimed: Any = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
                                                        min_idle_time=0, message_ids=ids_arg(ids))
             except ReplyTooLarge:
-                self.shards[shard.index].orphans = True  # claimed, the reply cut: taken back
+                self.shards[shard.index].reply_lost()  # claimed, the reply cut: taken back
                 return
             except Exception:
-                self.shards[shard.index].orphans = True
+                self.shards[shard.index].reply_lost()
                 raise
             entries = [(i, f) for i, f in claimed if f]
             if any(not f for _i, f in claimed):  # (6.2: deleted since; taken back, named there)
-                self.shards[shard.index].orphans = True
+                self.shards[shard.index].reply_lost()
             log.info("took over a departed worker's entries",
                      extra={"shard": shard.index, "consumer": name, "count": len(entries)})
             await self._apply_claimed(shard, entries)
@@ -256,7 +256,7 @@ class Recovery:
         # Pending to this consumer now, neither held nor applied until applied
         # below: no floor for the watermark meanwhile (ShardState.floor); if
         # applying them fails, they are taken back before the next read.
-        self.shards[shard.index].claimed = True
+        self.shards[shard.index].claim(True)
         try:
             deliveries = await self._deliveries(shard, entries)
             self.metrics.read(shard.index, len(entries), "reclaim")
@@ -267,10 +267,10 @@ class Recovery:
             finally:
                 self.shards[shard.index].batch_done(entries)
         except BaseException:
-            self.shards[shard.index].orphans = True
+            self.shards[shard.index].reply_lost()
             raise
         finally:
-            self.shards[shard.index].claimed = False
+            self.shards[shard.index].claim(False)
 
     async def _entries_lost(self, shard: Shard, pending: list[str], removed: list[str],
                             where: str) -> None:

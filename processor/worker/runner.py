@@ -376,8 +376,7 @@ class ShardRunner:
             # Delivered to this consumer, never received: taken back (bounded
             # too) before the next read, one entry first, then as many as fit
             # at its size (each cut read delivers its entries once more).
-            state.orphans = True
-            state.read_count = 1
+            state.reply_lost(cut=True)
             log.info("read past its byte budget, cut: reading fewer entries",
                      extra={"shard": shard.index, "count": count, "budget": exc.limit})
             return []
@@ -394,13 +393,12 @@ class ShardRunner:
             # Redis may have delivered the batch and the reply be lost (an
             # outage, or a MemoryError reading it): taken back, delivery
             # counts first, before the next read.
-            state.orphans = True
+            state.reply_lost()
             raise
         if entries:
-            state.read_count = read_count(self.worker.read_budget, cfg.batch,
-                                          budget.bytes, len(entries))
             last = as_text(entries[-1][0])
-            state.last_read = last
+            state.read_done(last, read_count(self.worker.read_budget, cfg.batch,
+                                             budget.bytes, len(entries)))
             state.read_batch(entries)  # until applied (_step): restored if the group goes
             if cfg.hold_turns:
                 state.floor_marks.read(as_text(entries[0][0]), last)

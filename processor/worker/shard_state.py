@@ -1,12 +1,15 @@
 """What a worker keeps of one shard: one ``ShardState`` per shard,
 made by the worker and read and changed only by that shard's loop (its
 reader and its applier, ``processor.worker.runner``) and the paths it
-runs (held, stored, recovery, continuity). Plain data and the small
-questions asked of it; no I/O."""
+runs (held, stored, recovery, continuity). Plain data, the small
+questions asked of it and the methods that change it: each field is
+written by this class's own methods only (the turns' holds and copies by
+their own classes); no I/O."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,6 +89,61 @@ class ShardState:
         """A batch read (or taken over) and not yet applied."""
         if entries:
             self.unapplied.append(entries)
+
+    def read_done(self, last: str, count: int) -> None:
+        """A read delivered entries up to ``last``; the next reads ``count``."""
+        self.last_read, self.read_count = last, count
+
+    def reply_lost(self, *, cut: bool = False) -> None:
+        """Entries may be pending to this consumer that it never received
+        (a reply lost to an error, or ``cut`` past its byte budget: then the
+        next read takes one entry first): taken back before the next read."""
+        self.orphans = True
+        if cut:
+            self.read_count = 1
+
+    def orphans_taken_back(self) -> None:
+        self.orphans = False
+
+    def reclaiming(self, cursor: str) -> None:
+        """The next XAUTOCLAIM starts at ``cursor``."""
+        self.reclaim_cursor = cursor
+
+    def claim(self, claimed: bool) -> None:
+        """Reclaimed entries are being applied (True) or were (False)."""
+        self.claimed = claimed
+
+    def swept(self, start: int, size: int, sliced: int, count: int) -> None:
+        """A sweep looked at ``sliced`` active turns from ``start`` (of a
+        slice of ``size``) and counted ``count``: the next starts after
+        them, or from the first once this one reached the end."""
+        self.active = count
+        self.cursor = 0 if start + size >= count else start + sliced
+
+    def mark_lost(self, lost: bool) -> None:
+        """The namespace's state was found lost (True) and this shard's known
+        turns are still to publish, or they are published (False)."""
+        self.lost = lost
+
+    def cancels_waiting(self, keys: Iterable[TurnKey]) -> None:
+        """Cancelled turns whose finalise must wait for an entry up to their cut."""
+        self.waiting_cancels.update(keys)
+
+    def cancels_done(self, keys: Iterable[TurnKey], *, keep_only: bool = False) -> None:
+        """Cancelled turns finalised (or, with ``keep_only``, every waiting
+        turn but ``keys`` finalised)."""
+        if keep_only:
+            self.waiting_cancels.intersection_update(keys)
+        else:
+            self.waiting_cancels.difference_update(keys)
+
+    def hand_live(self, key: TurnKey, state: tuple[Shown | Literal[False], int, int]) -> None:
+        """A spilled turn's live state, until the stored path publishes it."""
+        self.live_handed[key] = state
+
+    def take_handed(self, key: TurnKey) -> tuple[Shown | Literal[False], int, int] | None:
+        """A spilled turn's live state, handed to the stored path's publish."""
+        return self.live_handed.pop(key, None)
 
     def batch_done(self, entries: list[Any]) -> None:
         batches = self.unapplied

@@ -60,8 +60,7 @@ class Sweeper:
                   self.shell.options.ready_limit if whole else 0, start, size, cfg.consumer,
                   state.floor(), shard.tag],
         )
-        state.active = int(count)
-        state.cursor = 0 if start + size >= count else start + int(sliced)
+        state.swept(start, size, int(sliced), int(count))
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
         for tk in cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
@@ -95,7 +94,7 @@ class Sweeper:
             return
         turns = list(waiting)
         ready, still = await self._cancelled(shard, turns)
-        waiting.intersection_update(still)
+        self.shards[shard.index].cancels_done(still, keep_only=True)
         if ready:
             todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
             await self.held.publish_held_ends(shard, todo)

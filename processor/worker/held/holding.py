@@ -345,7 +345,7 @@ class HeldPath:
             except BaseException:
                 # No longer held, maybe not applied: taken back before the
                 # next read, and no floor until then (ShardState.floor).
-                self.shards[shard.index].orphans = True
+                self.shards[shard.index].reply_lost()
                 raise
         return taken
 

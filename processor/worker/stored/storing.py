@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.engine.render import Reason, Settled, render, replay_render, text_hash
@@ -72,8 +72,9 @@ class StoredShard(Protocol):
     @property
     def mirrors(self) -> Mirrors: ...
 
-    @property
-    def waiting_cancels(self) -> set[TurnKey]: ...
+    def cancels_waiting(self, keys: Iterable[TurnKey]) -> None: ...
+
+    def cancels_done(self, keys: Iterable[TurnKey], *, keep_only: bool = False) -> None: ...
 
     def floor(self) -> str: ...
 
@@ -236,7 +237,7 @@ class StoredPath:
         """Merge and publish finished turns; re-read any that changed meanwhile.
         ``fresh``: turns whose copy the apply call that made them ready confirmed."""
         await self.before_finalise(shard, todo)
-        self.shards[shard.index].waiting_cancels.difference_update(
+        self.shards[shard.index].cancels_done(
             key for key, reason in todo.items() if reason == "cancel")
         for _ in range(5):
             with self.metrics.timed(self.metrics.finalise_seconds):
@@ -343,7 +344,7 @@ class StoredPath:
                       if r == -1})
         # A cancel that must wait for an entry up to its cut: retried after
         # each step of the shard loop (Worker.retry_cancels), not a sweep later.
-        self.shards[shard.index].waiting_cancels.update(
+        self.shards[shard.index].cancels_waiting(
             key for (key, _, _), r in zip(settled, results, strict=True)
             if r == 2 and todo[key] == "cancel")
         return again
