@@ -367,6 +367,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.redis_io.read_budget",  # (a reply's bound in bytes)
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.redis_io.options",  # (how to reach Redis: imports no redis-py)
+               "processor.redis_io.client",  # (the Redis client's type, XREAD's arguments)
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
                "processor.wire.cancels",  # (a cancel's bounds: the client's too)
                "processor.wire.models", "processor.service", "processor.service.options",
