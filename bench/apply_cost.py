@@ -27,8 +27,8 @@ import workload
 from processor.embedded import EmbeddedRedis
 from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.scripts import Scripts
+from processor.scripts.stored_calls import build_apply
 from processor.wire.keys import Namespace
-from processor.worker.batches import build_apply
 from processor.worker.held.held_batch import decode_batch
 from processor.worker.worker import Worker, WorkerConfig
 

@@ -44,15 +44,16 @@ import workload
 
 from processor.engine.render import render
 from processor.ingest.decode import decode_stream_entry
+from processor.scripts.calls import BatchOptions
+from processor.scripts.stored_calls import ApplyCall, Version, build_apply
 from processor.service.run import tune_gc
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import ApplyCall, BatchOptions, build_apply
 from processor.worker.budget import HELD_BYTES
 from processor.worker.held.held_batch import decode_batch
 from processor.worker.held.hold import Holds
-from processor.worker.stored.mirror import Mirrors, Version
+from processor.worker.stored.mirror import Mirrors
 from processor.worker.worker import WorkerConfig
 
 SIDES = ("none", "decode", "build", "follow", "finish", "held")

@@ -22,7 +22,7 @@ def default_consumer() -> str:
 class WorkerConfig:
     """Everything ``processor run`` can be told (see ``processor run --help``);
     the script-call builders read it as their ``BatchOptions``
-    (processor.worker.batches)."""
+    (processor.scripts.calls)."""
 
     namespace: str = DEFAULT_NAMESPACE
     shards: int = 1

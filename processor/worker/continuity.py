@@ -40,14 +40,21 @@ from redis.exceptions import ResponseError
 from processor.engine.render import render
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text, stream_entry
+from processor.scripts.lost_calls import (
+    LostOutcome,
+    build_publish_lost,
+    build_recreate_group,
+    publish_lost_turns,
+    recreate_group,
+)
 from processor.scripts.meta import Meta, create, read
+from processor.scripts.stored_calls import ApplyCall, Version
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import ApplyCall, LostOutcome, build_publish_lost
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Apply, Shell
-from processor.worker.stored.mirror import Mirror, Version
+from processor.worker.stored.mirror import Mirror
 
 log = logging.getLogger("processor.worker")
 
@@ -239,11 +246,9 @@ class Continuity:
             for i in range(0, len(turns), 100):
                 chunk = turns[i:i + 100]
                 call = build_publish_lost(shard, chunk, self.options)
-                results = await self.scripts.publish_lost_turns(keys=call.keys, args=call.args)
-                self.metrics.finalised([(key, "0", outcome) for key, _, outcome in chunk],
-                                       results)
-                published.update(key for (key, _, _), r in zip(chunk, results, strict=True)
-                                 if int(r) == 1)
+                done = await publish_lost_turns(self.scripts.publish_lost_turns, call)
+                self.metrics.finalised([(key, "0", outcome) for key, _, outcome in chunk], done)
+                published.update(key for (key, _, _), ok in zip(chunk, done, strict=True) if ok)
             # A turn another worker published first (both had parts of it while
             # they shared the shard): what this one held goes to the DLQ; of a
             # copy, which keeps no entries, a note of what is missing.
@@ -365,12 +370,12 @@ class Continuity:
             cfg = self.config
             state = self.shards[shard.index]
             last, ids = state.last_read, state.pending_here()
-            status, delivered, claimed = await self.scripts.recreate_group(
-                keys=[shard.updates], args=[cfg.group, last, cfg.consumer, *ids])
-            status = as_text(status)
+            regrouped = await recreate_group(self.scripts.recreate_group, build_recreate_group(
+                shard, cfg.group, last, cfg.consumer, ids))
             fields = {"shard": shard.index, "group": cfg.group, "last_delivered":
-                      as_text(delivered), "restored": int(claimed), "pending_here": len(ids)}
-            if status == "kept":  # another worker, or another task here, put it back
+                      regrouped.delivered, "restored": regrouped.claimed,
+                      "pending_here": len(ids)}
+            if regrouped.status == "kept":  # another worker, or another task here, put it back
                 log.info("consumer group put back already; this worker's pending entries "
                          "restored", extra=fields)
                 return False

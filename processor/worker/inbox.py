@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from processor.redis_io.connections import is_redis_failure, is_transient
-from processor.redis_io.replies import as_text
+from processor.scripts.membership_calls import admit_inbox, build_admit
 from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
 from processor.worker.membership import Membership
@@ -119,10 +119,8 @@ class Admitter:
         ``AdmitFailed``: the entry stays first in the inbox."""
         total = 0
         while True:
-            admitted, dead, left, error = await self.script(
-                keys=[shard.inbox, shard.inbox_bell, shard.updates, shard.dlq],
-                args=[ADMIT_ITEMS, ADMIT_BYTES, BAD_INBOX_ITEM, self.dlq_maxlen])
-            admitted, dead, left = int(admitted), int(dead), int(left)
+            admitted, dead, left, error = await admit_inbox(self.script, build_admit(
+                shard, ADMIT_ITEMS, ADMIT_BYTES, BAD_INBOX_ITEM, self.dlq_maxlen))
             if admitted:
                 self.metrics.inbox_admitted.labels(str(shard.index)).inc(admitted)
                 total += admitted
@@ -130,7 +128,7 @@ class Admitter:
                 self.metrics.dead_lettered([BAD_INBOX_ITEM] * dead)
                 self.dead_letters.note(BAD_INBOX_ITEM, shard.index, dead)
             if error:
-                raise AdmitFailed(as_text(error))
+                raise AdmitFailed(error)
             if not left or not (admitted or dead):
                 if self._logged.pop(shard.index, None) is not None:
                     log.info("admitting the inbox again", extra={"shard": shard.index})

@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text
+from processor.scripts.membership_calls import beat_worker, build_beat
 from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import id_order
 from processor.worker.affinity import (
@@ -80,9 +81,8 @@ class Membership:
         the rescued ones (shards not owned whose owners stalled)."""
         if not self.enabled:
             return
-        reply = await self._script(keys=[self.key],
-                                   args=[self.consumer, self.ttl_ms, "beat"])
-        live = [as_text(name) for name in reply]
+        live = await beat_worker(self._script,
+                                 build_beat(self.key, self.consumer, self.ttl_ms, "beat"))
         owned = owned_shards(self.consumer, live, self.namespace.shards)
         if owned != self.owned:
             log.info("shards to read changed", extra={"consumer": self.consumer,
@@ -173,7 +173,8 @@ class Membership:
         if not self.enabled:
             return
         try:
-            await self._script(keys=[self.key], args=[self.consumer, self.ttl_ms, "leave"])
+            await beat_worker(self._script,
+                              build_beat(self.key, self.consumer, self.ttl_ms, "leave"))
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise

@@ -11,8 +11,8 @@ from typing import Any
 
 from processor.redis_io.connections import is_transient
 from processor.redis_io.replies import as_text, stream_entry
+from processor.scripts.stored_calls import ApplyCall
 from processor.wire.keys import Shard
-from processor.worker.batches import ApplyCall
 from processor.worker.continuity import is_nogroup
 from processor.worker.held.held_batch import HeldCall
 from processor.worker.held.holding import HeldPath

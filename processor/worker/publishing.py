@@ -33,20 +33,21 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
 from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
+from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live, updates_json
+from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import Event, Response
-from processor.worker.batches import LiveTurn, build_publish_live, updates_json
 from processor.worker.held.hold import Held, Holds
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
-from processor.worker.stored.mirror import Applied, Mirror
+from processor.worker.stored.mirror import Mirror
 
 log = logging.getLogger("processor.worker")
 
@@ -345,12 +346,11 @@ class LivePublisher:
         call said). The batch is applied whatever happens here."""
         call = build_publish_live(shard, turns, self.options, self.speaker)
 
-        async def publish() -> list[Any]:
-            results: list[Any] = await self.scripts.publish_live(keys=call.keys, args=call.args)
-            return results
+        async def publish() -> list[int]:
+            return await publish_live(self.scripts.publish_live, call)
 
         try:
-            return [int(result) for result in await self.retrying(publish)]
+            return await self.retrying(publish)
         except Exception as exc:
             log.warning("live progress not published: its turns go silent until their end",
                         extra={"shard": shard.index, "turns": len(turns), "error": repr(exc)})

@@ -17,15 +17,16 @@ from processor.redis_io.client import ids_arg
 from processor.redis_io.connections import TRANSIENT
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text
+from processor.scripts.lost_calls import (
+    ENTRY_LOST,
+    build_dead_letter_lost,
+    dead_letter_lost,
+    lost_turns_of,
+)
+from processor.scripts.stored_calls import build_dead_letters
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
 from processor.wire.stream_ids import id_order
-from processor.worker.batches import (
-    ENTRY_LOST,
-    build_dead_letter_lost,
-    build_dead_letters,
-    lost_turns_of,
-)
 from processor.worker.budget import read_count
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
@@ -287,13 +288,11 @@ class Recovery:
         script = self.scripts.dead_letter_lost
         chunk = turns[:LOST_MARK_CHUNK]
         call = build_dead_letter_lost(shard, pending, removed, chunk, first, self.options)
-        letters, marked = await script(keys=call.keys, args=call.args)
-        ids = [as_text(i) for i in letters]
-        marked = int(marked)
+        ids, marked = await dead_letter_lost(script, call)
         for i in range(LOST_MARK_CHUNK, len(turns) if ids else 0, LOST_MARK_CHUNK):
             chunk = turns[i:i + LOST_MARK_CHUNK]
             call = build_dead_letter_lost(shard, [], [], chunk, first, self.options)
-            marked += int((await script(keys=call.keys, args=call.args))[1])
+            marked += (await dead_letter_lost(script, call)).marked
         if not ids:
             return  # (another consumer acked them first)
         self.metrics.lost_entries.labels(str(shard.index)).inc(len(ids))

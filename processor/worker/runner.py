@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 from processor.redis_io.connections import read_raw
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
 from processor.redis_io.replies import as_text, stream_entry
-from processor.worker.batches import ApplyCall, BatchOptions, build_apply
+from processor.scripts.calls import BatchOptions
+from processor.scripts.stored_calls import ApplyCall, build_apply
 from processor.worker.budget import read_count
 from processor.worker.config import WorkerConfig
 from processor.worker.continuity import Continuity, is_nogroup

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from processor.scripts import Scripts
+from processor.scripts.calls import BatchOptions
 from processor.wire.keys import Shard
-from processor.worker.batches import BatchOptions
 from processor.worker.config import WorkerConfig
 from processor.worker.metrics import DeadLetterLog, Metrics
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from processor.engine.render import Reason
-from processor.redis_io.replies import as_text
+from processor.scripts.sweep_calls import (
+    CancelsDue,
+    SweepSlice,
+    build_cancelled,
+    build_sweep,
+    cancelled_turns,
+    sweep_shard,
+)
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.worker.batches import parse_member
 from processor.worker.held.holding import HeldPath
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell
@@ -54,36 +60,30 @@ class Sweeper:
         # Sized from the active count the last sweep saw (this one learns it).
         size = cancel_slice(state.active, cfg.cancel_slice,
                             cfg.sweep_interval)
-        _now, ready, expired, cancelled, sliced, count = await self.shell.scripts.sweep_shard(
-            keys=[shard.updates, shard.active, shard.closing],
-            args=[cfg.group, int(cfg.limits.turn_timeout * 1000),
-                  self.shell.options.ready_limit if whole else 0, start, size, cfg.consumer,
-                  state.floor(), shard.tag],
-        )
-        state.swept(start, size, int(sliced), int(count))
-        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
-        for tk in cancelled:
-            todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
-        for tk in expired:
-            todo.setdefault(TurnKey.decode(as_text(tk)), "timeout")
+        found = await sweep_shard(self.shell.scripts.sweep_shard, build_sweep(shard, SweepSlice(
+            cfg.group, int(cfg.limits.turn_timeout * 1000),
+            self.shell.options.ready_limit if whole else 0, start, size, cfg.consumer,
+            state.floor())))
+        state.swept(start, size, found.sliced, found.active)
+        todo: dict[TurnKey, Reason] = dict.fromkeys(found.ready, "closing")
+        for key in found.cancelled:
+            todo.setdefault(key, "cancel")
+        for key in found.expired:
+            todo.setdefault(key, "timeout")
         await self.held.publish_held_ends(shard, todo)
         if todo:
             await self.stored.finalise(shard, todo)
 
     async def _cancelled(
         self, shard: Shard, turns: list[TurnKey]
-    ) -> tuple[list[TurnKey], list[TurnKey]]:
+    ) -> CancelsDue:
         """Of ``turns``, the cancelled ones to finalise now, and those that must
         wait (``cancelled_turns``: another worker holds them, or an entry up to
         their cut is still pending)."""
-        keys = [shard.updates]
-        for key in turns:
-            keys += [shard.cancel(key.response_id), shard.turn(key.encode())]
-        ready, waiting = await self.shell.scripts.cancelled_turns(
-            keys=keys,
-            args=[self.shell.config.group, self.shell.config.consumer,
-                  self.shards[shard.index].floor()])
-        return ([turns[int(i) - 1] for i in ready], [turns[int(i) - 1] for i in waiting])
+        cfg = self.shell.config
+        call = build_cancelled(shard, turns, cfg.group, cfg.consumer,
+                               self.shards[shard.index].floor())
+        return await cancelled_turns(self.shell.scripts.cancelled_turns, call, turns)
 
     async def retry_cancels(self, shard: Shard) -> None:
         """Finalise the cancelled turns a finalise left waiting for an entry up

@@ -1,7 +1,7 @@
 """``processor run``: one worker consuming every shard of a namespace.
 
 The imperative shell. Per shard, a runner (``processor.worker.runner``) reads
-batches with XREADGROUP, one ahead, decodes them (``processor.worker.batches``),
+batches with XREADGROUP, one ahead, decodes them (``processor.scripts.stored_calls``),
 holds them (``processor.worker.held.holding``) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
 (``processor.worker.stored.storing``: from the worker's own copy,
@@ -24,10 +24,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from processor.redis_io.connections import until_done
 from processor.scripts import Scripts, library
+from processor.scripts.calls import BatchOptions
 from processor.scripts.meta import Meta, check, create
 from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
-from processor.worker.batches import BatchOptions
 from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
 from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer

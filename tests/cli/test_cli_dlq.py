@@ -264,16 +264,16 @@ async def test_a_large_valid_entry_is_dead_lettered_whole_and_replayed(
     producer wrote it, so ``dlq replay`` brings it back byte for byte and it
     merges whole (the DLQ used to keep 64 KiB of it, marked truncated, which
     replay refuses: the entry was lost)."""
-    import processor.worker.batches
+    import processor.scripts.stored_calls
 
-    real = processor.worker.batches.decode_stream_entry
+    real = processor.scripts.stored_calls.decode_stream_entry
 
     def failing(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise error("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", failing)
+    monkeypatch.setattr(processor.scripts.stored_calls, "decode_stream_entry", failing)
     big = {**big_update("whole", 0), "session_id": "s1", "poison": "1"}
     cli = (redis_url, namespace, SHARDS)
     # (Stored from its first delivery: the stored path decodes it, and fails,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from processor.scripts import Scripts
+from processor.scripts.held_calls import HeldCheckpoint, build_checkpoint_held
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
-from processor.worker.batches import HeldCheckpoint, build_checkpoint_held
 from processor.worker.config import WorkerConfig
 
 GROUP = "processor"

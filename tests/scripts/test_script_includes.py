@@ -67,7 +67,7 @@ def test_every_script_defines_each_function_once_before_it_is_called(name: str) 
 def test_apply_entries_reads_its_argv_where_the_worker_puts_it() -> None:
     """``apply_entries``' ARGV layout is defined once (batches.APPLY_HEAD,
     APPLY_SENT, APPLY_TURNS); the script reads each value at that index."""
-    from processor.worker.batches import APPLY_HEAD, APPLY_SENT, APPLY_TURNS
+    from processor.scripts.stored_calls import APPLY_HEAD, APPLY_SENT, APPLY_TURNS
 
     text = source("apply_entries")
     sent = re.search(r"^local consumer, floor, read_from = (.*)$", text, re.MULTILINE)

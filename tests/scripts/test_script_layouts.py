@@ -1,4 +1,4 @@
-"""Each script call's KEYS and ARGV, as its builder (processor.worker.batches)
+"""Each script call's KEYS and ARGV, as its builder (processor.scripts.*_calls)
 makes them, have the layout its file's header states: the fixed keys and
 arguments, so many per turn, and the optional last one. A builder and its
 script changed apart (a key added to one, not the other) fail here, not in
@@ -6,32 +6,40 @@ a script that reads the wrong key."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from importlib import resources
 
 import pytest
 
-from processor.engine.render import Settled
-from processor.wire.ids import TurnKey
-from processor.wire.keys import Namespace
-from processor.worker.batches import (
+from processor.engine.render import Compaction, Settled
+from processor.scripts import Scripts
+from processor.scripts.calls import ScriptCall
+from processor.scripts.held_calls import (
     HeldCheckpoint,
     HeldOutcome,
-    LiveTurn,
-    ScriptCall,
-    build_apply,
     build_checkpoint_held,
-    build_finalise,
     build_finalise_held,
     build_open,
-    build_publish_live,
 )
+from processor.scripts.live_calls import LiveTurn, build_publish_live
+from processor.scripts.lost_calls import (
+    build_dead_letter_lost,
+    build_publish_lost,
+    build_recreate_group,
+)
+from processor.scripts.membership_calls import build_admit, build_beat
+from processor.scripts.stored_calls import build_apply, build_compact, build_finalise
+from processor.scripts.sweep_calls import SweepSlice, build_cancelled, build_sweep
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace
 from processor.worker.config import WorkerConfig
 
 _PER_TURN = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*\(t-1\) \+ [01]\.\.\d+\]")
 _TRAILING = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T( \+ 1)?\]")
 _FIXED = re.compile(r"(KEYS|ARGV)\[(\d+)\]")
+_REST = re.compile(r"(KEYS|ARGV)\[(\d+)\.\.[^]]*\]")  # from there on, as many as given
 
 
 @dataclass
@@ -43,9 +51,12 @@ class Layout:
     per_turn: int = 0
     trailing: int = 0
     optional: bool = False
+    rest: bool = False  # any number after the fixed ones (``ARGV[5..]``)
 
     def allows(self, n: int, turns: int) -> bool:
         base = self.fixed + self.per_turn * turns
+        if self.rest:
+            return n >= base
         return n == base + self.trailing or (self.optional and n == base)
 
 
@@ -61,6 +72,9 @@ def header(script: str) -> dict[str, Layout]:
         out[side].optional = side == "KEYS"  # (the AG-UI stream, with --agui only)
     for side, index in _FIXED.findall(head):
         out[side].fixed = max(out[side].fixed, int(index))
+    for side, index in _REST.findall(head):
+        assert out[side].fixed == int(index) - 1, (script, side, index)
+        out[side].rest = True
     return out
 
 
@@ -91,6 +105,17 @@ def _calls(turns: int) -> dict[str, ScriptCall]:
             OPTIONS, "c", "s"),
         "finalise_turns": build_finalise(SHARD, [(k, "1", SETTLED) for k in keys], OPTIONS),
         "open_turns": build_open(SHARD, {k: {} for k in keys}, OPTIONS, 0, "c"),
+        "sweep_shard": build_sweep(SHARD, SweepSlice("g", 1000, 10, 0, 100, "c", "")),
+        "cancelled_turns": build_cancelled(SHARD, keys, "g", "c", ""),
+        "compact_turn": build_compact(SHARD, keys[0], Compaction("", "2-0", ["1-0"], b"s"),
+                                      OPTIONS),
+        "publish_lost_turns": build_publish_lost(SHARD, [(k, ["1-0"], SETTLED) for k in keys],
+                                                 OPTIONS),
+        "dead_letter_lost": build_dead_letter_lost(SHARD, ["1-0"], ["2-0"], keys, "1-0",
+                                                   OPTIONS),
+        "recreate_group": build_recreate_group(SHARD, "g", "0", "c", ["1-0"]),
+        "beat_worker": build_beat("workers", "c", 1000, "beat"),
+        "admit_inbox": build_admit(SHARD, 10, 1000, "bad", 100),
     }
 
 
@@ -110,3 +135,12 @@ def test_the_header_parser_reads_each_kind_of_line() -> None:
     assert layout["KEYS"] == Layout(5, 5, 1, True)
     assert layout["ARGV"] == Layout(10, 0, 0, False)
     assert header("apply_entries")["ARGV"] == Layout(13, 2, 1, False)
+    assert header("compact_turn")["ARGV"] == Layout(4, 0, 0, False, rest=True)
+
+
+def test_every_script_the_worker_calls_is_checked() -> None:
+    """Each script ``Scripts`` registers has a builder checked above."""
+    text = inspect.getsource(Scripts.__init__)
+    registered = set(re.findall(r'register_script\(source\("(\w+)"\)\)', text))
+    assert len(registered) == 14
+    assert registered == set(_calls(1))

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from support.turn_reference import entry_fields, text_delta
 
+from processor.scripts.stored_calls import build_apply
 from processor.service.run import GC_GEN0_THRESHOLD, tune_gc
 from processor.wire.keys import Namespace
-from processor.worker.batches import build_apply
 from processor.worker.config import WorkerConfig
 
 

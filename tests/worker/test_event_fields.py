@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from processor.engine import events as ev
 from processor.engine.live import _BLANK
 from processor.engine.render import event_fields
+from processor.scripts.calls import live_fields
+from processor.scripts.live_calls import _pack
+from processor.scripts.stored_calls import _started_fields
 from processor.wire.ids import TurnKey
 from processor.wire.models import SynthesisChunk, SynthesisStarted
-from processor.worker.batches import _pack, _started_fields, live_fields
 
 _ids = st.text(min_size=1, max_size=40)
 _keys = st.builds(TurnKey, _ids, st.one_of(st.just(""), _ids))

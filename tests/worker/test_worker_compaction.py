@@ -30,9 +30,9 @@ from processor.engine.lifecycle import Limits
 from processor.engine.render import STATE, encode_stored, plan_compaction, replay_render
 from processor.ingest.decode import decode_entry, entry_size
 from processor.scripts import Scripts
+from processor.scripts.stored_calls import build_compact, build_finalise
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.worker.batches import build_compact, build_finalise
 from processor.worker.worker import Worker
 
 _unpack = msgspec.msgpack.Decoder()

@@ -15,7 +15,7 @@ from support.strategies import random_turn
 from support.turn_reference import compare_with_offline, interleave, offline_results
 from support.worker_harness import Harness
 
-import processor.worker.batches
+import processor.scripts.stored_calls
 from processor.engine.live import replay_texts
 from processor.engine.offline import merge_lines
 from processor.wire.ids import shard_of
@@ -159,14 +159,14 @@ async def test_poison_entry_reaches_max_deliveries(
     """An entry whose processing always fails (here: decoding raises, as a bug
     would) stays pending alone, is redelivered by reclaim and dead-lettered
     after max_deliveries; its batch-mates and the workers carry on."""
-    real = processor.worker.batches.decode_stream_entry
+    real = processor.scripts.stored_calls.decode_stream_entry
 
     def decode_or_fail(fields: Any, **kw: Any) -> Any:
         if b"poison" in fields:
             raise RuntimeError("this entry always fails")
         return real(fields, **kw)
 
-    monkeypatch.setattr(processor.worker.batches, "decode_stream_entry", decode_or_fail)
+    monkeypatch.setattr(processor.scripts.stored_calls, "decode_stream_entry", decode_or_fail)
     rng = random.Random(12)
     turns = [random_turn(rng, f"near-{i}") for i in range(10)]
     stream = interleave(turns, rng)
@@ -234,7 +234,8 @@ async def test_a_failing_script_step_never_loses_the_entry(redis_url: str, names
     rolled back), the acked entry goes to the DLQ as internal_error instead of
     vanishing, and the rest of its batch is applied."""
     from processor.scripts import Scripts
-    from processor.worker.batches import build_apply, msgpack_str
+    from processor.scripts.calls import msgpack_str
+    from processor.scripts.stored_calls import build_apply
     from processor.worker.worker import WorkerConfig
 
     async with Harness(redis_url, namespace) as harness:

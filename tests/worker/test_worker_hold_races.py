@@ -14,8 +14,8 @@ from support.turn_reference import end_entry, response_text, text_delta
 from support.worker_harness import Harness, Stepped, settled_count
 
 from processor.redis_io.replies import stream_entry
+from processor.scripts.stored_calls import build_apply
 from processor.wire.ids import TurnKey
-from processor.worker.batches import build_apply
 from processor.worker.held.held_batch import decode_batch
 
 

@@ -400,8 +400,8 @@ def test_the_dead_letter_log_says_how_many_it_left_out() -> None:
 
 
 def test_the_turns_marked_for_a_lost_entry_are_those_open_when_it_was_written() -> None:
+    from processor.scripts.lost_calls import lost_turns_of
     from processor.wire.ids import TurnKey
-    from processor.worker.batches import lost_turns_of
 
     def padded(entry_id: str) -> str:  # as includes/pad_id.lua writes `ended`
         ms, seq = entry_id.split("-")

@@ -30,10 +30,10 @@ from processor.engine.lifecycle import Limits
 from processor.engine.render import encode_stored, render, replay
 from processor.ingest.decode import decode_entry
 from processor.scripts import Scripts
+from processor.scripts.stored_calls import Applied, Version, build_apply, parse_versions
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record
-from processor.worker.batches import build_apply, parse_versions
-from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
+from processor.worker.stored.mirror import Ahead, Mirror, Mirrors
 from processor.worker.worker import Worker, WorkerConfig
 
 KEY = TurnKey("r1")

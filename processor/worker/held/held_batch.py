@@ -34,11 +34,11 @@ from processor.ingest.decode import (
 )
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text, stream_entry
+from processor.scripts.calls import BatchOptions
+from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
-from processor.worker.batches import BatchOptions
-from processor.worker.stored.mirror import Applied
 
 #: An entry as read: ``[id, [name, value, ...]]`` (connections.read_raw), or
 #: ``(id, {name: value})`` (connections.stream_entry, the stored path's shape).

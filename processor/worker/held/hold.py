@@ -26,10 +26,11 @@ from processor.engine.live import Shown
 from processor.engine.render import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.redis_io.replies import as_text, stream_entry
+from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
 from processor.worker.held.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
-from processor.worker.stored.mirror import Applied, TurnCopy
+from processor.worker.stored.mirror import TurnCopy
 
 _json = msgspec.json.Encoder()
 

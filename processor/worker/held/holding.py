@@ -19,17 +19,20 @@ from dataclasses import dataclass
 from processor.engine.render import Reason, render, resumed, snapshot, take_late
 from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import as_text, stream_entry
-from processor.wire.ids import TurnKey
-from processor.wire.keys import Shard
-from processor.worker.batches import (
-    ApplyCall,
+from processor.scripts.held_calls import (
     HeldCheckpoint,
+    HeldEnd,
     HeldOutcome,
     build_checkpoint_held,
     build_finalise_held,
     build_open,
-    parse_opened,
+    checkpoint_held,
+    finalise_held,
+    open_turns,
 )
+from processor.scripts.stored_calls import ApplyCall
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
 from processor.worker.held.held_batch import Entry, HeldCall
 from processor.worker.membership import Membership
@@ -53,7 +56,7 @@ class Finalising:
 
     keys: set[TurnKey]
     settled: list[HeldOutcome]
-    reply: asyncio.Future[list[int]]
+    reply: asyncio.Future[list[HeldEnd]]
     commit: asyncio.Future[None] | None = None  # (its commit, run once the reply is in)
 
 
@@ -128,10 +131,8 @@ class HeldPath:
             if fresh:
                 opened = build_open(shard, fresh, self.options, call.now_ms,
                                     self.config.consumer)
-                statuses, started = await self.scripts.open_turns(keys=opened.keys,
-                                                                  args=opened.args)
-                holds.opened(parse_opened(list(fresh), statuses), as_text(started),
-                             time.monotonic())
+                reply = await open_turns(self.scripts.open_turns, opened, list(fresh))
+                holds.opened(reply.held, reply.started, time.monotonic())
             call.opened = True
 
     async def open_ahead(self, shard: Shard, call: ApplyCall | HeldCall | None) -> None:
@@ -202,9 +203,8 @@ class HeldPath:
         call = build_finalise_held(shard, settled, self.options, self.config.consumer,
                                    self.live.speaker)
 
-        async def finalise() -> list[int]:
-            results: list[int] = await self.scripts.finalise_held(keys=call.keys, args=call.args)
-            return results
+        async def finalise() -> list[HeldEnd]:
+            return await finalise_held(self.scripts.finalise_held, call)
 
         reply = asyncio.ensure_future(self.retrying(finalise))
         if defer:
@@ -248,16 +248,16 @@ class HeldPath:
                 going.commit.cancel()
 
     async def _commit(self, shard: Shard, settled: list[HeldOutcome],
-                      results: list[int]) -> list[TurnKey]:
+                      results: list[HeldEnd]) -> list[TurnKey]:
         """What a finalise_held call did: the turns it published are let go,
         those it refused spill. Returns the turns published."""
         holds = self.shards[shard.index].holds
         self.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
         published, refused, cancelled, acked, reasons = [], [], [], 0, []
         for (key, ids, late, *_), result in zip(settled, results, strict=True):
-            if int(result) == 3:  # cancelled before its end was published: cut at the end
+            if result is HeldEnd.CANCELLED:  # before its end was published: cut at the end
                 cancelled.append(key)
-            elif int(result) == 1:
+            elif result is HeldEnd.PUBLISHED:
                 holds.take(key)
                 published.append(key)
                 acked += len(ids)
@@ -420,17 +420,15 @@ class HeldPath:
         holds = self.shards[shard.index].holds
         call = build_checkpoint_held(shard, turns, self.options, self.config.consumer)
 
-        async def checkpoint() -> list[int]:
-            results: list[int] = await self.scripts.checkpoint_held(keys=call.keys,
-                                                                    args=call.args)
-            return results
+        async def checkpoint() -> list[HeldEnd]:
+            return await checkpoint_held(self.scripts.checkpoint_held, call)
 
         refused: list[TurnKey] = []
         for turn, result in zip(turns, await self.retrying(checkpoint), strict=True):
             held = holds.turns.get(turn.key)
             if held is None:
                 continue
-            if int(result) != 1:
+            if result is not HeldEnd.PUBLISHED:
                 refused.append(turn.key)
                 continue
             holds.checkpointed(turn.key, turn.after, turn.snapshot, now)

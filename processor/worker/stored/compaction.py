@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 from processor.engine.render import plan_compaction
 from processor.redis_io.replies import as_text
+from processor.scripts.calls import BatchOptions
+from processor.scripts.stored_calls import build_compact, compact_turn
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.worker.batches import BatchOptions, build_compact
 
 if TYPE_CHECKING:
     from processor.redis_io.client import RedisClient
@@ -50,5 +51,5 @@ async def compact_turns(
         if plan is None:
             continue
         call = build_compact(shard, key, plan, options)
-        results[key] = int(await scripts.compact_turn(keys=call.keys, args=call.args))
+        results[key] = await compact_turn(scripts.compact_turn, call)
     return results

@@ -30,35 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from processor.engine.lifecycle import Limits, TurnLife
 from processor.engine.live import Shown
 from processor.engine.render import Replay
+from processor.scripts.stored_calls import Applied, Version
 from processor.wire.ids import TurnKey
-from processor.wire.models import Record
 from processor.wire.stream_ids import id_order
 from processor.worker.budget import COPY_BYTES
-
-
-class Applied(NamedTuple):
-    """One entry of a batch that ``apply_entries`` was asked to store."""
-
-    key: TurnKey
-    entry_id: str
-    record: Record
-    size: int
-
-
-@dataclass(frozen=True)
-class Version:
-    """A turn's version as one ``apply_entries`` call left it."""
-
-    before: int
-    after: int
-    stored: int
-    started: str
-
 
 #: The bytes of entries a worker's copies may hold, over all its shards
 #: (processor.worker.budget). The entries' size bounds what a copy holds (the

@@ -13,27 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.engine.render import Reason, Settled, render, replay_render, text_hash
 from processor.redis_io.connections import handed_over
 from processor.redis_io.replies import as_text
-from processor.wire.cancels import REASON_BYTES, reason_of
-from processor.wire.ids import TurnKey
-from processor.wire.keys import Shard
-from processor.worker.batches import (
+from processor.scripts.stored_calls import (
+    Applied,
     ApplyCall,
+    ApplyReply,
+    Finalised,
+    Version,
+    apply_entries,
     build_apply,
     build_finalise,
+    finalise_turns,
     parse_member,
     parse_versions,
 )
+from processor.wire.cancels import REASON_BYTES, reason_of
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
 from processor.worker.budget import FINALISE_BYTES
 from processor.worker.metrics import dead_letter_summary
 from processor.worker.shell import Shell, now_ms
 from processor.worker.stored.compaction import compact_turns
-from processor.worker.stored.mirror import Ahead, Applied, Mirror, Mirrors, Version
+from processor.worker.stored.mirror import Ahead, Mirror, Mirrors
 
 if TYPE_CHECKING:
     from processor.redis_io.client import RedisClient
@@ -137,17 +143,17 @@ class StoredPath:
         if call is None:
             call = build_apply(shard, entries, deliveries, self.options, now_ms())
             call.read_from = read_from
-        applying = self.scripts.apply_entries(
-            keys=call.keys, args=call.argv(self.config.consumer, self.shards[shard.index].floor()))
+        applying = apply_entries(self.scripts.apply_entries, call.keys,
+                                 call.argv(self.config.consumer, self.shards[shard.index].floor()))
         if call.newest:
-            cancelled, ready, counts, full, versions, fresh, lost = await self._follow_ahead(
-                shard, call, applying)
+            reply, fresh, lost = await self._follow_ahead(shard, call, applying)
         else:
-            cancelled, ready, counts, full, versions = await applying
-            lost = await self.losses.lost_under(shard, call, counts, parse_versions(versions))
-            fresh = set() if lost else self._follow(shard, call, versions)
-        self.metrics.applied(counts)
-        self._log_dead_letters(shard, call, counts)
+            reply = await applying
+            lost = await self.losses.lost_under(shard, call, reply.counts,
+                                                parse_versions(reply.versions))
+            fresh = set() if lost else self._follow(shard, call, reply.versions)
+        self.metrics.applied(reply.counts)
+        self._log_dead_letters(shard, call, reply.counts)
         if lost is not None:  # the namespace's state found lost under this call
             merged = await self.losses.lose_shard_now(shard)
             if lost == "fenced":  # nothing of it applied: what Redis no longer has, to the DLQ
@@ -156,17 +162,17 @@ class StoredPath:
                 return
         if self.config.progress and call.applied:  # before any of them is published
             await self.live.publish_live_stored(shard, call.applied, fresh)
-        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in ready}
-        for tk in cancelled:
+        todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in reply.ready}
+        for tk in reply.cancelled:
             todo.setdefault(TurnKey.decode(as_text(tk)), "cancel")
         if todo:
             await self.finalise(shard, todo, fresh)
-        if full:
-            await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in full])
+        if reply.full:
+            await self._compact(shard, [TurnKey.decode(as_text(tk)) for tk in reply.full])
 
     async def _follow_ahead(
-        self, shard: Shard, call: ApplyCall, applying: Awaitable[list[Any]]
-    ) -> tuple[Any, ...]:
+        self, shard: Shard, call: ApplyCall, applying: Coroutine[Any, Any, ApplyReply]
+    ) -> tuple[ApplyReply, set[TurnKey], str | None]:
         """``apply_entries``' reply and ``_follow``'s turns, for a batch
         read with ``XREADGROUP >``: the copies are fed while redis-server runs
         the script (``Mirrors.feed_ahead``), and kept
@@ -193,21 +199,21 @@ class StoredPath:
             sent.cancel()
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
-        versions = parse_versions(reply[4])
+        versions = parse_versions(reply.versions)
         try:
-            lost = await self.losses.lost_under(shard, call, reply[2], versions)
+            lost = await self.losses.lost_under(shard, call, reply.counts, versions)
         except BaseException:
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
         if lost is not None:
-            return (*reply, set(), lost)  # (the copies are published, then dropped)
+            return reply, set(), lost  # (the copies are published, then dropped)
         try:
             fresh = mirrors.confirm(ahead, versions, call.dead_by_turn())
         except Exception:
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             mirrors.forget(ahead)
             fresh = set()
-        return (*reply, fresh, None)
+        return reply, fresh, None
 
     def _follow(self, shard: Shard, call: ApplyCall, versions: list[Any]) -> set[TurnKey]:
         """Keep this worker's copies of the batch's turns (``processor.worker.stored.mirror``);
@@ -335,18 +341,18 @@ class StoredPath:
             return again
         call = build_finalise(shard, settled, self.options, self.config.consumer,
                               self.shards[shard.index].floor())
-        results = await self.scripts.finalise_turns(keys=call.keys, args=call.args)
+        results = await finalise_turns(self.scripts.finalise_turns, call)
         self.metrics.finalised(settled, results)
         for (key, _, outcome), result in zip(settled, results, strict=True):
-            if int(result) == 1 and outcome.dead_letters:
+            if result is Finalised.PUBLISHED and outcome.dead_letters:
                 self.log_late(shard, key, dead_letter_summary(outcome.dead_letters))
         again.update({key: todo[key] for (key, _, _), r in zip(settled, results, strict=True)
-                      if r == -1})
+                      if r is Finalised.CHANGED})
         # A cancel that must wait for an entry up to its cut: retried after
         # each step of the shard loop (Worker.retry_cancels), not a sweep later.
         self.shards[shard.index].cancels_waiting(
             key for (key, _, _), r in zip(settled, results, strict=True)
-            if r == 2 and todo[key] == "cancel")
+            if r is Finalised.NOT_YET and todo[key] == "cancel")
         return again
 
     def _log_dead_letters(self, shard: Shard, call: ApplyCall, counts: list[Any]) -> None:

@@ -1,0 +1,105 @@
+"""What every script call of the worker shares: its KEYS/ARGV (``ScriptCall``),
+the settings the builders read (``BatchOptions``) and the packing of values
+into the msgpack the scripts decode. Each family of scripts has its module
+beside it (``stored_calls``, ``held_calls``, ``live_calls``, ``lost_calls``,
+``sweep_calls``): domain objects in, KEYS/ARGV out, and a named reply back.
+Pure: nothing here talks to Redis but the one call function of each script."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_args
+
+import msgspec
+
+from processor.engine.lifecycle import Limits
+from processor.engine.render import event_type
+from processor.wire.ids import TurnKey
+from processor.wire.models import TURN_IDS, Event
+
+_pack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
+
+
+class BatchOptions(Protocol):
+    """What the script-call builders read of a worker's settings: a view of
+    its ``WorkerConfig`` (processor.worker.config), where each has its one
+    default."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def shards(self) -> int: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def max_deliveries(self) -> int: ...
+    @property
+    def events_maxlen(self) -> int: ...
+    @property
+    def dlq_maxlen(self) -> int: ...
+    @property
+    def merged_maxlen(self) -> int: ...
+    @property
+    def dlq_fields_max(self) -> int: ...
+    @property
+    def ready_limit(self) -> int: ...
+    @property
+    def done_ttl(self) -> int: ...
+    @property
+    def agui(self) -> bool: ...
+    @property
+    def compact_threshold(self) -> int: ...
+    @property
+    def live_ttl(self) -> int: ...
+
+
+@dataclass
+class ScriptCall:
+    keys: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
+
+
+#: The msgpack str headers of lengths below 256 (fixstr, then str 8), made once.
+_STR_HEADS = [bytes((0xA0 | n,)) if n < 32 else b"\xd9" + bytes((n,)) for n in range(256)]
+
+
+def msgpack_str(value: bytes) -> msgspec.Raw:
+    """Bytes as a msgpack *str*: Redis's Lua cmsgpack cannot decode the bin
+    types msgspec writes for bytes, and a str is kept byte for byte."""
+    n = len(value)
+    if n < 0x100:
+        head = _STR_HEADS[n]  # most records: no header to build
+    elif n < 0x10000:
+        head = b"\xda" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdb" + n.to_bytes(4, "big")
+    return msgspec.Raw(head + value)
+
+
+def id_list(ids: dict[str, str]) -> list[str]:
+    """Turn-level correlation ids as the scripts remember them: [name, JSON value, ...]."""
+    flat: list[str] = []
+    for name in TURN_IDS:
+        value = ids.get(name)
+        if value is not None and name != "attempt_id":
+            flat += [name, _json.encode(value).decode()]
+    return flat
+
+
+#: Each event class's ``type`` tag (``event_type``).
+_TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
+
+
+def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
+    """The ``events`` stream entries' fields of a turn's live events
+    (``event_fields`` of each, the turn's part made once;
+    each event's JSON packed as the msgpack str it is, never decoded)."""
+    if not found:
+        return []
+    same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
+    if key.attempt_id:
+        same += ["attempt_id", key.attempt_id]
+    encode = _json.encode  # (ev.encode_event's encoding, without its call)
+    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event",
+             msgpack_str(encode(e))] for e in found]

@@ -1,0 +1,52 @@
+"""``publish_live.lua``: a batch's live progress (events, live log entries)
+for many turns in one call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import msgspec
+
+from processor.scripts.calls import BatchOptions, ScriptCall, live_fields, msgpack_str
+from processor.wire.ids import TurnKey
+from processor.wire.keys import Shard
+from processor.wire.models import Event
+
+_pack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
+
+if TYPE_CHECKING:
+    from processor.redis_io.client import Script
+
+
+class LiveTurn(NamedTuple):
+    """One turn in a ``publish_live`` call (``publish_live.lua``)."""
+
+    key: TurnKey
+    events: list[Event]  # its live events (seq 0)
+    updates: bytes  # the updates since its last log entry, one JSON array text
+    spoken: int  # how many of the caller's calls for the turn ran before (0: the first)
+    renew: bool  # give its live log its TTL again
+
+
+def build_publish_live(
+    shard: Shard, turns: list[LiveTurn], options: BatchOptions, speaker: str
+) -> ScriptCall:
+    """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
+    ``speaker`` (the worker's token in the turns' ``live`` field)."""
+    packed = [[live_fields(key, found), msgpack_str(updates), spoken, int(renew), key.encode()]
+              for key, found, updates, spoken, renew in turns]
+    return ScriptCall(keys=[shard.events],
+                      args=[options.events_maxlen, options.live_ttl, len(turns), speaker,
+                            _pack.encode(packed), shard.tag])
+
+
+def updates_json(texts: list[bytes]) -> bytes:
+    """Update JSON texts as one JSON array text."""
+    return b"[" + b",".join(texts) + b"]"
+
+
+async def publish_live(script: Script, call: ScriptCall) -> list[int]:
+    """Run ``publish_live``: per turn, the events it published, or a refusal
+    (negative: ``publish_live.lua``'s Returns)."""
+    return [int(r) for r in await script(keys=call.keys, args=call.args)]
