@@ -29,7 +29,7 @@ from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.scripts import Scripts
 from processor.scripts.stored_calls import build_apply
 from processor.wire.keys import Namespace
-from processor.worker.held.held_batch import decode_batch
+from processor.worker.held.batch import decode_batch
 from processor.worker.worker import Worker, WorkerConfig
 
 

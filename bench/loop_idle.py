@@ -50,10 +50,11 @@ from processor.embedded import EmbeddedRedis
 from processor.engine import merge
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
+from processor.scripts import stored_calls
 from processor.service.run import tune_gc
 from processor.wire.keys import Namespace
-from processor.worker import batches
-from processor.worker.held import held_batch, hold
+from processor.worker.held import batch as held_batch
+from processor.worker.held import holds
 from processor.worker.worker import Worker, WorkerConfig
 
 TEMPLATE = "loop_idle:template"
@@ -160,10 +161,10 @@ def free_decode_merge(work: workload.Workload) -> None:
     def decoded_plain(texts: list[bytes]) -> list[Any]:  # a held turn's waiting updates
         return [table[text][1].update for text in texts]
 
-    batches.decode_stream_entry = decoded  # type: ignore[assignment]
+    stored_calls.decode_stream_entry = decoded  # type: ignore[assignment]
     held_batch.decode_stream_entry = decoded  # type: ignore[assignment]
-    hold.decode_stream_entry = decoded  # type: ignore[assignment]
-    hold.decode_plain = decoded_plain  # type: ignore[assignment]
+    holds.decode_stream_entry = decoded  # type: ignore[assignment]
+    holds.decode_plain = decoded_plain  # type: ignore[assignment]
     merge.Turn.fold = lambda turn, update: None  # type: ignore[method-assign,assignment]
 
 

@@ -51,8 +51,8 @@ from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard
 from processor.worker.budget import HELD_BYTES
-from processor.worker.held.held_batch import decode_batch
-from processor.worker.held.hold import Holds
+from processor.worker.held.batch import decode_batch
+from processor.worker.held.holds import Holds
 from processor.worker.stored.mirror import Mirrors
 from processor.worker.worker import WorkerConfig
 
@@ -106,7 +106,7 @@ def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
 
 def hold(shard: Shard, entries: list[Any], options: BatchOptions, holds: Holds) -> None:
     """One batch, as read_raw gives it, as a worker holding turns takes it
-    (``processor.worker.held.holding``):
+    (``processor.worker.held.path``):
     decoded, new turns opened (open_turns made up: every one held), fed,
     and the turns it ended rendered for finalise_held."""
     grouped = decode_batch(shard, entries, options, NOW_MS).held

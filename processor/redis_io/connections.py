@@ -232,7 +232,7 @@ async def read_raw(client: RedisClient, group: str, consumer: str, stream: str,
                    count: int | None = None, block: int | None = None) -> list[list[Any]]:
     """``XREADGROUP ... STREAMS stream >``, each entry as the reply holds it,
     ``[id, [name, value, ...]]``: a worker holding turns groups the usual
-    entries straight from that (processor.worker.held.held_batch), and the tuple and
+    entries straight from that (processor.worker.held.batch), and the tuple and
     dict of the usual shape, built and freed per entry, were about 3% of its
     time. ``stream_entry`` gives an entry the usual shape. ``client``
     parses its stream reads with ``parse_stream_read`` (``connect``'s

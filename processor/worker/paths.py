@@ -1,5 +1,5 @@
 """The two paths of a batch a shard runner read (``Paths``, one part of
-a worker): held (processor.worker.held.holding) or stored
+a worker): held (processor.worker.held.path) or stored
 (processor.worker.stored.storing), and entry by entry when the batch
 fails, so that one entry that always fails stays pending alone."""
 
@@ -14,8 +14,8 @@ from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.stored_calls import ApplyCall
 from processor.wire.keys import Shard
 from processor.worker.continuity import is_nogroup
-from processor.worker.held.held_batch import HeldCall
-from processor.worker.held.holding import HeldPath
+from processor.worker.held.batch import HeldCall
+from processor.worker.held.path import HeldPath
 from processor.worker.shard_state import ShardState
 from processor.worker.stored.storing import StoredPath
 
@@ -62,7 +62,7 @@ class Paths:
         call: ApplyCall | HeldCall | None = None,
     ) -> None:
         """Apply a batch (``call``: its script call, if already built): hold
-        it (``processor.worker.held.holding``) or store it."""
+        it (``processor.worker.held.path``) or store it."""
         if isinstance(call, HeldCall):  # grouped for holding (ShardRunner._prepare)
             await self.held.apply_held(shard, entries, call)
         elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)

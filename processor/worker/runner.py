@@ -25,12 +25,12 @@ from processor.scripts.stored_calls import ApplyCall, build_apply
 from processor.worker.budget import read_count
 from processor.worker.config import WorkerConfig
 from processor.worker.continuity import Continuity, is_nogroup
-from processor.worker.held.held_batch import HeldCall, decode_batch
-from processor.worker.held.holding import HeldPath
+from processor.worker.held.batch import HeldCall, decode_batch
+from processor.worker.held.path import HeldPath
+from processor.worker.live_progress import LivePublisher
 from processor.worker.membership import Membership
 from processor.worker.metrics import Metrics
 from processor.worker.paths import Paths
-from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import cancel_pending, end_if_cancelled, now_ms
@@ -206,7 +206,7 @@ class ShardRunner:
             return None
         shard = self.shard
         try:
-            if self.held.holds_on(shard):  # grouped for holding (processor.worker.held.held_batch)
+            if self.held.holds_on(shard):  # grouped for holding (processor.worker.held.batch)
                 return decode_batch(shard, entries, self.options, now_ms())
             if entries[0][1].__class__ is not dict:  # read for holding, which just stopped
                 entries = list(map(stream_entry, entries))
@@ -228,7 +228,7 @@ class ShardRunner:
                 if not self.membership.sole_reader(shard.index):
                     self.state.mirrors.shared()  # (stale once another worker ends a turn)
                 await self._step(batch)
-                if self.config.progress:  # the turns whose live progress waited (publishing.py)
+                if self.config.progress:  # the turns whose live progress waited (live_progress.py)
                     await self._guarded(self.live.publish_waiting, shard)
                 now = time.monotonic()
                 reads = self.membership.reads(shard.index)
@@ -364,7 +364,7 @@ class ShardRunner:
         budget = ReadBudget(self.worker.read_budget)
         try:
             with bounded(budget):
-                if self.held.holds_on(shard):  # as the reply holds them: grouped (held_batch)
+                if self.held.holds_on(shard):  # as the reply holds them: grouped (held/batch.py)
                     entries = await read_raw(self.client, cfg.group, cfg.consumer,
                                              shard.updates, count, cfg.block_ms)
                 else:

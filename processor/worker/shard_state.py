@@ -18,7 +18,7 @@ from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
-from processor.worker.held.hold import Floor, Holds
+from processor.worker.held.holds import Floor, Holds
 from processor.worker.stored.mirror import Mirrors
 
 
@@ -49,7 +49,7 @@ class ShardState:
     # Spilled turns' live state (what their events said, False: silent; how
     # many of their updates their log holds; how many publish_live calls for
     # them ran), until the stored path's first publish of them
-    # (processor.worker.publishing).
+    # (processor.worker.live_progress).
     live_handed: dict[TurnKey, tuple[Shown | Literal[False], int, int]] = field(
         default_factory=dict)
 

@@ -19,7 +19,7 @@ from processor.scripts.sweep_calls import (
 )
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.worker.held.holding import HeldPath
+from processor.worker.held.path import HeldPath
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell
 from processor.worker.stored.storing import StoredPath

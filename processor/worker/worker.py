@@ -2,7 +2,7 @@
 
 The imperative shell. Per shard, a runner (``processor.worker.runner``) reads
 batches with XREADGROUP, one ahead, decodes them (``processor.scripts.stored_calls``),
-holds them (``processor.worker.held.holding``) or stores them with one
+holds them (``processor.worker.held.path``) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
 (``processor.worker.stored.storing``: from the worker's own copy,
 ``processor.worker.stored.mirror``,
@@ -32,13 +32,13 @@ from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
 from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer
 from processor.worker.continuity import Continuity
-from processor.worker.held.hold import Holds
-from processor.worker.held.holding import HeldPath
+from processor.worker.held.holds import Holds
+from processor.worker.held.path import HeldPath
 from processor.worker.inbox import Admitter
+from processor.worker.live_progress import LivePublisher
 from processor.worker.membership import Membership
 from processor.worker.metrics import DeadLetterLog, Metrics
 from processor.worker.paths import Paths
-from processor.worker.publishing import LivePublisher
 from processor.worker.recovery import Recovery
 from processor.worker.runner import ShardRunner
 from processor.worker.shard_state import ShardState

@@ -32,7 +32,7 @@ from redis.asyncio.cluster import RedisCluster
 from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace, Shard
-from processor.worker.held.held_batch import decode_batch
+from processor.worker.held.batch import decode_batch
 from processor.worker.worker import Worker, WorkerConfig
 from support.contract import check_dlq_entry, check_event_entry, check_merged_entry
 from support.subprocess_workers import ROOT, Subprocesses, SubprocessWorker  # noqa: F401 (ROOT: re-exported)

@@ -1,4 +1,4 @@
-"""A batch read for holding, grouped per turn (processor/worker/held/held_batch.py).
+"""A batch read for holding, grouped per turn (processor/worker/held/batch.py).
 
 ``group_batch`` takes a turn's plain updates in runs, checked per run; it
 must give exactly what ``group_each`` gives, classifying every entry on its
@@ -24,7 +24,7 @@ from processor.ingest.decode import EntryError, decode_stream_entry, peek_plain
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
-from processor.worker.held.held_batch import HeldBatch, Run, group_batch, group_each
+from processor.worker.held.batch import HeldBatch, Run, group_batch, group_each
 
 LIMIT = 1 << 20
 

@@ -1,5 +1,5 @@
 """A turn held longer than ``--hold-ms`` is checkpointed, not spilled
-(``checkpoint_held.lua``, processor.worker.held.holding): its merge is
+(``checkpoint_held.lua``, processor.worker.held.path): its merge is
 stored as one snapshot, its entries acked, and it stays held; its output,
 its events and its live progress are what a turn held throughout gives,
 also when the worker dies after a checkpoint."""

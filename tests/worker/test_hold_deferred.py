@@ -1,4 +1,4 @@
-"""A held turn's plain updates wait undecoded (processor/worker/held/hold.py ``Held``),
+"""A held turn's plain updates wait undecoded (processor/worker/held/holds.py ``Held``),
 then are decoded together (``decode_plain``) and fed in one go
 (``TurnLife.feed_updates``). Whatever the entries, the result must be what
 feeding each entry as ``apply_entries`` decodes it gives, and an entry that
@@ -32,8 +32,8 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.wire.models import MAX_USAGE_COUNT, Record, Update
 from processor.worker.config import WorkerConfig
-from processor.worker.held.held_batch import Run, decode_batch
-from processor.worker.held.hold import Holds
+from processor.worker.held.batch import Run, decode_batch
+from processor.worker.held.holds import Holds
 
 SHARD = next(iter(Namespace("deferred", 1).all()))
 NOW = 1_700_000_000_000

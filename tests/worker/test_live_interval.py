@@ -1,5 +1,5 @@
 """Live progress at most once per ``--live-interval-ms`` per running turn
-(processor.worker.publishing): a turn whose updates come faster has them
+(processor.worker.live_progress): a turn whose updates come faster has them
 coalesced, nothing of them lost, and its last events still come before its
 outcome."""
 
@@ -13,7 +13,7 @@ from support.worker_harness import Harness
 
 from processor.engine.live import replay_texts
 from processor.wire.ids import TurnKey
-from processor.worker.publishing import Renewals
+from processor.worker.live_progress import Renewals
 
 
 def _update(text: str) -> str:

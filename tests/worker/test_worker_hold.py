@@ -1,4 +1,4 @@
-"""Held turns (``--hold-turns``, processor/worker/held/hold.py, processor/worker/held/holding.py):
+"""Held turns (``--hold-turns``, processor/worker/held/holds.py, processor/worker/held/path.py):
 a turn's entries stay pending and are merged in the worker's memory only,
 then published and acked in one ``finalise_held``; whenever holding stops
 being safe (a crash, another consumer's entries, a cancel, the hold bound,
@@ -34,8 +34,8 @@ from processor.engine.lifecycle import Limits
 from processor.engine.live import replay_texts
 from processor.redis_io.replies import stream_entry
 from processor.wire.ids import TurnKey
-from processor.worker.held.held_batch import HeldBatch, group_batch
-from processor.worker.held.hold import Holds
+from processor.worker.held.batch import HeldBatch, group_batch
+from processor.worker.held.holds import Holds
 from processor.worker.worker import Worker, WorkerConfig
 
 HOLD = {"hold_turns": True}
@@ -324,7 +324,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
 ) -> None:
     """A bad entry of a held turn is dead-lettered by apply_entries, and the
     turn spills and is published with the dead letter counted. A plain
-    update waits undecoded (processor/worker/held/hold.py ``Held``): the worker finds it
+    update waits undecoded (processor/worker/held/holds.py ``Held``): the worker finds it
     bad when it decodes the turn's waiting updates (here, at the end) and
     spills the turn, entry included. Any other entry is decoded on reading:
     one that fails is stored at once, which moves the turn's version, and

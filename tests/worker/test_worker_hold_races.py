@@ -16,7 +16,7 @@ from support.worker_harness import Harness, Stepped, settled_count
 from processor.redis_io.replies import stream_entry
 from processor.scripts.stored_calls import build_apply
 from processor.wire.ids import TurnKey
-from processor.worker.held.held_batch import decode_batch
+from processor.worker.held.batch import decode_batch
 
 
 async def _cut(*args: Any) -> None:

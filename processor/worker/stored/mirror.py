@@ -60,7 +60,7 @@ class TurnCopy:
     started: str  # ms, as the turn's hash has it
     version: int = 0
     dlq: int = 0  # the turn's dead letters counted in its hash (``dlq``)
-    # Live progress (processor.worker.publishing): the updates merged since
+    # Live progress (processor.worker.live_progress): the updates merged since
     # the turn's last live log entry (JSON texts), and when (monotonic
     # seconds) its live progress was last published from this copy.
     fresh: list[bytes] = field(default_factory=list)

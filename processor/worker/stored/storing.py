@@ -4,7 +4,7 @@ its turns fed meanwhile (``processor.worker.stored.mirror``), and the turns that
 or a sweep made ready published with ``finalise_turns``, from a copy or
 from a replay of the stored records (``processor.engine.render``).
 ``StoredPath`` is one part of ``Worker``;
-held turns (``processor.worker.held.holding``) end here whenever holding
+held turns (``processor.worker.held.path``) end here whenever holding
 them stops being safe. The held path calls this one, never the reverse
 (an import-linter contract): what the stored path needs of other parts is
 a protocol here (``StoredShard``, ``Losses``, ``BeforeFinalise``)."""

@@ -6,7 +6,7 @@ Pure bookkeeping: which turns of a batch this worker holds, what it holds
 of each (the merge so far, and the entries as read, which a *spill* hands
 to ``apply_entries`` when holding a turn stops being safe or cheap), and
 which held turns are due to spill. The I/O is the worker's
-(``processor.worker.held.holding``).
+(``processor.worker.held.path``).
 
 A turn is held only from its first entry on (``open_turns`` says whether
 any consumer started it before); once spilled, it takes the
@@ -29,7 +29,7 @@ from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
-from processor.worker.held.held_batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
+from processor.worker.held.batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
 from processor.worker.stored.mirror import TurnCopy
 
 _json = msgspec.json.Encoder()
@@ -73,7 +73,7 @@ class Held(TurnCopy):
     room_updates: int = 0
     room_bytes: int = 0
     # Live progress (processor.engine.live): what its events said so far
-    # (False: silent, see processor.worker.publishing), how many updates its
+    # (False: silent, see processor.worker.live_progress), how many updates its
     # log holds, and how many publish_live calls for it ran (the call's token).
     shown: Shown | Literal[False] = field(default_factory=Shown)
     logged: int = 0

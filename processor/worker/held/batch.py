@@ -11,7 +11,7 @@ Why runs: a worker holding turns is bound by its own Python, and a batch
 holds a turn's updates by the dozen. Grouping takes one short step per
 entry; what a run's entries need (their texts, ids, sizes, the ASCII
 check) is then taken in C-level passes over the run (``map``, ``join``),
-and a held turn takes a run in one step (``processor.worker.held.hold.Held.take_run``).
+and a held turn takes a run in one step (``processor.worker.held.holds.Held.take_run``).
 ``group_each`` is the reference, one entry at a time as
 ``apply_entries`` decodes it; ``group_batch`` must give what it gives
 (``tests/worker/test_held_batch.py``).

@@ -1,4 +1,4 @@
-"""The worker's side of held turns (``--hold-turns``; ``processor.worker.held.hold``,
+"""The worker's side of held turns (``--hold-turns``; ``processor.worker.held.holds``,
 docs/design.md *Held turns*): opening the turns a batch starts, feeding
 their entries to this worker's memory only, publishing them with
 ``finalise_held`` and spilling them to ``apply_entries`` whenever holding
@@ -34,9 +34,9 @@ from processor.scripts.stored_calls import ApplyCall
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
-from processor.worker.held.held_batch import Entry, HeldCall
+from processor.worker.held.batch import Entry, HeldCall
+from processor.worker.live_progress import LivePublisher, Rendered, nothing
 from processor.worker.membership import Membership
-from processor.worker.publishing import LivePublisher, Rendered, nothing
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.storing import StoredPath, cancel_reasons
@@ -76,7 +76,7 @@ class HeldPath:
         self.membership = membership
         self.stored = stored
         self.continuity = continuity
-        self.live = live  # live progress (processor.worker.publishing)
+        self.live = live  # live progress (processor.worker.live_progress)
         self.retrying = retrying
         stored.before_finalise = self.spill_ready
         self._finalising: dict[int, Finalising] = {}  # per shard: the batch finalise in flight
@@ -296,7 +296,7 @@ class HeldPath:
         # 5 s at one update per 100 ms: 50,000 entries) kept redis-server busy
         # for seconds, every other client waiting (2.5 s seen). A turn's
         # entries stay in one call: its first publish after the spill skips
-        # what its live log holds already (publishing.py, hand_over). A turn
+        # what its live log holds already (live_progress.py, hand_over). A turn
         # is taken out of the holds only for its own call: until then it is
         # held, so that a finalise of the calls before (which spills the held
         # turns it finalises first, spill_ready) never takes it for stored.

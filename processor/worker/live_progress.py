@@ -44,7 +44,7 @@ from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.models import Event, Response
-from processor.worker.held.hold import Held, Holds
+from processor.worker.held.holds import Held, Holds
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.mirror import Mirror
