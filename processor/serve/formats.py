@@ -20,6 +20,7 @@ import msgspec
 from processor.client import joining
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine import agui
+from processor.engine.agui_live import LiveRun
 from processor.serve import sse
 from processor.wire.models import Counts, Meta, Response, Status
 
@@ -74,7 +75,7 @@ class Native:
 
 
 class Agui:
-    """AG-UI 1.0 events (``processor.engine.agui.LiveRun``), for one
+    """AG-UI 1.0 events (``processor.engine.agui_live.LiveRun``), for one
     connection: every connection is one AG-UI run, as a stock client
     (``HttpAgent``) sees a request. It starts with ``RUN_STARTED``: the
     turn's own (id 0) from its start, else one without an id and what is
@@ -90,7 +91,7 @@ class Agui:
     what it holds, which its snapshots keep (docs/serve.md, "AG-UI")."""
 
     def __init__(self, fresh: bool, given: list[dict[str, Any]] | None = None) -> None:
-        self.live = agui.LiveRun()
+        self.live = LiveRun()
         self.needs_start = True  # this connection has no RUN_STARTED yet (fresh or not)
         self.resumed = not fresh
         self.given = given

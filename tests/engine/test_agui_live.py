@@ -1,4 +1,4 @@
-"""The live AG-UI projection (``processor.engine.agui.LiveRun``), pure:
+"""The live AG-UI projection (``processor.engine.agui_live.LiveRun``), pure:
 over random turns cut into random batches, a client that applies the
 events as ``@ag-ui/client`` 1.0 does (``ClientState``)
 holds, at the end, exactly the merged response's ``MESSAGES_SNAPSHOT``
@@ -19,7 +19,7 @@ from support.agui_checks import check_models, distinct_reopens
 from support.merging import decoded
 from support.strategies import turns
 
-from processor.engine import agui
+from processor.engine import agui, agui_client, agui_live
 from processor.engine.live import Shown, live_events
 from processor.engine.merge import Turn
 from processor.wire.models import Counts, Meta, Response
@@ -62,7 +62,7 @@ def _connection(events: list[dict[str, Any]], after: int, final: Response,
     """What one connection gets, as (SSE id, event): the groups after
     ``after`` (a new client: -1), as processor serve's Agui format frames
     them; ``given``: the messages the client posts (HttpAgent), else None (GET)."""
-    live = agui.LiveRun()
+    live = agui_live.LiveRun()
     out: list[tuple[int | None, dict[str, Any]]] = []
     cut = join[0] if join else after
     for event in events[:cut + 1]:
@@ -88,7 +88,7 @@ def _connection(events: list[dict[str, Any]], after: int, final: Response,
 def _after_the_end(final: Response, given: list[dict[str, Any]] | None
                    ) -> list[tuple[int | None, dict[str, Any]]]:
     """A client that resumes a finished turn: RUN_STARTED, then the end."""
-    live = agui.LiveRun()
+    live = agui_live.LiveRun()
     live.attach(given, resumed=True)
     thread, run = agui.thread_and_run(_meta(final))
     return [(None, {"type": "RUN_STARTED", "threadId": thread, "runId": run}),
@@ -96,7 +96,7 @@ def _after_the_end(final: Response, given: list[dict[str, Any]] | None
 
 
 def _held(*connections: list[tuple[int | None, dict[str, Any]]]) -> list[dict[str, Any]]:
-    state = agui.ClientState()
+    state = agui_client.ClientState()
     for connection in connections:
         for _id, event in connection:
             state.apply(event)
@@ -117,7 +117,7 @@ def test_a_client_ends_holding_the_merged_response_live_late_or_resumed(
     entries: list[dict[str, Any]], cuts: list[int], data: st.DataObject
 ) -> None:
     events, merges, final = _live(entries, cuts)
-    want = agui.messages(agui.project(final, _meta(final), "completed")[1:-1])
+    want = agui_client.messages(agui.project(final, _meta(final), "completed")[1:-1])
     assert len({m["id"] for m in want}) == len(want)  # a client keys its messages by id
     whole = _connection(events, -1, final)
     _valid(whole)
@@ -152,16 +152,16 @@ def test_a_cancel_reason_rides_on_run_finished_metadata() -> None:
     """The cancel's reason (the terminal event's ``cancel_reason``) where
     AG-UI 1.0 has room for it: ``RUN_FINISHED.metadata.cancelReason``."""
     base = {"response_id": "c", "synthesis_id": "c:synthesis", "ts": 5, "seq": 3}
-    live = agui.LiveRun()
+    live = agui_live.LiveRun()
     [end] = live.event({**base, "type": "synthesis", "status": "cancelled", "error": None,
                         "cancel_reason": "user pressed stop"})
     assert end["outcome"] == {"type": "cancelled"}
     assert end["metadata"] == {"cancelReason": "user pressed stop"}
     check_models([end])
     final = Response(messages=[], response_id="c")
-    *_, finished = agui.LiveRun().finish(final, _meta(final), "cancelled", "user pressed stop")
+    *_, finished = agui_live.LiveRun().finish(final, _meta(final), "cancelled", "user pressed stop")
     assert finished["metadata"] == {"cancelReason": "user pressed stop"}
-    [plain] = agui.LiveRun().event({**base, "type": "synthesis", "status": "cancelled",
+    [plain] = agui_live.LiveRun().event({**base, "type": "synthesis", "status": "cancelled",
                                     "error": None, "cancel_reason": None})
     assert "metadata" not in plain
 
@@ -188,7 +188,7 @@ def test_a_result_in_a_message_that_also_streams_a_call_takes_an_id_of_its_own()
                         "result": {"value": "<5>"}}], "tool"),
                {"response_id": "turn-1", "kind": "end"}]
     events, _, final = _live(entries, [])
-    want = agui.messages(agui.project(final, _meta(final), "completed")[1:-1])
+    want = agui_client.messages(agui.project(final, _meta(final), "completed")[1:-1])
     ids = [m["id"] for m in want]
     assert len(ids) == len(set(ids)), ids
     # (the result goes right after the message holding its call, as the client puts it)

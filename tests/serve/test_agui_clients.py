@@ -32,7 +32,7 @@ from support.serve_harness import (
 from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
-from processor.engine import agui
+from processor.engine import agui, agui_client
 from processor.wire.models import Meta, Response
 
 #: Agent Framework's AG-UI client, run in its own venv (never imported).
@@ -82,7 +82,7 @@ async def _final(harness: Harness, namespace: str, rid: str) -> tuple[list[dict[
     item = await Subscriber(harness.client, namespace).wait_for(rid, 30)
     response = msgspec.json.decode(json.dumps(item.response), type=Response)
     meta = msgspec.json.decode(json.dumps(item.meta), type=Meta)
-    return agui.messages(agui.project(response, meta, item.status)[1:-1]), item.status
+    return agui_client.messages(agui.project(response, meta, item.status)[1:-1]), item.status
 
 
 async def _produce(producer: Producer, rid: str, updates: list[dict[str, Any]],

@@ -5,7 +5,7 @@ AG-UI 1.0 run that the ``ag-ui-protocol`` models and ``ag-ui-validate``
 accept (each reopened id as a span of its own, ``agui_checks.distinct_reopens``),
 ends on the turn's outcome (cancelled included), and holds the merged
 response in its last ``MESSAGES_SNAPSHOT``; a client applying the events
-(``processor.engine.agui.ClientState``, @ag-ui/client's rules) ends with
+(``processor.engine.agui_client.ClientState``, @ag-ui/client's rules) ends with
 exactly its messages, however it was cut. tests/serve/test_agui_clients.py runs
 the real ``HttpAgent``."""
 
@@ -30,7 +30,7 @@ from support.serve_harness import (
 from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
-from processor.engine import agui
+from processor.engine import agui, agui_client, agui_live
 from processor.serve import sse
 from processor.wire.models import Meta, Response
 
@@ -65,12 +65,12 @@ def _data(events: list[sse.Event]) -> list[dict[str, Any]]:
 def _final_messages(item: Any) -> list[dict[str, Any]]:
     response = msgspec.json.decode(json.dumps(item.response), type=Response)
     meta = msgspec.json.decode(json.dumps(item.meta), type=Meta)
-    return agui.messages(agui.project(response, meta, item.status)[1:-1])
+    return agui_client.messages(agui.project(response, meta, item.status)[1:-1])
 
 
 def _held(connections: list[list[sse.Event]]) -> list[dict[str, Any]]:
     """What a client holds after reading these connections one after the other."""
-    state = agui.ClientState()
+    state = agui_client.ClientState()
     for events in connections:
         for event in _data(events):
             state.apply(event)
@@ -195,7 +195,7 @@ async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
                     await producer.send("cut", update)
                 await wait_logged(harness, "cut", 6)
                 # As many cut points as AG-UI events there are now (batching decides).
-                live = agui.LiveRun()
+                live = agui_live.LiveRun()
                 published = [json.loads(f[b"event"]) for _, f in
                              await harness.client.xrange(harness.ns.shard_for("cut").events)]
                 there = sum(len(live.event(e)) for e in published)
@@ -357,7 +357,7 @@ async def test_a_posted_run_agent_input_attaches_and_bad_ones_get_clear_errors(
     assert data[-1]["type"] == "RUN_FINISHED"
     merged = _final_messages(item)
     assert data[-2]["messages"] == [user, *merged]
-    state = agui.ClientState([user])
+    state = agui_client.ClientState([user])
     for event in data:
         state.apply(event)
     assert state.messages == [user, *merged]

@@ -377,7 +377,8 @@ def test_serve_imports_no_worker_module() -> None:
                # The pure merge, to fold a running turn's logged updates into its snapshot.
                "processor.engine", "processor.engine.merge", "processor.engine.combine",
                "processor.engine.turn_state",
-               "processor.engine.agui",  # (pure AG-UI, as --agui's)
+               "processor.engine.agui", "processor.engine.agui_client",  # (pure AG-UI, as --agui's)
+               "processor.engine.agui_live",  # (the live AG-UI projection)
                # The pure AI SDK UI message stream, and the one rule it shares with
                # live progress: how a call's chunks spell its arguments.
                "processor.engine.ui_messages", "processor.engine.live"}

@@ -18,7 +18,7 @@ from support.agui_checks import check_models
 from support.turn_reference import end_entry, text_delta
 from support.worker_harness import Harness
 
-from processor.engine import agui
+from processor.engine import agui, agui_live
 from processor.engine.lifecycle import Limits
 from processor.engine.offline import merge_lines
 from processor.wire.cancels import REASON_BYTES, reason_of
@@ -133,7 +133,7 @@ def test_agui_run_finished_carries_the_reason_in_its_metadata() -> None:
         result = results[rid]
         stored = agui.project(result.response, result.meta, result.status)[-1]
         final = msgspec.json.decode(msgspec.json.encode(result.events[-1]))
-        live = agui.LiveRun().event(final)[-1]
+        live = agui_live.LiveRun().event(final)[-1]
         for event in (stored, live):
             check_models([event])
             assert event["type"] == "RUN_FINISHED"
