@@ -27,7 +27,7 @@ stream in this process (``bench/drain.py``'s loop: XREADGROUP COUNT 500,
 XACK per batch) and prints the worker's ratio to it: with
 ``--free-decode-merge``, how close to the limit a worker could come if
 decoding and merging cost nothing. The worker runs with ``processor
-run``'s collector settings (``service.tune_gc``; ``--gen0`` sets another
+run``'s collector settings (``host.run.tune_gc``; ``--gen0`` sets another
 generation-0 threshold), and each round also prints the seconds the cyclic
 garbage collector ran (a ``gc.callbacks`` hook) and its passes per generation.
 """
@@ -48,10 +48,10 @@ from drain import drain_group
 
 from processor.embedded import EmbeddedRedis
 from processor.engine import merge
+from processor.host.run import tune_gc
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
 from processor.scripts import stored_calls
-from processor.service.run import tune_gc
 from processor.wire.keys import Namespace
 from processor.worker.held import batch as held_batch
 from processor.worker.held import holds

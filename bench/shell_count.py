@@ -43,10 +43,10 @@ import msgspec
 import workload
 
 from processor.engine.render import render
+from processor.host.run import tune_gc
 from processor.ingest.decode import decode_stream_entry
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import ApplyCall, Version, build_apply
-from processor.service.run import tune_gc
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace, Shard

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from processor.client import Producer
 from processor.engine.lifecycle import Limits
+from processor.host.run import start_embedded
 from processor.redis_io.connections import connect
 from processor.redis_io.options import RedisOptions
 from processor.redis_io.replies import as_text
-from processor.service.run import start_embedded
 from processor.wire.keys import Namespace
 from processor.wire.stream_ids import id_order
 from processor.worker.worker import Worker, WorkerConfig

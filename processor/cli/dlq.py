@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from processor.service.tool_shell import (
+from processor.host.tool_shell import (
     AddFlags,
     Refused,
     fail,

@@ -51,7 +51,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from processor import logs
-    from processor.service import config
+    from processor.host import config
 
     values, problems = config.resolve(args)
     for problem in problems:
@@ -59,7 +59,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problems:
         return 2
     logs.setup(values["log_level"], fmt=values["log_format"])
-    from processor.service.run import run_worker
+    from processor.host.run import run_worker
 
     return asyncio.run(run_worker(values, config.given(args)))
 
@@ -100,7 +100,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     from processor import logs
-    from processor.service import config
+    from processor.host import config
 
     values, problems = config.resolve(args)
     if not values["redis_url"]:
@@ -109,21 +109,21 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"processor init: {problem}", file=sys.stderr)
     if problems:
         return 2
-    from processor.service.run import init_groups
+    from processor.host.run import init_groups
 
     logs.setup(values["log_level"], fmt=values["log_format"])
     return asyncio.run(init_groups(values, config.given(args), args.reshard))
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    from processor.service.run import cancel
+    from processor.host.run import cancel
 
     return cancel(args)
 
 
 def _redis_flags(parser: argparse.ArgumentParser) -> None:
     """The options every tool takes: --redis-url, --namespace, --shards and the TLS files."""
-    from processor.service.config import TOOL_OPTIONS, add_options
+    from processor.host.config import TOOL_OPTIONS, add_options
 
     add_options(parser, TOOL_OPTIONS)
 
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "be set with the environment variable named in its help. SIGTERM or SIGINT drains "
         "(stop reading, finish and ack what was read) and exits 0.",
     )
-    from processor.service.config import add_options
+    from processor.host.config import add_options
 
     add_options(run)
     run.set_defaults(func=_cmd_run)
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. a Kubernetes Job before KEDA polls). An unreachable Redis is retried for "
         "--connect-timeout seconds, then it exits 1.",
     )
-    from processor.service.config import INIT_OPTIONS
+    from processor.host.config import INIT_OPTIONS
 
     add_options(init, INIT_OPTIONS)
     init.add_argument(
@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status. A closed stdout (``processor schema
     | head``: the reader exited) ends any command quietly with 0, as it
     does ``cat`` or ``grep`` (``stdout_closed``)."""
-    from processor.service.tool_shell import stdout_closed
+    from processor.host.tool_shell import stdout_closed
 
     try:
         return _main(argv)

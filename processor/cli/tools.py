@@ -1,7 +1,7 @@
 """The operator tools' command line: ``processor stats``, ``tail``, ``capture``
 and ``repair-stream`` here, ``processor dlq`` in ``processor.cli.dlq``; the
 shared shell (connecting, exit statuses, consoles, progress) is
-``processor.service.tool_shell``.
+``processor.host.tool_shell``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from processor.service.config import add_option
-from processor.service.tool_shell import (
+from processor.host.config import add_option
+from processor.host.tool_shell import (
     AddFlags,
     Refused,
     positive,

@@ -1,4 +1,4 @@
-"""``processor serve`` options: one table (processor/service/options.py's mechanism)
+"""``processor serve`` options: one table (processor/host/options.py's mechanism)
 feeds the flags, the ``PROCESSOR_*`` variables, ``--help`` and the checks
 that report each problem on its own line before start."""
 
@@ -9,10 +9,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.redis_io.options import RedisOptions
-from processor.serve.tokens import MIN_SECRET_LENGTH
-from processor.service import options
-from processor.service.options import (
+from processor.host import options
+from processor.host.options import (
     LOG_FORMAT,
     LOG_LEVEL,
     NAMESPACE,
@@ -24,6 +22,8 @@ from processor.service.options import (
     flag,
     number,
 )
+from processor.redis_io.options import RedisOptions
+from processor.serve.tokens import MIN_SECRET_LENGTH
 from processor.wire.defaults import MAX_TURN_BYTES
 from processor.wire.keys import Namespace
 

@@ -1,5 +1,5 @@
 """Every default of the worker's settings, once: the option table
-(``processor run --help``, ``processor.service.config``), ``WorkerConfig``,
+(``processor run --help``, ``processor.host.config``), ``WorkerConfig``,
 ``BatchOptions`` and ``Limits`` all read them here."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What ``processor run`` can tell a worker (``WorkerConfig``; the
-command line's option table is processor.service.config)."""
+command line's option table is processor.host.config)."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ class Worker:
     async def _open_namespace(self) -> Meta:
         """The namespace's record, written now with this worker's shards and
         group if there is none; refused if its shard count is another
-        (``processor run`` checks the group, service.open_namespace)."""
+        (``processor run`` checks the group, host.run.open_namespace)."""
         cfg = self.config
         meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
         check(meta, cfg.shards, "this worker's shards")

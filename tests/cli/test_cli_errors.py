@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support.cli_tools import ROOT
 
-from processor.service.config import OPTIONS
+from processor.host.config import OPTIONS
 from processor.wire.keys import Namespace
 from processor.wire.schema import SCHEMAS
 

@@ -23,8 +23,8 @@ import redis
 import yaml
 
 from processor.cli.main import build_parser
+from processor.host import config
 from processor.redis_io.options import RedisOptions
-from processor.service import config
 from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from support.expectations import scenario_lines, scenario_names
 
 from processor.engine.agui import entry_fields, project
 from processor.engine.offline import merge_lines
-from processor.service import config
+from processor.host import config
 from processor.wire.ids import TurnKey
 
 

@@ -370,8 +370,8 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.redis_io.client",  # (the Redis client's type, XREAD's arguments)
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
                "processor.wire.cancels",  # (a cancel's bounds: the client's too)
-               "processor.wire.models", "processor.service", "processor.service.options",
-               "processor.service.tool_shell", "processor.scripts",
+               "processor.wire.models", "processor.host", "processor.host.options",
+               "processor.host.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)
                "processor.scripts.meta",  # (the namespace's record: the client's too)
                # The pure merge, to fold a running turn's logged updates into its snapshot.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from processor.service.config import OPTIONS
+from processor.host.config import OPTIONS
 from processor.wire.keys import Namespace
 
 ROOT = Path(__file__).resolve().parents[2]

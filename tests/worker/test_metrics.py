@@ -177,7 +177,7 @@ def test_dead_letter_reasons_read_the_packed_fields() -> None:
 async def test_sampler_and_readiness_work_on_a_cluster(redis_cluster, namespace) -> None:
     from redis.asyncio.cluster import RedisCluster
 
-    from processor.service.health import groups_check
+    from processor.host.health import groups_check
 
     ns = Namespace(namespace, 3)  # each shard on the master its hash tag picks
     client = RedisCluster.from_url(redis_cluster.url)

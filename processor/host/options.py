@@ -3,7 +3,7 @@ is a flag, an environment variable (``PROCESSOR_<NAME>``, plus ``REDIS_URL``
 for ``--redis-url``) and a line of ``--help``; ``resolve`` reports every
 invalid value on its own line before anything starts.
 
-``processor run`` (processor/service/config.py) and ``processor serve``
+``processor run`` (processor/host/config.py) and ``processor serve``
 (processor/serve/config.py) each have a table; the options both take (the
 namespace, the shards, the log level and the TLS files) are defined here
 once. Nothing here knows a worker or a server.

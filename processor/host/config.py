@@ -4,7 +4,7 @@ validation that reports every problem on its own line before start.
 ``processor run`` takes every option; ``init`` and the operator tools take
 the few they use (``INIT_OPTIONS``, ``TOOL_OPTIONS``), from the
 same table, read when the command runs (never while the parser is built).
-The mechanism, shared with ``processor serve``, is processor/service/options.py.
+The mechanism, shared with ``processor serve``, is processor/host/options.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from processor.engine.lifecycle import Limits
-from processor.service import options
-from processor.service.options import (
+from processor.host import options
+from processor.host.options import (
     LOG_FORMAT,
     LOG_LEVEL,
     NAMESPACE,
@@ -25,8 +25,8 @@ from processor.service.options import (
     SSL_KEYFILE,
     Option,
 )
-from processor.service.options import flag as _flag
-from processor.service.options import number as _number
+from processor.host.options import flag as _flag
+from processor.host.options import number as _number
 from processor.wire import defaults as D
 from processor.worker.config import WorkerConfig, default_consumer
 

@@ -52,7 +52,7 @@ def run_tool(
     match; its group, unless ``--group`` is given), run ``body(client,
     keys)``, close; one line and a status on any failure. ``args`` then
     holds the resolved values."""
-    from processor.service import config
+    from processor.host import config
 
     given = config.given(args)
 

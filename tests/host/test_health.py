@@ -16,7 +16,7 @@ from support.turn_reference import simple_turn
 from support.worker_harness import ROOT, Harness
 
 from processor.embedded import free_port
-from processor.service.health import Health, Server, groups_check
+from processor.host.health import Health, Server, groups_check
 from processor.wire.keys import Namespace
 from processor.worker.metrics import Metrics
 

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoPermissionError
 
 from processor import logs, stopping
+from processor.host import config
+from processor.host.groups import check_groups
+from processor.host.health import Health, Server, groups_check
+from processor.host.progress_log import log_progress
 from processor.redis_io.connections import (
     TRANSIENT,
     connect_retrying,
@@ -23,10 +27,6 @@ from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.replies import as_text
 from processor.scripts import library
 from processor.scripts.meta import Meta, Mismatch, check, create, drain_problems, reshard
-from processor.service import config
-from processor.service.groups import check_groups
-from processor.service.health import Health, Server, groups_check
-from processor.service.progress_log import log_progress
 from processor.worker.metrics import Metrics
 from processor.worker.sampler import Sampler
 from processor.worker.worker import Worker
@@ -34,7 +34,7 @@ from processor.worker.worker import Worker
 if TYPE_CHECKING:
     from processor.redis_io.client import RedisClient
 
-log = logging.getLogger("processor.service")
+log = logging.getLogger("processor.host")
 
 
 def start_embedded() -> Any:
@@ -117,7 +117,7 @@ async def run_worker(values: dict[str, Any], given: Mapping[str, str] | None = N
     """Run one worker until SIGTERM/SIGINT; 0 after a clean drain. A signal
     that came before the worker existed (even before the event loop did, see
     processor/stopping.py) stops it as soon as it does. ``given``: the
-    options given explicitly (``processor.service.config.given``); the others
+    options given explicitly (``processor.host.config.given``); the others
     the namespace's record may override (shards, group)."""
     stop = stopping.attach(asyncio.get_running_loop())
     tune_gc()
@@ -205,7 +205,7 @@ def cancel(args: argparse.Namespace) -> int:
     ``cancel_turn`` function, so the CLI and producers route and bound the key
     the same way)."""
     from processor.client import CancelNotTaken, LibraryNotLoaded, Producer
-    from processor.service.tool_shell import fail, run_tool
+    from processor.host.tool_shell import fail, run_tool
     from processor.wire.cancels import check_reason, check_ttl
     from processor.wire.ids import TurnKey, response_id_for_turn
     from processor.wire.keys import Namespace

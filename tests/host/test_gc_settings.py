@@ -1,4 +1,4 @@
-"""The worker's cyclic-GC settings (``service.tune_gc``): a batch's transient
+"""The worker's cyclic-GC settings (``host.run.tune_gc``): a batch's transient
 objects must not trigger generation-0 passes, and the older generations keep
 Python's defaults."""
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from support.turn_reference import entry_fields, text_delta
 
+from processor.host.run import GC_GEN0_THRESHOLD, tune_gc
 from processor.scripts.stored_calls import build_apply
-from processor.service.run import GC_GEN0_THRESHOLD, tune_gc
 from processor.wire.keys import Namespace
 from processor.worker.config import WorkerConfig
 

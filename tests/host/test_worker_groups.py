@@ -1,4 +1,4 @@
-"""One consumer group per namespace (processor/service/groups.py): ``processor run``
+"""One consumer group per namespace (processor/host/groups.py): ``processor run``
 with a ``--group`` other than the one already on the namespace's shard
 streams refuses to start, with one line naming that group and exit status
 2, and creates nothing; ``--allow-other-groups`` starts it with a warning."""
@@ -10,7 +10,7 @@ import json
 
 from support.worker_harness import Harness
 
-from processor.service.groups import OtherGroup, find_others, refusal
+from processor.host.groups import OtherGroup, find_others, refusal
 from processor.wire.keys import Namespace
 
 

@@ -14,7 +14,7 @@ import pytest
 from support.worker_harness import ROOT
 
 from processor.cli.main import build_parser, main
-from processor.service.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
+from processor.host.config import OPTIONS, RUN_OPTIONS, resolve, unknown_env, worker_config
 
 
 def _args(*argv: str):
@@ -127,7 +127,7 @@ def test_the_option_table_and_the_worker_config_default_alike() -> None:
     """One place for each default (processor/wire/defaults.py): the flags'
     defaults are WorkerConfig's and Limits'."""
     from processor.engine.lifecycle import Limits
-    from processor.service.config import OPTIONS
+    from processor.host.config import OPTIONS
     from processor.worker.worker import WorkerConfig
 
     config, limits = WorkerConfig(consumer="c"), Limits()
