@@ -82,12 +82,7 @@ class Continuity:
     def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
                  membership: Membership, apply: Apply, stop: Callable[[], None],
                  stopping: asyncio.Event, ensure_groups: Callable[[], Awaitable[None]]) -> None:
-        self.client = shell.client
-        self.config = shell.config
-        self.options = shell.options
-        self.scripts = shell.scripts
-        self.metrics = shell.metrics
-        self.dead_letters = shell.dead_letters
+        self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.namespace = namespace
         self.shards = shards
         self.membership = membership
@@ -135,7 +130,7 @@ class Continuity:
                 await self._check_namespace()
             except Exception as exc:
                 if not is_redis_failure(exc):  # a bug or an odd reply: never the worker's end
-                    self.metrics.step_failed(exc)
+                    self.shell.metrics.step_failed(exc)
                     log.exception("reading the namespace's record failed unexpectedly")
 
     async def _check_namespace(self) -> None:
@@ -148,7 +143,7 @@ class Continuity:
                 self._refuse_changed(meta)
 
     def _refuse_changed(self, meta: Meta) -> None:
-        cfg = self.config
+        cfg = self.shell.config
         if meta.shards == cfg.shards or self.fatal:
             return
         self.fatal = (f"the record of namespace {meta.namespace!r} now says {meta.shards} "
@@ -162,7 +157,7 @@ class Continuity:
         ``_state_lost`` has dealt with it). One ``HGETALL``."""
         if self.meta is None:  # (not started by run(): nothing to compare with)
             return False
-        meta = await read(self.client, self.config.namespace)
+        meta = await read(self.shell.client, self.shell.config.namespace)
         if meta is not None and meta.epoch == self.meta.epoch:
             if meta.shards != self.meta.shards:
                 self.meta = meta
@@ -185,7 +180,7 @@ class Continuity:
         which is a finding of its own)."""
         async with self._loss_lock:
             before = self.meta
-            meta = await read(self.client, self.config.namespace)
+            meta = await read(self.shell.client, self.shell.config.namespace)
             if before is None or (meta is not None and meta.epoch == before.epoch):
                 return  # dealt with already, by another task of this worker
             if meta is None:
@@ -197,13 +192,13 @@ class Continuity:
                       "published as state_lost; others cannot be known (docs/reliability.md)",
                       extra={"namespace": before.namespace, "error": f"{found}; {why}",
                              "epoch": before.epoch})
-            self.metrics.state_lost.inc()
+            self.shell.metrics.state_lost.inc()
             self.state_lost_at, self.state_lost_why = time.monotonic(), found
             self.generation += 1
             for state in self.shards.values():
                 state.mark_lost(True)
-            cfg = self.config
-            self.meta = await create(self.client, cfg.namespace, cfg.shards, cfg.group)
+            cfg = self.shell.config
+            self.meta = await create(self.shell.client, cfg.namespace, cfg.shards, cfg.group)
             self._refuse_changed(self.meta)
             self._regroup_at = time.monotonic() + 2 * self.membership.beat_period
 
@@ -226,7 +221,7 @@ class Continuity:
         holds, mirrors = state.holds, state.mirrors
         async with state.opening:
             now = int(time.time() * 1000)
-            agui = self.config.agui
+            agui = self.shell.config.agui
             turns: list[LostOutcome] = []
             entries: dict[TurnKey, list[Any]] = {}
             for key, held in holds.turns.items():
@@ -245,9 +240,10 @@ class Continuity:
             published: set[TurnKey] = set()
             for i in range(0, len(turns), 100):
                 chunk = turns[i:i + 100]
-                call = build_publish_lost(shard, chunk, self.options)
-                done = await publish_lost_turns(self.scripts.publish_lost_turns, call)
-                self.metrics.finalised([(key, "0", outcome) for key, _, outcome in chunk], done)
+                call = build_publish_lost(shard, chunk, self.shell.options)
+                done = await publish_lost_turns(self.shell.scripts.publish_lost_turns, call)
+                self.shell.metrics.finalised(
+                    [(key, "0", outcome) for key, _, outcome in chunk], done)
                 published.update(key for (key, _, _), ok in zip(chunk, done, strict=True) if ok)
             # A turn another worker published first (both had parts of it while
             # they shared the shard): what this one held goes to the DLQ; of a
@@ -274,22 +270,22 @@ class Continuity:
         lacks; their data is gone."""
         if not copies:
             return
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with self.shell.client.pipeline(transaction=False) as pipe:
             for key, copy in copies:
                 life = copy.replay.life
                 ids = ["response_id", key.response_id]
                 if key.attempt_id:
                     ids += ["attempt_id", key.attempt_id]
                 pipe.execute_command(
-                    "XADD", shard.dlq, "MAXLEN", "~", self.options.dlq_maxlen, "*", *ids,
+                    "XADD", shard.dlq, "MAXLEN", "~", self.shell.options.dlq_maxlen, "*", *ids,
                     "reason", STATE_LOST, "detail",
                     f"{life.counts.entries} entries ({life.first_id} .. {life.last_id}) this "
                     "worker had merged into its copy of the turn, which another worker "
                     "published as state_lost without them; their data is gone",
                     "source_id", life.first_id or "0-0", "deliveries", "0")
             await pipe.execute()
-        self.metrics.dead_lettered([STATE_LOST] * len(copies))
-        self.dead_letters.note(STATE_LOST, shard.index, len(copies), [],
+        self.shell.metrics.dead_lettered([STATE_LOST] * len(copies))
+        self.shell.dead_letters.note(STATE_LOST, shard.index, len(copies), [],
                                [key.response_id for key, _ in copies])
 
     async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
@@ -317,10 +313,10 @@ class Continuity:
         (``state_lost``): not merged, not silently gone (``merged``: ids that
         are in a turn published as state_lost already)."""
         await self.lose_shard_now(shard)
-        cfg = self.config
+        cfg = self.shell.config
         first, last = as_text(entries[0][0]), as_text(entries[-1][0])
         try:
-            found = await self.client.xpending_range(shard.updates, cfg.group, min=first,
+            found = await self.shell.client.xpending_range(shard.updates, cfg.group, min=first,
                                                      max=last, count=len(entries) * 2,
                                                      consumername=cfg.consumer)
         except ResponseError as exc:
@@ -342,18 +338,18 @@ class Continuity:
         DLQ with their fields as the producer wrote them (``state_lost``),
         from where ``processor dlq replay`` can bring them back."""
         ids = [as_text(entry_id) for entry_id, _ in entries]
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with self.shell.client.pipeline(transaction=False) as pipe:
             for entry_id, fields in entries:
                 flat = [part for pair in fields.items() for part in pair]
                 pipe.execute_command(
-                    "XADD", shard.dlq, "MAXLEN", "~", self.options.dlq_maxlen, "*", *flat,
+                    "XADD", shard.dlq, "MAXLEN", "~", self.shell.options.dlq_maxlen, "*", *flat,
                     "reason", STATE_LOST, "detail", detail,
                     "source_id", as_text(entry_id), "deliveries", "1")
             # (one read since the loss is pending in the new group: done with)
-            pipe.xack(shard.updates, self.config.group, *ids)
+            pipe.xack(shard.updates, self.shell.config.group, *ids)
             await pipe.execute(raise_on_error=False)
-        self.metrics.dead_lettered([STATE_LOST] * len(ids))
-        self.dead_letters.note(STATE_LOST, shard.index, len(ids), ids)
+        self.shell.metrics.dead_lettered([STATE_LOST] * len(ids))
+        self.shell.dead_letters.note(STATE_LOST, shard.index, len(ids), ids)
 
     # ------------------------------------------------------------ the group
 
@@ -367,11 +363,12 @@ class Continuity:
                 return True
             if await self.namespace_lost(f"the consumer group of {shard.updates} is gone"):
                 return True
-            cfg = self.config
+            cfg = self.shell.config
             state = self.shards[shard.index]
             last, ids = state.last_read, state.pending_here()
-            regrouped = await recreate_group(self.scripts.recreate_group, build_recreate_group(
-                shard, cfg.group, last, cfg.consumer, ids))
+            regrouped = await recreate_group(
+                self.shell.scripts.recreate_group,
+                build_recreate_group(shard, cfg.group, last, cfg.consumer, ids))
             fields = {"shard": shard.index, "group": cfg.group, "last_delivered":
                       regrouped.delivered, "restored": regrouped.claimed,
                       "pending_here": len(ids)}
@@ -379,7 +376,7 @@ class Continuity:
                 log.info("consumer group put back already; this worker's pending entries "
                          "restored", extra=fields)
                 return False
-            self.metrics.groups_recreated.labels(str(shard.index)).inc()
+            self.shell.metrics.groups_recreated.labels(str(shard.index)).inc()
             if last == "0":
                 log.error("consumer group vanished (XGROUP DESTROY?): recreated at the "
                           "stream's start, as this worker read nothing there: entries "

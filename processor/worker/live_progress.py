@@ -111,12 +111,9 @@ class LivePublisher:
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
                  retrying: Retrying) -> None:
-        self.config = shell.config
-        self.options = shell.options
-        self.scripts = shell.scripts
+        self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.shards = shards
         self.retrying = retrying
-        self.metrics = shell.metrics
         self.interval = shell.config.live_interval_ms / 1000
         self.renewals = Renewals(RENEW_S, time.monotonic())
         # Per shard, the turns waiting for their next publish, and when it is due
@@ -130,7 +127,7 @@ class LivePublisher:
     def hand_over(self, shard: Shard, key: TurnKey, shown: Shown | Literal[False],
                   logged: int, spoken: int) -> None:
         """A held turn spills: its live state goes with it to the stored path."""
-        if self.config.progress:
+        if self.shell.config.progress:
             self.shards[shard.index].hand_live(key, (shown, logged, spoken))
 
     def _wait(self, shard: Shard, key: TurnKey, since: float) -> bool:
@@ -330,7 +327,7 @@ class LivePublisher:
     def _no_copy(self, shard: Shard, turns: int) -> None:
         """Count (and log, once a minute) stored turns this batch moved whose
         live progress it could not say, for lack of this worker's copy."""
-        self.metrics.live_without_copy.inc(turns)
+        self.shell.metrics.live_without_copy.inc(turns)
         now = time.monotonic()
         if now - self._without_copy_logged >= LOG_EVERY_S:
             self._without_copy_logged = now
@@ -344,10 +341,10 @@ class LivePublisher:
         stays unknown answers ``SILENT`` for each turn (the caller
         silences them: saying anything more of them might repeat what the
         call said). The batch is applied whatever happens here."""
-        call = build_publish_live(shard, turns, self.options, self.speaker)
+        call = build_publish_live(shard, turns, self.shell.options, self.speaker)
 
         async def publish() -> list[int]:
-            return await publish_live(self.scripts.publish_live, call)
+            return await publish_live(self.shell.scripts.publish_live, call)
 
         try:
             return await self.retrying(publish)

@@ -48,11 +48,7 @@ class Recovery:
     def __init__(self, shell: Shell, namespace: Namespace, shards: Mapping[int, ShardState],
                  membership: Membership, stored: StoredPath, apply: Apply, retrying: Retrying,
                  read_budget: int) -> None:
-        self.client = shell.client
-        self.config = shell.config
-        self.options = shell.options
-        self.scripts = shell.scripts
-        self.metrics = shell.metrics
+        self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.namespace = namespace
         self.shards = shards
         self.membership = membership
@@ -69,7 +65,7 @@ class Recovery:
         turn, so this consumer's pending entries of a shard are all orphans
         when its loop is back here (or ones left pending on purpose after a
         failure: applying them again is what a reclaim would do)."""
-        cfg = self.config
+        cfg = self.shell.config
         start = "0"
         count = self.shards[shard.index].read_count
         while True:
@@ -80,7 +76,7 @@ class Recovery:
             budget = ReadBudget(self.read_budget)
             try:
                 with bounded(budget):
-                    reply: Any = await self.client.xreadgroup(cfg.group, cfg.consumer,
+                    reply: Any = await self.shell.client.xreadgroup(cfg.group, cfg.consumer,
                                                          {shard.updates: start}, count=count)
             except ReplyTooLarge:
                 if count > 1:  # one, then as many as fit at its size
@@ -113,14 +109,14 @@ class Recovery:
     async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
         """This consumer's pending entries after ``start`` ("0": all), oldest
         first, at most ``count``, with their delivery counts (no payload)."""
-        return list(await self.client.xpending_range(
-            shard.updates, self.config.group, min="-" if start == "0" else "(" + start,
-            max="+", count=count, consumername=self.config.consumer))
+        return list(await self.shell.client.xpending_range(
+            shard.updates, self.shell.config.group, min="-" if start == "0" else "(" + start,
+            max="+", count=count, consumername=self.shell.config.consumer))
 
     async def _dead_letter_redelivered(self, shard: Shard, start: str, count: int) -> None:
         """Dead-letter, unread, this consumer's pending entries after ``start``
         delivered more than --max-deliveries times (held ones excepted)."""
-        cfg = self.config
+        cfg = self.shell.config
         held = self.shards[shard.index].held_ids()
         over = [(as_text(p["message_id"]), int(p["times_delivered"]))
                 for p in await self._pending_after(shard, start, count)
@@ -130,7 +126,7 @@ class Recovery:
             detail = "delivered {} times without being acked (limit {})"
             await self.stored.store(shard, [], {}, build_dead_letters(shard, [
                 (i, "max_deliveries", detail.format(n, cfg.max_deliveries), n)
-                for i, n in over], self.options))
+                for i, n in over], self.shell.options))
 
     async def _dead_letter_unreadable(self, shard: Shard, start: str, limit: int) -> None:
         """The entry after ``start`` pending to this consumer is alone past the
@@ -144,26 +140,26 @@ class Recovery:
         log.warning("entry past the read budget, dead-lettered unread",
                     extra={"shard": shard.index, "entry_id": entry_id})
         await self.stored.store(shard, [], {}, build_dead_letters(
-            shard, [(entry_id, "too_large", detail, n)], self.options))
+            shard, [(entry_id, "too_large", detail, n)], self.shell.options))
 
     async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
         """How many times each of this consumer's pending entries was delivered."""
-        pending = await self.client.xpending_range(
-            shard.updates, self.config.group, min=entries[0][0], max=entries[-1][0],
-            count=len(entries) * 2, consumername=self.config.consumer,
+        pending = await self.shell.client.xpending_range(
+            shard.updates, self.shell.config.group, min=entries[0][0], max=entries[-1][0],
+            count=len(entries) * 2, consumername=self.shell.config.consumer,
         )
         return {as_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
 
     async def reclaim(self, shard: Shard) -> None:
         """Take over entries idle in any consumer's pending list (a dead worker's)."""
-        cfg = self.config
+        cfg = self.shell.config
         await self.claim_departed(shard)
         # XAUTOCLAIM scans at most 10 * count pending entries per call: go on
         # from where the last call stopped, so idle entries behind many
         # in-flight ones are found too.
         try:
             with bounded(ReadBudget(self.read_budget)):  # (processor.worker.budget)
-                reply = await self.client.xautoclaim(
+                reply = await self.shell.client.xautoclaim(
                     shard.updates, cfg.group, cfg.consumer, min_idle_time=cfg.reclaim_idle_ms,
                     start_id=self.shards[shard.index].reclaim_cursor,
                     count=self.shards[shard.index].read_count,
@@ -198,15 +194,15 @@ class Recovery:
         worker held, cancelled meanwhile, waits for exactly those entries
         (docs/design.md, *Cancellation*). Only with shard affinity: without
         beats no worker knows who is alive."""
-        membership, cfg = self.membership, self.config
+        membership, cfg = self.membership, self.shell.config
         if not membership.enabled:
             return
         live = {*membership.live, cfg.consumer}
-        for info in await self.client.xinfo_consumers(shard.updates, cfg.group):
+        for info in await self.shell.client.xinfo_consumers(shard.updates, cfg.group):
             name = as_text(info["name"])
             if name in live or not info["pending"] or info["idle"] < membership.ttl_ms:
                 continue
-            pending = await self.client.xpending_range(
+            pending = await self.shell.client.xpending_range(
                 shard.updates, cfg.group, min="-", max="+",
                 count=self.shards[shard.index].read_count, consumername=name)
             ids = await self._gone_before_claim(shard, [as_text(p["message_id"]) for p in pending])
@@ -214,8 +210,9 @@ class Recovery:
                 continue
             try:
                 with bounded(ReadBudget(self.read_budget)):
-                    claimed: Any = await self.client.xclaim(shard.updates, cfg.group, cfg.consumer,
-                                                       min_idle_time=0, message_ids=ids_arg(ids))
+                    claimed: Any = await self.shell.client.xclaim(
+                        shard.updates, cfg.group, cfg.consumer, min_idle_time=0,
+                        message_ids=ids_arg(ids))
             except ReplyTooLarge:
                 self.shards[shard.index].reply_lost()  # claimed, the reply cut: taken back
                 return
@@ -241,7 +238,7 @@ class Recovery:
         or, on Redis 7, deleted from the stream (a trim, an XDEL, never the
         worker's own, which keeps every pending entry) in the instant between
         this check and the XCLAIM, which drops it unreported: not told apart."""
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with self.shell.client.pipeline(transaction=False) as pipe:
             for entry_id in ids:
                 pipe.xrange(shard.updates, entry_id, entry_id)
             found = await pipe.execute()
@@ -260,7 +257,7 @@ class Recovery:
         self.shards[shard.index].claim(True)
         try:
             deliveries = await self._deliveries(shard, entries)
-            self.metrics.read(shard.index, len(entries), "reclaim")
+            self.shell.metrics.read(shard.index, len(entries), "reclaim")
             log.info("reclaimed entries", extra={"shard": shard.index, "count": len(entries)})
             self.shards[shard.index].read_batch(entries)
             try:
@@ -285,18 +282,18 @@ class Recovery:
         lost = [*pending, *removed]
         turns = lost_turns_of(lost, await self._active_turns(shard))
         first = min(lost, key=id_order)
-        script = self.scripts.dead_letter_lost
+        script = self.shell.scripts.dead_letter_lost
         chunk = turns[:LOST_MARK_CHUNK]
-        call = build_dead_letter_lost(shard, pending, removed, chunk, first, self.options)
+        call = build_dead_letter_lost(shard, pending, removed, chunk, first, self.shell.options)
         ids, marked = await dead_letter_lost(script, call)
         for i in range(LOST_MARK_CHUNK, len(turns) if ids else 0, LOST_MARK_CHUNK):
             chunk = turns[i:i + LOST_MARK_CHUNK]
-            call = build_dead_letter_lost(shard, [], [], chunk, first, self.options)
+            call = build_dead_letter_lost(shard, [], [], chunk, first, self.shell.options)
             marked += (await dead_letter_lost(script, call)).marked
         if not ids:
             return  # (another consumer acked them first)
-        self.metrics.lost_entries.labels(str(shard.index)).inc(len(ids))
-        self.metrics.dead_lettered([ENTRY_LOST] * len(ids))
+        self.shell.metrics.lost_entries.labels(str(shard.index)).inc(len(ids))
+        self.shell.metrics.dead_lettered([ENTRY_LOST] * len(ids))
         log.warning("entries deleted from the stream while pending: their data is gone",
                     extra={"shard": shard.index, "where": where, "count": len(ids),
                            "entry_ids": ids[:LOST_IDS_LOGGED], "turns_marked": marked})
@@ -305,11 +302,11 @@ class Recovery:
         """Each active turn of ``shard`` with its start (ms) and the padded id
         of the entry that ended it ("" if none): what lost_turns_of needs."""
         members = [TurnKey.decode(as_text(tk))
-                   for tk in await self.client.zrange(shard.active, 0, -1)]
+                   for tk in await self.shell.client.zrange(shard.active, 0, -1)]
         found: dict[TurnKey, tuple[int, str]] = {}
         for i in range(0, len(members), LOST_MARK_CHUNK):
             chunk = members[i:i + LOST_MARK_CHUNK]
-            async with self.client.pipeline(transaction=False) as pipe:
+            async with self.shell.client.pipeline(transaction=False) as pipe:
                 for key in chunk:
                     pipe.hmget(shard.turn(key.encode()), "started", "ended")
                 replies = await pipe.execute()
@@ -322,13 +319,13 @@ class Recovery:
         """Remove this consumer from each group once it holds no pending entry."""
         for shard in self.namespace.all():
             try:
-                info = await self.client.xpending_range(
-                    shard.updates, self.config.group, min="-", max="+", count=1,
-                    consumername=self.config.consumer,
+                info = await self.shell.client.xpending_range(
+                    shard.updates, self.shell.config.group, min="-", max="+", count=1,
+                    consumername=self.shell.config.consumer,
                 )
                 if not info:
-                    await self.client.xgroup_delconsumer(
-                        shard.updates, self.config.group, self.config.consumer
+                    await self.shell.client.xgroup_delconsumer(
+                        shard.updates, self.shell.config.group, self.shell.config.consumer
                     )
             except (*TRANSIENT, ResponseError) as exc:
                 log.warning("could not remove consumer", extra={"error": repr(exc)})

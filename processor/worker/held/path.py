@@ -67,11 +67,7 @@ class HeldPath:
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState], membership: Membership,
                  stored: StoredPath, continuity: Continuity, live: LivePublisher,
                  retrying: Retrying) -> None:
-        self.client = shell.client
-        self.config = shell.config
-        self.options = shell.options
-        self.scripts = shell.scripts
-        self.metrics = shell.metrics
+        self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.shards = shards
         self.membership = membership
         self.stored = stored
@@ -88,7 +84,7 @@ class HeldPath:
         entries reach several workers, each would hold a part of it and
         spill it when refused at its finalise, which costs more than storing
         every entry. Such a shard's turns are stored."""
-        return self.config.hold_turns and self.membership.sole_reader(shard.index)
+        return self.shell.config.hold_turns and self.membership.sole_reader(shard.index)
 
     async def apply_held(self, shard: Shard, entries: list[Entry], call: HeldCall) -> None:
         """Hold what can be held of a batch (``call``: grouped for holding),
@@ -114,7 +110,7 @@ class HeldPath:
             if ended:
                 await self._finalise_held(shard, ended, rendered, defer=True)
 
-        if self.config.progress and routed.held:  # its last events go with its outcome
+        if self.shell.config.progress and routed.held:  # its last events go with its outcome
             await self.live.publish_live_held(shard, routed.held, finalise)
         else:
             await finalise({})
@@ -129,9 +125,9 @@ class HeldPath:
             holds = self.shards[shard.index].holds
             fresh = holds.to_open(call.held)
             if fresh:
-                opened = build_open(shard, fresh, self.options, call.now_ms,
-                                    self.config.consumer)
-                reply = await open_turns(self.scripts.open_turns, opened, list(fresh))
+                opened = build_open(shard, fresh, self.shell.options, call.now_ms,
+                                    self.shell.config.consumer)
+                reply = await open_turns(self.shell.scripts.open_turns, opened, list(fresh))
                 holds.opened(reply.held, reply.started, time.monotonic())
             call.opened = True
 
@@ -188,9 +184,9 @@ class HeldPath:
             known = rendered.get(key) if rendered else None
             if known is not None and known[0] != len(held.ids):
                 known = None  # (fed since: its events would not end at its merge)
-            with self.metrics.timed(self.metrics.merge_seconds):
+            with self.shell.metrics.timed(self.shell.metrics.merge_seconds):
                 outcome = render(key, held.replay, held.turn_hash(), reason, now,
-                                 self.config.agui, known[1] if known else None,
+                                 self.shell.config.agui, known[1] if known else None,
                                  (reasons or {}).get(key))
             if outcome is not None:
                 settled.append(HeldOutcome(
@@ -200,11 +196,11 @@ class HeldPath:
             await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
-        call = build_finalise_held(shard, settled, self.options, self.config.consumer,
+        call = build_finalise_held(shard, settled, self.shell.options, self.shell.config.consumer,
                                    self.live.speaker)
 
         async def finalise() -> list[HeldEnd]:
-            return await finalise_held(self.scripts.finalise_held, call)
+            return await finalise_held(self.shell.scripts.finalise_held, call)
 
         reply = asyncio.ensure_future(self.retrying(finalise))
         if defer:
@@ -231,7 +227,7 @@ class HeldPath:
         try:
             await self._commit(shard, going.settled, await going.reply)
         except Exception as exc:  # (a task of its own: nothing above it would log this)
-            self.metrics.step_failed(exc)
+            self.shell.metrics.step_failed(exc)
             log.warning("finalising held turns failed: what is still held spills when due",
                         exc_info=True, extra={"shard": shard.index, "turns": len(going.keys)})
         finally:
@@ -252,7 +248,7 @@ class HeldPath:
         """What a finalise_held call did: the turns it published are let go,
         those it refused spill. Returns the turns published."""
         holds = self.shards[shard.index].holds
-        self.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
+        self.shell.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
         published, refused, cancelled, acked, reasons = [], [], [], 0, []
         for (key, ids, late, *_), result in zip(settled, results, strict=True):
             if result is HeldEnd.CANCELLED:  # before its end was published: cut at the end
@@ -267,7 +263,7 @@ class HeldPath:
             else:
                 refused.append(key)
         if published:
-            self.metrics.held_published(len(published), acked, reasons)
+            self.shell.metrics.held_published(len(published), acked, reasons)
         if refused:
             await self._spill(shard, refused, "refused")
         if cancelled:  # (the stored path publishes them cancelled, from the cut)
@@ -307,7 +303,7 @@ class HeldPath:
                 held = holds.turns.get(key)
                 if held is None:
                     continue  # (spilled meanwhile by a call before: spill_ready)
-                if chunk and size + len(held.entries) > self.config.batch:
+                if chunk and size + len(held.entries) > self.shell.config.batch:
                     spilled += await self._store_held(shard, chunk)
                     calls += 1
                     chunk, size = [], 0
@@ -318,7 +314,7 @@ class HeldPath:
                 calls += 1
         finally:
             if spilled:
-                self.metrics.spilled.inc(spilled)
+                self.shell.metrics.spilled.inc(spilled)
                 log.info("spilled held turns", extra={"shard": shard.index, "turns": spilled,
                                                       "calls": calls, "why": why})
 
@@ -335,7 +331,7 @@ class HeldPath:
                 holds.old.add(key)
                 if held.checkpoint:  # the stored path follows it from its checkpoint
                     self.shards[shard.index].mirrors.adopt(
-                        key, resumed(key, self.config.limits, held.checkpoint), held,
+                        key, resumed(key, self.shell.config.limits, held.checkpoint), held,
                         held.checkpoint_id)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
                 entries += map(stream_entry, held.entries)
@@ -357,12 +353,12 @@ class HeldPath:
         if not holds.turns:
             return
         now = time.monotonic()
-        keys = list(holds.turns) if everything else holds.due(now, self.config.hold_ms / 1000)
+        keys = list(holds.turns) if everything else holds.due(now, self.shell.config.hold_ms / 1000)
         if keys and not everything:
             keys = await self.checkpoint(shard, keys, now)
         if keys:
             await self.spill(shard, keys, "all" if everything else "due")
-        every = self.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
+        every = self.shell.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
         if ids := holds.stale(now, every):
             await self._refresh(shard, ids)
 
@@ -375,7 +371,7 @@ class HeldPath:
         spill: the others (over the bounds, broken or ended) and any the
         script refused."""
         holds = self.shards[shard.index].holds
-        hold_s = self.config.hold_ms / 1000
+        hold_s = self.shell.config.hold_ms / 1000
         aged: list[TurnKey] = []
         rest: list[TurnKey] = []
         for key in keys:
@@ -390,7 +386,7 @@ class HeldPath:
         if not aged:
             return rest
         await self.settle(shard)  # (the finalise in flight committed first)
-        if self.config.progress:
+        if self.shell.config.progress:
             await self.live.publish_live_held(shard, aged, nothing, force=True)
         turns: list[HeldCheckpoint] = []
         size = 0
@@ -402,7 +398,7 @@ class HeldPath:
                 continue
             # In calls of whole turns, each of about a read batch (--batch), as a
             # spill's: the turns due together would keep redis-server busy.
-            if turns and size + len(held.ids) > self.config.batch:
+            if turns and size + len(held.ids) > self.shell.config.batch:
                 rest += await self._checkpoint(shard, turns, now)
                 turns, size = [], 0
             life, cover = held.replay.life, held.ids[-1]
@@ -418,10 +414,10 @@ class HeldPath:
                           now: float) -> list[TurnKey]:
         """One ``checkpoint_held`` call, committed; returns the turns it refused."""
         holds = self.shards[shard.index].holds
-        call = build_checkpoint_held(shard, turns, self.options, self.config.consumer)
+        call = build_checkpoint_held(shard, turns, self.shell.options, self.shell.config.consumer)
 
         async def checkpoint() -> list[HeldEnd]:
-            return await checkpoint_held(self.scripts.checkpoint_held, call)
+            return await checkpoint_held(self.shell.scripts.checkpoint_held, call)
 
         refused: list[TurnKey] = []
         for turn, result in zip(turns, await self.retrying(checkpoint), strict=True):
@@ -432,9 +428,9 @@ class HeldPath:
                 refused.append(turn.key)
                 continue
             holds.checkpointed(turn.key, turn.after, turn.snapshot, now)
-            self.metrics.stored.inc(len(turn.ids))  # (applied: in the snapshot)
+            self.shell.metrics.stored.inc(len(turn.ids))  # (applied: in the snapshot)
         if len(refused) < len(turns):
-            self.metrics.checkpointed.inc(len(turns) - len(refused))
+            self.shell.metrics.checkpointed.inc(len(turns) - len(refused))
         return refused
 
     async def _refresh(self, shard: Shard, ids: list[str]) -> None:
@@ -444,9 +440,9 @@ class HeldPath:
         worker was slow) is taken back; whoever acks it first applies it
         (the XACK fence), and a turn another worker stored into is refused at
         finalise_held and spilled."""
-        cfg = self.config
+        cfg = self.shell.config
         for i in range(0, len(ids), 1000):
-            await self.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
+            await self.shell.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
                                      ids_arg(ids[i:i + 1000]), justid=True)
 
     async def publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
@@ -457,7 +453,7 @@ class HeldPath:
                                        if why != "closing" and key in holds}
         if held:
             await self.settle(shard)
-            reasons = await cancel_reasons(self.client, shard, held)
+            reasons = await cancel_reasons(self.shell.client, shard, held)
             for key in await self._finalise_held(shard, held, reasons=reasons):
                 del todo[key]
 

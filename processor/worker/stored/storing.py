@@ -122,12 +122,7 @@ class StoredPath:
 
     def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], losses: Losses,
                  live: LiveProgress) -> None:
-        self.client = shell.client
-        self.config = shell.config
-        self.options = shell.options
-        self.scripts = shell.scripts
-        self.metrics = shell.metrics
-        self.dead_letters = shell.dead_letters
+        self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.shards = shards
         self.losses = losses
         self.live = live
@@ -141,10 +136,11 @@ class StoredPath:
         ready. ``read_from``: the first id of the XREADGROUP > read the entries
         come from, if they do (``ApplyCall.read_from``)."""
         if call is None:
-            call = build_apply(shard, entries, deliveries, self.options, now_ms())
+            call = build_apply(shard, entries, deliveries, self.shell.options, now_ms())
             call.read_from = read_from
-        applying = apply_entries(self.scripts.apply_entries, call.keys,
-                                 call.argv(self.config.consumer, self.shards[shard.index].floor()))
+        floor = self.shards[shard.index].floor()
+        applying = apply_entries(self.shell.scripts.apply_entries, call.keys,
+                                 call.argv(self.shell.config.consumer, floor))
         if call.newest:
             reply, fresh, lost = await self._follow_ahead(shard, call, applying)
         else:
@@ -152,7 +148,7 @@ class StoredPath:
             lost = await self.losses.lost_under(shard, call, reply.counts,
                                                 parse_versions(reply.versions))
             fresh = set() if lost else self._follow(shard, call, reply.versions)
-        self.metrics.applied(reply.counts)
+        self.shell.metrics.applied(reply.counts)
         self._log_dead_letters(shard, call, reply.counts)
         if lost is not None:  # the namespace's state found lost under this call
             merged = await self.losses.lose_shard_now(shard)
@@ -160,7 +156,7 @@ class StoredPath:
                 await self.losses.after_loss(shard, entries,
                                        {a.entry_id for a in call.applied if a.key in merged})
                 return
-        if self.config.progress and call.applied:  # before any of them is published
+        if self.shell.config.progress and call.applied:  # before any of them is published
             await self.live.publish_live_stored(shard, call.applied, fresh)
         todo: dict[TurnKey, Reason] = {parse_member(m): "closing" for m in reply.ready}
         for tk in reply.cancelled:
@@ -233,7 +229,8 @@ class StoredPath:
         fails or loses a race leaves the records as they were (still correct),
         and the turn's next threshold crossing tries again."""
         try:
-            await compact_turns(self.client, self.scripts, shard, keys, self.options)
+            shell = self.shell
+            await compact_turns(shell.client, shell.scripts, shard, keys, shell.options)
         except Exception as exc:
             log.warning("compaction skipped", extra={"shard": shard.index, "error": repr(exc)})
 
@@ -246,7 +243,7 @@ class StoredPath:
         self.shards[shard.index].cancels_done(
             key for key, reason in todo.items() if reason == "cancel")
         for _ in range(5):
-            with self.metrics.timed(self.metrics.finalise_seconds):
+            with self.shell.metrics.timed(self.shell.metrics.finalise_seconds):
                 todo = await self._finalise_once(shard, todo, fresh or set())
             fresh = None  # a retry reads the turns back
             if not todo:
@@ -262,14 +259,14 @@ class StoredPath:
             # A turn that one of its entries ended is left to the closing path
             # (below): check that before reading its records, which the sweep
             # would otherwise re-read every round while the turn waits.
-            async with self.client.pipeline(transaction=False) as pipe:
+            async with self.shell.client.pipeline(transaction=False) as pipe:
                 for key in others:
                     pipe.hexists(shard.turn(key.encode()), "closing")
                 ended = await pipe.execute()
             keys += [key for key, flag in zip(others, ended, strict=True) if not flag]
         if not keys:
             return {}
-        reasons = await cancel_reasons(self.client, shard, {k: todo[k] for k in keys})
+        reasons = await cancel_reasons(self.shell.client, shard, {k: todo[k] for k in keys})
         mirrors = self.shards[shard.index].mirrors
         copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
         # A closing turn whose copy the apply call just confirmed needs no read:
@@ -339,10 +336,10 @@ class StoredPath:
         records.clear()
         if not settled:
             return again
-        call = build_finalise(shard, settled, self.options, self.config.consumer,
+        call = build_finalise(shard, settled, self.shell.options, self.shell.config.consumer,
                               self.shards[shard.index].floor())
-        results = await finalise_turns(self.scripts.finalise_turns, call)
-        self.metrics.finalised(settled, results)
+        results = await finalise_turns(self.shell.scripts.finalise_turns, call)
+        self.shell.metrics.finalised(settled, results)
         for (key, _, outcome), result in zip(settled, results, strict=True):
             if result is Finalised.PUBLISHED and outcome.dead_letters:
                 self.log_late(shard, key, dead_letter_summary(outcome.dead_letters))
@@ -372,7 +369,7 @@ class StoredPath:
                 turns.append(TurnKey.decode(tk).response_id)
         for reason, count in reasons.items():
             ids, turns = known.get(reason, ([], []))
-            self.dead_letters.note(reason, shard.index, count, ids, turns)
+            self.shell.dead_letters.note(reason, shard.index, count, ids, turns)
 
     def log_late(self, shard: Shard, key: TurnKey, late: list[tuple[str, str, str]]) -> None:
         """Log the entries a finalise dead-lettered (found after the turn's end)."""
@@ -380,13 +377,13 @@ class StoredPath:
         for reason, entry_id, _ in late:
             by_reason.setdefault(reason, []).append(entry_id)
         for reason, ids in by_reason.items():
-            self.dead_letters.note(reason, shard.index, len(ids), ids, [key.response_id])
+            self.shell.dead_letters.note(reason, shard.index, len(ids), ids, [key.response_id])
 
     async def _read_hashes(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
         """Each turn's hash."""
         if not keys:
             return []
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with self.shell.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(shard.turn(key.encode()))
             return list(await pipe.execute())
@@ -395,7 +392,7 @@ class StoredPath:
         """Each turn's stored records."""
         if not keys:
             return []
-        async with self.client.pipeline(transaction=False) as pipe:
+        async with self.shell.client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(shard.recs(key.encode()))
             return list(await pipe.execute())
@@ -404,12 +401,12 @@ class StoredPath:
                 recs: dict[Any, Any] | None, reason: Reason, now: int,
                 cancel_reason: str | None = None) -> Settled | None:
         """Render the turn from this worker's copy, or replay its stored records."""
-        agui, limits = self.config.agui, self.config.limits
-        with self.metrics.timed(self.metrics.merge_seconds):
+        agui, limits = self.shell.config.agui, self.shell.config.limits
+        with self.shell.metrics.timed(self.shell.metrics.merge_seconds):
             if copy is not None:
-                self.metrics.settled.labels("mirror").inc()
+                self.shell.metrics.settled.labels("mirror").inc()
                 return render(key, copy.replay, turn_hash, reason, now, agui,
                               cancel_reason=cancel_reason)
-            self.metrics.settled.labels("replay").inc()
+            self.shell.metrics.settled.labels("replay").inc()
             return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui,
                                  cancel_reason)
