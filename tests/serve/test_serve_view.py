@@ -6,7 +6,8 @@ the server mid-turn and starts it again (the page resumes by itself); its
 live view is already the merged one when the turn ends (a handoff with a
 tool call and result); a refused token is said on the page, on the first
 load and while it reconnects (no more retries then); a cancelled turn's
-reason is shown.
+reason is shown; markup in a turn is shown as text, and the token goes to
+the stream in a header.
 
 ``PROCESSOR_SCREENSHOTS=docs`` (a directory) makes the tests save the
 screenshots docs/serve.md shows there: ``serve-view.png`` (the demo's
@@ -396,6 +397,58 @@ async def test_a_turn_cancelled_through_serve_shows_its_reason_end_to_end(
             assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
             merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
             assert await page.evaluate(READ_VIEW) == rendered(merged)
+        finally:
+            await browser.close()
+            await serve.close()
+
+
+#: Markup a producer (or an agent echoing its user) may put in a turn.
+HOSTILE = '<img src="x" onerror="window.pwned=1"><b>bold</b><script>window.pwned=2</script>'
+
+
+async def test_turn_content_is_shown_as_text_and_the_token_travels_in_a_header(
+    redis_url, namespace
+) -> None:
+    """docs/security.md, tokens in URLs: a turn whose text, author, tool
+    call and result are HTML shows them as text (no element made from
+    them, no script of theirs run), live and merged; and the page, opened
+    with ``?token=``, asks for the event stream with the token in the
+    ``Authorization`` header, not in the URL."""
+    rid, given = "turn-view-hostile", ""
+    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        browser = await _browser(playwright)
+        try:
+            page = await browser.new_page()
+            streams: list[tuple[str, dict[str, str]]] = []
+            page.on("request", lambda request: streams.append(
+                (request.url, request.headers)) if "/events" in request.url else None)
+            given = token(rid)
+            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={given}")
+            producer = Producer(harness.client, namespace)
+            await producer.send(rid, update([text(HOSTILE)], HOSTILE, "m1"))
+            await _shows(page, HOSTILE)
+            await producer.send(rid, update(
+                [{"type": "function_call", "call_id": "c1", "name": HOSTILE,
+                  "arguments": HOSTILE}], HOSTILE, "m2"))
+            await producer.send(rid, update(
+                [{"type": "function_result", "call_id": "c1", "result": HOSTILE}], None,
+                "t1", role="tool"))
+            await producer.end(rid)
+            await page.wait_for_selector("body[data-state=completed]", timeout=30_000)
+            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+            view = await page.evaluate(READ_VIEW)
+            assert view == rendered(merged)
+            assert [m["label"] for m in view] == [HOSTILE, HOSTILE, "tool"]
+            assert await page.evaluate("() => window.pwned") is None
+            assert await page.evaluate(
+                "() => document.querySelectorAll('#messages img, #messages b, "
+                "#messages script, .message img, .message b, .message script').length") == 0
+            assert streams, "the page never asked for the event stream"
+            for url, headers in streams:
+                assert "token=" not in url, url
+                assert headers.get("authorization") == f"Bearer {given}"
         finally:
             await browser.close()
             await serve.close()
