@@ -177,15 +177,20 @@ def build_apply(
         entry_id = as_text(raw_id)
         count = deliveries.get(entry_id, 1)
         per_entry += _entry_args(shard, turns, entry_id, fields, count, options, now_ms, applied)
-    lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing, *turns.keys]
+    head = _apply_head(options, len(turns.index))
+    return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
+
+
+def _apply_head(options: BatchOptions, turns: int) -> list[Any]:
+    """``apply_entries``' ARGV head (``APPLY_HEAD``) for a call of ``turns`` turns."""
+    lim = options.limits
     values = {"group": options.group, "events_maxlen": options.events_maxlen,
-              "dlq_maxlen": options.dlq_maxlen, "turns": len(turns.index),
+              "dlq_maxlen": options.dlq_maxlen, "turns": turns,
               "max_turn_updates": lim.max_turn_updates, "max_turn_bytes": lim.max_turn_bytes,
               "dlq_fields_max": options.dlq_fields_max, "ready_limit": options.ready_limit,
               "compact_threshold": options.compact_threshold, "done_ttl": options.done_ttl}
-    head = [values[name] for name in APPLY_HEAD]
-    return ApplyCall(keys, [*head, *turns.args], per_entry, applied, now_ms=now_ms)
+    return [values[name] for name in APPLY_HEAD]
 
 
 def build_dead_letters(
@@ -198,12 +203,8 @@ def build_dead_letters(
     per_entry: list[Any] = []
     for entry_id, reason, detail, deliveries in rows:
         per_entry += [entry_id, 0, "d", reason, detail, deliveries, ""]
-    lim = options.limits
     keys = [shard.updates, shard.events, shard.dlq, shard.active, shard.closing]
-    head = [options.group, options.events_maxlen, options.dlq_maxlen, 0,
-            lim.max_turn_updates, lim.max_turn_bytes, options.dlq_fields_max,
-            options.ready_limit, options.compact_threshold, options.done_ttl]
-    return ApplyCall(keys, head, per_entry)
+    return ApplyCall(keys, _apply_head(options, 0), per_entry)
 
 
 _new_tuple = tuple.__new__  # Applied(...) without NamedTuple's Python-level __new__

@@ -381,20 +381,19 @@ class StoredPath:
 
     async def _read_hashes(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
         """Each turn's hash."""
-        if not keys:
-            return []
-        async with self.shell.client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hgetall(shard.turn(key.encode()))
-            return list(await pipe.execute())
+        return await self._hgetall([shard.turn(key.encode()) for key in keys])
 
     async def _read_records(self, shard: Shard, keys: list[TurnKey]) -> list[Any]:
         """Each turn's stored records."""
-        if not keys:
+        return await self._hgetall([shard.recs(key.encode()) for key in keys])
+
+    async def _hgetall(self, names: list[str]) -> list[Any]:
+        """``HGETALL`` of each hash, in one pipeline."""
+        if not names:
             return []
         async with self.shell.client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hgetall(shard.recs(key.encode()))
+            for name in names:
+                pipe.hgetall(name)
             return list(await pipe.execute())
 
     def _render(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
