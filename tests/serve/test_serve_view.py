@@ -16,16 +16,26 @@ handoff), ``serve-view-expired.png``, ``serve-view-cancelled.png``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, Playwright, Route, async_playwright
-from support.serve_harness import SECRET, bearer, config, spawn_serve, start_local, token
+from support.serve_harness import (
+    SECRET,
+    LocalServe,
+    bearer,
+    config,
+    spawn_serve,
+    start_local,
+    token,
+)
 from support.worker_harness import Harness
 
 from processor.cli.demo import HANDOFF
@@ -83,6 +93,21 @@ async def _browser(playwright: Playwright) -> Browser:
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
     return await playwright.chromium.launch(executable_path=CHROMIUM,
                                             args=["--no-sandbox", "--headless"])
+
+
+@contextlib.asynccontextmanager
+async def _watched(redis_url: str, namespace: str
+                   ) -> AsyncIterator[tuple[Harness, LocalServe, Browser]]:
+    """A worker, ``processor serve`` in this process and Chromium, all closed after."""
+    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        browser = await _browser(playwright)
+        try:
+            yield harness, serve, browser
+        finally:
+            await browser.close()
+            await serve.close()
 
 
 async def _screenshot(page: Page, tmp_path: Path, name: str) -> None:
@@ -378,28 +403,21 @@ async def test_a_turn_cancelled_through_serve_shows_its_reason_end_to_end(
     """The same with a real worker: a turn cancelled with ``POST .../cancel``
     and a reason shows "cancelled: <reason>" and the partial merge."""
     rid = "turn-view-cancel-e2e"
-    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
-        browser = await _browser(playwright)
-        try:
-            page = await browser.new_page()
-            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
-            await Producer(harness.client, namespace).send(rid, {
-                "role": "assistant", "author_name": "writer", "message_id": "m1",
-                "contents": [{"type": "text", "text": "Let me write a "}]})
-            await _shows(page, "Let me write a ")
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{serve.url}/v1/turns/{rid}/cancel", headers=bearer(rid),
-                    json={"reason": "user pressed stop"}) as response:
-                assert response.status == 202
-            await page.wait_for_selector("body[data-state=cancelled]", timeout=30_000)
-            assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
-            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
-            assert await page.evaluate(READ_VIEW) == rendered(merged)
-        finally:
-            await browser.close()
-            await serve.close()
+    async with _watched(redis_url, namespace) as (harness, serve, browser):
+        page = await browser.new_page()
+        await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
+        await Producer(harness.client, namespace).send(rid, {
+            "role": "assistant", "author_name": "writer", "message_id": "m1",
+            "contents": [{"type": "text", "text": "Let me write a "}]})
+        await _shows(page, "Let me write a ")
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{serve.url}/v1/turns/{rid}/cancel", headers=bearer(rid),
+                json={"reason": "user pressed stop"}) as response:
+            assert response.status == 202
+        await page.wait_for_selector("body[data-state=cancelled]", timeout=30_000)
+        assert await page.inner_text("#outcome") == "cancelled: user pressed stop"
+        merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+        assert await page.evaluate(READ_VIEW) == rendered(merged)
 
 
 #: Markup a producer (or an agent echoing its user) may put in a turn.
@@ -415,40 +433,33 @@ async def test_turn_content_is_shown_as_text_and_the_token_travels_in_a_header(
     with ``?token=``, asks for the event stream with the token in the
     ``Authorization`` header, not in the URL."""
     rid, given = "turn-view-hostile", ""
-    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
-        browser = await _browser(playwright)
-        try:
-            page = await browser.new_page()
-            streams: list[tuple[str, dict[str, str]]] = []
-            page.on("request", lambda request: streams.append(
-                (request.url, request.headers)) if "/events" in request.url else None)
-            given = token(rid)
-            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={given}")
-            producer = Producer(harness.client, namespace)
-            await producer.send(rid, update([text(HOSTILE)], HOSTILE, "m1"))
-            await _shows(page, HOSTILE)
-            await producer.send(rid, update(
-                [{"type": "function_call", "call_id": "c1", "name": HOSTILE,
-                  "arguments": HOSTILE}], HOSTILE, "m2"))
-            await producer.send(rid, update(
-                [{"type": "function_result", "call_id": "c1", "result": HOSTILE}], None,
-                "t1", role="tool"))
-            await producer.end(rid)
-            await page.wait_for_selector("body[data-state=completed]", timeout=30_000)
-            merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
-            view = await page.evaluate(READ_VIEW)
-            assert view == rendered(merged)
-            assert [m["label"] for m in view] == [HOSTILE, HOSTILE, "tool"]
-            assert await page.evaluate("() => window.pwned") is None
-            assert await page.evaluate(
-                "() => document.querySelectorAll('#messages img, #messages b, "
-                "#messages script, .message img, .message b, .message script').length") == 0
-            assert streams, "the page never asked for the event stream"
-            for url, headers in streams:
-                assert "token=" not in url, url
-                assert headers.get("authorization") == f"Bearer {given}"
-        finally:
-            await browser.close()
-            await serve.close()
+    async with _watched(redis_url, namespace) as (harness, serve, browser):
+        page = await browser.new_page()
+        streams: list[tuple[str, dict[str, str]]] = []
+        page.on("request", lambda request: streams.append(
+            (request.url, request.headers)) if "/events" in request.url else None)
+        given = token(rid)
+        await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={given}")
+        producer = Producer(harness.client, namespace)
+        await producer.send(rid, update([text(HOSTILE)], HOSTILE, "m1"))
+        await _shows(page, HOSTILE)
+        await producer.send(rid, update(
+            [{"type": "function_call", "call_id": "c1", "name": HOSTILE,
+              "arguments": HOSTILE}], HOSTILE, "m2"))
+        await producer.send(rid, update(
+            [{"type": "function_result", "call_id": "c1", "result": HOSTILE}], None,
+            "t1", role="tool"))
+        await producer.end(rid)
+        await page.wait_for_selector("body[data-state=completed]", timeout=30_000)
+        merged = (await Subscriber(harness.client, namespace).wait_for(rid, 30)).response
+        view = await page.evaluate(READ_VIEW)
+        assert view == rendered(merged)
+        assert [m["label"] for m in view] == [HOSTILE, HOSTILE, "tool"]
+        assert await page.evaluate("() => window.pwned") is None
+        assert await page.evaluate(
+            "() => document.querySelectorAll('#messages img, #messages b, "
+            "#messages script, .message img, .message b, .message script').length") == 0
+        assert streams, "the page never asked for the event stream"
+        for url, headers in streams:
+            assert "token=" not in url, url
+            assert headers.get("authorization") == f"Bearer {given}"
