@@ -23,8 +23,7 @@ from support import node_clients
 from support.serve_harness import (
     LocalServe,
     bearer,
-    config,
-    start_local,
+    served,
     text_update,
     token,
     wait_logged,
@@ -103,18 +102,13 @@ def _check(result: Any, merged: list[dict[str, Any]]) -> None:
 async def test_httpagent_live_from_the_start_holds_the_merged_response(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.create_task(_client(serve, "h1"))
-            await _streams(serve, 1)
-            await _produce(producer, "h1", _handoff())
-            await producer.end("h1")
-            result = await client
-        finally:
-            await serve.close()
+        client = asyncio.create_task(_client(serve, "h1"))
+        await _streams(serve, 1)
+        await _produce(producer, "h1", _handoff())
+        await producer.end("h1")
+        result = await client
         merged, status = await _final(harness, namespace, "h1")
     assert status == "completed"
     _check(result, merged)
@@ -129,21 +123,16 @@ async def test_httpagent_live_from_the_start_holds_the_merged_response(
 
 
 async def test_httpagent_joined_late_holds_the_merged_response(redis_url, namespace) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         updates = _handoff()
-        try:
-            await _produce(producer, "h2", updates[:5], 0)
-            await wait_logged(harness, "h2", 5)
-            client = asyncio.create_task(_client(serve, "h2"))
-            await _streams(serve, 1)
-            await _produce(producer, "h2", updates[5:])
-            await producer.end("h2")
-            result = await client
-        finally:
-            await serve.close()
+        await _produce(producer, "h2", updates[:5], 0)
+        await wait_logged(harness, "h2", 5)
+        client = asyncio.create_task(_client(serve, "h2"))
+        await _streams(serve, 1)
+        await _produce(producer, "h2", updates[5:])
+        await producer.end("h2")
+        result = await client
         merged, _ = await _final(harness, namespace, "h2")
     _check(result, merged)
     types = result["runs"][0]
@@ -156,21 +145,16 @@ async def test_httpagent_cut_and_resumed_with_last_event_id_holds_the_merged_res
     """Cut after each of several numbers of events, then run again with
     ``Last-Event-ID`` (while the turn runs, and once after it ended): the
     same messages as the merged response."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         cuts = (3, 7, 12, 20, 5)  # the last one resumes after the turn ended
-        try:
-            clients = [asyncio.create_task(_client(
-                serve, "h3", cutAfter=n, resumeDelayMs=300 if i < 4 else 6000))
-                for i, n in enumerate(cuts)]
-            await _streams(serve, len(cuts))
-            await _produce(producer, "h3", _handoff(), 0.3)
-            await producer.end("h3")
-            results = await asyncio.gather(*clients)
-        finally:
-            await serve.close()
+        clients = [asyncio.create_task(_client(
+            serve, "h3", cutAfter=n, resumeDelayMs=300 if i < 4 else 6000))
+            for i, n in enumerate(cuts)]
+        await _streams(serve, len(cuts))
+        await _produce(producer, "h3", _handoff(), 0.3)
+        await producer.end("h3")
+        results = await asyncio.gather(*clients)
         merged, _ = await _final(harness, namespace, "h3")
     for n, result in zip(cuts, results, strict=True):
         _check(result, merged)
@@ -180,21 +164,16 @@ async def test_httpagent_cut_and_resumed_with_last_event_id_holds_the_merged_res
 async def test_httpagent_of_a_cancelled_turn_holds_its_partial_merge(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.create_task(_client(serve, "h4"))
-            await _streams(serve, 1)
-            await _produce(producer, "h4", _handoff()[:6])
-            await wait_logged(harness, "h4", 6)
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{serve.url}/v1/turns/h4/cancel", headers=bearer("h4")) as response:
-                assert response.status == 202
-            result = await client
-        finally:
-            await serve.close()
+        client = asyncio.create_task(_client(serve, "h4"))
+        await _streams(serve, 1)
+        await _produce(producer, "h4", _handoff()[:6])
+        await wait_logged(harness, "h4", 6)
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{serve.url}/v1/turns/h4/cancel", headers=bearer("h4")) as response:
+            assert response.status == 202
+        result = await client
         merged, status = await _final(harness, namespace, "h4")
     assert status == "cancelled"
     _check(result, merged)
@@ -202,19 +181,14 @@ async def test_httpagent_of_a_cancelled_turn_holds_its_partial_merge(
 
 
 async def test_httpagent_of_a_failed_turn_holds_its_partial_merge(redis_url, namespace) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.create_task(_client(serve, "h5"))
-            await _streams(serve, 1)
-            await _produce(producer, "h5", [text_update("Thinking about ", "m1", "alice")])
-            await wait_logged(harness, "h5", 1)
-            await producer.error("h5", "model quota exceeded", code="429")
-            result = await client
-        finally:
-            await serve.close()
+        client = asyncio.create_task(_client(serve, "h5"))
+        await _streams(serve, 1)
+        await _produce(producer, "h5", [text_update("Thinking about ", "m1", "alice")])
+        await wait_logged(harness, "h5", 1)
+        await producer.error("h5", "model quota exceeded", code="429")
+        result = await client
         merged, status = await _final(harness, namespace, "h5")
     assert status == "error"
     _check(result, merged)
@@ -265,33 +239,28 @@ async def test_agent_frameworks_aguichatclient_gets_the_text_calls_and_results(
     message's text, the call with its arguments and the result, live, and
     the same for a finished turn; a cancelled turn's text; a failed turn's
     text and error."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.create_task(_chat_client(agui_chat_client, serve, "af1"))
-            await _streams(serve, 1)
-            await _produce(producer, "af1", _handoff())
-            await producer.end("af1")
-            live = await client
-            after = await _chat_client(agui_chat_client, serve, "af1")
-            await _produce(producer, "af2", [text_update("half an ", "m1", "alice")], 0)
-            await wait_logged(harness, "af2", 1)
-            cancelled = asyncio.create_task(_chat_client(agui_chat_client, serve, "af2"))
-            await _streams(serve, 1)
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{serve.url}/v1/turns/af2/cancel", headers=bearer("af2")) as response:
-                assert response.status == 202
-            cut = await cancelled
-            await _produce(producer, "af3", [text_update("Thinking about ", "m1", "alice")], 0)
-            await wait_logged(harness, "af3", 1)
-            failing = asyncio.create_task(_chat_client(agui_chat_client, serve, "af3"))
-            await _streams(serve, 1)
-            await producer.error("af3", "model quota exceeded", code="429")
-            failed = await failing
-        finally:
-            await serve.close()
+        client = asyncio.create_task(_chat_client(agui_chat_client, serve, "af1"))
+        await _streams(serve, 1)
+        await _produce(producer, "af1", _handoff())
+        await producer.end("af1")
+        live = await client
+        after = await _chat_client(agui_chat_client, serve, "af1")
+        await _produce(producer, "af2", [text_update("half an ", "m1", "alice")], 0)
+        await wait_logged(harness, "af2", 1)
+        cancelled = asyncio.create_task(_chat_client(agui_chat_client, serve, "af2"))
+        await _streams(serve, 1)
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{serve.url}/v1/turns/af2/cancel", headers=bearer("af2")) as response:
+            assert response.status == 202
+        cut = await cancelled
+        await _produce(producer, "af3", [text_update("Thinking about ", "m1", "alice")], 0)
+        await wait_logged(harness, "af3", 1)
+        failing = asyncio.create_task(_chat_client(agui_chat_client, serve, "af3"))
+        await _streams(serve, 1)
+        await producer.error("af3", "model quota exceeded", code="429")
+        failed = await failing
     for got in (live, after):
         # Per message id, its text: a message that goes on after another one
         # (bob's, after alice's handoff line) is a second message of the same id.

@@ -23,6 +23,7 @@ from support.serve_harness import (
     config,
     merged_text,
     open_stream,
+    served,
     start_local,
     text_update,
     wait_logged,
@@ -103,25 +104,20 @@ def _check_run(events: list[sse.Event], item: Any, outcome: str = "success") -> 
 async def test_a_turn_streams_as_a_valid_agui_run_ending_with_the_merged_response(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            async with aiohttp.ClientSession() as session:
-                url = f"{serve.url}/v1/turns/a1/events{AGUI}"
-                stream = await open_stream(session, url, bearer("a1"))
-                for update in _updates():
-                    await producer.send("a1", update)
-                await producer.end("a1")
-                events = await stream.rest()
-                # A late joiner of the finished turn: the start, snapshot and end.
-                late = await (await open_stream(session, url, bearer("a1"))).rest()
-                async with session.get(f"{serve.url}/v1/turns/a1/events?format=xml",
-                                       headers=bearer("a1")) as response:
-                    assert response.status == 400
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            url = f"{serve.url}/v1/turns/a1/events{AGUI}"
+            stream = await open_stream(session, url, bearer("a1"))
+            for update in _updates():
+                await producer.send("a1", update)
+            await producer.end("a1")
+            events = await stream.rest()
+            # A late joiner of the finished turn: the start, snapshot and end.
+            late = await (await open_stream(session, url, bearer("a1"))).rest()
+            async with session.get(f"{serve.url}/v1/turns/a1/events?format=xml",
+                                   headers=bearer("a1")) as response:
+                assert response.status == 400
         item = await Subscriber(harness.client, namespace).wait_for("a1", 30)
         _check_run(events, item)
         data = _data(events)
@@ -150,23 +146,18 @@ async def test_a_turn_streams_as_a_valid_agui_run_ending_with_the_merged_respons
 
 
 async def test_a_cancelled_turn_finishes_its_run_cancelled(redis_url, namespace) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            async with aiohttp.ClientSession() as session:
-                stream = await open_stream(session, f"{serve.url}/v1/turns/c1/events{AGUI}",
-                                           bearer("c1"))
-                await producer.send("c1", text_update("half an answer"))
-                while json.loads((await stream.event()).data)["type"] != "TEXT_MESSAGE_CONTENT":
-                    pass
-                async with session.post(f"{serve.url}/v1/turns/c1/cancel",
-                                        headers=bearer("c1")) as response:
-                    assert response.status == 202
-                rest = await stream.rest()
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, f"{serve.url}/v1/turns/c1/events{AGUI}",
+                                       bearer("c1"))
+            await producer.send("c1", text_update("half an answer"))
+            while json.loads((await stream.event()).data)["type"] != "TEXT_MESSAGE_CONTENT":
+                pass
+            async with session.post(f"{serve.url}/v1/turns/c1/cancel",
+                                    headers=bearer("c1")) as response:
+                assert response.status == 202
+            rest = await stream.rest()
         item = await Subscriber(harness.client, namespace).wait_for("c1", 30)
         assert item.status == "cancelled"
         seen = [e for e in stream.items if isinstance(e, sse.Event)]
@@ -181,45 +172,40 @@ async def test_a_stream_cut_anywhere_resumes_to_exactly_the_uncut_run(
     resumed with their last id (header or ?after=) hold what a client never
     cut holds; each resumed connection is a valid run of its own, from a
     RUN_STARTED without an id, then the events after that id."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         url = f"{serve.url}/v1/turns/cut/events{AGUI}"
-        try:
-            async with aiohttp.ClientSession() as session:
-                whole = await open_stream(session, url, bearer("cut"))
-                cuts = [await open_stream(session, url, bearer("cut")) for _ in range(10)]
-                updates = _updates()
-                for update in updates[:6]:
-                    await producer.send("cut", update)
-                await wait_logged(harness, "cut", 6)
-                # As many cut points as AG-UI events there are now (batching decides).
-                live = agui_live.LiveRun()
-                published = [json.loads(f[b"event"]) for _, f in
-                             await harness.client.xrange(harness.ns.shard_for("cut").events)]
-                there = sum(len(live.event(e)) for e in published)
-                cut_points = range(1, min(there, len(cuts)) + 1)
-                for extra in cuts[len(cut_points):]:
-                    extra.close()
-                resumed = []
-                for n, cut in zip(cut_points, cuts, strict=False):
-                    head = await cut.events(n)
-                    cut.close()
-                    last = [e.id for e in head if e.id is not None][-1]
-                    if n % 2:
-                        again = await open_stream(session, url,
-                                                  {**bearer("cut"), "Last-Event-ID": last})
-                    else:
-                        again = await open_stream(session, f"{url}&after={last}", bearer("cut"))
-                    resumed.append((head, again))
-                for update in updates[6:]:
-                    await producer.send("cut", update)
-                await producer.end("cut")
-                reference = await whole.rest()
-                runs = [head + await again.rest() for head, again in resumed]
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            whole = await open_stream(session, url, bearer("cut"))
+            cuts = [await open_stream(session, url, bearer("cut")) for _ in range(10)]
+            updates = _updates()
+            for update in updates[:6]:
+                await producer.send("cut", update)
+            await wait_logged(harness, "cut", 6)
+            # As many cut points as AG-UI events there are now (batching decides).
+            live = agui_live.LiveRun()
+            published = [json.loads(f[b"event"]) for _, f in
+                         await harness.client.xrange(harness.ns.shard_for("cut").events)]
+            there = sum(len(live.event(e)) for e in published)
+            cut_points = range(1, min(there, len(cuts)) + 1)
+            for extra in cuts[len(cut_points):]:
+                extra.close()
+            resumed = []
+            for n, cut in zip(cut_points, cuts, strict=False):
+                head = await cut.events(n)
+                cut.close()
+                last = [e.id for e in head if e.id is not None][-1]
+                if n % 2:
+                    again = await open_stream(session, url,
+                                              {**bearer("cut"), "Last-Event-ID": last})
+                else:
+                    again = await open_stream(session, f"{url}&after={last}", bearer("cut"))
+                resumed.append((head, again))
+            for update in updates[6:]:
+                await producer.send("cut", update)
+            await producer.end("cut")
+            reference = await whole.rest()
+            runs = [head + await again.rest() for head, again in resumed]
         item = await Subscriber(harness.client, namespace).wait_for("cut", 30)
         _check_run(reference, item)
         assert json.loads(reference[0].data)["type"] == "RUN_STARTED" and reference[0].id == "0"
@@ -242,38 +228,33 @@ async def test_a_late_join_gets_a_messages_snapshot_then_the_rest_and_resumes(
     no id yet starts over) and the merge so far (a MESSAGES_SNAPSHOT of its
     own messages, then --agui's run of the merge; the last event's id: its
     seq), then the live events; cut and resumed, its run is still valid."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         url = f"{serve.url}/v1/turns/snap/events{AGUI}"
         updates = _updates()
-        try:
-            async with aiohttp.ClientSession() as session:
-                for update in updates[:3]:
-                    await producer.send("snap", update)
-                await wait_logged(harness, "snap", 3)
-                late = await open_stream(session, url, bearer("snap"))
-                head = [await late.event()]
-                while head[-1].id is None:
-                    head.append(await late.event())
-                assert json.loads(head[0].data)["type"] == "RUN_STARTED"
-                assert "MESSAGES_SNAPSHOT" in [json.loads(e.data)["type"] for e in head]
-                texts = {m["id"]: m["content"] for m in _held([head])}
-                joined = len(head)
-                assert texts == {"m1": "Hello there. ", "m2": "Hi "}
-                for update in updates[3:8]:
-                    await producer.send("snap", update)
-                await wait_logged(harness, "snap", 8)
-                head += await late.events(4)
-                late.close()
-                last = [e.id for e in head if e.id is not None][-1]
-                again = await open_stream(session, url, {**bearer("snap"), "Last-Event-ID": last})
-                await producer.send("snap", updates[8])
-                await producer.end("snap")
-                run = head + await again.rest()
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            for update in updates[:3]:
+                await producer.send("snap", update)
+            await wait_logged(harness, "snap", 3)
+            late = await open_stream(session, url, bearer("snap"))
+            head = [await late.event()]
+            while head[-1].id is None:
+                head.append(await late.event())
+            assert json.loads(head[0].data)["type"] == "RUN_STARTED"
+            assert "MESSAGES_SNAPSHOT" in [json.loads(e.data)["type"] for e in head]
+            texts = {m["id"]: m["content"] for m in _held([head])}
+            joined = len(head)
+            assert texts == {"m1": "Hello there. ", "m2": "Hi "}
+            for update in updates[3:8]:
+                await producer.send("snap", update)
+            await wait_logged(harness, "snap", 8)
+            head += await late.events(4)
+            late.close()
+            last = [e.id for e in head if e.id is not None][-1]
+            again = await open_stream(session, url, {**bearer("snap"), "Last-Event-ID": last})
+            await producer.send("snap", updates[8])
+            await producer.end("snap")
+            run = head + await again.rest()
         item = await Subscriber(harness.client, namespace).wait_for("snap", 30)
         cut = len(head)
         _check_run(again_events := run[cut:], item)

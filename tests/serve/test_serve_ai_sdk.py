@@ -15,7 +15,15 @@ from typing import Any
 
 import aiohttp
 from support import node_clients
-from support.serve_harness import bearer, config, start_local, text_update, token, wait_logged
+from support.serve_harness import (
+    bearer,
+    config,
+    served,
+    start_local,
+    text_update,
+    token,
+    wait_logged,
+)
 from support.ui_messages import comparable, expected_parts, read_sse
 from support.worker_harness import Harness
 
@@ -67,23 +75,18 @@ def _check(out: dict[str, Any], item: Any, rid: str) -> list[str]:
 async def test_a_client_started_before_the_turn_follows_it_live_to_the_merged_response(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.ensure_future(_client(f"{serve.url}/v1/turns?wait=30", "live",
-                                                   token("live")))
-            while not serve.server.hub.followers("live"):  # it waits for the turn to start
-                assert not client.done(), client.result()
-                await asyncio.sleep(0.02)
-            for n, update in enumerate(_updates(), 1):
-                await producer.send("live", update)
-                await wait_logged(harness, "live", n)  # one batch each: deltas, live
-            await producer.end("live")
-            out = await client
-        finally:
-            await serve.close()
+        client = asyncio.ensure_future(_client(f"{serve.url}/v1/turns?wait=30", "live",
+                                               token("live")))
+        while not serve.server.hub.followers("live"):  # it waits for the turn to start
+            assert not client.done(), client.result()
+            await asyncio.sleep(0.02)
+        for n, update in enumerate(_updates(), 1):
+            await producer.send("live", update)
+            await wait_logged(harness, "live", n)  # one batch each: deltas, live
+        await producer.end("live")
+        out = await client
         item = await _merged(harness, "live")
         types = _check(out, item, "live")
         assert types[-1] == "finish"
@@ -114,28 +117,23 @@ async def test_a_client_joining_a_running_turn_or_after_its_end_gets_the_same_me
 ) -> None:
     """Joined mid-turn (the snapshot first, then the live chunks), and after
     the end (the merged response alone), with the token as ``?token=``."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         api = f"{serve.url}/v1/turns"
         updates = _updates()
-        try:
-            for update in updates[:4]:
-                await producer.send("mid", update)
-            await wait_logged(harness, "mid", 4)
-            joined = asyncio.ensure_future(_client(api, "mid", token("mid")))
-            while not serve.server.hub.followers("mid"):
-                await asyncio.sleep(0.02)
-            for update in updates[4:]:
-                await producer.send("mid", update)
-            await producer.end("mid")
-            during = await joined
-            after = await _client(f"{api}?token={token('mid')}", "mid")
-            chat = await node_clients.run("ai_sdk_client.mjs", api, "mid", token("mid"),
-                                          "--chat", "2")
-        finally:
-            await serve.close()
+        for update in updates[:4]:
+            await producer.send("mid", update)
+        await wait_logged(harness, "mid", 4)
+        joined = asyncio.ensure_future(_client(api, "mid", token("mid")))
+        while not serve.server.hub.followers("mid"):
+            await asyncio.sleep(0.02)
+        for update in updates[4:]:
+            await producer.send("mid", update)
+        await producer.end("mid")
+        during = await joined
+        after = await _client(f"{api}?token={token('mid')}", "mid")
+        chat = await node_clients.run("ai_sdk_client.mjs", api, "mid", token("mid"),
+                                      "--chat", "2")
         item = await _merged(harness, "mid")
         assert _check(during, item, "mid")[-1] == "finish"
         types = _check(after, item, "mid")
@@ -152,28 +150,23 @@ async def test_a_client_joining_a_running_turn_or_after_its_end_gets_the_same_me
 async def test_a_cancelled_turn_ends_aborted_with_its_partial_message(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            client = asyncio.ensure_future(_client(f"{serve.url}/v1/turns?wait=30", "stop",
-                                                   token("stop")))
-            while not serve.server.hub.followers("stop"):
-                await asyncio.sleep(0.02)
-            # The call's arguments cut half-way; one batch each, so that the
-            # call, which goes before bob's earlier text, is a rewrite of the
-            # past (one reset-step) whatever the machine's speed.
-            for n, update in enumerate(_updates()[:5], 1):
-                await producer.send("stop", update)
-                await wait_logged(harness, "stop", n)
-            async with aiohttp.ClientSession() as session, session.post(
-                    f"{serve.url}/v1/turns/stop/cancel", headers=bearer("stop"),
-                    json={"reason": "user pressed stop"}) as response:
-                assert response.status == 202
-            out = await client
-        finally:
-            await serve.close()
+        client = asyncio.ensure_future(_client(f"{serve.url}/v1/turns?wait=30", "stop",
+                                               token("stop")))
+        while not serve.server.hub.followers("stop"):
+            await asyncio.sleep(0.02)
+        # The call's arguments cut half-way; one batch each, so that the
+        # call, which goes before bob's earlier text, is a rewrite of the
+        # past (one reset-step) whatever the machine's speed.
+        for n, update in enumerate(_updates()[:5], 1):
+            await producer.send("stop", update)
+            await wait_logged(harness, "stop", n)
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{serve.url}/v1/turns/stop/cancel", headers=bearer("stop"),
+                json={"reason": "user pressed stop"}) as response:
+            assert response.status == 202
+        out = await client
         item = await _merged(harness, "stop")
         assert item.status == "cancelled"
         types = _check(out, item, "stop")
@@ -188,51 +181,46 @@ async def test_a_cancelled_turn_ends_aborted_with_its_partial_message(
 async def test_nothing_to_resume_is_204_and_the_stream_needs_the_turns_token(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
-                                         token("nope"))
-            assert out == {"resumed": False, "message": None, "chunks": [], "errors": []}
-            chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
-                                          token("nope"), "--chat", "1")
-            assert chat == {"status": "ready", "error": None, "messages": []}
-            # A failed turn: the message as merged, then useChat's status is 'error'.
-            await producer.send("bad", text_update("half"))
-            await producer.error("bad", "model down")
-            failed = await _merged(harness, "bad")
-            out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
-                                         token("bad"))
-            assert _check(out, failed, "bad")[-1] == "error"
-            assert out["chunks"][-1] == {"type": "error", "errorText": "model down"}
-            assert out["errors"] == ["Error: model down"]  # readUIMessageStream's onError
-            chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
-                                          token("bad"), "--chat", "1")
-            assert chat["status"] == "error" and "model down" in chat["error"]
-            assert chat["messages"][0]["parts"] == out["message"]["parts"]
-            await producer.send("done", text_update("finished"))
-            await producer.end("done")
-            await _merged(harness, "done")
-            async with aiohttp.ClientSession() as session:
-                url = f"{serve.url}/v1/turns/done/stream"
-                async with session.get(url) as response:
-                    assert response.status == 401
-                async with session.get(url, headers=bearer("nope")) as response:
-                    assert response.status == 403
-                async with session.get(f"{url}?wait=61", headers=bearer("done")) as response:
-                    assert response.status == 400
-                async with session.get(f"{serve.url}/v1/turns/nope/stream?wait=0.2",
-                                       headers=bearer("nope")) as response:
-                    assert response.status == 204  # waited, never started
-                async with session.get(url, headers=bearer("done")) as response:
-                    assert response.status == 200
-                    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
-                    assert response.headers["Content-Type"].startswith("text/event-stream")
-                    body = await response.read()
-        finally:
-            await serve.close()
+        out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
+                                     token("nope"))
+        assert out == {"resumed": False, "message": None, "chunks": [], "errors": []}
+        chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "nope",
+                                      token("nope"), "--chat", "1")
+        assert chat == {"status": "ready", "error": None, "messages": []}
+        # A failed turn: the message as merged, then useChat's status is 'error'.
+        await producer.send("bad", text_update("half"))
+        await producer.error("bad", "model down")
+        failed = await _merged(harness, "bad")
+        out = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
+                                     token("bad"))
+        assert _check(out, failed, "bad")[-1] == "error"
+        assert out["chunks"][-1] == {"type": "error", "errorText": "model down"}
+        assert out["errors"] == ["Error: model down"]  # readUIMessageStream's onError
+        chat = await node_clients.run("ai_sdk_client.mjs", f"{serve.url}/v1/turns", "bad",
+                                      token("bad"), "--chat", "1")
+        assert chat["status"] == "error" and "model down" in chat["error"]
+        assert chat["messages"][0]["parts"] == out["message"]["parts"]
+        await producer.send("done", text_update("finished"))
+        await producer.end("done")
+        await _merged(harness, "done")
+        async with aiohttp.ClientSession() as session:
+            url = f"{serve.url}/v1/turns/done/stream"
+            async with session.get(url) as response:
+                assert response.status == 401
+            async with session.get(url, headers=bearer("nope")) as response:
+                assert response.status == 403
+            async with session.get(f"{url}?wait=61", headers=bearer("done")) as response:
+                assert response.status == 400
+            async with session.get(f"{serve.url}/v1/turns/nope/stream?wait=0.2",
+                                   headers=bearer("nope")) as response:
+                assert response.status == 204  # waited, never started
+            async with session.get(url, headers=bearer("done")) as response:
+                assert response.status == 200
+                assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                body = await response.read()
         chunks = read_sse(body)  # data: [DONE] last
         assert [c["type"] for c in chunks] == [
             "start", "start-step", "text-start", "text-delta", "text-end", "finish-step",

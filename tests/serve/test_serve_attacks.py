@@ -28,6 +28,7 @@ from support.serve_harness import (
     config,
     open_stream,
     payloads,
+    served,
     spawn_serve,
     start_local,
     text_update,
@@ -340,36 +341,31 @@ async def test_ids_with_braces_are_reachable(redis_url, namespace) -> None:
     """``a{b}c`` (workers accept it): its outcome, stream, page and cancel
     (each was a 404: aiohttp's default pattern for a path part refuses braces)."""
     rid, other = "a{b}c", "{x}"
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            await producer.send(rid, text_update("braced"))
-            await producer.end(rid)
-            await producer.send(other, text_update("open"))
-            await Subscriber(harness.client, namespace).wait_for(rid, 30)
-            async with aiohttp.ClientSession(serve.url) as session:
-                path = f"/v1/turns/{quote(rid, safe='')}"
-                async with session.get(path, headers=bearer(rid)) as response:
-                    assert response.status == 200
-                    assert (await response.json())["status"] == "completed"
-                stream = await open_stream(session, f"{path}/events", bearer(rid))
-                data = payloads(await stream.rest())
-                assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
-                async with session.get(f"{path}/view", headers=bearer(rid)) as response:
-                    assert response.status == 200
-                async with session.get(f"/v1/turns/{other}/view",
-                                       headers=bearer(other)) as response:
-                    assert response.status == 200  # unquoted braces too
-                async with session.post(f"/v1/turns/{quote(other, safe='')}/cancel",
-                                        headers=bearer(other)) as response:
-                    assert response.status == 202
-                    assert await response.json() == {"cancelled": other}
-                async with session.get(path, headers=bearer(other)) as response:
-                    assert response.status == 403  # the token still names its turn
-        finally:
-            await serve.close()
+        await producer.send(rid, text_update("braced"))
+        await producer.end(rid)
+        await producer.send(other, text_update("open"))
+        await Subscriber(harness.client, namespace).wait_for(rid, 30)
+        async with aiohttp.ClientSession(serve.url) as session:
+            path = f"/v1/turns/{quote(rid, safe='')}"
+            async with session.get(path, headers=bearer(rid)) as response:
+                assert response.status == 200
+                assert (await response.json())["status"] == "completed"
+            stream = await open_stream(session, f"{path}/events", bearer(rid))
+            data = payloads(await stream.rest())
+            assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
+            async with session.get(f"{path}/view", headers=bearer(rid)) as response:
+                assert response.status == 200
+            async with session.get(f"/v1/turns/{other}/view",
+                                   headers=bearer(other)) as response:
+                assert response.status == 200  # unquoted braces too
+            async with session.post(f"/v1/turns/{quote(other, safe='')}/cancel",
+                                    headers=bearer(other)) as response:
+                assert response.status == 202
+                assert await response.json() == {"cancelled": other}
+            async with session.get(path, headers=bearer(other)) as response:
+                assert response.status == 403  # the token still names its turn
 
 
 async def test_odd_ids_and_resume_ids_get_clear_answers_and_reveal_nothing(

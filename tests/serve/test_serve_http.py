@@ -21,6 +21,7 @@ from support.serve_harness import (
     config,
     open_stream,
     payloads,
+    served,
     start_local,
     text_update,
     token,
@@ -38,37 +39,32 @@ def _sample(serve: Any, name: str, **labels: str) -> float:
 
 
 async def test_the_turn_endpoint_answers_404_then_202_then_200(redis_url, namespace) -> None:
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            async with aiohttp.ClientSession(serve.url) as session:
+        async with aiohttp.ClientSession(serve.url) as session:
+            async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
+                assert response.status == 404
+                assert (await response.json())["error"] == "unknown_turn"
+            await producer.send("t1", text_update("hello "))
+            await harness.wait_applied()  # held by the worker: the turn is running
+            for _ in range(300):  # until the worker's live log has the update
                 async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
-                    assert response.status == 404
-                    assert (await response.json())["error"] == "unknown_turn"
-                await producer.send("t1", text_update("hello "))
-                await harness.wait_applied()  # held by the worker: the turn is running
-                for _ in range(300):  # until the worker's live log has the update
-                    async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
-                        assert response.status == 202
-                        running = await response.json()
-                    if running["snapshot"]["response"]["messages"]:
-                        break
-                    await asyncio.sleep(0.02)
-                assert running["status"] == "running"
-                snapshot = running["snapshot"]
-                assert snapshot["type"] == "snapshot" and snapshot["seq"] >= 1
-                assert [c["text"] for m in snapshot["response"]["messages"]
-                        for c in m["contents"]] == ["hello "]
-                await producer.send("t1", text_update("world"))
-                await producer.end("t1")
-                item = await Subscriber(harness.client, namespace).wait_for("t1", 30)
-                async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
-                    assert response.status == 200
-                    body = await response.json()
-        finally:
-            await serve.close()
+                    assert response.status == 202
+                    running = await response.json()
+                if running["snapshot"]["response"]["messages"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert running["status"] == "running"
+            snapshot = running["snapshot"]
+            assert snapshot["type"] == "snapshot" and snapshot["seq"] >= 1
+            assert [c["text"] for m in snapshot["response"]["messages"]
+                    for c in m["contents"]] == ["hello "]
+            await producer.send("t1", text_update("world"))
+            await producer.end("t1")
+            item = await Subscriber(harness.client, namespace).wait_for("t1", 30)
+            async with session.get("/v1/turns/t1", headers=bearer("t1")) as response:
+                assert response.status == 200
+                body = await response.json()
         assert body == {"status": "completed", "response": item.response, "meta": item.meta}
 
 

@@ -20,11 +20,10 @@ import aiohttp
 from support.serve_harness import (
     bearer,
     chunk_text,
-    config,
     merged_text,
     open_stream,
     payloads,
-    start_local,
+    served,
     text_update,
     wait_logged,
 )
@@ -98,22 +97,17 @@ async def test_a_resume_as_the_turn_ends_gets_every_seq_after_its_id(
     redis_url, namespace
 ) -> None:
     rid = "ends-now"
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         gate = EndsBeforeTheLogIsRead(serve.server.source)
         serve.server.source = gate
         producer = Producer(harness.client, namespace)
-        try:
-            last = await _first_part(harness, producer, rid)
-            async with aiohttp.ClientSession() as session:
-                url = f"{serve.url}/v1/turns/{rid}/events"
-                opening = asyncio.ensure_future(
-                    open_stream(session, url, {**bearer(rid), "Last-Event-ID": str(last)}))
-                merged = await _end_while_gated(harness, producer, gate, rid)
-                events = await (await opening).rest()
-        finally:
-            await serve.close()
+        last = await _first_part(harness, producer, rid)
+        async with aiohttp.ClientSession() as session:
+            url = f"{serve.url}/v1/turns/{rid}/events"
+            opening = asyncio.ensure_future(
+                open_stream(session, url, {**bearer(rid), "Last-Event-ID": str(last)}))
+            merged = await _end_while_gated(harness, producer, gate, rid)
+            events = await (await opening).rest()
     assert gate.states[0] == "running"
     data = payloads(events)
     live = [(e, d) for e, d in zip(events, data, strict=True) if d["type"] != "merged"]
@@ -128,21 +122,16 @@ async def test_a_fresh_join_as_the_turn_ends_gets_its_merged_response_not_an_emp
     redis_url, namespace
 ) -> None:
     rid = "ends-fresh"
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         gate = EndsBeforeTheLogIsRead(serve.server.source)
         serve.server.source = gate
         producer = Producer(harness.client, namespace)
-        try:
-            await _first_part(harness, producer, rid)
-            async with aiohttp.ClientSession() as session:
-                url = f"{serve.url}/v1/turns/{rid}/events"
-                opening = asyncio.ensure_future(open_stream(session, url, bearer(rid)))
-                merged = await _end_while_gated(harness, producer, gate, rid)
-                events = await (await opening).rest()
-        finally:
-            await serve.close()
+        await _first_part(harness, producer, rid)
+        async with aiohttp.ClientSession() as session:
+            url = f"{serve.url}/v1/turns/{rid}/events"
+            opening = asyncio.ensure_future(open_stream(session, url, bearer(rid)))
+            merged = await _end_while_gated(harness, producer, gate, rid)
+            events = await (await opening).rest()
     data = payloads(events)
     assert [d["type"] for d in data] == ["merged", "synthesis"], data
     assert data[0]["response"] == merged

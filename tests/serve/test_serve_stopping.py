@@ -25,11 +25,10 @@ from support.serve_harness import (
     ServeProcess,
     bearer,
     check_followed,
-    config,
     free_port,
     open_stream,
+    served,
     spawn_serve,
-    start_local,
     text_update,
     token,
     wait_logged,
@@ -141,15 +140,10 @@ async def test_a_stream_that_redis_fails_ends_as_a_broken_connection(
     async def redis_fails(self: EventStream, subscription: Any) -> None:
         raise redis.exceptions.ConnectionError("Redis went away")
 
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (_harness, serve):
         monkeypatch.setattr(EventStream, "follow", redis_fails)
-        try:
-            async with aiohttp.ClientSession() as session:
-                stream = await open_stream(session, f"{serve.url}/v1/turns/r/events",
-                                           bearer("r"))
-                with pytest.raises(aiohttp.ClientPayloadError):
-                    await stream.rest(10)
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, f"{serve.url}/v1/turns/r/events",
+                                       bearer("r"))
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await stream.rest(10)

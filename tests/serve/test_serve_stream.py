@@ -22,6 +22,7 @@ from support.serve_harness import (
     merged_text,
     open_stream,
     payloads,
+    served,
     spawn_serve,
     start_local,
     text_update,
@@ -96,27 +97,22 @@ async def test_a_client_joining_mid_turn_gets_one_snapshot_then_the_live_events(
     shape as the merged response, id its seq); the live events follow on
     from its seq with no gap and no repeat; the stream ends with the exact
     merged response. Updates arrive while the client joins."""
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
         early = [text_update(f"early {i} ") for i in range(3)]
-        try:
-            for update in early:
-                await producer.send("late", update)
-            await wait_logged(harness, "late", 3)
-            async with aiohttp.ClientSession() as session:
-                joining = asyncio.ensure_future(open_stream(
-                    session, f"{serve.url}/v1/turns/late/events", bearer("late")))
-                for i in range(5):  # (some before the join's reads, some after)
-                    await producer.send("late", text_update(f"later {i} "))
-                stream = await joining
-                events = [await stream.event()]
-                await producer.send("late", text_update("last"))
-                await producer.end("late")
-                events += await stream.rest()
-        finally:
-            await serve.close()
+        for update in early:
+            await producer.send("late", update)
+        await wait_logged(harness, "late", 3)
+        async with aiohttp.ClientSession() as session:
+            joining = asyncio.ensure_future(open_stream(
+                session, f"{serve.url}/v1/turns/late/events", bearer("late")))
+            for i in range(5):  # (some before the join's reads, some after)
+                await producer.send("late", text_update(f"later {i} "))
+            stream = await joining
+            events = [await stream.event()]
+            await producer.send("late", text_update("last"))
+            await producer.end("late")
+            events += await stream.rest()
         snapshot = json.loads(events[0].data)
         assert snapshot["type"] == "snapshot" and events[0].id == str(snapshot["seq"])
         data = check_stream(events, first_seq=snapshot["seq"])
@@ -136,22 +132,17 @@ async def test_a_snapshot_is_the_merge_of_the_updates_so_far(redis_url, namespac
     merge of the same updates), not only its text."""
     updates = [text_update("one ", "m1", "bob"), text_update("two ", None, "alice"),
                text_update("three", "m1", "bob")]
-    async with Harness(redis_url, namespace) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            for update in updates:
-                await producer.send("snap", update)
-            await wait_logged(harness, "snap", 3)
-            async with aiohttp.ClientSession() as session:
-                stream = await open_stream(session, f"{serve.url}/v1/turns/snap/events",
-                                           bearer("snap"))
-                snapshot = json.loads((await stream.event()).data)
-                await producer.end("snap")
-                await stream.rest()
-        finally:
-            await serve.close()
+        for update in updates:
+            await producer.send("snap", update)
+        await wait_logged(harness, "snap", 3)
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, f"{serve.url}/v1/turns/snap/events",
+                                       bearer("snap"))
+            snapshot = json.loads((await stream.event()).data)
+            await producer.end("snap")
+            await stream.rest()
         want = merge_entries([{"response_id": "snap", "update": u} for u in updates])
         assert snapshot["response"] == json.loads(msgspec.json.encode(want))
 

@@ -32,6 +32,7 @@ from support.serve_harness import (
     LocalServe,
     bearer,
     config,
+    served,
     spawn_serve,
     start_local,
     token,
@@ -99,15 +100,13 @@ async def _browser(playwright: Playwright) -> Browser:
 async def _watched(redis_url: str, namespace: str
                    ) -> AsyncIterator[tuple[Harness, LocalServe, Browser]]:
     """A worker, ``processor serve`` in this process and Chromium, all closed after."""
-    async with Harness(redis_url, namespace) as harness, async_playwright() as playwright:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace) as (harness, serve), \
+            async_playwright() as playwright:
         browser = await _browser(playwright)
         try:
             yield harness, serve, browser
         finally:
             await browser.close()
-            await serve.close()
 
 
 async def _screenshot(page: Page, tmp_path: Path, name: str) -> None:

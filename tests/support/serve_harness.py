@@ -6,6 +6,7 @@ real HTTP that reads streams the way ``EventSource`` does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from processor.serve.run import bound_port, build, make_runner, make_site, pool_
 from processor.serve.tokens import issue
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
-from support.worker_harness import ROOT
+from support.worker_harness import ROOT, Harness
 
 SECRET = "test-secret-0123456789"
 
@@ -85,6 +86,19 @@ async def start_local(cfg: ServeConfig, hub_block_ms: int = 100) -> LocalServe:
     server.hub.start()
     return LocalServe(server, runner, client, bound_port(runner))
 
+
+
+@contextlib.asynccontextmanager
+async def served(redis_url: str, namespace: str) -> AsyncIterator[tuple[Harness, LocalServe]]:
+    """A worker and ``processor serve`` in this process, on ``namespace``;
+    the server closed, then the worker stopped, after."""
+    async with Harness(redis_url, namespace) as harness:
+        await harness.start_worker()
+        serve = await start_local(config(redis_url, namespace))
+        try:
+            yield harness, serve
+        finally:
+            await serve.close()
 
 @dataclass
 class ServeProcess:
