@@ -71,40 +71,35 @@ async def test_the_turn_endpoint_answers_404_then_202_then_200(redis_url, namesp
 async def test_cancel_ends_the_stream_cancelled_with_the_partial_merge(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace, progress=True) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace, progress=True) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            async with aiohttp.ClientSession(serve.url) as session:
-                stream = await open_stream(session, "/v1/turns/c1/events", bearer("c1"))
-                await producer.send("c1", text_update("half an answer"))
-                while json.loads((await stream.event()).data)["type"] != "synthesis.chunk":
-                    pass
-                async with session.post("/v1/turns/c1/cancel") as response:
-                    assert response.status == 401  # a cancel needs the turn's token too
-                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
-                                        json={"reason": "user pressed stop"}) as response:
-                    assert response.status == 202
-                    assert await response.json() == {"cancelled": "c1"}
-                key = producer.cancel_key("c1")
-                assert await harness.client.get(key) == b"user pressed stop"
-                data = payloads(await stream.rest())
-                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
-                                        json={"reason": 5}) as response:
-                    assert response.status == 400
-                # 513 characters, 1,026 bytes: past the function's bound (1 KiB).
-                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
-                                        json={"reason": "é" * 513}) as response:
-                    assert response.status == 400
-                    assert "1 to 1024 bytes" in (await response.json())["detail"]
-                # A second cancel keeps the first one's reason.
-                async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
-                                        json={"reason": "again"}) as response:
-                    assert response.status == 202
-                assert await harness.client.get(key) == b"user pressed stop"
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession(serve.url) as session:
+            stream = await open_stream(session, "/v1/turns/c1/events", bearer("c1"))
+            await producer.send("c1", text_update("half an answer"))
+            while json.loads((await stream.event()).data)["type"] != "synthesis.chunk":
+                pass
+            async with session.post("/v1/turns/c1/cancel") as response:
+                assert response.status == 401  # a cancel needs the turn's token too
+            async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                    json={"reason": "user pressed stop"}) as response:
+                assert response.status == 202
+                assert await response.json() == {"cancelled": "c1"}
+            key = producer.cancel_key("c1")
+            assert await harness.client.get(key) == b"user pressed stop"
+            data = payloads(await stream.rest())
+            async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                    json={"reason": 5}) as response:
+                assert response.status == 400
+            # 513 characters, 1,026 bytes: past the function's bound (1 KiB).
+            async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                    json={"reason": "é" * 513}) as response:
+                assert response.status == 400
+                assert "1 to 1024 bytes" in (await response.json())["detail"]
+            # A second cancel keeps the first one's reason.
+            async with session.post("/v1/turns/c1/cancel", headers=bearer("c1"),
+                                    json={"reason": "again"}) as response:
+                assert response.status == 202
+            assert await harness.client.get(key) == b"user pressed stop"
         assert [d["type"] for d in data[-2:]] == ["merged", "synthesis"]
         assert data[-2]["status"] == data[-1]["status"] == "cancelled"
         assert data[-1]["cancel_reason"] == "user pressed stop"  # the native stream passes it

@@ -54,27 +54,22 @@ async def _until_type(stream: Any, kind: str, into: list[sse.Event]) -> dict[str
 async def test_a_turn_streams_live_with_seq_ids_then_its_merged_response_and_end(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace, progress=True) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace, progress=True) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            async with aiohttp.ClientSession() as session:
-                stream = await open_stream(session, f"{serve.url}/v1/turns/r1/events",
-                                           bearer("r1"))
-                assert stream.response.headers["Cache-Control"] == "no-cache, no-transform"
-                events: list[sse.Event] = []
-                for i in range(4):
-                    await producer.send("r1", text_update(f"part {i}; "))
-                    while True:  # the chunk of this update arrives before the next is sent
-                        data = await _until_type(stream, "synthesis.chunk", events)
-                        if data["delta"] == f"part {i}; ":
-                            break
-                await producer.end("r1")
-                events += await stream.rest()
-                assert stream.parser.retry_ms == 1000
-        finally:
-            await serve.close()
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, f"{serve.url}/v1/turns/r1/events",
+                                       bearer("r1"))
+            assert stream.response.headers["Cache-Control"] == "no-cache, no-transform"
+            events: list[sse.Event] = []
+            for i in range(4):
+                await producer.send("r1", text_update(f"part {i}; "))
+                while True:  # the chunk of this update arrives before the next is sent
+                    data = await _until_type(stream, "synthesis.chunk", events)
+                    if data["delta"] == f"part {i}; ":
+                        break
+            await producer.end("r1")
+            events += await stream.rest()
+            assert stream.parser.retry_ms == 1000
         data = check_stream(events)
         assert data[0]["type"] == "synthesis.started"
         chunks = chunk_text(data)
@@ -150,37 +145,32 @@ async def test_a_snapshot_is_the_merge_of_the_updates_so_far(redis_url, namespac
 async def test_a_finished_turn_gives_its_merged_response_and_end_then_nothing(
     redis_url, namespace
 ) -> None:
-    async with Harness(redis_url, namespace, progress=True) as harness:
-        await harness.start_worker()
-        serve = await start_local(config(redis_url, namespace))
+    async with served(redis_url, namespace, progress=True) as (harness, serve):
         producer = Producer(harness.client, namespace)
-        try:
-            await producer.send("done", text_update("all of it"))
-            await producer.end("done")
-            merged = await _merged(harness, "done")
-            async with aiohttp.ClientSession() as session:
-                url = f"{serve.url}/v1/turns/done/events"
-                events = await (await open_stream(session, url, bearer("done"))).rest()
-                data = payloads(events)
-                assert [d["type"] for d in data] == ["merged", "synthesis"]
-                assert data[0]["response"] == merged and events[1].id == str(data[1]["seq"])
-                # A client resuming from before the end gets the events it missed (read
-                # back from the terminal event), then the same end; one that has the
-                # terminal event gets 204, which tells EventSource not to reconnect.
-                again = await open_stream(session, url, {**bearer("done"), "Last-Event-ID": "0"})
-                resumed = await again.rest()
-                assert [e.id for e in resumed if e.id is not None] == [
-                    str(seq) for seq in range(1, data[1]["seq"] + 1)]
-                assert payloads(resumed)[-2:] == data
-                assert chunk_text(payloads(resumed)) == "all of it"
-                async with session.get(url, headers={**bearer("done"),
-                                                     "Last-Event-ID": events[1].id}) as response:
-                    assert response.status == 204
-                async with session.get(f"{url}?after={events[1].id}",
-                                       headers=bearer("done")) as response:
-                    assert response.status == 204
-        finally:
-            await serve.close()
+        await producer.send("done", text_update("all of it"))
+        await producer.end("done")
+        merged = await _merged(harness, "done")
+        async with aiohttp.ClientSession() as session:
+            url = f"{serve.url}/v1/turns/done/events"
+            events = await (await open_stream(session, url, bearer("done"))).rest()
+            data = payloads(events)
+            assert [d["type"] for d in data] == ["merged", "synthesis"]
+            assert data[0]["response"] == merged and events[1].id == str(data[1]["seq"])
+            # A client resuming from before the end gets the events it missed (read
+            # back from the terminal event), then the same end; one that has the
+            # terminal event gets 204, which tells EventSource not to reconnect.
+            again = await open_stream(session, url, {**bearer("done"), "Last-Event-ID": "0"})
+            resumed = await again.rest()
+            assert [e.id for e in resumed if e.id is not None] == [
+                str(seq) for seq in range(1, data[1]["seq"] + 1)]
+            assert payloads(resumed)[-2:] == data
+            assert chunk_text(payloads(resumed)) == "all of it"
+            async with session.get(url, headers={**bearer("done"),
+                                                 "Last-Event-ID": events[1].id}) as response:
+                assert response.status == 204
+            async with session.get(f"{url}?after={events[1].id}",
+                                   headers=bearer("done")) as response:
+                assert response.status == 204
 
 
 async def test_a_stream_resumes_on_another_replica_without_gap_or_repeat(

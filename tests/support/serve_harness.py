@@ -89,10 +89,12 @@ async def start_local(cfg: ServeConfig, hub_block_ms: int = 100) -> LocalServe:
 
 
 @contextlib.asynccontextmanager
-async def served(redis_url: str, namespace: str) -> AsyncIterator[tuple[Harness, LocalServe]]:
-    """A worker and ``processor serve`` in this process, on ``namespace``;
-    the server closed, then the worker stopped, after."""
-    async with Harness(redis_url, namespace) as harness:
+async def served(redis_url: str, namespace: str,
+                 **worker: Any) -> AsyncIterator[tuple[Harness, LocalServe]]:
+    """A worker (``Harness`` with ``worker``'s settings) and ``processor
+    serve`` in this process, on ``namespace``; the server closed, then the
+    worker stopped, after."""
+    async with Harness(redis_url, namespace, **worker) as harness:
         await harness.start_worker()
         serve = await start_local(config(redis_url, namespace))
         try:
