@@ -16,11 +16,10 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.agui_checks import check_models, distinct_reopens
-from support.merging import decoded
+from support.merging import decoded, live_batches
 from support.strategies import turns
 
 from processor.engine import agui, agui_client, agui_live
-from processor.engine.live import Shown, live_events
 from processor.engine.merge import Turn
 from processor.wire.models import Counts, Meta, Response
 
@@ -32,17 +31,11 @@ def _live(entries: list[dict[str, Any]], cuts: list[int]) -> tuple[
     """A turn's worker events (seq-numbered, from ``synthesis.started`` to
     the terminal one), its merge after each batch, and its final merge."""
     key, records = decoded(entries)
-    turn, shown = Turn(key), Shown()
     base = {"response_id": key.response_id, "synthesis_id": key.synthesis_id(), "ts": 1}
     events: list[dict[str, Any]] = [{"type": "synthesis.started", **base}]
     merges: list[tuple[int, Response]] = []
-    bounds = sorted({min(c, len(records)) for c in cuts} | {len(records)})
-    start = 0
-    for end in bounds:
-        for record in records[start:end]:
-            turn.apply(record)
-        start = end
-        found, shown = live_events(key, turn.state.ids, shown, turn.finish(), 2)
+    turn = Turn(key)
+    for found, turn in live_batches(key, records, cuts, 2):
         events += [msgspec.json.decode(_json.encode(e)) for e in found]
         merges.append((len(events) - 1, turn.finish()))
     events.append({"type": "synthesis", **base, "status": "completed", "error": None})

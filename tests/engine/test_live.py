@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from support.merging import decoded
+from support.merging import decoded, live_batches
 from support.strategies import turns
 
 from processor.engine.live import (
@@ -59,17 +59,9 @@ def _nonempty(found: dict[str, str]) -> dict[str, str]:
 def _run(entries: list[dict[str, Any]], cuts: list[int]) -> tuple[list[dict[str, Any]], Response]:
     """The live events of a turn fed in batches ending at ``cuts``, and its merge."""
     key, records = decoded(entries)
-    turn, shown = Turn(key), Shown()
-    events: list[dict[str, Any]] = []
-    bounds = sorted({min(c, len(records)) for c in cuts} | {len(records)})
-    start = 0
-    for end in bounds:
-        for record in records[start:end]:
-            turn.apply(record)
-        start = end
-        found, shown = live_events(key, turn.state.ids, shown, turn.finish(), 0)
-        events += _as_dicts(found)
-    return events, turn.finish()
+    batches = list(live_batches(key, records, cuts, 0))  # (one Turn, fed batch by batch)
+    events = [event for found, _ in batches for event in _as_dicts(found)]
+    return events, batches[-1][1].finish()
 
 
 #: Found by the test below in CI: a keyed message showed an id-less run's

@@ -5,12 +5,14 @@ merge cases and the interop tests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+from processor.engine.live import Shown, live_events
 from processor.engine.merge import Turn
 from processor.ingest.decode import decode_entry
 from processor.wire.ids import TurnKey
-from processor.wire.models import Record, Response
+from processor.wire.models import Event, Record, Response
 
 
 def update_entry(turn: str, **update: Any) -> dict[str, Any]:
@@ -53,3 +55,20 @@ def merge_entries_resumed(entries: list[dict[str, Any]]) -> Response:
         turn = Turn.from_bytes(turn.to_bytes())
         turn.apply(record)
     return turn.finish()
+
+
+def live_batches(key: TurnKey, records: list[Record], cuts: list[int], now: int
+                 ) -> Iterator[tuple[list[Event], Turn]]:
+    """A turn's records fed in batches ending at ``cuts`` (and at the last),
+    as the worker feeds them: after each batch, the turn's live events
+    (``live_events``, against what the earlier ones said, at time ``now``)
+    and the turn."""
+    turn, shown = Turn(key), Shown()
+    bounds = sorted({min(c, len(records)) for c in cuts} | {len(records)})
+    start = 0
+    for end in bounds:
+        for record in records[start:end]:
+            turn.apply(record)
+        start = end
+        found, shown = live_events(key, turn.state.ids, shown, turn.finish(), now)
+        yield found, turn
