@@ -129,13 +129,13 @@ class ShardState:
         """Cancelled turns whose finalise must wait for an entry up to their cut."""
         self.waiting_cancels.update(keys)
 
-    def cancels_done(self, keys: Iterable[TurnKey], *, keep_only: bool = False) -> None:
-        """Cancelled turns finalised (or, with ``keep_only``, every waiting
-        turn but ``keys`` finalised)."""
-        if keep_only:
-            self.waiting_cancels.intersection_update(keys)
-        else:
-            self.waiting_cancels.difference_update(keys)
+    def cancels_done(self, keys: Iterable[TurnKey]) -> None:
+        """Cancelled turns finalised: no longer waiting."""
+        self.waiting_cancels.difference_update(keys)
+
+    def cancels_still_waiting(self, keys: Iterable[TurnKey]) -> None:
+        """Of the waiting cancelled turns, only ``keys`` still wait."""
+        self.waiting_cancels.intersection_update(keys)
 
     def hand_live(self, key: TurnKey, state: tuple[Shown | Literal[False], int, int]) -> None:
         """A spilled turn's live state, until the stored path publishes it."""

@@ -94,7 +94,7 @@ class Sweeper:
             return
         turns = list(waiting)
         ready, still = await self._cancelled(shard, turns)
-        self.shards[shard.index].cancels_done(still, keep_only=True)
+        self.shards[shard.index].cancels_still_waiting(still)
         if ready:
             todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
             await self.held.publish_held_ends(shard, todo)
