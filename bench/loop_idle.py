@@ -10,7 +10,7 @@ its own redis-server::
 
     python bench/loop_idle.py [--turns 3000] [--rounds 3] [--free-decode-merge]
         [--no-hold-turns] [--drain] [--gen0 N] [--live UPDATES] [--hold-ms MS]
-        [--no-progress] [--sweep-interval S]
+        [--no-progress] [--sweep-interval S] [--commandstats]
 
 The worker holds turns, as by default; with ``--no-hold-turns`` it stores
 every entry (the stored path). A diagnostic for trying a change to the
@@ -30,6 +30,9 @@ decoding and merging cost nothing. The worker runs with ``processor
 run``'s collector settings (``host.run.tune_gc``; ``--gen0`` sets another
 generation-0 threshold), and each round also prints the seconds the cyclic
 garbage collector ran (a ``gc.callbacks`` hook) and its passes per generation.
+``--commandstats`` also prints redis-server's time per update, per command
+(``INFO commandstats``) and per script (its slow log, kept whole for the
+round): a script's time includes the commands it calls.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import selectors
 import time
 from typing import Any
@@ -51,7 +55,7 @@ from processor.engine import merge
 from processor.host.run import tune_gc
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
-from processor.scripts import stored_calls
+from processor.scripts import NAMES, source, stored_calls
 from processor.wire.keys import Namespace
 from processor.worker.held import batch as held_batch
 from processor.worker.held import holds
@@ -106,7 +110,8 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
                     idle: IdleClock, hold: bool = False, batch: int = 500,
                     hold_ms: int | None = None,
                     progress: bool = True,
-                    sweep_interval: float | None = None) -> tuple[float, float, float]:
+                    sweep_interval: float | None = None,
+                    commandstats: bool = False) -> tuple[float, float, float]:
     """Wall, CPU and idle seconds of one worker over the whole stream."""
     namespace = f"loop_idle{index}"
     shard = next(iter(Namespace(namespace, 1).all()))
@@ -124,16 +129,50 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     await worker.ready.wait()
     await asyncio.sleep(0.3)  # its first idle reads are under way
     idle.reset()
+    if commandstats:
+        await client.config_resetstat()
+        await client.config_set("slowlog-log-slower-than", 0)
+        await client.config_set("slowlog-max-len", 1000000)
+        await client.slowlog_reset()
     cpu, wall = time.process_time(), time.perf_counter()
     await client.copy(TEMPLATE, shard.updates, replace=True)
     while await client.xlen(shard.merged) < len(work.turns):
         await asyncio.sleep(0.005)
     result = time.perf_counter() - wall, time.process_time() - cpu, idle.seconds
+    if commandstats:
+        print_commandstats(await client.info("commandstats"), work.updates)
+        await client.config_set("slowlog-log-slower-than", 10000)
+        print_scripts(await client.slowlog_get(1000000), work.updates)
     worker.stop()
     await task
     await own.aclose()
     await workload.forget(client, "{" + namespace + ":*")
     return result
+
+
+def print_commandstats(stats: dict[str, Any], updates: int) -> None:
+    """redis-server's calls and microseconds per update, per command, busiest first."""
+    rows = sorted(stats.items(), key=lambda kv: -kv[1]["usec"])
+    total = sum(row["usec"] for _, row in rows)
+    print(f"  redis: {total / updates:.1f} us per update in commands "
+          f"(Lua scripts include the commands they call)")
+    for name, row in rows[:12]:
+        print(f"    {name.removeprefix('cmdstat_'):14} {row['calls'] / updates:6.2f} calls "
+              f"{row['usec'] / updates:6.2f} us per update")
+
+
+def print_scripts(log: list[dict[str, Any]], updates: int) -> None:
+    """Per script (its sha), calls and microseconds per update, from the slow log."""
+    names = {hashlib.sha1(source(name).encode()).hexdigest(): name for name in NAMES}
+    usec: dict[str, list[int]] = {}
+    for row in log:
+        command = row["command"].split()
+        if command and command[0].upper() == b"EVALSHA":
+            name = names.get(command[1].decode(), command[1].decode()[:8])
+            usec.setdefault(name, []).append(row["duration"])
+    for name, times in sorted(usec.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    {name:20} {len(times) / updates:6.3f} calls {sum(times) / updates:6.2f} us "
+              f"per update, {sum(times) / len(times):8.0f} us per call")
 
 
 async def drain_round(client: Any, work: workload.Workload, index: int) -> float:
@@ -175,7 +214,8 @@ def _lookup_key(fields: dict[bytes, bytes]) -> bytes:
 
 async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
                gen0: int | None, batch: int, live: int = 0, hold_ms: int | None = None,
-               progress: bool = True, sweep_interval: float | None = None) -> None:
+               progress: bool = True, sweep_interval: float | None = None,
+               commandstats: bool = False) -> None:
     idle = IdleClock()
     idle.install()
     with EmbeddedRedis() as server:
@@ -192,7 +232,8 @@ async def main(turns: int, rounds: int, free: bool, hold: bool, drain: bool,
             drained = await drain_round(client, work, index) if drain else 0.0
             collector.reset()
             wall, cpu, waited = await one_round(client, server.url, work, index, idle, hold,
-                                                  batch, hold_ms, progress, sweep_interval)
+                                                  batch, hold_ms, progress, sweep_interval,
+                                                  commandstats)
             versus = (f"  drain {work.updates / drained:,.0f} updates/s, worker / drain "
                       f"{drained / wall:.2f}" if drain else "")
             print(f"{work.updates / wall:9,.0f} updates/s  wall {wall:.2f} s  "
@@ -224,7 +265,9 @@ if __name__ == "__main__":
                         help="the worker's --sweep-interval (default: processor run's)")
     parser.add_argument("--batch", type=int, default=500,
                         help="the worker's --batch (XREADGROUP COUNT); the drain keeps 500")
+    parser.add_argument("--commandstats", action="store_true",
+                        help="also print redis-server's time per command, per update")
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds, args.free_decode_merge, not args.no_hold_turns,
                      args.drain, args.gen0, args.batch, args.live, args.hold_ms,
-                     not args.no_progress, args.sweep_interval))
+                     not args.no_progress, args.sweep_interval, args.commandstats))
