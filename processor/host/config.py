@@ -51,6 +51,10 @@ OPTIONS: tuple[Option, ...] = (
            "publishes of one running turn: its updates in between are coalesced into the "
            "next (at most this much later; a turn's last events always go with its outcome); "
            "0 publishes every read batch", 0),
+    Option("live_interval_max_ms", int, D.LIVE_INTERVAL_MAX_MS, "most ms the live interval "
+           "stretches to while the worker reads behind its producers: a running turn then "
+           "publishes at most once per the read's lag (the age of the newest entry read), up "
+           "to this; at or below --live-interval-ms it never stretches", 0),
     Option("agui", _flag, False, "also write each turn as AG-UI 1.0 events to {ns:s}:agui"),
     Option("batch", int, D.BATCH, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, D.BLOCK_MS,
@@ -178,6 +182,7 @@ def worker_config(values: Mapping[str, Any]) -> WorkerConfig:
         limits=limits,
         progress=values["progress"],
         live_interval_ms=values["live_interval_ms"],
+        live_interval_max_ms=values["live_interval_max_ms"],
         agui=values["agui"],
         batch=values["batch"],
         block_ms=values["block_ms"],

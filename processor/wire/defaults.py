@@ -46,3 +46,9 @@ HOLD_MS = 5000
 #: Least ms between two live progress publishes of one running turn (its
 #: updates in between are coalesced into the next; 0: every read batch).
 LIVE_INTERVAL_MS = 100
+#: Most ms the live interval stretches to while a worker reads behind its
+#: producers: a running turn then publishes at most once per the read's lag
+#: (the age of the newest entry read), up to this. A reader already sees
+#: the turn that late; publishing more often only slows the worker down and
+#: the backlog grows. At or below LIVE_INTERVAL_MS it never stretches.
+LIVE_INTERVAL_MAX_MS = 1000

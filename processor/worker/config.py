@@ -31,6 +31,7 @@ class WorkerConfig:
     limits: Limits = field(default_factory=Limits)
     progress: bool = True  # live progress events and each turn's live log (processor.engine.live)
     live_interval_ms: int = defaults.LIVE_INTERVAL_MS
+    live_interval_max_ms: int = defaults.LIVE_INTERVAL_MAX_MS
     agui: bool = False
     batch: int = defaults.BATCH
     block_ms: int = defaults.BLOCK_MS

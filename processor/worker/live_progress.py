@@ -99,11 +99,35 @@ class Renewals:
         return True
 
 
+def live_interval(interval: float, lag: float, most: float) -> float:
+    """Least seconds between two live publishes of a running turn:
+    ``interval`` (--live-interval-ms), stretched to the read's ``lag``
+    behind its producers, up to ``most`` (--live-interval-max-ms).
+
+    A worker that reads behind its producers shows every turn that late
+    anyway; publishing each turn as often as when it keeps up would cost one
+    publish per update (the round-robin pattern of many live turns) and
+    make it fall further behind. Stretched, its turns' updates coalesce
+    more the further behind it is, until it catches up: the lag settles
+    where the publishes it can afford keep pace with the producers."""
+    return max(interval, min(lag, most))
+
+
+def read_lag(newest_id: bytes | str, now_ms: int) -> float:
+    """Seconds between the time in a stream id (Redis's clock when it was
+    added) and ``now_ms``: how far behind its producers a read is. 0 for an
+    id ahead of the clock or not of the ``ms-seq`` form."""
+    text = newest_id.decode() if isinstance(newest_id, bytes) else newest_id
+    ms = text.partition("-")[0]
+    return max(0, now_ms - int(ms)) / 1000 if ms.isdigit() else 0.0
+
+
 class LivePublisher:
     """Live progress of the worker's shards, for its held and stored paths.
 
     A running turn's live progress is published at most once per
-    ``--live-interval-ms``: a turn a batch moves sooner after its last
+    ``live_interval`` (``--live-interval-ms``, stretched while the shard's
+    reads are behind): a turn a batch moves sooner after its last
     publish waits (its updates coalesce), and ``publish_waiting``, run
     by the shard loop after each batch and each idle read, publishes it once
     its time comes. A turn that ended, or whose copy began with the batch,
@@ -115,6 +139,10 @@ class LivePublisher:
         self.shards = shards
         self.retrying = retrying
         self.interval = shell.config.live_interval_ms / 1000
+        self.most = shell.config.live_interval_max_ms / 1000
+        # Per shard, the least seconds between two publishes of a running turn
+        # now (live_interval of its last read's lag).
+        self._intervals: dict[int, float] = {}
         self.renewals = Renewals(RENEW_S, time.monotonic())
         # Per shard, the turns waiting for their next publish, and when it is due
         # (monotonic seconds).
@@ -130,10 +158,20 @@ class LivePublisher:
         if self.shell.config.progress:
             self.shards[shard.index].hand_live(key, (shown, logged, spoken))
 
+    def read(self, shard: Shard, newest_id: bytes | str | None, now_ms: int) -> None:
+        """A read of the shard is about to be applied: ``newest_id``, its
+        newest entry's id (None: it read nothing, so it is not behind)."""
+        lag = 0.0 if newest_id is None else read_lag(newest_id, now_ms)
+        self._intervals[shard.index] = live_interval(self.interval, lag, self.most)
+
+    def interval_of(self, shard: Shard) -> float:
+        """The least seconds between two publishes of a running turn of the shard now."""
+        return self._intervals.get(shard.index, self.interval)
+
     def _wait(self, shard: Shard, key: TurnKey, since: float) -> bool:
         """Whether a running turn last published at ``since`` waits for its
         next publish (then noted as waiting)."""
-        due = since + self.interval
+        due = since + self.interval_of(shard)
         if due <= time.monotonic():
             if waiting := self._waiting.get(shard.index):
                 waiting.pop(key, None)

@@ -264,6 +264,8 @@ class ShardRunner:
             await self._guarded(self.held.settle, shard)  # (what it finalises, known first)
         if state.lost:  # the namespace's state found lost:
             await self._guarded(retrying, self.continuity.lose_shard_now, shard)
+        if self.config.progress:  # (how far behind the read is stretches the live interval)
+            self.live.read(shard, batch.entries[-1][0] if batch.entries else None, now_ms())
         if batch.entries:
             self.metrics.read(shard.index, len(batch.entries))
             # On a connection error the same batch is applied again: the XACK

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
+from support.turn_reference import entry_fields
 from support.worker_harness import Harness
 
 from processor.engine.live import replay_texts
 from processor.wire.ids import TurnKey
-from processor.worker.live_progress import Renewals
+from processor.worker.live_progress import Renewals, live_interval, read_lag
 
 
 def _update(text: str) -> str:
@@ -92,3 +94,53 @@ def test_a_log_gets_its_ttl_first_then_once_per_period() -> None:
     assert not renewals.due(a, 1061.0)  # (a turn of the period: a is in the older generation)
     assert renewals.due(a, 1121.0)  # (two turns: forgotten)
     assert not renewals.due(a, 1122.0)
+
+
+@pytest.mark.parametrize("most", [0, 60_000], ids=["unstretched", "stretched"])
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_a_read_behind_its_producers_stretches_the_interval(
+    redis_url: str, namespace: str, hold: bool, most: int
+) -> None:
+    """20 updates of one turn whose ids say they were added 30 s ago, read
+    one per batch under ``--live-interval-ms 0``: read that far behind, the
+    interval stretches to the lag (up to ``--live-interval-max-ms``), so the
+    turn is told once when it starts and the rest with its outcome; at 0 the
+    interval never stretches and every batch tells it. Either way the
+    chunks replayed are the whole text."""
+    rid = "behind"
+    pieces = [f"w{i} " for i in range(20)]
+    config = {"hold_turns": hold, "live_interval_ms": 0, "live_interval_max_ms": most, "batch": 1}
+    async with Harness(redis_url, namespace, **config) as harness:
+        await harness.start_workers(1)
+        entries = [{"response_id": rid, "update": _update(piece)} for piece in pieces]
+        entries.append({"response_id": rid, "kind": "end"})
+        then = int(time.time() * 1000) - 30_000
+        async with harness.client.pipeline(transaction=False) as pipe:
+            for i, entry in enumerate(entries):
+                shard = harness.shard_of(entry)
+                pipe.xadd(shard.updates, entry_fields(entry), id=f"{then}-{i + 1}")
+            await pipe.execute()
+        await harness.wait_merged(1)
+        [turn] = (await harness.outputs()).turns.values()
+    chunks = [e["delta"] for e in turn.events if e["type"] == "synthesis.chunk"]
+    assert "".join(chunks) == "".join(pieces)
+    if most:
+        assert len(chunks) == 2, chunks  # its first publish, then its last events
+    else:
+        assert len(chunks) == len(pieces), chunks
+
+
+def test_the_live_interval_stretches_to_the_lag_within_its_bounds() -> None:
+    assert live_interval(0.1, 0.0, 1.0) == 0.1  # not behind: the interval
+    assert live_interval(0.1, 0.05, 1.0) == 0.1  # behind less than it: the interval
+    assert live_interval(0.1, 0.4, 1.0) == 0.4  # the lag
+    assert live_interval(0.1, 30.0, 1.0) == 1.0  # up to the most
+    assert live_interval(0.1, 30.0, 0.0) == 0.1  # never stretched
+    assert live_interval(0.0, 0.02, 0.0) == 0.0  # every batch
+
+
+def test_a_reads_lag_is_the_age_of_its_newest_id() -> None:
+    assert read_lag(b"1000-5", 3500) == 2.5
+    assert read_lag("1000-0", 3500) == 2.5
+    assert read_lag("5000-0", 3500) == 0.0  # ahead of the clock: not behind
+    assert read_lag("junk", 3500) == 0.0
