@@ -33,8 +33,9 @@ import redis.asyncio
 from drain import ready
 
 from processor.engine import events as ev
+from processor.engine.events import event_fields
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.render import Replay, event_fields, render
+from processor.engine.replay import Replay, render
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
 from processor.wire.ids import TurnKey

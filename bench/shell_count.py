@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 import workload
 
-from processor.engine.render import render
+from processor.engine.replay import render
 from processor.host.run import tune_gc
 from processor.ingest.decode import decode_stream_entry
 from processor.scripts.calls import BatchOptions

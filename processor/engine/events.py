@@ -217,3 +217,26 @@ def encode_response(response: Response) -> str:
 
 def encode_event(event: Event) -> bytes:
     return _json.encode(event)
+
+
+def struct_fields(struct: msgspec.Struct) -> list[str]:
+    """A flat field/value list of a Struct's set fields, for XADD."""
+    out: list[str] = []
+    for name, value in msgspec.structs.asdict(struct).items():
+        if value is not None:
+            out += [name, value]
+    return out
+
+
+def event_fields(key: TurnKey, event: Event) -> list[str]:
+    """The fields of an ``events`` stream entry; the event JSON comes last."""
+    fields = ["type", event_type(event), "response_id", key.response_id, "synthesis_id",
+              key.synthesis_id()]
+    if key.attempt_id:
+        fields += ["attempt_id", key.attempt_id]
+    return [*fields, "event", encode_event(event).decode()]
+
+
+def event_type(event: Event) -> str:
+    """The ``type`` tag of an event Struct."""
+    return str(type(event).__struct_config__.tag)

@@ -12,8 +12,8 @@ from typing import Any, Protocol, get_args
 
 import msgspec
 
+from processor.engine.events import event_type
 from processor.engine.lifecycle import Limits
-from processor.engine.render import event_type
 from processor.wire.ids import TurnKey
 from processor.wire.models import TURN_IDS, Event
 

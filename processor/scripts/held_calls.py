@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from processor.engine import events as ev
-from processor.engine.render import Settled, event_fields
+from processor.engine.events import event_fields
+from processor.engine.replay import Settled
 from processor.redis_io.replies import as_text
 from processor.scripts.calls import BatchOptions, ScriptCall, id_list, live_fields, msgpack_str
 from processor.wire.ids import TurnKey
@@ -47,7 +48,7 @@ def parse_opened(turns: list[TurnKey], flat: list[Any]) -> dict[TurnKey, bool]:
 
 
 #: A held turn to publish: its key, its held entry ids, the entries found
-#: after its end as (id, reason, detail) (``render.take_late``), its outputs,
+#: after its end as (id, reason, detail) (``replay.take_late``), its outputs,
 #: and for a cancel the newest entry id the worker has routed ("" unknown).
 class HeldOutcome(NamedTuple):
     """A held turn in a ``finalise_held`` call."""
@@ -70,7 +71,7 @@ class HeldCheckpoint(NamedTuple):
     after: int  # its version once checkpointed
     updates: int  # `n`, as apply_entries would have counted its updates
     size: int  # `bytes`: its entries' bytes, as apply_entries would have counted them
-    snapshot: bytes  # render.Snapshot, msgpack
+    snapshot: bytes  # records.Snapshot, msgpack
     cover: str  # the newest entry in the snapshot
     ids: list[str]  # the entries held of it, acked by the call
     names: dict[str, str]  # its correlation ids

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from processor.engine.render import Settled
+from processor.engine.replay import Settled
 from processor.redis_io.replies import as_text
 from processor.scripts.calls import BatchOptions, ScriptCall, msgpack_str
 from processor.wire.ids import TurnKey

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from processor.engine import events as ev
-from processor.engine.render import Compaction, Settled, encode_stored
+from processor.engine.compaction import Compaction
+from processor.engine.records import encode_stored
+from processor.engine.replay import Settled
 from processor.ingest.decode import EntryError, decode_stream_entry
 from processor.ingest.entry_fields import entry_shard
 from processor.redis_io.replies import as_text

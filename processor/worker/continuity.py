@@ -37,7 +37,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from processor.engine.render import render
+from processor.engine.replay import render
 from processor.redis_io.connections import is_redis_failure
 from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.lost_calls import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from processor.engine.render import Reason
+from processor.engine.replay import Reason
 from processor.scripts.sweep_calls import (
     CancelsDue,
     SweepSlice,

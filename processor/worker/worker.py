@@ -6,7 +6,7 @@ holds them (``processor.worker.held.path``) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
 (``processor.worker.stored.storing``: from the worker's own copy,
 ``processor.worker.stored.mirror``,
-or a replay of the stored records, ``processor.engine.render``; then one
+or a replay of the stored records, ``processor.engine.replay``; then one
 ``finalise_turns`` call). Between batches it sweeps the shard (timeouts,
 cancellation keys, turns left ready by a dead worker) and reclaims entries
 idle in a dead consumer's pending list (``processor.worker.recovery``). Which

@@ -15,7 +15,7 @@ from support.records import init_namespace, init_namespace_sync
 from support.worker_harness import Harness
 
 from processor.engine import events as ev
-from processor.engine.render import event_fields
+from processor.engine.events import event_fields
 from processor.wire.ids import TurnKey
 
 SHARDS = 2

@@ -20,11 +20,13 @@ from support.delta_oracle import check_deltas, tokens
 from support.merging import decoded, merged, update_entry
 from support.strategies import deliveries, numbered, random_turn, turns
 
-from processor.engine import render
+from processor.engine.compaction import plan_compaction
 from processor.engine.events import encode_response
 from processor.engine.lifecycle import Limits
 from processor.engine.merge import Turn, turn_tag
 from processor.engine.offline import merge_lines
+from processor.engine.records import STATE, encode_stored
+from processor.engine.replay import replay
 from processor.ingest.decode import decode_entry, entry_size
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record, Response
@@ -401,7 +403,7 @@ def test_a_numbered_turn_missing_an_entry_never_completes(data: st.DataObject) -
 @given(st.data())
 def test_a_numbered_turn_replays_the_same_from_its_stored_records_compacted_anywhere(
         data: st.DataObject) -> None:
-    """The worker's stored path: a turn's records replayed (render.replay),
+    """The worker's stored path: a turn's records replayed (replay),
     compacted at any point first, give what ``processor merge`` gives: the
     next number a snapshot expects travels in it (``next_n``)."""
     entries = data.draw(turns(), label="turn")
@@ -413,16 +415,16 @@ def test_a_numbered_turn_replays_the_same_from_its_stored_records_compacted_anyw
     recs: dict[str, bytes] = {}
     for i, entry in enumerate(arrived, start=1):
         key, record = decode_entry(entry)
-        recs[f"{i}-0"] = render.encode_stored(entry_size(entry), record)
+        recs[f"{i}-0"] = encode_stored(entry_size(entry), record)
     assert key is not None
     limits = Limits()
     for cut in sorted(data.draw(st.sets(st.integers(1, len(arrived)), max_size=2), label="cuts")):
-        plan = render.plan_compaction(key, recs, f"{cut + 1}-0", limits)
+        plan = plan_compaction(key, recs, f"{cut + 1}-0", limits)
         if plan is not None:
             for entry_id in plan.folded:
                 del recs[entry_id]
-            recs[render.STATE] = plan.state
-    done = render.replay(key, recs, limits)
+            recs[STATE] = plan.state
+    done = replay(key, recs, limits)
     if done.life.outcome is None:
         done.life.expire()
     response = done.life.response()

@@ -14,10 +14,12 @@ import msgspec
 import pytest
 from support.merging import decoded, merged, update_entry
 
+from processor.engine.compaction import plan_compaction
 from processor.engine.lifecycle import TURN_LIMIT, Limits, TurnLife
 from processor.engine.merge import Turn, UsageOverflow
 from processor.engine.offline import merge_lines
-from processor.engine.render import encode_stored, plan_compaction, replay
+from processor.engine.records import encode_stored
+from processor.engine.replay import replay
 from processor.ingest.decode import decode_stream_entry
 from processor.wire.ids import TurnKey
 from processor.wire.models import MAX_USAGE_COUNT

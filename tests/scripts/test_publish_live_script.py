@@ -1,5 +1,5 @@
 """``publish_live.lua`` on states made by hand: each turn's events reach the
-events stream with the fields ``render.event_fields`` gives them, numbered
+events stream with the fields ``events.event_fields`` gives them, numbered
 from the turn's next seq, and its live log gets one entry; the turns of one
 call are told apart whatever their event counts; a call that ran before,
 another speaker's turn and an ended turn are answered, not published."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
+from processor.engine.events import event_fields
 from processor.engine.live import _BLANK
-from processor.engine.render import event_fields
 from processor.scripts import Scripts
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live
 from processor.wire.ids import TurnKey

@@ -13,7 +13,8 @@ from importlib import resources
 
 import pytest
 
-from processor.engine.render import Compaction, Settled
+from processor.engine.compaction import Compaction
+from processor.engine.replay import Settled
 from processor.scripts import Scripts
 from processor.scripts.calls import ScriptCall
 from processor.scripts.held_calls import (

@@ -1,6 +1,6 @@
 """The worker's cheap ways of making the events it sends to its scripts
 (built from a blank event, packed without decoding the JSON) give the same
-bytes as the plain way (an event built from keywords, ``render.event_fields``):
+bytes as the plain way (an event built from keywords, ``events.event_fields``):
 what reaches Redis is unchanged, only cheaper to make."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.engine import events as ev
+from processor.engine.events import event_fields
 from processor.engine.live import _BLANK
-from processor.engine.render import event_fields
 from processor.scripts.calls import live_fields
 from processor.scripts.live_calls import _pack
 from processor.scripts.stored_calls import _started_fields

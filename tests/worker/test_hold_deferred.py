@@ -18,7 +18,7 @@ from support.strategies import turns
 from support.turn_reference import as_read, delta, stream_fields
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.render import Replay, render
+from processor.engine.replay import Replay, render
 from processor.ingest.decode import (
     MAX_DEPTH,
     EntryError,

@@ -26,8 +26,10 @@ from support.turn_reference import (
 from support.worker_harness import Harness
 
 import processor.worker.stored.storing
+from processor.engine.compaction import plan_compaction
 from processor.engine.lifecycle import Limits
-from processor.engine.render import STATE, encode_stored, plan_compaction, replay_render
+from processor.engine.records import STATE, encode_stored
+from processor.engine.replay import replay_render
 from processor.ingest.decode import decode_entry, entry_size
 from processor.scripts import Scripts
 from processor.scripts.stored_calls import build_compact, build_finalise

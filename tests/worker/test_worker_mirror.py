@@ -27,7 +27,8 @@ from support.turn_reference import (
 from support.worker_harness import Harness, settled_count
 
 from processor.engine.lifecycle import Limits
-from processor.engine.render import encode_stored, render, replay
+from processor.engine.records import encode_stored
+from processor.engine.replay import render, replay
 from processor.ingest.decode import decode_entry
 from processor.scripts import Scripts
 from processor.scripts.stored_calls import Applied, Version, build_apply, parse_versions

@@ -23,7 +23,7 @@ import msgspec
 
 from processor.engine.lifecycle import DUPLICATE, Limits, TurnLife
 from processor.engine.live import Shown
-from processor.engine.render import Replay
+from processor.engine.replay import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.stored_calls import Applied

@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.engine.render import Reason, render, resumed, snapshot, take_late
+from processor.engine.records import snapshot
+from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import as_text, stream_entry
 from processor.scripts.held_calls import (

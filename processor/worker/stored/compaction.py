@@ -2,7 +2,7 @@
 
 ``apply_entries`` reports the turns whose stored records reached the
 threshold; here one pipeline reads the shard's watermark (oldest pending
-entry) and then their records, ``processor.engine.render.plan_compaction``
+entry) and then their records, ``processor.engine.compaction.plan_compaction``
 folds the records below the watermark into a snapshot, and ``compact_turn``
 swaps them atomically if nothing changed meanwhile. Reading the watermark
 *before* the records is what makes the plan complete: the watermark only
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from processor.engine.render import plan_compaction
+from processor.engine.compaction import plan_compaction
 from processor.redis_io.replies import as_text
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import build_compact, compact_turn

@@ -2,12 +2,12 @@
 each batch stored with one ``apply_entries`` call, this worker's copies of
 its turns fed meanwhile (``processor.worker.stored.mirror``), and the turns that call
 or a sweep made ready published with ``finalise_turns``, from a copy or
-from a replay of the stored records (``processor.engine.render``).
+from a replay of the stored records (``processor.engine.replay``).
 ``StoredPath`` is one part of ``Worker``;
 held turns (``processor.worker.held.path``) end here whenever holding
 them stops being safe. The held path calls this one, never the reverse
 (an import-linter contract): what the stored path needs of other parts is
-a protocol here (``StoredShard``, ``Losses``, ``BeforeFinalise``)."""
+a protocol here (``StoredShard``, ``StoredContinuity``, ``BeforeFinalise``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from processor.engine.render import Reason, Settled, render, replay_render, text_hash
+from processor.engine.records import text_hash
+from processor.engine.replay import Reason, Settled, render, replay_render
 from processor.redis_io.connections import handed_over
 from processor.redis_io.replies import as_text
 from processor.scripts.stored_calls import (
@@ -85,7 +86,7 @@ class StoredShard(Protocol):
     def floor(self) -> str: ...
 
 
-class Losses(Protocol):
+class StoredContinuity(Protocol):
     """What the stored path asks when Redis may have lost the namespace's
     state (``Continuity``)."""
 
@@ -120,11 +121,11 @@ async def _nothing_held(_shard: Shard, _todo: dict[TurnKey, Reason]) -> None:
 class StoredPath:
     """The stored path of a worker's shards."""
 
-    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], losses: Losses,
+    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], continuity: StoredContinuity,
                  live: LiveProgress) -> None:
         self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.shards = shards
-        self.losses = losses
+        self.continuity = continuity
         self.live = live
         self.before_finalise: BeforeFinalise = _nothing_held
 
@@ -145,15 +146,15 @@ class StoredPath:
             reply, fresh, lost = await self._follow_ahead(shard, call, applying)
         else:
             reply = await applying
-            lost = await self.losses.lost_under(shard, call, reply.counts,
+            lost = await self.continuity.lost_under(shard, call, reply.counts,
                                                 parse_versions(reply.versions))
             fresh = set() if lost else self._follow(shard, call, reply.versions)
         self.shell.metrics.applied(reply.counts)
         self._log_dead_letters(shard, call, reply.counts)
         if lost is not None:  # the namespace's state found lost under this call
-            merged = await self.losses.lose_shard_now(shard)
+            merged = await self.continuity.lose_shard_now(shard)
             if lost == "fenced":  # nothing of it applied: what Redis no longer has, to the DLQ
-                await self.losses.after_loss(shard, entries,
+                await self.continuity.after_loss(shard, entries,
                                        {a.entry_id for a in call.applied if a.key in merged})
                 return
         if self.shell.config.progress and call.applied:  # before any of them is published
@@ -197,7 +198,7 @@ class StoredPath:
             raise
         versions = parse_versions(reply.versions)
         try:
-            lost = await self.losses.lost_under(shard, call, reply.counts, versions)
+            lost = await self.continuity.lost_under(shard, call, reply.counts, versions)
         except BaseException:
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
