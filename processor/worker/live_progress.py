@@ -217,11 +217,20 @@ class LivePublisher:
         ended: list[tuple[TurnKey, Held, Shown]] = []
         for key in keys:
             held = holds.turns.get(key)
-            if held is None or held.shown is False or not held.catch_up():
+            if held is None or held.shown is False:
+                continue
+            # A running turn that waits keeps its plain updates pending,
+            # undecoded, so that they are decoded and folded together when it
+            # is published (they cannot end it: Held's room keeps them within
+            # its limits, and anything else fed catches up first).
+            if held.replay.life.outcome is None and not force \
+                    and self._wait(shard, key, held.live_at):
+                continue
+            if not held.catch_up():
                 continue  # (a broken turn spills: the stored path goes on)
             if held.replay.life.outcome is not None:
                 ended.append((key, held, held.shown))
-            elif force or not self._wait(shard, key, held.live_at):
+            else:
                 going.append((key, held, held.shown))
         sent: list[tuple[asyncio.Future[list[int]], list[LiveTurn], list[tuple[Shown, int]]]] = []
         turns: list[LiveTurn] = []

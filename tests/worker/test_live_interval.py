@@ -144,3 +144,33 @@ def test_a_reads_lag_is_the_age_of_its_newest_id() -> None:
     assert read_lag("1000-0", 3500) == 2.5
     assert read_lag("5000-0", 3500) == 0.0  # ahead of the clock: not behind
     assert read_lag("junk", 3500) == 0.0
+
+
+async def test_a_waiting_held_turn_keeps_its_updates_undecoded_until_it_is_told(
+    redis_url: str, namespace: str
+) -> None:
+    """Under a long interval a held turn is told at its first update, then
+    waits: the updates after it stay pending, undecoded (decoded and folded
+    together when it is told, not one by one per batch), and the turn's end
+    tells the whole text."""
+    rid = "waits"
+    pieces = [f"w{i} " for i in range(6)]
+    async with Harness(redis_url, namespace, live_interval_ms=60_000, hold_ms=60_000,
+                       batch=1) as harness:
+        [running] = await harness.start_workers(1)
+        for piece in pieces:
+            await harness.add([{"response_id": rid, "update": _update(piece)}])
+        holds = running.worker.live.shards[0].holds
+
+        def all_read() -> bool:
+            return any(len(held.ids) == len(pieces) for held in holds.turns.values())
+
+        await harness.wait_for(all_read, 30, "every update held")
+        [held] = holds.turns.values()
+        assert len(held.pending) == len(pieces) - 1  # (the first was told at once)
+        await harness.add([{"response_id": rid, "kind": "end"}])
+        await harness.wait_merged(1)
+        [turn] = (await harness.outputs()).turns.values()
+    chunks = [e["delta"] for e in turn.events if e["type"] == "synthesis.chunk"]
+    assert "".join(chunks) == "".join(pieces)
+    assert len(chunks) == 2
