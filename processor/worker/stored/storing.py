@@ -121,8 +121,8 @@ async def _nothing_held(_shard: Shard, _todo: dict[TurnKey, Reason]) -> None:
 class StoredPath:
     """The stored path of a worker's shards."""
 
-    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard], continuity: StoredContinuity,
-                 live: LiveProgress) -> None:
+    def __init__(self, shell: Shell, shards: Mapping[int, StoredShard],
+                 continuity: StoredContinuity, live: LiveProgress) -> None:
         self.shell = shell  # (the worker's client, settings, scripts and metrics, shared)
         self.shards = shards
         self.continuity = continuity
