@@ -61,8 +61,8 @@ def verdict(ok: bool) -> str:
 # --------------------------------------------------------------------------- sections
 
 
-def own_copy_share(t: Throughput) -> str:
-    """The share of turns a worker published from its own copy of the merge
+def own_mirror_share(t: Throughput) -> str:
+    """The share of turns a worker published from its own merge (held or mirror)
     (``processor_turns_settled_total``: ``source="held"``, a held turn, the
     default; ``"mirror"``, a stored turn's copy kept beside its records), the
     rest (``"replay"``) replayed from the records read back from Redis; "-"
@@ -122,13 +122,13 @@ def summary(r: dict[str, Any]) -> str:
            if r.get("repeat", 1) > 1 else ""),
         "",
         "| consumer | updates/s | seconds | CPU s: consumers | CPU s: redis-server "
-        "| turns published from the worker's own copy |",
+        "| turns published from the worker's own merge (held or mirror) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for t in runs:
         lines.append(f"| {t.name} | {t.rate:,.0f} | {t.seconds:.2f} | "
                      f"{t.cpu.get('consumers', 0):.1f} | {t.cpu.get('redis', 0):.1f} | "
-                     f"{own_copy_share(t)} |")
+                     f"{own_mirror_share(t)} |")
     rounds = [Round.of(one_round) for one_round in r.get("rounds", [runs])]
     median = median_ratios(rounds)
     ratio_drain = median["drain"]

@@ -154,7 +154,7 @@ def say(text: str) -> None:
 
 def show(t: Throughput) -> None:
     cpu = ", ".join(f"{k} {v:.1f} s CPU" for k, v in t.cpu.items())
-    own = f"; {report.own_copy_share(t)} of turns from own copy" if t.settled else ""
+    own = f"; {report.own_mirror_share(t)} of turns from own merge" if t.settled else ""
     say(f"{t.name:>24}: {t.rate:>10,.0f} updates/s  ({t.seconds:.2f} s; {cpu}{own})")
 
 

@@ -53,7 +53,7 @@ class Throughput:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by process kind
     profile: str = ""  # py-spy raw output file, when profiled
     turns: int = 0
-    # Turns the workers published from their own copy of the merge (mirror)
+    # Turns the workers published from their own merge (held, or their mirror)
     # and from the records read back from Redis (replay): processor only.
     settled: dict[str, float] = field(default_factory=dict)
 

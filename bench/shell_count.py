@@ -22,9 +22,9 @@ entry stored, so every turn keeps its copy; every turn opened held)::
 Sides, each doing what the one before does and more: ``none`` (the
 entries built, nothing else), ``decode`` (``decode_stream_entry`` per
 entry), ``build`` (``build_apply`` per batch, which decodes too, instead),
-``follow`` (``Mirrors.update`` per batch: the worker's copy of each turn,
+``follow`` (``Mirrors.update`` per batch: the worker's mirror of each turn,
 merge included), ``finish`` (``render`` of each turn whose end was fed, as
-a finalise from the worker's copy does): the steps of a worker storing
+a finalise from the worker's mirror does): the steps of a worker storing
 every entry (``--no-hold-turns``); and ``held``, on its own beside
 ``none``: what a worker holding turns (the default) does instead of
 ``build`` to ``finish`` (decode, feed the held copy, render). ``python bench/shell_count.py

@@ -1,7 +1,7 @@
 """Shard affinity: which shards a worker reads new entries from.
 
 Any worker can finish any turn (its state is in Redis), but a worker that
-reads all of a turn's entries publishes it from its own copy of the merge,
+reads all of a turn's entries publishes it from its own mirror of the merge,
 while a turn whose entries were spread over several workers is replayed from
 the records read back from Redis, which costs more per update. So the live
 workers of a consumer group split the shards between them:

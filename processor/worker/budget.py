@@ -1,7 +1,7 @@
 """The worker's memory, bounded in bytes: each number with its reason.
 
 A worker's memory is what it has read and not yet applied, the turns it
-holds or keeps a copy of, and the turns it is finalising. Each is bounded
+holds or keeps a mirror of, and the turns it is finalising. Each is bounded
 here in bytes (a count of entries bounds nothing when an entry may be
 1 MiB), so that the whole fits the shipped Deployment's 512Mi
 (deploy/k8s/deployment.yaml) with room; docs/reliability.md (*Memory*)
@@ -22,8 +22,8 @@ READS_IN_FLIGHT = 2
 #: Entries of held turns (--hold-turns), over all shards: past it the
 #: oldest held turns spill to the stored path, which keeps them in Redis.
 HELD_BYTES = 32 << 20
-#: Entries behind the worker's copies of stored turns (processor.mirror),
-#: over all shards: past it the oldest copies are dropped (their turns are
+#: Entries behind the worker's mirrors of stored turns (processor.mirror),
+#: over all shards: past it the oldest mirrors are dropped (their turns are
 #: finalised from their records in Redis).
 COPY_BYTES = 32 << 20
 #: Stored bytes of the turns one finalise call settles (at least one turn,

@@ -15,7 +15,7 @@
   or has another epoch, which is what a Redis restarted without persistence
   looks like. Said once at error level, on ``/readyz`` for
   ``STATE_LOST_READY_S`` and in ``processor_state_lost_total``. Every
-  turn this worker knew in flight (held, or with a copy: mirror.py) is
+  turn this worker knew in flight (held, or with a mirror: mirror.py) is
   published as error ``state_lost`` with what it had
   (``publish_lost_turns.lua``); entries it had read and not applied, which
   Redis no longer has, go to the DLQ with their fields (``state_lost``);
@@ -232,9 +232,9 @@ class Continuity:
                 outcome = render(key, held.replay, held.turn_hash(), "lost", now, agui)
                 if outcome is not None:
                     turns.append((key, list(held.ids), outcome))
-            for key, copy in mirrors.turns.items():
+            for key, mirror in mirrors.turns.items():
                 if key not in holds.turns:
-                    outcome = render(key, copy.replay, copy.turn_hash(), "lost", now, agui)
+                    outcome = render(key, mirror.replay, mirror.turn_hash(), "lost", now, agui)
                     if outcome is not None:
                         turns.append((key, [], outcome))
             published: set[TurnKey] = set()
@@ -247,32 +247,32 @@ class Continuity:
                 published.update(key for (key, _, _), ok in zip(chunk, done, strict=True) if ok)
             # A turn another worker published first (both had parts of it while
             # they shared the shard): what this one held goes to the DLQ; of a
-            # copy, which keeps no entries, a note of what is missing.
+            # mirror, which keeps no entries, a note of what is missing.
             late = [stream_entry(e) for key, held_entries in entries.items()
                     if key not in published for e in held_entries]
             if late:
                 await self._dead_letter_lost_state(shard, late, STATE_LOST_ELSEWHERE)
-            await self._note_lost_copies(shard, [
-                (key, copy) for key, copy in mirrors.turns.items()
+            await self._note_lost_mirrors(shard, [
+                (key, mirror) for key, mirror in mirrors.turns.items()
                 if key not in published and key not in holds.turns])
             held_turns = sum(1 for _, ids, _ in turns if ids)
             state.forget()  # (whatever is pending to it now is taken back)
         if turns:
             log.warning("published the turns this worker knew in flight as state_lost",
                         extra={"shard": shard.index, "turns": len(published),
-                               "held": held_turns, "copies": len(turns) - held_turns})
+                               "held": held_turns, "mirrors": len(turns) - held_turns})
         return published
 
-    async def _note_lost_copies(self, shard: Shard, copies: list[tuple[TurnKey, Mirror]]) -> None:
-        """Copies of turns another worker published as state_lost first: a
-        copy keeps the merge, not the entries, so one dead letter per turn
+    async def _note_lost_mirrors(self, shard: Shard, mirrors: list[tuple[TurnKey, Mirror]]) -> None:
+        """Mirrors of turns another worker published as state_lost first: a
+        mirror keeps the merge, not the entries, so one dead letter per turn
         says which entries (first .. last id, how many) the published turn
         lacks; their data is gone."""
-        if not copies:
+        if not mirrors:
             return
         async with self.shell.client.pipeline(transaction=False) as pipe:
-            for key, copy in copies:
-                life = copy.replay.life
+            for key, mirror in mirrors:
+                life = mirror.replay.life
                 ids = ["response_id", key.response_id]
                 if key.attempt_id:
                     ids += ["attempt_id", key.attempt_id]
@@ -280,13 +280,13 @@ class Continuity:
                     "XADD", shard.dlq, "MAXLEN", "~", self.shell.options.dlq_maxlen, "*", *ids,
                     "reason", STATE_LOST, "detail",
                     f"{life.counts.entries} entries ({life.first_id} .. {life.last_id}) this "
-                    "worker had merged into its copy of the turn, which another worker "
+                    "worker had merged into its mirror of the turn, which another worker "
                     "published as state_lost without them; their data is gone",
                     "source_id", life.first_id or "0-0", "deliveries", "0")
             await pipe.execute()
-        self.shell.metrics.dead_lettered([STATE_LOST] * len(copies))
-        self.shell.dead_letters.note(STATE_LOST, shard.index, len(copies), [],
-                               [key.response_id for key, _ in copies])
+        self.shell.metrics.dead_lettered([STATE_LOST] * len(mirrors))
+        self.shell.dead_letters.note(STATE_LOST, shard.index, len(mirrors), [],
+                               [key.response_id for key, _ in mirrors])
 
     async def lost_under(self, shard: Shard, call: ApplyCall, counts: list[Any],
                           versions: dict[TurnKey, Version]) -> str | None:
@@ -295,7 +295,7 @@ class Continuity:
         loss (or a rare race) makes it: ``"fenced"`` when not one entry of
         the call was acked (all were pending to this consumer in a group
         that was since replaced), ``"vanished"`` when a turn this worker had
-        a copy of had no state before the call; None otherwise."""
+        a mirror of had no state before the call; None otherwise."""
         given = len(call.entries) // 8
         fenced = given > 0 and sum(int(counts[i + 1]) for i in range(0, len(counts) - 1, 2)) == 0
         if not fenced and not self.shards[shard.index].mirrors.vanished(versions):

@@ -2,17 +2,17 @@
 ``processor.engine.live`` decides what to say): after each batch, one
 ``publish_live`` call for the turns the batch moved (two for a held batch of
 many turns), from the held path (the held turn's merge) and from the stored
-path (the worker's own copy of the turn, ``processor.worker.stored.mirror``).
+path (the worker's own mirror of the turn, ``processor.worker.stored.mirror``).
 ``LivePublisher`` is one part of ``Worker``,
 given to both paths and run inside its shard runners, before the batch's
 finalise (so a turn's last deltas come before its outcome).
 
 What a turn's live events have said (``Shown``) lives
 with the turn: on its ``Held`` while held, on
-its copy while stored. A held turn that spills hands it over, with how many
+its mirror while stored. A held turn that spills hands it over, with how many
 of its updates its log holds already and how many calls for it ran (kept in
 the shard's ``ShardState``), to the stored
-path's first publish of it. A stored turn without a copy (stored by several
+path's first publish of it. A stored turn without a mirror (stored by several
 workers, or past ``--mirror-turns``) publishes no deltas: its stream goes on
 with its outcome, whose ``merged`` event is authoritative.
 
@@ -66,7 +66,7 @@ Rendered = dict[TurnKey, tuple[int, Response, list[Event], int]]
 #: A batch that moved at least this many held turns publishes them in two
 #: calls, the first sent while the second half is diffed.
 SPLIT_TURNS = 16
-#: Seconds between two log lines about turns without a copy.
+#: Seconds between two log lines about turns without a mirror.
 LOG_EVERY_S = 60.0
 #: Seconds between two renewals of a live log's TTL by this worker (at most twice that).
 RENEW_S = 60.0
@@ -130,7 +130,7 @@ class LivePublisher:
     reads are behind): a turn a batch moves sooner after its last
     publish waits (its updates coalesce), and ``publish_waiting``, run
     by the shard loop after each batch and each idle read, publishes it once
-    its time comes. A turn that ended, or whose copy began with the batch,
+    its time comes. A turn that ended, or whose mirror began with the batch,
     never waits."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
@@ -147,7 +147,7 @@ class LivePublisher:
         # Per shard, the turns waiting for their next publish, and when it is due
         # (monotonic seconds).
         self._waiting: dict[int, dict[TurnKey, float]] = {}
-        self._without_copy_logged = -LOG_EVERY_S
+        self._without_mirror_logged = -LOG_EVERY_S
         # This worker's id in its turns' `live` tokens (publish_live.lua):
         # random, so that no other worker, nor this one restarted, has it.
         self.speaker = secrets.token_hex(8)
@@ -181,7 +181,7 @@ class LivePublisher:
 
     async def publish_waiting(self, shard: Shard) -> None:
         """Publish the waiting turns whose time came (those still held or
-        followed by a copy; an ended one goes with its outcome)."""
+        followed by a mirror; an ended one goes with its outcome)."""
         waiting = self._waiting.get(shard.index)
         if not waiting:
             return
@@ -293,9 +293,9 @@ class LivePublisher:
     async def publish_live_stored(self, shard: Shard, applied: list[Applied],
                                   fresh: set[TurnKey]) -> None:
         """The live progress of the turns an ``apply_entries`` call stored,
-        from this worker's copies of them (``fresh``: the copies that are
+        from this worker's mirrors of them (``fresh``: the mirrors that are
         the state the call left). A running turn published less than
-        ``--live-interval-ms`` ago waits, its updates kept on its copy."""
+        ``--live-interval-ms`` ago waits, its updates kept on its mirror."""
         state = self.shards[shard.index]
         mirrors = state.mirrors.turns
         by_turn: dict[TurnKey, list[Applied]] = {}
@@ -303,12 +303,12 @@ class LivePublisher:
             by_turn.setdefault(entry.key, []).append(entry)
         say: list[TurnKey] = []  # (the turns to publish now)
         first: set[TurnKey] = set()
-        without_copy = 0
+        without_mirror = 0
         for key, records in by_turn.items():
             hand = state.take_handed(key)
             mirror = mirrors.get(key) if key in fresh else None
             if mirror is None:
-                without_copy += 1
+                without_mirror += 1
                 continue
             # (A repeat of a number, docs/contract.md §3.4, is merged nowhere:
             # the live log, which serve folds for a snapshot, leaves it out.)
@@ -323,7 +323,7 @@ class LivePublisher:
                     if mirror.shown is False:
                         continue
                     updates = updates[logged:]
-                elif mirror.version == len(records):  # the copy began with this call
+                elif mirror.version == len(records):  # the mirror began with this call
                     mirror.shown = Shown()
                     first.add(key)
                 else:
@@ -332,14 +332,14 @@ class LivePublisher:
             if (key in first or mirror.replay.life.outcome is not None
                     or not self._wait(shard, key, mirror.live_at)):
                 say.append(key)
-        if without_copy:
-            self._no_copy(shard, without_copy)
+        if without_mirror:
+            self._no_mirror(shard, without_mirror)
         if say:
             await self._say_stored(shard, say, first)
 
     async def _say_stored(self, shard: Shard, keys: list[TurnKey], first: set[TurnKey]) -> None:
-        """One ``publish_live`` call for stored turns, from their copies
-        (``first``: turns whose copy began with this batch, said even with
+        """One ``publish_live`` call for stored turns, from their mirrors
+        (``first``: turns whose mirror began with this batch, said even with
         nothing to say, so that their log's token is theirs from the start)."""
         mirrors = self.shards[shard.index].mirrors.turns
         now = int(time.time() * 1000)
@@ -371,15 +371,15 @@ class LivePublisher:
                 mirror.shown = False
                 mirror.fresh.clear()
 
-    def _no_copy(self, shard: Shard, turns: int) -> None:
+    def _no_mirror(self, shard: Shard, turns: int) -> None:
         """Count (and log, once a minute) stored turns this batch moved whose
-        live progress it could not say, for lack of this worker's copy."""
-        self.shell.metrics.live_without_copy.inc(turns)
+        live progress it could not say, for lack of this worker's mirror."""
+        self.shell.metrics.live_without_mirror.inc(turns)
         now = time.monotonic()
-        if now - self._without_copy_logged >= LOG_EVERY_S:
-            self._without_copy_logged = now
-            log.warning("stored turns without a copy publish no live progress until their "
-                        "outcome (processor_live_without_copy_total)",
+        if now - self._without_mirror_logged >= LOG_EVERY_S:
+            self._without_mirror_logged = now
+            log.warning("stored turns without a mirror publish no live progress until their "
+                        "outcome (processor_live_without_mirror_total)",
                         extra={"shard": shard.index, "turns": turns})
 
     async def _publish(self, shard: Shard, turns: list[LiveTurn]) -> list[int]:

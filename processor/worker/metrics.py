@@ -101,13 +101,13 @@ class Metrics:
             "outputs (the merge)", buckets=LATENCY_BUCKETS, registry=r)
         self.settled = Counter(
             "processor_turns_settled", "Turns merged for publishing, by where the merge "
-            "came from (source=mirror: this worker's own copy; source=replay: the stored "
+            "came from (source=mirror: this worker's own mirror; source=replay: the stored "
             "records read back from Redis; source=held: a held turn)",
             ["source"], registry=r)
-        self.live_without_copy = Counter(
-            "processor_live_without_copy", "Batches of a stored, live turn whose deltas "
-            "were not published because this worker has no copy of the turn (dropped past "
-            "the copies' byte budget or --mirror-turns, or stored by another worker): the "
+        self.live_without_mirror = Counter(
+            "processor_live_without_mirror", "Batches of a stored, live turn whose deltas "
+            "were not published because this worker has no mirror of the turn (dropped past "
+            "the mirrors' byte budget or --mirror-turns, or stored by another worker): the "
             "turn says nothing more until its outcome, whose merged event is authoritative",
             registry=r)
         self.end_to_merged = Histogram(

@@ -244,7 +244,7 @@ class ShardRunner:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
                     # a beat even while the shard's readers are dead; its
-                    # readers finalise the rest, from their own copies.
+                    # readers finalise the rest, from their own mirrors.
                     await self._guarded(retrying, self.sweeper.sweep, shard, reads)
                     next_sweep = now + (self.config.sweep_interval if reads
                                         else self.membership.beat_period)

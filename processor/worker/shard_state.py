@@ -3,7 +3,7 @@ made by the worker and read and changed only by that shard's loop (its
 reader and its applier, ``processor.worker.runner``) and the paths it
 runs (held, stored, recovery, continuity). Plain data, the small
 questions asked of it and the methods that change it: each field is
-written by this class's own methods only (the turns' holds and copies by
+written by this class's own methods only (the turns' holds and mirrors by
 their own classes); no I/O."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ShardState:
 
     shard: Shard
     holds: Holds  # the held turns (processor.worker.held)
-    mirrors: Mirrors  # the copies of stored turns (processor.worker.stored.mirror)
+    mirrors: Mirrors  # the mirrors of stored turns (processor.worker.stored.mirror)
     read_count: int  # the COUNT of the shard's next read (processor.worker.budget)
     hold_turns: bool = False  # --hold-turns: a floor is given the watermark
     floor_marks: Floor = field(default_factory=Floor)  # what the floor is computed from
@@ -64,7 +64,7 @@ class ShardState:
 
     @property
     def copied_turns(self) -> list[TurnKey]:
-        """The stored turns this worker has a copy of now, oldest first."""
+        """The stored turns this worker has a mirror of now, oldest first."""
         return list(self.mirrors.turns)
 
     def unknown_pending(self) -> bool:

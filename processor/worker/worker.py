@@ -4,7 +4,7 @@ The imperative shell. Per shard, a runner (``processor.worker.runner``) reads
 batches with XREADGROUP, one ahead, decodes them (``processor.scripts.stored_calls``),
 holds them (``processor.worker.held.path``) or stores them with one
 ``apply_entries`` call and finalises the turns that call reports ready
-(``processor.worker.stored.storing``: from the worker's own copy,
+(``processor.worker.stored.storing``: from the worker's own mirror,
 ``processor.worker.stored.mirror``,
 or a replay of the stored records, ``processor.engine.replay``; then one
 ``finalise_turns`` call). Between batches it sweeps the shard (timeouts,
@@ -82,7 +82,7 @@ class Worker:
                       self.dead_letters)
         # Byte budgets (processor.worker.budget): the worker's, shared by its shards.
         self.read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
-        # Two caches of turns per shard, each with its own budgets: the copies
+        # Two caches of turns per shard, each with its own budgets: the mirrors
         # of stored turns (--mirror-turns, COPY_BYTES; 0 turns = always read
         # back) and the held turns (HELD_TURNS, HELD_BYTES).
         mirror_budget, held_budget = COPY_BYTES // config.shards, HELD_BYTES // config.shards

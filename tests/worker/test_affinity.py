@@ -120,7 +120,7 @@ async def test_workers_split_the_shards_and_publish_from_their_own_copy(redis_ur
         await h.wait_drained()
         outputs = await h.outputs()
         # Each shard's entries went to its one reader: every turn came
-        # from a worker's own copy (held, or a stored turn's mirror), none
+        # from a worker's own merge (held, or a stored turn's mirror), none
         # was replayed from Redis.
         for w in (a, b):
             settled = w.worker.metrics.settled

@@ -1,4 +1,4 @@
-"""The worker's own copy of a turn (processor/worker/stored/mirror.py): used to finalise
+"""The worker's mirror of a turn (processor/worker/stored/mirror.py): used to finalise
 only while this worker stored every record of the turn, in entry-id order;
 dropped on any doubt; and what it publishes is what replaying the stored
 records publishes (``processor merge``), byte for byte."""
@@ -400,14 +400,14 @@ async def test_a_live_turn_whose_copy_is_dropped_is_counted_and_logged(
     """Past the copies' bound (one copy here; in production the 32 MB byte
     budget, which a few hundred long turns reach), a stored turn's next
     batches cannot say its live progress: not silently any more, but counted
-    (processor_live_without_copy_total) and logged; its merged entry is
+    (processor_live_without_mirror_total) and logged; its merged entry is
     still whole."""
     async with Harness(redis_url, namespace, mirror_turns=1, hold_turns=False) as harness:
         running = await harness.start_worker()
         for i in range(3):  # each batch moves both turns: one copy is dropped each time
             await harness.add([text_delta("a", f"a{i} "), text_delta("b", f"b{i} ")])
             await harness.wait_applied()
-        without = running.worker.metrics.live_without_copy._value.get()
+        without = running.worker.metrics.live_without_mirror._value.get()
         assert without >= 1
         assert any("publish no live progress" in r.getMessage() for r in caplog.records)
         await harness.add([end_entry("a"), end_entry("b")])

@@ -1,4 +1,4 @@
-"""The worker's own copy of the turns it is applying, so that finalising a
+"""The worker's own mirror of the turns it is applying, so that finalising a
 turn need not read its records back from Redis and replay them.
 
 Redis stays the source of truth: every record is still stored by
@@ -40,8 +40,8 @@ from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
 from processor.worker.budget import COPY_BYTES
 
-#: The bytes of entries a worker's copies may hold, over all its shards
-#: (processor.worker.budget). The entries' size bounds what a copy holds (the
+#: The bytes of entries a worker's mirrors may hold, over all its shards
+#: (processor.worker.budget). The entries' size bounds what a mirror holds (the
 #: merged text and contents).
 MIRROR_BYTES = COPY_BYTES
 
@@ -62,12 +62,12 @@ class TurnCopy:
     dlq: int = 0  # the turn's dead letters counted in its hash (``dlq``)
     # Live progress (processor.worker.live_progress): the updates merged since
     # the turn's last live log entry (JSON texts), and when (monotonic
-    # seconds) its live progress was last published from this copy.
+    # seconds) its live progress was last published from this mirror.
     fresh: list[bytes] = field(default_factory=list)
     live_at: float = 0.0
 
     def turn_hash(self) -> dict[bytes, bytes]:
-        """The turn's hash as this copy knows it: its version, start and count
+        """The turn's hash as this mirror knows it: its version, start and count
         of dead letters, and nothing dropped (that moves the version past a mirror)."""
         known = {b"ver": str(self.version).encode(), b"started": self.started.encode()}
         if self.dlq:
@@ -77,11 +77,11 @@ class TurnCopy:
 
 @dataclass
 class Mirror(TurnCopy):
-    """This worker's copy of a stored turn it applied every record of."""
+    """This worker's mirror of a stored turn it applied every record of."""
 
     last_id: tuple[int, int] = (0, 0)
     # What the turn's live events said so far (processor.engine.live; set by the
-    # worker that publishes them from this copy; False: another worker spoke
+    # worker that publishes them from this mirror; False: another worker spoke
     # for the turn first, or what this one said is unknown: it stays silent),
     # and how many of this worker's publish_live calls for it ran.
     shown: Shown | Literal[False] | None = None
@@ -251,12 +251,12 @@ class Mirrors:
 
     def vanished(self, versions: dict[TurnKey, Version]) -> list[TurnKey]:
         """The turns an ``apply_entries`` call found without state (version
-        0 before it) although this worker's copy had some: only the
+        0 before it) although this worker's mirror had some: only the
         namespace's state lost in Redis does that (continuity.py checks)."""
         turns = self.turns
         return [key for key, version in versions.items()
-                if version.before == 0 and (copy := turns.get(key)) is not None
-                and copy.version > 0]
+                if version.before == 0 and (mirror := turns.get(key)) is not None
+                and mirror.version > 0]
 
     def _keep(self, key: TurnKey, mirror: Mirror | None) -> None:
         """Keep the turn's mirror as a call left it, or drop it (None)."""
@@ -309,13 +309,13 @@ class Mirrors:
 
     def shared(self) -> None:
         """Another worker reads the shard now (it took the shard over, or
-        shares it): drop every copy. Such a worker may end a turn this one
-        has a copy of without this one seeing it, and a copy kept after that
+        shares it): drop every mirror. Such a worker may end a turn this one
+        has a mirror of without this one seeing it, and a mirror kept after that
         is stale for good (no entry of the turn comes to correct it). Redis
-        losing its data later, the copy was published as ``state_lost``
+        losing its data later, the mirror was published as ``state_lost``
         (continuity.py): a second terminal event for a turn published
         ``completed``, the done marker that would have refused it lost too.
-        A dropped copy only means a replay from Redis; a turn in flight then
+        A dropped mirror only means a replay from Redis; a turn in flight then
         is one this worker does not know (docs/reliability.md)."""
         while self.turns:
             self.drop(next(iter(self.turns)))

@@ -1,7 +1,7 @@
 """The worker's side of the stored path (the default; docs/design.md):
-each batch stored with one ``apply_entries`` call, this worker's copies of
+each batch stored with one ``apply_entries`` call, this worker's mirrors of
 its turns fed meanwhile (``processor.worker.stored.mirror``), and the turns that call
-or a sweep made ready published with ``finalise_turns``, from a copy or
+or a sweep made ready published with ``finalise_turns``, from a mirror or
 from a replay of the stored records (``processor.engine.replay``).
 ``StoredPath`` is one part of ``Worker``;
 held turns (``processor.worker.held.path``) end here whenever holding
@@ -171,12 +171,12 @@ class StoredPath:
         self, shard: Shard, call: ApplyCall, applying: Coroutine[Any, Any, ApplyReply]
     ) -> tuple[ApplyReply, set[TurnKey], str | None]:
         """``apply_entries``' reply and ``_follow``'s turns, for a batch
-        read with ``XREADGROUP >``: the copies are fed while redis-server runs
+        read with ``XREADGROUP >``: the mirrors are fed while redis-server runs
         the script (``Mirrors.feed_ahead``), and kept
         only where its versions confirm them, exactly as ``_follow``
         would keep them. Last, what the reply says of the namespace's state
         (``Continuity.lost_under``), checked
-        before the copies are settled: a lost turn is published from its copy."""
+        before the mirrors are settled: a lost turn is published from its mirror."""
         applied = call.applied
         mirrors = self.shards[shard.index].mirrors
         sent = asyncio.ensure_future(applying)
@@ -185,10 +185,10 @@ class StoredPath:
             await handed_over()  # the call is with redis-server: feed meanwhile
             try:
                 mirrors.feed_ahead(applied, ahead)
-            except Exception:  # a copy is only a shortcut (as in _follow)
+            except Exception:  # a mirror is only a shortcut (as in _follow)
                 log.exception("could not follow the batch's turns", extra={"shard": shard.index})
                 mirrors.forget(ahead)
-                # Nothing fed: confirm keeps a copy only of a turn the call
+                # Nothing fed: confirm keeps a mirror only of a turn the call
                 # stored nothing of (update() with no entries does the same).
                 ahead = Ahead()
             reply = await sent
@@ -203,7 +203,7 @@ class StoredPath:
             mirrors.forget(ahead)  # a retry feeds the batch again
             raise
         if lost is not None:
-            return reply, set(), lost  # (the copies are published, then dropped)
+            return reply, set(), lost  # (the mirrors are published, then dropped)
         try:
             fresh = mirrors.confirm(ahead, versions, call.dead_by_turn())
         except Exception:
@@ -213,13 +213,13 @@ class StoredPath:
         return reply, fresh, None
 
     def _follow(self, shard: Shard, call: ApplyCall, versions: list[Any]) -> set[TurnKey]:
-        """Keep this worker's copies of the batch's turns (``processor.worker.stored.mirror``);
-        returns the turns whose copy is the state this very call left."""
+        """Keep this worker's mirrors of the batch's turns (``processor.worker.stored.mirror``);
+        returns the turns whose mirror is the state this very call left."""
         mirrors = self.shards[shard.index].mirrors
         try:
             return mirrors.update(call.applied, parse_versions(versions), call.newest,
                                   call.dead_by_turn())
-        except Exception:  # a copy is only a shortcut: without it the finalise reads back
+        except Exception:  # a mirror is only a shortcut: without it the finalise reads back
             log.exception("could not follow the batch's turns", extra={"shard": shard.index})
             for entry in call.applied:
                 mirrors.drop(entry.key)
@@ -239,7 +239,7 @@ class StoredPath:
         self, shard: Shard, todo: dict[TurnKey, Reason], fresh: set[TurnKey] | None = None
     ) -> None:
         """Merge and publish finished turns; re-read any that changed meanwhile.
-        ``fresh``: turns whose copy the apply call that made them ready confirmed."""
+        ``fresh``: turns whose mirror the apply call that made them ready confirmed."""
         await self.before_finalise(shard, todo)
         self.shards[shard.index].cancels_done(
             key for key, reason in todo.items() if reason == "cancel")
@@ -268,13 +268,13 @@ class StoredPath:
         if not keys:
             return {}
         reasons = await cancel_reasons(self.shell.client, shard, {k: todo[k] for k in keys})
-        mirrors = self.shards[shard.index].mirrors
-        copies = {key: m for key in keys if (m := mirrors.take(key)) is not None}
-        # A closing turn whose copy the apply call just confirmed needs no read:
-        # its hash is the copy's version and start, with nothing dropped or
-        # dead-lettered (either would have moved the version past the copy),
+        shard_mirrors = self.shards[shard.index].mirrors
+        mirrors = {key: m for key in keys if (m := shard_mirrors.take(key)) is not None}
+        # A closing turn whose mirror the apply call just confirmed needs no read:
+        # its hash is the mirror's version and start, with nothing dropped or
+        # dead-lettered (either would have moved the version past the mirror),
         # and finalise_turns checks that version again as it publishes.
-        known = {key: copy.turn_hash() for key, copy in copies.items()
+        known = {key: mirror.turn_hash() for key, mirror in mirrors.items()
                  if key in fresh and todo[key] == "closing"}
         reads = [key for key in keys if key not in known]
         hashes = dict(zip(reads, await self._read_hashes(shard, reads), strict=True))
@@ -285,31 +285,31 @@ class StoredPath:
         size = 0
         for key in keys:
             turn_hash = hashes.get(key)
-            stored = int(turn_hash.get(b"bytes", 0)) if turn_hash and key not in copies else 0
+            stored = int(turn_hash.get(b"bytes", 0)) if turn_hash and key not in mirrors else 0
             if chunk and size + stored > FINALISE_BYTES:
-                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies,
+                again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, mirrors,
                                                         reasons))
                 chunk, size = [], 0
             chunk.append(key)
             size += stored
         if chunk:
-            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, copies,
+            again.update(await self._finalise_chunk(shard, todo, chunk, known, hashes, mirrors,
                                                         reasons))
         return again
 
     async def _finalise_chunk(
         self, shard: Shard, todo: dict[TurnKey, Reason], keys: list[TurnKey],
         known: dict[TurnKey, dict[Any, Any]], hashes: dict[TurnKey, dict[Any, Any]],
-        copies: dict[TurnKey, Mirror], reasons: dict[TurnKey, str | None],
+        mirrors: dict[TurnKey, Mirror], reasons: dict[TurnKey, str | None],
     ) -> dict[TurnKey, Reason]:
         """Settle and publish ``keys`` (one finalise_turns call); the turns to
         retry. ``reasons``: the cancelled turns' (``cancel_reasons``)."""
-        reads = [key for key in keys if key not in known and key not in copies and hashes[key]]
+        reads = [key for key in keys if key not in known and key not in mirrors and hashes[key]]
         records = dict(zip(reads, await self._read_records(shard, reads), strict=True))
         now = now_ms()
         settled, again = [], {}
         for key in keys:
-            turn_hash: dict[Any, Any]  # str names from a copy, bytes from Redis
+            turn_hash: dict[Any, Any]  # str names from a mirror, bytes from Redis
             if key in known:
                 turn_hash, recs = known[key], None
             else:
@@ -321,12 +321,12 @@ class StoredPath:
                 # An entry ended the turn before the cancel or the timeout: it
                 # is finalised as that ending says, once ready (sweep).
                 continue
-            copy = copies.get(key)
-            if copy is not None and not copy.matches(text_hash(turn_hash)):
+            mirror = mirrors.get(key)
+            if mirror is not None and not mirror.matches(text_hash(turn_hash)):
                 again[key] = todo[key]  # changed behind this worker: read it back
                 continue
             try:
-                outcome = self._render(key, turn_hash, copy, recs, todo[key], now,
+                outcome = self._render(key, turn_hash, mirror, recs, todo[key], now,
                                        reasons.get(key))
             except Exception:  # one turn that cannot be replayed must not block the others
                 log.exception("could not settle turn", extra={"turn": key.encode()})
@@ -397,15 +397,15 @@ class StoredPath:
                 pipe.hgetall(name)
             return list(await pipe.execute())
 
-    def _render(self, key: TurnKey, turn_hash: dict[Any, Any], copy: Mirror | None,
+    def _render(self, key: TurnKey, turn_hash: dict[Any, Any], mirror: Mirror | None,
                 recs: dict[Any, Any] | None, reason: Reason, now: int,
                 cancel_reason: str | None = None) -> Settled | None:
-        """Render the turn from this worker's copy, or replay its stored records."""
+        """Render the turn from this worker's mirror, or replay its stored records."""
         agui, limits = self.shell.config.agui, self.shell.config.limits
         with self.shell.metrics.timed(self.shell.metrics.merge_seconds):
-            if copy is not None:
+            if mirror is not None:
                 self.shell.metrics.settled.labels("mirror").inc()
-                return render(key, copy.replay, turn_hash, reason, now, agui,
+                return render(key, mirror.replay, turn_hash, reason, now, agui,
                               cancel_reason=cancel_reason)
             self.shell.metrics.settled.labels("replay").inc()
             return replay_render(key, turn_hash, recs or {}, reason, limits, now, agui,
