@@ -41,7 +41,7 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
     worker's own ``apply``, holding turns (``open_turns`` and
     ``finalise_held``). With ``stored`` (``--no-hold-turns``), each batch
     goes to ``apply_entries`` alone; with ``finalise`` too, through the
-    worker's own ``apply`` (the script, its copy of the turns, then
+    worker's own ``apply`` (the script, its mirrors of the turns, then
     ``finalise_turns`` for the turns made ready), so the shard's zsets hold
     only the turns in flight, as in a running worker."""
     held = not stored

@@ -64,7 +64,7 @@ def verdict(ok: bool) -> str:
 def own_mirror_share(t: Throughput) -> str:
     """The share of turns a worker published from its own merge (held or mirror)
     (``processor_turns_settled_total``: ``source="held"``, a held turn, the
-    default; ``"mirror"``, a stored turn's copy kept beside its records), the
+    default; ``"mirror"``, a stored turn's mirror kept beside its records), the
     rest (``"replay"``) replayed from the records read back from Redis; "-"
     for the other consumers."""
     mirror = t.settled.get("mirror", 0) + t.settled.get("held", 0)

@@ -7,7 +7,7 @@ can be measured under ``valgrind --tool=callgrind`` (stable under load,
 unlike timings on a shared machine). Each side runs the steps of a shard
 loop on the end-to-end workload's entries as redis-py returns them (bytes),
 in batches of 500, with the replies the scripts would give made up (every
-entry stored, so every turn keeps its copy; every turn opened held)::
+entry stored, so every turn keeps its mirror; every turn opened held)::
 
     python bench/shell_count.py none --turns 400 --entries /tmp/sc.entries  # builds them once
     export PYTHONHASHSEED=0  # else str hashing moves a side by up to ~1,200 per entry
@@ -99,7 +99,7 @@ def versions(call: ApplyCall, mirrors: Mirrors) -> dict[TurnKey, Version]:
 
 
 def ended(mirrors: Mirrors, keys: Iterator[TurnKey]) -> list[TurnKey]:
-    """The turns among ``keys`` whose copy has an outcome (their end was fed)."""
+    """The turns among ``keys`` whose mirror has an outcome (their end was fed)."""
     return [key for key in keys
             if (m := mirrors.turns.get(key)) is not None and m.replay.life.outcome is not None]
 
@@ -149,9 +149,9 @@ def run(side: str, replies: list[list[Entry]], read: list[list[Any]]) -> None:
         if side == "follow":
             continue
         for key in ended(mirrors, iter(fresh)):
-            copy = mirrors.take(key)
-            assert copy is not None
-            render(key, copy.replay, copy.turn_hash(), "closing", NOW_MS)
+            mirror = mirrors.take(key)
+            assert mirror is not None
+            render(key, mirror.replay, mirror.turn_hash(), "closing", NOW_MS)
 
 
 def main() -> None:

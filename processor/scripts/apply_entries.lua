@@ -328,8 +328,8 @@ end
 if #acked > 0 then trim_acked(updates, group) end
 -- Write back the counters (see counters_of), and tell the caller each
 -- turn's version before and after this call, what it stored and when the
--- turn started: the worker keeps its own copy of a turn's merge only while
--- it stored every record of the turn (settle.Mirror), and then need not
+-- turn started: the worker keeps its own mirror of a turn's merge only while
+-- it stored every record of the turn (mirror.Mirror), and then need not
 -- read the records back to finalise it.
 local versions = {}
 for ti, c in pairs(counters) do

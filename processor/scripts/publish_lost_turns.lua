@@ -2,7 +2,7 @@
 publish_lost_turns: publish the turns a worker knows were in flight when
 the namespace's state in Redis was lost (a Redis restarted without
 persistence: the record's epoch changed or the record vanished), from its
-own memory: the turns it held, and those it had a copy of (mirror.py). Each
+own memory: the turns it held, and those it had a mirror of (mirror.py). Each
 is published as error state_lost with its partial merge, never as
 completed, exactly once (done marker), as finalise_turns publishes.
 

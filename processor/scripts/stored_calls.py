@@ -98,7 +98,7 @@ class ApplyCall:
     def dead_by_turn(self) -> dict[TurnKey, int]:
         """How many entries of each turn this call asks ``apply_entries`` to
         dead-letter (each moves a started turn's version, as a record does:
-        ``processor.worker.stored.mirror`` keeps its copy across them)."""
+        ``processor.worker.stored.mirror`` keeps its mirror across them)."""
         counts: dict[TurnKey, int] = {}
         for _, _, tk in self.dead_letters():
             if tk:

@@ -39,7 +39,7 @@ COMPACT_THRESHOLD = 256
 #: 0 = none: a stored turn is always read back).
 MIRROR_TURNS = 10_000
 #: Turns per shard a worker holds (--hold-turns) before the oldest is spilled:
-#: a bound of its own, not --mirror-turns (the copies of stored turns).
+#: a bound of its own, not --mirror-turns (the mirrors of stored turns).
 HELD_TURNS = 10_000
 HOLD_TURNS = True
 HOLD_MS = 5000

@@ -25,7 +25,7 @@ HELD_BYTES = 32 << 20
 #: Entries behind the worker's mirrors of stored turns (processor.mirror),
 #: over all shards: past it the oldest mirrors are dropped (their turns are
 #: finalised from their records in Redis).
-COPY_BYTES = 32 << 20
+MIRROR_BYTES = 32 << 20
 #: Stored bytes of the turns one finalise call settles (at least one turn,
 #: which --max-turn-bytes bounds): more ready turns are settled in turn.
 FINALISE_BYTES = 16 << 20

@@ -63,7 +63,7 @@ class ShardState:
         return list(self.holds.turns)
 
     @property
-    def copied_turns(self) -> list[TurnKey]:
+    def mirrored_turns(self) -> list[TurnKey]:
         """The stored turns this worker has a mirror of now, oldest first."""
         return list(self.mirrors.turns)
 

@@ -28,7 +28,7 @@ from processor.scripts.calls import BatchOptions
 from processor.scripts.meta import Meta, check, create
 from processor.wire import defaults
 from processor.wire.keys import Namespace, Shard
-from processor.worker.budget import COPY_BYTES, HELD_BYTES, read_bytes
+from processor.worker.budget import HELD_BYTES, MIRROR_BYTES, read_bytes
 from processor.worker.cancel_requests import CancelRequests
 from processor.worker.config import WorkerConfig, default_consumer
 from processor.worker.continuity import Continuity
@@ -83,9 +83,9 @@ class Worker:
         # Byte budgets (processor.worker.budget): the worker's, shared by its shards.
         self.read_budget = read_bytes(config.shards, config.limits.max_entry_bytes)
         # Two caches of turns per shard, each with its own budgets: the mirrors
-        # of stored turns (--mirror-turns, COPY_BYTES; 0 turns = always read
+        # of stored turns (--mirror-turns, MIRROR_BYTES; 0 turns = always read
         # back) and the held turns (HELD_TURNS, HELD_BYTES).
-        mirror_budget, held_budget = COPY_BYTES // config.shards, HELD_BYTES // config.shards
+        mirror_budget, held_budget = MIRROR_BYTES // config.shards, HELD_BYTES // config.shards
         self._shards: dict[int, ShardState] = {
             s.index: ShardState(s, Holds(config.limits, defaults.HELD_TURNS, held_budget),
                                 Mirrors(config.limits, config.mirror_turns, mirror_budget),

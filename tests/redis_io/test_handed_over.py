@@ -1,6 +1,6 @@
 """``connections.handed_over``: after it, a command started as a task is
 with redis-server, so the worker's Python runs while the server runs the
-command (the copies fed during ``apply_entries``: ``StoredPath._follow_ahead``)."""
+command (the mirrors fed during ``apply_entries``: ``StoredPath._follow_ahead``)."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ async def test_a_checkpointed_turn_that_spills_goes_on_from_its_checkpoint(
 ) -> None:
     """A turn checkpointed, then held a few more entries, then spilled (here:
     the holds over their bound): the stored path follows it from its
-    checkpoint, the spilled entries fed once (the worker's copy of it used
+    checkpoint, the spilled entries fed once (the worker's mirror of it used
     to be its held merge, which had them already: each counted twice), and
     it finishes as processor merge says, live chunks included."""
     [turn] = [_turn("sp", 12)]
@@ -152,4 +152,4 @@ async def test_a_checkpointed_turn_that_spills_goes_on_from_its_checkpoint(
     [message] = json.loads(out.merged[0]["response"])["messages"]
     assert replay_texts(out.events, "synthesis.chunk") == {
         message["message_id"]: message["contents"][0]["text"]}
-    assert mirrored == 1  # (published from the copy that followed it from its checkpoint)
+    assert mirrored == 1  # (published from the mirror that followed it from its checkpoint)

@@ -4,7 +4,7 @@ shipped Deployment's 512Mi, holding turns or not.
 
 600 updates of ~0.93 MB (a base64 ``data`` content, under the 1 MiB entry
 limit) in 10 interleaved turns, ~560 MB, are all in the stream before the
-worker starts: its reads, its read-ahead, its held turns and copies, and
+worker starts: its reads, its read-ahead, its held turns and mirrors, and
 the turns it finalises must each stay within their byte budget. The peak is
 the kernel's (``VmHWM``); a watchdog stops a worker past 1 GiB, so a
 regression fails fast instead of eating the machine. docs/reliability.md

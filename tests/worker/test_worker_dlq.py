@@ -291,7 +291,7 @@ async def test_live_progress_goes_on_after_a_dead_lettered_entry(
     """A turn with one bad entry in its middle: its later valid updates are
     merged and told live too (their chunks, replayed, are the merged text).
     The bad entry used to silence the turn for good: it moved the turn's
-    version past the worker's copy, which was dropped, and a stored turn
+    version past the worker's mirror, which was dropped, and a stored turn
     without a mirror publishes no deltas (``'after-bad'`` merged, live chunks [])."""
     rid = "mid-bad"
     steps = [[{"response_id": rid, "update": _update("before ")}],

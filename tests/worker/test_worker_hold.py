@@ -70,12 +70,12 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
     assert held == len(turns) and spilled == 0
 
 
-async def test_mirror_turns_0_keeps_no_copy_and_still_holds_turns(
+async def test_mirror_turns_0_keeps_no_mirror_and_still_holds_turns(
     redis_url: str, namespace: str
 ) -> None:
     """--mirror-turns 0 means "always read back" a stored turn; it bounds the
-    copies, not the held turns (their own bound): every turn is still held and
-    published from memory, none spilled because a copy cache is empty."""
+    mirrors, not the held turns (their own bound): every turn is still held and
+    published from memory, none spilled because a mirror cache is empty."""
     turns = _turns(20)
     entries = interleave(turns, random.Random(5))
     async with Harness(redis_url, namespace, batch=50, mirror_turns=0, **HOLD) as harness:

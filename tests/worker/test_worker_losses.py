@@ -135,7 +135,7 @@ async def test_own_entries_deleted_while_pending_are_dead_lettered_at_start(
 
 def found_texts(outputs: Any, rid: str) -> tuple[list[str], int]:
     """The update texts of turn ``rid`` in its merged response and in the
-    DLQ, and how many entries the DLQ notes without them (a worker's copy of
+    DLQ, and how many entries the DLQ notes without them (a worker's mirror of
     a turn another worker published as state_lost first)."""
     turn = [t for k, t in outputs.turns.items() if k.response_id == rid and t.merged]
     merged = text_of(json.loads(turn[0].merged[0]["response"])).split() if turn else []
@@ -156,12 +156,12 @@ def accounted_for(outputs: Any, rid: str, texts: list[str]) -> bool:
 
 
 def known_updates(worker: Worker) -> int:
-    """Updates this worker has in memory: held, or in its copies."""
+    """Updates this worker has in memory: held, or in its mirrors."""
     held = sum(h.replay.life.counts.updates + len(h.pending)
                for s in worker.shards for h in s.holds.turns.values())
-    copies = sum(m.replay.life.counts.updates
+    mirrors = sum(m.replay.life.counts.updates
                  for s in worker.shards for m in s.mirrors.turns.values())
-    return held + copies
+    return held + mirrors
 
 
 @pytest.mark.parametrize(("hold", "workers"), [(True, 1), (False, 1), (True, 2)],
@@ -172,7 +172,7 @@ async def test_turns_in_flight_when_redis_loses_its_data_end_as_state_lost(
 ) -> None:
     """Redis SIGKILLed and started again without persistence while five turns
     are in flight (ten updates each, held by the workers or stored with their
-    copies); then each turn's last three updates and end. Each turn is
+    mirrors); then each turn's last three updates and end. Each turn is
     published once, as error state_lost with its ten updates (and those of
     the later ones a worker read before it noticed), never as a completed
     turn of three; the later entries it did not merge are turn_closed dead
@@ -188,7 +188,7 @@ async def test_turns_in_flight_when_redis_loses_its_data_end_as_state_lost(
         running = await harness.start_workers(workers)
         # Each shard read by one worker only: once they see each other, and a
         # read started before that (a shard read by both for a moment: its
-        # turns stored, not held or copied, as designed) is over.
+        # turns stored, not held or mirrored, as designed) is over.
         await harness.wait_for(lambda: all(len(r.worker.membership.live) == workers
                                            for r in running), 10, "the workers meet")
         await asyncio.sleep(0.5)
@@ -222,7 +222,7 @@ async def test_turns_in_flight_when_redis_loses_its_data_end_as_state_lost(
         # Every update is in the merge or in the DLQ, once (accounted): the
         # later ones a worker did not read before it noticed are turn_closed;
         # with two workers, a part one of them had of a turn the other
-        # published first is state_lost (held: with its fields; a copy: noted).
+        # published first is state_lost (held: with its fields; a mirror: noted).
         assert text.startswith("".join(texts[rid][:10])) or workers > 1, text
         key = next(k for k in outputs.turns if k.response_id == rid)
         assert sum(e["type"] == "synthesis" for e in outputs.turns[key].events) == 1
@@ -239,13 +239,13 @@ async def test_turns_in_flight_when_redis_loses_its_data_end_as_state_lost(
 async def test_a_turn_another_worker_published_is_not_published_again_after_a_loss(
     make_redis_server: Any, namespace: str, tmp_path: Any,
 ) -> None:
-    """A worker alone reads both shards and keeps a copy of eight stored
+    """A worker alone reads both shards and keeps a mirror of eight stored
     turns; a second worker joins and takes one shard over, reads the ends
     of that shard's turns and publishes them ``completed`` (the first
-    worker's copies of them go stale: it no longer sees those turns).
+    worker's mirrors of them go stale: it no longer sees those turns).
     Redis then loses its data (restarted without persistence). Each turn
     was published once, before the restart; no worker publishes any of them
-    again after it (the first one used to publish its stale copies as
+    again after it (the first one used to publish its stale mirrors as
     ``state_lost``: a second terminal event for a turn a client had seen
     complete, the done marker that would have refused it lost with the rest)."""
     server: EmbeddedRedis = make_redis_server()
@@ -255,7 +255,7 @@ async def test_a_turn_another_worker_published_is_not_published_again_after_a_lo
         first = await harness.start_worker()
         await harness.add([e for rid in turns for e in updates(rid, [f"{rid}-a "])])
         await harness.wait_for(lambda: sum(len(s.mirrors.turns) for s in first.worker.shards)
-                               == len(turns), 10, "a copy of each turn")
+                               == len(turns), 10, "a mirror of each turn")
         second = await harness.start_worker()
         running = [first, second]
         await harness.wait_for(lambda: all(len(r.worker.membership.live) == 2 for r in running)

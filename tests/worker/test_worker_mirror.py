@@ -126,11 +126,11 @@ def test_a_mirror_renders_what_the_replay_renders() -> None:
         stored = {a.entry_id: encode_stored(a.size, a.record) for a in applied}
         for reason in ("closing", "cancel", "timeout"):
             want = render(key, replay(key, stored, Limits()), {"started": "7"}, reason, 9)
-            got = render(key, _copy(key, applied).replay, {"started": "7"}, reason, 9)
+            got = render(key, _mirror(key, applied).replay, {"started": "7"}, reason, 9)
             assert got == want, (n, reason)
 
 
-def _copy(key: TurnKey, applied: list[Applied]) -> Mirror:
+def _mirror(key: TurnKey, applied: list[Applied]) -> Mirror:
     mirrors = Mirrors(Limits())
     mirrors.update(applied, {key: Version(0, len(applied), len(applied), "7")})
     mirror = mirrors.take(key)
@@ -166,15 +166,15 @@ async def _run(url: str, namespace: str, seed: int, workers: int, **config: Any)
 
 
 @pytest.mark.parametrize("mirror_turns", [10_000, 0])
-async def test_one_worker_finalises_from_its_copies(
+async def test_one_worker_finalises_from_its_mirrors(
     redis_url: str, namespace: str, mirror_turns: int
 ) -> None:
-    # (The stored path's copies: a worker holding turns publishes from its
+    # (The stored path's mirrors: a worker holding turns publishes from its
     # held copy, test_worker_hold.py.)
     outputs, offline, settled = await _run(redis_url, namespace, 11, 1, batch=50,
                                            mirror_turns=mirror_turns, hold_turns=False)
     compare_with_offline(outputs, offline, "one worker")
-    # Every turn from the worker's copy: none was stored by anyone else
+    # Every turn from the worker's mirror: none was stored by anyone else
     # (with --mirror-turns 0, none: every one read back).
     assert settled == {"mirror" if mirror_turns else "replay": len(offline)}, settled
 
@@ -183,7 +183,7 @@ async def test_a_turn_another_consumer_stored_into_is_read_back(
     redis_url: str, namespace: str
 ) -> None:
     """A consumer the worker does not know of applies the middle of a turn:
-    the worker's copy misses those records, so it must replay from Redis."""
+    the worker's mirror misses those records, so it must replay from Redis."""
     entries = simple_turn("shared", 6)
     offline = offline_results(entries)
     async with Harness(redis_url, namespace) as harness:
@@ -214,11 +214,11 @@ async def test_a_turn_another_consumer_stored_into_is_read_back(
     assert settled == {"replay": 1}, settled
 
 
-async def test_a_dead_letter_of_a_copied_turn_is_counted(
+async def test_a_dead_letter_of_a_mirrored_turn_is_counted(
     redis_url: str, namespace: str
 ) -> None:
     """An entry of the turn dead-lettered among its stored ones moves the
-    turn's version past the worker's copy, which never saw it: the published
+    turn's version past the worker's mirror, which never saw it: the published
     counts include it although no other worker touched the turn."""
     turn = simple_turn("counted", 4)
     bad = {"response_id": "counted", "update": '{"type": "agent_response_update", "contents": 5}'}
@@ -238,7 +238,7 @@ async def test_a_dead_letter_of_a_copied_turn_is_counted(
 
 async def test_two_workers_agree_with_the_replay(redis_url: str) -> None:
     """Two workers share a shard: turns split between them are read back,
-    the others finalised from copies; all equal ``processor merge``."""
+    the others finalised from mirrors; all equal ``processor merge``."""
     outputs, offline, settled = await _run(redis_url, f"t{uuid.uuid4().hex[:8]}", 12, 2,
                                            batch=20)
     compare_with_offline(outputs, offline, "two workers")
@@ -294,10 +294,10 @@ def _batches(draw: st.DrawFn) -> list[tuple[list[Applied], dict[TurnKey, Version
 def test_feeding_ahead_keeps_exactly_what_update_keeps(
     batches: list[tuple[list[Applied], dict[TurnKey, Version], bool]],
 ) -> None:
-    """The worker feeds a batch's copies while its apply_entries call runs
-    (Mirrors.feed_ahead) and settles them on the reply: the copies kept and
+    """The worker feeds a batch's mirrors while its apply_entries call runs
+    (Mirrors.feed_ahead) and settles them on the reply: the mirrors kept and
     the turns named are update()'s, whatever the versions say; a failed
-    call drops every copy the batch fed (a retry feeds them again)."""
+    call drops every mirror the batch fed (a retry feeds them again)."""
     now, ahead_side = Mirrors(Limits(), max_turns=2), Mirrors(Limits(), max_turns=2)
     for applied, versions, failed in batches:
         ahead = Ahead()
@@ -339,11 +339,11 @@ async def _read_new(harness: Harness, worker: Worker, part: list[dict[str, Any]]
 async def test_a_batch_whose_call_failed_is_not_fed_twice(
     redis_url: str, namespace: str, ran: bool
 ) -> None:
-    """The copies are fed while apply_entries runs; the call failed (its
+    """The mirrors are fed while apply_entries runs; the call failed (its
     reply lost after the script ran, or never sent), the batch is applied
-    again: the copies it fed are dropped first, so the turn is replayed
+    again: the mirrors it fed are dropped first, so the turn is replayed
     from Redis, its text once. (Unsent, the retry's versions would confirm
-    a copy fed twice.)"""
+    a mirror fed twice.)"""
     entries = simple_turn("lost", 4)
     async with Harness(redis_url, namespace) as harness:
         shard = harness.shards[0]
@@ -369,11 +369,11 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
     assert settled_count(worker, "replay") == 1
 
 
-async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
+async def test_a_mirror_that_fails_to_feed_is_dropped_and_the_turn_replayed(
     redis_url: str, namespace: str
 ) -> None:
-    """Feeding the copies while apply_entries runs raises (a bug): the batch
-    is still stored, the turn's copy dropped, and the turn published from
+    """Feeding the mirrors while apply_entries runs raises (a bug): the batch
+    is still stored, the turn's mirror dropped, and the turn published from
     its records."""
     entries = simple_turn("broken", 4)
     async with Harness(redis_url, namespace) as harness:
@@ -394,17 +394,17 @@ async def test_a_copy_that_fails_to_feed_is_dropped_and_the_turn_replayed(
     assert settled_count(worker, "replay") == 1 and mirrors.bytes == 0
 
 
-async def test_a_live_turn_whose_copy_is_dropped_is_counted_and_logged(
+async def test_a_live_turn_whose_mirror_is_dropped_is_counted_and_logged(
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Past the copies' bound (one copy here; in production the 32 MB byte
+    """Past the mirrors' bound (one mirror here; in production the 32 MB byte
     budget, which a few hundred long turns reach), a stored turn's next
     batches cannot say its live progress: not silently any more, but counted
     (processor_live_without_mirror_total) and logged; its merged entry is
     still whole."""
     async with Harness(redis_url, namespace, mirror_turns=1, hold_turns=False) as harness:
         running = await harness.start_worker()
-        for i in range(3):  # each batch moves both turns: one copy is dropped each time
+        for i in range(3):  # each batch moves both turns: one mirror is dropped each time
             await harness.add([text_delta("a", f"a{i} "), text_delta("b", f"b{i} ")])
             await harness.wait_applied()
         without = running.worker.metrics.live_without_mirror._value.get()

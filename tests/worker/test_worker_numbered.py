@@ -300,7 +300,7 @@ async def test_redis_restarted_without_persistence_never_completes_a_turn_missin
             outcomes["vanished"] = outcomes.get("vanished", 0) + 1
             continue
         # (A turn may be published before the restart and again after it, as
-        # state_lost, by a worker that kept a copy of it although another
+        # state_lost, by a worker that kept a mirror of it although another
         # worker published it, while they shared a shard at the start: Redis
         # forgot the first, and the done marker that would refuse the second.)
         for merged in published:

@@ -38,12 +38,7 @@ from processor.engine.replay import Replay
 from processor.scripts.stored_calls import Applied, Version
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
-from processor.worker.budget import COPY_BYTES
-
-#: The bytes of entries a worker's mirrors may hold, over all its shards
-#: (processor.worker.budget). The entries' size bounds what a mirror holds (the
-#: merged text and contents).
-MIRROR_BYTES = COPY_BYTES
+from processor.worker.budget import MIRROR_BYTES
 
 
 @dataclass
@@ -145,6 +140,9 @@ class Mirrors:
 
     limits: Limits
     max_turns: int = 10_000
+    # The bytes of entries the mirrors may hold (processor.worker.budget: by
+    # default all of a worker's, over all its shards). The entries' size bounds
+    # what a mirror holds (the merged text and contents).
     max_bytes: int = MIRROR_BYTES
     turns: dict[TurnKey, Mirror] = field(default_factory=dict)
     bytes: int = 0
