@@ -39,6 +39,7 @@ import msgspec
 
 from processor.engine.live import Shown, live_events
 from processor.redis_io.connections import handed_over
+from processor.redis_io.replies import as_text
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live, updates_json
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
@@ -117,8 +118,7 @@ def read_lag(newest_id: bytes | str, now_ms: int) -> float:
     """Seconds between the time in a stream id (Redis's clock when it was
     added) and ``now_ms``: how far behind its producers a read is. 0 for an
     id ahead of the clock or not of the ``ms-seq`` form."""
-    text = newest_id.decode() if isinstance(newest_id, bytes) else newest_id
-    ms = text.partition("-")[0]
+    ms = as_text(newest_id).partition("-")[0]
     return max(0, now_ms - int(ms)) / 1000 if ms.isdigit() else 0.0
 
 
