@@ -29,7 +29,7 @@ from processor.redis_io.connections import fast_stream_reads, read_raw
 from processor.scripts import Scripts
 from processor.scripts.stored_calls import build_apply
 from processor.wire.keys import Namespace
-from processor.worker.held.batch import decode_batch
+from processor.worker.held.batch import HeldCall, decode_batch
 from processor.worker.worker import Worker, WorkerConfig
 
 
@@ -61,7 +61,10 @@ async def one_round(client: Any, work: workload.Workload, batch: int = 500,
                 else build_apply(shard, entries, {}, options, now))
         if worker is not None:
             call.newest = True  # read with ">", as the shard loop marks it
-            await worker.paths.process_batch(shard, entries, {}, call)
+            if isinstance(call, HeldCall):
+                await worker.held.apply_held(shard, entries, call)
+            else:
+                await worker.stored.store(shard, entries, {}, call)
         else:
             await scripts.apply_entries(keys=call.keys, args=call.argv())
         applied += len(entries)

@@ -34,7 +34,7 @@ from tenacity import (
 
 from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.read_budget import LimitedParser
-from processor.redis_io.replies import fields_dict
+from processor.redis_io.replies import RawEntry, fields_dict
 from processor.stopping import Stop
 
 if TYPE_CHECKING:
@@ -229,14 +229,14 @@ RAW_ENTRIES = "raw_entries"
 
 
 async def read_raw(client: RedisClient, group: str, consumer: str, stream: str,
-                   count: int | None = None, block: int | None = None) -> list[list[Any]]:
-    """``XREADGROUP ... STREAMS stream >``, each entry as the reply holds it,
-    ``[id, [name, value, ...]]``: a worker holding turns groups the usual
-    entries straight from that (processor.worker.held.batch), and the tuple and
-    dict of the usual shape, built and freed per entry, were about 3% of its
-    time. ``stream_entry`` gives an entry the usual shape. ``client``
-    parses its stream reads with ``parse_stream_read`` (``connect``'s
-    clients do: ``fast_stream_reads``)."""
+                   count: int | None = None, block: int | None = None) -> list[RawEntry]:
+    """``XREADGROUP ... STREAMS stream >``, each entry as the reply holds it
+    (``replies.RawEntry``): a worker holding turns groups the usual entries
+    straight from that (processor.worker.held.batch), without the tuple and
+    dict of the usual shape built and freed per entry (``replies.entry_of``
+    makes that shape). ``client`` must parse its stream reads with
+    ``parse_stream_read`` (``fast_stream_reads``; ``connect``'s clients and
+    a ``Worker``'s do), else redis-py's parser gives the usual shape."""
     args: list[Any] = ["XREADGROUP", "GROUP", group, consumer]
     if count is not None:
         args += ["COUNT", count]

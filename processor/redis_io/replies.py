@@ -11,14 +11,26 @@ def as_text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def stream_entry(entry: Any) -> tuple[Any, dict[Any, Any]]:
-    """An entry in the usual shape, ``(id, {name: value})``, whether as
-    ``read_raw`` or as
-    ``parse_stream_read`` gives it."""
-    fields = entry[1]
-    if fields.__class__ is dict:
-        return entry[0], fields
-    return entry[0], fields_dict(fields)
+#: An entry as XREADGROUP's reply holds it (``connections.read_raw``):
+#: ``[id, [name, value, ...]]``. A shard runner reads its batches so.
+RawEntry = list[Any]
+
+#: An entry in the usual shape, as redis-py's stream replies give it:
+#: ``(id, {name: value})``. The stored path, reclaims and the DLQ take these.
+Entry = tuple[Any, dict[Any, Any]]
+
+
+def entry_of(raw: RawEntry) -> Entry:
+    """A raw entry (``RawEntry``) in the usual shape (``Entry``)."""
+    flat = raw[1]
+    if flat is not None and len(flat) == 4:  # the usual entry: no iterator to build
+        return raw[0], {flat[0]: flat[1], flat[2]: flat[3]}
+    return raw[0], fields_dict(flat)
+
+
+def entries_of(read: list[RawEntry]) -> list[Entry]:
+    """Raw entries in the usual shape."""
+    return list(map(entry_of, read))
 
 
 def fields_dict(flat: list[Any] | None) -> dict[Any, Any]:

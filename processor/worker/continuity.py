@@ -39,7 +39,7 @@ from redis.exceptions import ResponseError
 
 from processor.engine.replay import render
 from processor.redis_io.connections import is_redis_failure
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import Entry, as_text, entry_of
 from processor.scripts.lost_calls import (
     LostOutcome,
     build_publish_lost,
@@ -248,7 +248,7 @@ class Continuity:
             # A turn another worker published first (both had parts of it while
             # they shared the shard): what this one held goes to the DLQ; of a
             # mirror, which keeps no entries, a note of what is missing.
-            late = [stream_entry(e) for key, held_entries in entries.items()
+            late = [entry_of(e) for key, held_entries in entries.items()
                     if key not in published for e in held_entries]
             if late:
                 await self._dead_letter_lost_state(shard, late, STATE_LOST_ELSEWHERE)
@@ -305,7 +305,7 @@ class Continuity:
             return None
         return "fenced" if fenced else "vanished"
 
-    async def after_loss(self, shard: Shard, entries: list[Any],
+    async def after_loss(self, shard: Shard, entries: list[Entry],
                           merged: set[str] | frozenset[str] = frozenset()) -> None:
         """A batch read before the namespace's state was found lost: what is
         pending to this consumer now (read from the new streams) is applied;
@@ -324,15 +324,15 @@ class Continuity:
                 raise
             found = []
         pending = {as_text(p["message_id"]): int(p["times_delivered"]) for p in found}
-        keep = [stream_entry(e) for e in entries if as_text(e[0]) in pending]
-        gone = [stream_entry(e) for e in entries
+        keep = [e for e in entries if as_text(e[0]) in pending]
+        gone = [e for e in entries
                 if as_text(e[0]) not in pending and as_text(e[0]) not in merged]
         if keep:
             await self.apply(shard, keep, pending)
         if gone:
             await self._dead_letter_lost_state(shard, gone, STATE_LOST_DETAIL)
 
-    async def _dead_letter_lost_state(self, shard: Shard, entries: list[tuple[Any, Any]],
+    async def _dead_letter_lost_state(self, shard: Shard, entries: list[Entry],
                                       detail: str) -> None:
         """Entries this worker has in memory and Redis no longer has, to the
         DLQ with their fields as the producer wrote them (``state_lost``),

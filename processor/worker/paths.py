@@ -6,11 +6,10 @@ fails, so that one entry that always fails stays pending alone."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 
 from processor.redis_io.connections import is_transient
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
 from processor.scripts.stored_calls import ApplyCall
 from processor.wire.keys import Shard
 from processor.worker.continuity import is_nogroup
@@ -32,15 +31,31 @@ class Paths:
         self.stored = stored
         self.hold_turns = hold_turns
 
-    async def apply_isolated(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | HeldCall | None = None,
-    ) -> None:
-        """Apply a batch; if it fails (not a connection error), apply its entries
-        one by one, so that one entry that always fails stays pending alone
-        (and reaches max_deliveries alone) instead of taking its batch along."""
+    async def apply_read(self, shard: Shard, read: list[RawEntry],
+                         call: ApplyCall | HeldCall | None) -> None:
+        """A batch as its shard's runner read it (``connections.read_raw``),
+        ``call`` its script call if already built: held when grouped for
+        holding (``HeldCall``, ``ShardRunner._prepare``), else stored."""
+        if isinstance(call, HeldCall):
+            await self._isolated(shard, self.held.apply_held(shard, read, call),
+                                 lambda: entries_of(read), {})
+        else:
+            await self.apply_isolated(shard, entries_of(read), {}, call)
+
+    async def apply_isolated(self, shard: Shard, entries: list[Entry],
+                             deliveries: dict[str, int], call: ApplyCall | None = None) -> None:
+        """Store entries (``deliveries``: how often each was delivered, by id,
+        if more than once) with ``call`` if already built."""
+        await self._isolated(shard, self.stored.store(shard, entries, deliveries, call),
+                             lambda: entries, deliveries)
+
+    async def _isolated(self, shard: Shard, batch: Awaitable[None],
+                        entries: Callable[[], list[Entry]], deliveries: dict[str, int]) -> None:
+        """Apply a batch; if it fails (not a connection error), apply its
+        entries one by one, so that one entry that always fails stays pending
+        alone (and reaches max_deliveries alone) instead of taking its batch along."""
         try:
-            await self.process_batch(shard, entries, deliveries, call)
+            await batch
         except Exception as exc:
             if is_transient(exc) or is_nogroup(exc):  # (the group: continuity.py)
                 raise
@@ -48,24 +63,12 @@ class Paths:
                 # Some may stay pending, neither held nor applied: no floor
                 # (ShardState.floor) until they are taken back before the next read.
                 self.shards[shard.index].reply_lost()
-            if len(entries) == 1:
+            each = entries()
+            if len(each) == 1:
                 log.exception("entry failed, left pending for redelivery",
-                              extra={"shard": shard.index, "entry_id": as_text(entries[0][0])})
+                              extra={"shard": shard.index, "entry_id": as_text(each[0][0])})
                 return
             log.exception("batch failed, applying its entries one by one",
-                          extra={"shard": shard.index, "count": len(entries)})
-            for entry in entries:
+                          extra={"shard": shard.index, "count": len(each)})
+            for entry in each:
                 await self.apply_isolated(shard, [entry], deliveries)
-
-    async def process_batch(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
-        call: ApplyCall | HeldCall | None = None,
-    ) -> None:
-        """Apply a batch (``call``: its script call, if already built): hold
-        it (``processor.worker.held.path``) or store it."""
-        if isinstance(call, HeldCall):  # grouped for holding (ShardRunner._prepare)
-            await self.held.apply_held(shard, entries, call)
-        elif entries and entries[0][1].__class__ is not dict:  # read raw (read_raw)
-            await self.stored.store(shard, list(map(stream_entry, entries)), deliveries, call)
-        else:
-            await self.stored.store(shard, entries, deliveries, call)

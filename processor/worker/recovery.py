@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from processor.redis_io.client import ids_arg
 from processor.redis_io.connections import TRANSIENT
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
-from processor.redis_io.replies import as_text
+from processor.redis_io.replies import Entry, as_text
 from processor.scripts.lost_calls import (
     ENTRY_LOST,
     build_dead_letter_lost,
@@ -142,7 +142,7 @@ class Recovery:
         await self.stored.store(shard, [], {}, build_dead_letters(
             shard, [(entry_id, "too_large", detail, n)], self.shell.options))
 
-    async def _deliveries(self, shard: Shard, entries: list[tuple[Any, Any]]) -> dict[str, int]:
+    async def _deliveries(self, shard: Shard, entries: list[Entry]) -> dict[str, int]:
         """How many times each of this consumer's pending entries was delivered."""
         pending = await self.shell.client.xpending_range(
             shard.updates, self.shell.config.group, min=entries[0][0], max=entries[-1][0],
@@ -247,7 +247,7 @@ class Recovery:
             await self.retrying(self._entries_lost, shard, gone, [], "departed worker")
         return [i for i, there in zip(ids, found, strict=True) if there]
 
-    async def _apply_claimed(self, shard: Shard, entries: list[tuple[Any, Any]]) -> None:
+    async def _apply_claimed(self, shard: Shard, entries: list[Entry]) -> None:
         """Apply entries this consumer just claimed from another."""
         if not entries:
             return

@@ -12,19 +12,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from redis.exceptions import ResponseError
 
 from processor.redis_io.connections import read_raw
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import RawEntry, as_text, entries_of
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import ApplyCall, build_apply
 from processor.worker.budget import read_count
 from processor.worker.config import WorkerConfig
 from processor.worker.continuity import Continuity, is_nogroup
+from processor.worker.handoff import Batch, Handoff, next_batch
 from processor.worker.held.batch import HeldCall, decode_batch
 from processor.worker.held.path import HeldPath
 from processor.worker.live_progress import LivePublisher
@@ -48,61 +48,6 @@ Step = Literal["done", "failed", "vanished"]
 DONE: Step = "done"
 FAILED: Step = "failed"
 VANISHED: Step = "vanished"  # its stream or group was missing, and is put back
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Entries read from a shard and, when decoding them worked, their script
-    call; ``generation``: the worker's when the read began (another one:
-    read before the namespace's state was found lost, continuity.py)."""
-
-    entries: list[tuple[Any, Any]]
-    call: ApplyCall | HeldCall | None
-    generation: int = 0
-
-
-class Handoff(asyncio.Queue[Batch]):
-    """The reader's batches on their way to the apply loop: room for one, and
-    the reader waits until the apply loop took it before reading the next.
-
-    So a batch waits behind the one being applied and no more. With only
-    the queue's bound the reader held a second batch read while one waited
-    in the queue: at half the maximum throughput an entry waited about three
-    batch cycles for its turn to be finalised instead of two, for no gain in
-    throughput (the overlap that pays is one batch read and decoded while
-    another's scripts run in redis-server)."""
-
-    def __init__(self) -> None:
-        super().__init__(maxsize=1)
-        self._taken = asyncio.Event()
-
-    def _get(self) -> Batch:  # asyncio.Queue's hook for subclasses, under get()
-        batch: Batch = super()._get()
-        self._taken.set()
-        return batch
-
-    async def taken(self) -> None:
-        """Until the queue is empty."""
-        while not self.empty():
-            self._taken.clear()
-            await self._taken.wait()
-
-
-async def _next_batch(batches: asyncio.Queue[Batch], reader: asyncio.Task[None]) -> Batch | None:
-    """The next batch read, or None once the reader is done (stopped, or
-    failed) and every batch it read was taken."""
-    while batches.empty():
-        if reader.done():
-            return None
-        getter = asyncio.ensure_future(batches.get())
-        try:
-            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-    return batches.get_nowait()
 
 
 class RunnerHost(Protocol):
@@ -141,7 +86,7 @@ class ShardRunner:
         self.state = state
         #: How the shard's next batch is read: ``read_redis`` (a test
         #: may give another source).
-        self.read: Callable[[], Awaitable[list[Any]]] = self.read_redis
+        self.read: Callable[[], Awaitable[list[RawEntry]]] = self.read_redis
         self.shard = state.shard
         self.client = worker.client
         self.config = worker.config
@@ -199,7 +144,7 @@ class ShardRunner:
                     break
                 await self._step_failed(exc, "read failed")
 
-    def _prepare(self, entries: list[tuple[Any, Any]]) -> ApplyCall | HeldCall | None:
+    def _prepare(self, entries: list[RawEntry]) -> ApplyCall | HeldCall | None:
         """Decode a batch into its script call ahead of applying it; None (decode
         again when applying, entry by entry if need be) if that fails."""
         if not entries:
@@ -208,9 +153,7 @@ class ShardRunner:
         try:
             if self.held.holds_on(shard):  # grouped for holding (processor.worker.held.batch)
                 return decode_batch(shard, entries, self.options, now_ms())
-            if entries[0][1].__class__ is not dict:  # read for holding, which just stopped
-                entries = list(map(stream_entry, entries))
-            call = build_apply(shard, entries, {}, self.options, now_ms())
+            call = build_apply(shard, entries_of(entries), {}, self.options, now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": self.shard.index})
             return None
@@ -222,7 +165,7 @@ class ShardRunner:
         shard, retrying = self.shard, self.worker.retrying
         next_sweep = next_reclaim = 0.0
         read_before = False
-        while (batch := await _next_batch(batches, reader)) is not None:
+        while (batch := await next_batch(batches, reader)) is not None:
             try:
                 end_if_cancelled()
                 if not self.membership.sole_reader(shard.index):
@@ -277,10 +220,10 @@ class ShardRunner:
                 for _ in range(3):
                     if batch.generation != self.continuity.generation:
                         await self._guarded(retrying, self.continuity.after_loss, shard,
-                                            batch.entries)
+                                            entries_of(batch.entries))
                         break
-                    done = await self._guarded(retrying, self.paths.apply_isolated,
-                                               shard, batch.entries, {}, batch.call)
+                    done = await self._guarded(retrying, self.paths.apply_read,
+                                               shard, batch.entries, batch.call)
                     if done is not VANISHED:
                         break
             finally:
@@ -343,16 +286,16 @@ class ShardRunner:
         if entries:
             self.metrics.read(shard.index, len(entries))
             try:
-                await retrying(self.paths.apply_isolated, shard, entries, {})
+                await retrying(self.paths.apply_read, shard, entries, None)
                 await self.held.settle(shard)
             finally:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
                 state.batch_done(entries)
 
-    async def read_redis(self) -> list[Any]:
-        """The shard's next batch, ``(id, {name: value})`` each, or with
-        --hold-turns as the reply holds each (``[id, [name, value, ...]]``,
-        connections.read_raw: the held path groups those directly)."""
+    async def read_redis(self) -> list[RawEntry]:
+        """The shard's next batch, each entry as the reply holds it
+        (``connections.read_raw``: the held path groups those directly, the
+        stored path takes them in the usual shape, ``replies.entries_of``)."""
         shard, state = self.shard, self.state
         if not self.membership.reads(shard.index):
             # Another worker reads this shard (shard affinity): wait as long
@@ -366,15 +309,8 @@ class ShardRunner:
         budget = ReadBudget(self.worker.read_budget)
         try:
             with bounded(budget):
-                if self.held.holds_on(shard):  # as the reply holds them: grouped (held/batch.py)
-                    entries = await read_raw(self.client, cfg.group, cfg.consumer,
-                                             shard.updates, count, cfg.block_ms)
-                else:
-                    reply: Any = await self.client.xreadgroup(
-                        cfg.group, cfg.consumer, {shard.updates: ">"},
-                        count=count, block=cfg.block_ms,
-                    )
-                    entries = [entry for _stream, entries in reply or [] for entry in entries]
+                entries = await read_raw(self.client, cfg.group, cfg.consumer,
+                                         shard.updates, count, cfg.block_ms)
         except ReplyTooLarge as exc:
             # Delivered to this consumer, never received: taken back (bounded
             # too) before the next read, one entry first, then as many as fit

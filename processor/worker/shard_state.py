@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from processor.engine.live import Shown
-from processor.redis_io.replies import as_text
+from processor.redis_io.replies import Entry, RawEntry, as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
@@ -45,7 +45,8 @@ class ShardState:
     lost: bool = False  # the namespace's state was lost: known turns still to publish
     # Cancelled turns whose finalise answered "not yet" (stored path).
     waiting_cancels: set[TurnKey] = field(default_factory=set)
-    unapplied: list[list[Any]] = field(default_factory=list)  # batches read, not yet applied
+    # Batches read (or taken over) and not yet applied.
+    unapplied: list[list[RawEntry] | list[Entry]] = field(default_factory=list)
     # Spilled turns' live state (what their events said, False: silent; how
     # many of their updates their log holds; how many publish_live calls for
     # them ran), until the stored path's first publish of them
@@ -85,7 +86,7 @@ class ShardState:
         """The ids of every entry this worker holds here."""
         return {i for held in self.holds.turns.values() for i in held.ids}
 
-    def read_batch(self, entries: list[Any]) -> None:
+    def read_batch(self, entries: list[RawEntry] | list[Entry]) -> None:
         """A batch read (or taken over) and not yet applied."""
         if entries:
             self.unapplied.append(entries)
@@ -145,7 +146,7 @@ class ShardState:
         """A spilled turn's live state, handed to the stored path's publish."""
         return self.live_handed.pop(key, None)
 
-    def batch_done(self, entries: list[Any]) -> None:
+    def batch_done(self, entries: list[RawEntry] | list[Entry]) -> None:
         batches = self.unapplied
         for i, batch in enumerate(batches):
             if batch is entries:

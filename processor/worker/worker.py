@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from processor.redis_io.connections import until_done
+from processor.redis_io.connections import fast_stream_reads, until_done
+from processor.redis_io.replies import Entry
 from processor.scripts import Scripts, library
 from processor.scripts.calls import BatchOptions
 from processor.scripts.meta import Meta, check, create
@@ -71,6 +72,7 @@ class Worker:
     def __init__(self, client: RedisClient, config: WorkerConfig,
                  metrics: Metrics | None = None) -> None:
         self.client = client
+        fast_stream_reads(client)  # (its shard runners read entries raw: connections.read_raw)
         self.config = config
         self.metrics = metrics or Metrics()
         self.options: BatchOptions = config  # (what the script-call builders read of it)
@@ -100,7 +102,7 @@ class Worker:
                                  config.dlq_maxlen, config.idle_wait)
         self.cancel_requests = CancelRequests(client, self.namespace, self.metrics,
                                               config.idle_wait)
-        async def apply(shard: Shard, entries: list[tuple[Any, Any]],
+        async def apply(shard: Shard, entries: list[Entry],
                         deliveries: dict[str, int]) -> None:
             # (Paths needs the held and stored paths, which need continuity, which applies.)
             await self.paths.apply_isolated(shard, entries, deliveries)

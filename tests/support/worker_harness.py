@@ -399,5 +399,16 @@ class Stepped:
         worker, shard = self.worker, self.shard
         worker.shard(0).floor_marks.read(entries[0][0].decode(), entries[-1][0].decode())
         call = decode_batch(shard, entries, worker.options, 0)
-        await worker.paths.process_batch(shard, entries, {}, call)
+        await worker.held.apply_held(shard, entries, call)
         await worker.held.settle(shard)  # (its finalise committed, as before the loop's next step)
+
+
+class NoRedis:
+    """A client for a worker (``Worker(NoRedis(), config)``) that never
+    reaches Redis: what the worker asks of its client when it is built."""
+
+    def register_script(self, _source: str) -> None:
+        return None
+
+    def set_response_callback(self, _command: str, _callback: object) -> None:
+        return None

@@ -15,7 +15,7 @@ import pytest
 from support.turn_reference import end_entry, response_text, text_delta
 from support.worker_harness import Harness, Stepped
 
-from processor.redis_io.replies import stream_entry
+from processor.redis_io.replies import entry_of
 from processor.scripts.stored_calls import build_apply
 from processor.wire.ids import TurnKey
 from processor.worker.worker import Worker
@@ -93,9 +93,9 @@ async def test_a_turn_held_in_part_and_stored_in_part_is_cancelled_whole(
         await holder.step()
         await harness.add([text_delta("h", "finished")])
         other = Worker(harness.client, harness.worker_config(consumer="other"))
-        read = [stream_entry(e) for e in await holder.read("other")]
+        read = [entry_of(e) for e in await holder.read("other")]
         # (the stored path: an open turn's hash exists)
-        await other.paths.process_batch(shard, read, {})
+        await other.stored.store(shard, read, {})
         await harness.cancel("h")
         await other.sweeper.sweep(shard)
         assert await harness.merged_count() == 0
@@ -123,12 +123,12 @@ async def test_a_cancel_waits_for_an_earlier_entry_in_a_dead_workers_hands(
         await harness.add([text_delta("d", "never ")])
         await stepped.read("dead")
         await harness.add([text_delta("d", "finished")])
-        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
         await harness.cancel("d")
         await worker.sweeper.sweep(shard)
         assert await harness.merged_count() == 0
         await harness.add([text_delta("d", " late")])  # after the cancel was seen
-        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
         assert await harness.merged_count() == 0
         await harness.wait_for(_idle_past(harness, shard, 50), 5, "dead entry idle")
         await worker.recovery.reclaim(shard)
@@ -149,9 +149,9 @@ async def test_an_end_read_before_the_cancel_was_seen_still_completes_the_turn(
         stepped = await Stepped(harness, hold_turns=False).start()
         worker, shard = stepped.worker, stepped.shard
         await harness.add([text_delta("e", "all")])
-        await worker.paths.process_batch(shard, [stream_entry(e) for e in await stepped.read()], {})
+        await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
         await harness.add([end_entry("e")])
-        pending = [stream_entry(e) for e in await stepped.read("slow")]
+        pending = [entry_of(e) for e in await stepped.read("slow")]
         await harness.cancel("e")
         await worker.sweeper.sweep(shard)  # sees the cancel; the end is pending elsewhere
         assert await harness.merged_count() == 0
@@ -186,10 +186,10 @@ async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_tu
             if hold_turns:
                 await stepped.step()
                 return
-            read = [stream_entry(e) for e in await stepped.read()]
+            read = [entry_of(e) for e in await stepped.read()]
             call = build_apply(shard, read, {}, worker.options, 0)
             call.newest, call.read_from = True, read[0][0]  # (read with XREADGROUP >)
-            await worker.paths.process_batch(shard, read, {}, call)
+            await worker.stored.store(shard, read, {}, call)
 
         await harness.add([text_delta("x", "kept "), text_delta("x", "whole")])
         await step()

@@ -42,7 +42,7 @@ async def test_a_cancel_is_seen_within_one_cycle_of_sweeps(redis_url: str,
         await worker.ensure_groups()
         # 100 open turns (one update each, no end), applied.
         await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.stored.store(shard, await _read_all(harness, "w"), {})
         members = await harness.client.zrange(shard.active, 0, -1)
         assert len(members) == turns
         # Cancel the turn the rotating slices reach last.
@@ -73,7 +73,7 @@ async def test_the_sweep_never_reads_a_cancel_reason(make_redis_server: Any) -> 
         worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
         await worker.ensure_groups()
         await harness.add(e for i in range(12) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.stored.store(shard, await _read_all(harness, "w"), {})
         for i in range(10):
             await harness.client.set(shard.cancel(f"open-{i}"), "x" * (4 << 20))
 
@@ -109,7 +109,7 @@ async def test_an_idle_sweep_costs_redis_a_few_commands_not_one_per_turn(
         worker = Worker(harness.client, harness.worker_config(consumer="w", hold_turns=False))
         await worker.ensure_groups()
         await harness.add(e for i in range(turns) for e in simple_turn(f"open-{i}", 1)[:-1])
-        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.stored.store(shard, await _read_all(harness, "w"), {})
         assert await harness.client.zcard(shard.active) == turns
 
         await worker.sweeper.sweep(shard)  # learns the active count
@@ -147,7 +147,7 @@ async def test_the_sweep_names_each_turns_cancel_key_as_the_producers_do(
         entries = [e for rid in ids for e in simple_turn(rid, 1)[:-1]]
         entries.append({**simple_turn("attempted", 1)[0], "attempt_id": "try:2"})
         await harness.add(entries)
-        await worker.paths.process_batch(shard, await _read_all(harness, "w"), {})
+        await worker.stored.store(shard, await _read_all(harness, "w"), {})
         assert await harness.client.zcard(shard.active) == len(ids) + 1
         for rid in [*cancel, "attempted"]:
             await harness.cancel(rid)

@@ -22,7 +22,7 @@ from support.turn_reference import as_read, delta, stream_fields
 from processor.ingest import decode
 from processor.ingest.decode import EntryError, decode_stream_entry, peek_plain
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.replies import stream_entry
+from processor.redis_io.replies import entry_of
 from processor.wire.ids import TurnKey
 from processor.worker.held.batch import HeldBatch, Run, group_batch, group_each
 
@@ -78,7 +78,7 @@ def canonical(batch: HeldBatch) -> tuple[Any, ...]:
 def one_by_one(entries: list[Any], shard: int, shards: int, limit: int) -> dict[bytes, Any]:
     """What each entry is when decoded on its own, as the worker did before runs."""
     found: dict[bytes, Any] = {}
-    for entry_id, fields in map(stream_entry, entries):
+    for entry_id, fields in map(entry_of, entries):
         try:  # (decoded first, as apply_entries does: its routing id is then text)
             key, record, size = decode_stream_entry(fields, max_entry_bytes=limit)
         except EntryError:
@@ -146,19 +146,6 @@ def test_runs_are_what_each_entry_on_its_own_gives(
     assert sorted(seen) == sorted(position)  # every entry, once
 
 
-def test_an_entry_of_four_fields_as_a_dict_is_grouped_as_on_its_own() -> None:
-    """An entry in the ``(id, {name: value})`` shape with four fields (a
-    numbered update, docs/contract.md §3.4) is no flat list of two names and
-    values: grouping it once raised KeyError and failed the batch."""
-    fields = [{b"response_id": b"t1", b"n": b"0", b"kind": b"update",
-               b"update": delta("a").encode()},
-              {b"response_id": b"t1", b"update": delta("b").encode()}]
-    entries = [(f"{i}-0".encode(), f) for i, f in enumerate(fields, 1)]
-    group_each(entries, 0, 1, LIMIT)  # (the response id seen lately)
-    assert canonical(group_batch(entries, 0, 1, LIMIT)) == canonical(
-        group_each(entries, 0, 1, LIMIT))
-
-
 def test_a_run_of_a_known_turn_is_taken_in_one_step() -> None:
     """The usual batch: plain updates of turns seen before, and their ends."""
     entries = as_read([
@@ -191,7 +178,7 @@ def test_a_run_that_fails_its_check_is_taken_entry_by_entry() -> None:
     assert isinstance(first, Run) and first.ids == ["1-0"]
     assert not isinstance(single, Run) and single[1].entry_id == "2-0"
     assert isinstance(last, Run) and last.ids == ["4-0"]
-    assert batch.failed == [stream_entry(entries[2])]
+    assert batch.failed == [entry_of(entries[2])]
 
 
 def test_another_shards_turn_is_left_to_apply_entries() -> None:
@@ -205,4 +192,4 @@ def test_another_shards_turn_is_left_to_apply_entries() -> None:
     group_each(entries, 1, 2, LIMIT)
     batch = group_batch(entries, 1, 2, LIMIT)
     assert list(batch.turns) == [TurnKey(ours)]
-    assert batch.failed == [stream_entry(entries[1]), stream_entry(entries[3])]
+    assert batch.failed == [entry_of(entries[1]), entry_of(entries[3])]

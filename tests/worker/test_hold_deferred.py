@@ -27,7 +27,7 @@ from processor.ingest.decode import (
     peek_plain,
 )
 from processor.ingest.validate import check_update
-from processor.redis_io.replies import stream_entry
+from processor.redis_io.replies import entry_of
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
 from processor.wire.models import MAX_USAGE_COUNT, Record, Update
@@ -219,9 +219,9 @@ def test_a_held_turn_with_waiting_updates_is_the_turn_fed_entry_by_entry(
     for batch in _batches(entries, cuts):
         grouped = decode_batch(SHARD, batch, options, NOW).held
         assert grouped is not None
-        kept += [raw for raw in batch if stream_entry(raw) not in grouped.failed]
+        kept += [raw for raw in batch if entry_of(raw) not in grouped.failed]
         routed = holds.route(batch, grouped)
-        reference.feed([stream_entry(raw) for raw in batch])
+        reference.feed([entry_of(raw) for raw in batch])
         held = holds.turns[key]
         assert (key in routed.broken) == (held.broken and key in routed.held)
         if not held.broken:  # it ends (is published) in the batch it would have

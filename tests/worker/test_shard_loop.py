@@ -7,15 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from processor.worker.runner import Batch, Handoff
+from support.worker_harness import NoRedis
+
+from processor.worker.handoff import Batch, Handoff
 from processor.worker.worker import Worker, WorkerConfig
-
-
-class _NoRedis:
-    """A client for a worker that never reaches Redis here."""
-
-    def register_script(self, _source: str) -> None:
-        return None
 
 
 async def _turns(n: int = 50) -> None:
@@ -37,19 +32,19 @@ async def test_a_handoff_tells_the_reader_when_its_batch_was_taken() -> None:
 
 
 async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> None:
-    worker = Worker(client=_NoRedis(), config=WorkerConfig(namespace="handoff-unit"))
+    worker = Worker(client=NoRedis(), config=WorkerConfig(namespace="handoff-unit"))
     worker.shard(0).orphans = False  # nothing to take back before the first read
     runner = worker.runner(0)
     reads = 0
     applied: list[Any] = []
     release = asyncio.Event()
 
-    async def read() -> list[tuple[bytes, dict[bytes, bytes]]]:
+    async def read() -> list[list[Any]]:  # (as connections.read_raw gives them)
         nonlocal reads
         reads += 1
-        return [(f"1-{reads}".encode(), {})]
+        return [[f"1-{reads}".encode(), []]]
 
-    async def apply(_shard: Any, entries: Any, _deliveries: Any, _call: Any = None) -> None:
+    async def apply(_shard: Any, entries: Any, _call: Any) -> None:
         applied.append(entries)
         await release.wait()
 
@@ -57,7 +52,7 @@ async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> 
     async def nothing(*_args: Any) -> None:
         pass
 
-    worker.paths.apply_isolated = apply  # type: ignore[method-assign]
+    worker.paths.apply_read = apply  # type: ignore[method-assign]
     worker.sweeper.sweep = worker.sweeper.retry_cancels = nothing  # type: ignore[method-assign]
     worker.recovery.reclaim = nothing  # type: ignore[method-assign]
     loop = asyncio.create_task(runner.run())

@@ -189,12 +189,12 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # (pending: the watermark), then the rest but the end, applied.
         half = len(updates) // 2
         await harness.add(updates[:half])
-        await worker.paths.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.stored.store(shard, await _read(harness, shard, "w", 10_000), {})
         await harness.add(updates[half:half + 1])
         ghost = await _read(harness, shard, "ghost", 1)
         watermark = ghost[0][0].decode()
         await harness.add(updates[half + 1:])
-        await worker.paths.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.stored.store(shard, await _read(harness, shard, "w", 10_000), {})
         before = await recs()
         assert len(before) == len(updates) - 1
 
@@ -216,7 +216,7 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # the records at or below its cover changed, so it is refused.
         stale = plan_compaction(key, after, None, limits)
         assert stale is not None
-        await worker.paths.process_batch(shard, ghost, {})  # as a reclaim would
+        await worker.stored.store(shard, ghost, {})  # as a reclaim would
         assert await commit(stale) == -1
         fresh = plan_compaction(key, await recs(), None, limits)
         assert fresh is not None and fresh.expected == short.cover
@@ -226,7 +226,7 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # publishes after it (same output), and a compaction after it is a no-op.
         await harness.add([end])
         worker.stored.finalise = _no_finalise  # type: ignore[method-assign]
-        await worker.paths.process_batch(shard, await _read(harness, shard, "w", 10), {})
+        await worker.stored.store(shard, await _read(harness, shard, "w", 10), {})
         turn_hash = await harness.client.hgetall(shard.turn(tk))
         read = await recs()
         assert plan_compaction(key, read, None, limits) is None  # nothing left to fold
@@ -262,7 +262,7 @@ async def test_finalise_from_a_read_before_compaction(redis_url: str, namespace:
         await worker.ensure_groups()
         scripts = Scripts(harness.client)
         await harness.add(entries)
-        await worker.paths.process_batch(shard, await _read(harness, shard, "w", 10_000), {})
+        await worker.stored.store(shard, await _read(harness, shard, "w", 10_000), {})
         turn_hash = await harness.client.hgetall(shard.turn(tk))
         read = await harness.client.hgetall(shard.recs(tk))
         plan = plan_compaction(key, read, None, limits)

@@ -32,7 +32,7 @@ from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.engine.live import replay_texts
-from processor.redis_io.replies import stream_entry
+from processor.redis_io.replies import entry_of
 from processor.wire.ids import TurnKey
 from processor.worker.held.batch import HeldBatch, group_batch
 from processor.worker.held.holds import Holds
@@ -438,7 +438,7 @@ def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> Non
     holds.opened({key: True}, "5", now=0.0)
     holds.route(first, _grouped(first))
     routed = holds.route(second, _grouped(second))
-    bad = stream_entry(second[2])
+    bad = entry_of(second[2])
     assert routed.stored == [bad]  # the undecodable one: apply_entries dead-letters it
     again = holds.route(second, _grouped(second))
     assert again.held == [] and again.stored == [bad]

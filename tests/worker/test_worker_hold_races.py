@@ -13,7 +13,7 @@ import redis.exceptions
 from support.turn_reference import end_entry, response_text, text_delta
 from support.worker_harness import Harness, Stepped, settled_count
 
-from processor.redis_io.replies import stream_entry
+from processor.redis_io.replies import entry_of
 from processor.scripts.stored_calls import build_apply
 from processor.wire.ids import TurnKey
 from processor.worker.held.batch import decode_batch
@@ -41,7 +41,7 @@ async def test_a_turn_held_here_and_stored_elsewhere_is_published_whole(
         assert TurnKey("u") in worker.shard(0).held_turns
         await harness.add([text_delta("u", "2"), end_entry("u")])
         # Another consumer stores them:
-        others = [stream_entry(e) for e in await stepped.read("other")]
+        others = [entry_of(e) for e in await stepped.read("other")]
         call = build_apply(shard, others, {}, worker.options, 0)
         await worker.scripts.apply_entries(keys=call.keys, args=call.argv("other", ""))
         await harness.add([text_delta("v", "x")])
@@ -123,7 +123,7 @@ async def test_a_batch_read_ahead_has_its_new_turns_opened_before_it_is_applied(
         worker.scripts.open_turns = _cut  # the applier must not open it again
         holds, looked = worker.shard(0).holds, []
         holds.to_open = lambda decoded: looked.append(decoded) or {}  # type: ignore[method-assign]
-        await worker.paths.process_batch(shard, entries, {}, call)
+        await worker.held.apply_held(shard, entries, call)
         await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "a") == "12" and outputs.dlq == [] and looked == []
@@ -147,7 +147,7 @@ async def test_an_open_ahead_cut_by_a_connection_error_is_left_to_the_applier(
         await worker.held.open_ahead(shard, call)
         assert TurnKey("b") not in worker.shard(0).held_turns
         worker.scripts.open_turns = real
-        await worker.paths.process_batch(shard, entries, {}, call)
+        await worker.held.apply_held(shard, entries, call)
         await worker.held.settle(shard)  # (its finalise committed, as the shard loop does)
         outputs = await harness.outputs()
     assert response_text(outputs, "b") == "1" and outputs.dlq == []

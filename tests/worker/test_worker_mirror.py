@@ -359,10 +359,10 @@ async def test_a_batch_whose_call_failed_is_not_fed_twice(
 
                 worker.scripts.apply_entries = ran_then_lost
                 with pytest.raises(redis.exceptions.ConnectionError):
-                    await worker.paths.process_batch(shard, read, {}, call)
+                    await worker.stored.store(shard, read, {}, call)
                 assert TurnKey("lost") not in worker.shard(0).mirrors.turns
                 worker.scripts.apply_entries = real
-            await worker.paths.process_batch(shard, read, {}, call)
+            await worker.stored.store(shard, read, {}, call)
         await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), f"cut, ran: {ran}")
@@ -387,7 +387,7 @@ async def test_a_mirror_that_fails_to_feed_is_dropped_and_the_turn_replayed(
                     raise RuntimeError("a bug")
 
                 mirrors.feed_ahead = fails  # type: ignore[method-assign]
-            await worker.paths.process_batch(shard, read, {}, call)
+            await worker.stored.store(shard, read, {}, call)
         await worker.sweeper.sweep(shard)
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(entries), "feeding failed")

@@ -48,7 +48,7 @@ class Stepper:
         """The ghost's entries go to the worker (as a reclaim would) and are applied."""
         claimed = await self.harness.client.xclaim(
             self.shard.updates, self.harness.group, "stepper", 0, ids)
-        await self.worker.paths.process_batch(self.shard, claimed, {i: 2 for i in ids})
+        await self.worker.stored.store(self.shard, claimed, {i: 2 for i in ids})
 
     async def sweep(self) -> None:
         await self.worker.sweeper.sweep(self.shard)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from support.worker_harness import NoRedis
 
 from processor.worker.worker import Worker, WorkerConfig
 
@@ -29,15 +30,8 @@ class Flaky:
         return value
 
 
-class _NoRedis:
-    """A client for a worker that never reaches Redis here."""
-
-    def register_script(self, _source: str) -> None:
-        return None
-
-
 def _worker() -> Worker:
-    return Worker(client=_NoRedis(), config=WorkerConfig(namespace="retry-unit"))
+    return Worker(client=NoRedis(), config=WorkerConfig(namespace="retry-unit"))
 
 
 def _retries(worker: Worker) -> float:

@@ -33,16 +33,12 @@ from processor.ingest.decode import (
     recent_turn,
 )
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
-
-#: An entry as read: ``[id, [name, value, ...]]`` (connections.read_raw), or
-#: ``(id, {name: value})`` (connections.stream_entry, the stored path's shape).
-Entry = Any
 
 _ids = itemgetter(0)
 
@@ -55,7 +51,7 @@ class Run:
     __slots__ = ("base", "checked", "entries", "ids", "size", "texts")
 
     def __init__(self) -> None:
-        self.entries: list[Entry] = []
+        self.entries: list[RawEntry] = []
         self.texts: list[Any] = []  # each entry's update field, bytes once checked
         self.ids: list[str] = []
         self.base = 0
@@ -117,7 +113,7 @@ class Run:
 
 
 #: A single: an entry as read, and as decoded.
-Single = tuple[Entry, Applied]
+Single = tuple[RawEntry, Applied]
 Part = Run | Single
 
 
@@ -126,8 +122,7 @@ class HeldBatch:
     """A batch read for holding, as ``group_batch`` groups it."""
 
     turns: dict[TurnKey, list[Part]] = field(default_factory=dict)  # first-seen order
-    # For apply_entries, in batch order, in the usual shape (stream_entry)
-    failed: list[tuple[Any, dict[Any, Any]]] = field(default_factory=list)
+    failed: list[Entry] = field(default_factory=list)  # for apply_entries, in batch order
 
 
 @dataclass
@@ -142,7 +137,7 @@ class HeldCall:
 
 
 def decode_batch(
-    shard: Shard, entries: list[Entry], options: BatchOptions, now_ms: int
+    shard: Shard, entries: list[RawEntry], options: BatchOptions, now_ms: int
 ) -> HeldCall:
     """A batch read with XREADGROUP > grouped for holding (``--hold-turns``,
     ``group_batch``)."""
@@ -150,7 +145,7 @@ def decode_batch(
                                 options.limits.max_entry_bytes), now_ms)
 
 
-def group_batch(entries: list[Entry], shard: int, shards: int,
+def group_batch(entries: list[RawEntry], shard: int, shards: int,
                 max_entry_bytes: int) -> HeldBatch:
     """``entries`` (one XREADGROUP > reply as ``read_raw``
     gives it, in id order) grouped per turn.
@@ -166,10 +161,7 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
     recent = recent_turn
     for entry in entries:
         flat = entry[1]
-        # (A flat list of names and values; an entry in the other shape, a
-        # dict, takes _add_one: one of four fields, a numbered update say,
-        # has a len() of 4 too.)
-        if len(flat) == 4 and flat.__class__ is list:
+        if len(flat) == 4:
             first = flat[0]
             if first == b"response_id":
                 key = recent(flat[1]) if flat[2] == b"update" else None
@@ -191,7 +183,7 @@ def group_batch(entries: list[Entry], shard: int, shards: int,
     return batch
 
 
-def group_each(entries: list[Entry], shard: int, shards: int,
+def group_each(entries: list[RawEntry], shard: int, shards: int,
                max_entry_bytes: int) -> HeldBatch:
     """The reference for ``group_batch``: every entry classified on
     its own (``peek_plain``, else ``decode_stream_entry``)."""
@@ -203,11 +195,11 @@ def group_each(entries: list[Entry], shard: int, shards: int,
     return batch
 
 
-def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], raw: Entry,
+def _add_one(batch: HeldBatch, open_runs: dict[TurnKey, Run], raw: RawEntry,
              max_entry_bytes: int) -> None:
     """One entry classified as ``apply_entries`` would decode it: joined to
     its turn's run (a plain update), or a single that ends the run."""
-    entry = stream_entry(raw)
+    entry = entry_of(raw)
     fields = entry[1]
     plain = peek_plain(fields, max_entry_bytes)
     if plain is not None:
@@ -294,20 +286,20 @@ def _ours(key: TurnKey, parts: list[Part], shard: int, shards: int) -> bool:
         if isinstance(part, Run):
             if shard_of(key.response_id, shards) != shard:
                 return False
-        elif entry_shard(stream_entry(part[0])[1], shards) != shard:
+        elif entry_shard(entry_of(part[0])[1], shards) != shard:
             return False
     return True
 
 
-def _first_entry(part: Part) -> Entry:
+def _first_entry(part: Part) -> RawEntry:
     return part.entries[0] if isinstance(part, Run) else part[0]
 
 
-def part_entries(part: Part) -> list[tuple[Any, dict[Any, Any]]]:
-    """A part's entries, in the usual shape (stream_entry)."""
-    return list(map(stream_entry, part.entries if isinstance(part, Run) else [part[0]]))
+def part_entries(part: Part) -> list[Entry]:
+    """A part's entries, in the usual shape."""
+    return list(map(entry_of, part.entries if isinstance(part, Run) else [part[0]]))
 
 
-def entry_order(entry: Entry) -> tuple[int, int]:
+def entry_order(entry: RawEntry | Entry) -> tuple[int, int]:
     """An entry as read, by its stream id's order."""
     return id_order(as_text(entry[0]))

@@ -25,11 +25,11 @@ from processor.engine.lifecycle import DUPLICATE, Limits, TurnLife
 from processor.engine.live import Shown
 from processor.engine.replay import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
-from processor.worker.held.batch import Entry, HeldBatch, Part, Run, entry_order, part_entries
+from processor.worker.held.batch import HeldBatch, Part, Run, entry_order, part_entries
 from processor.worker.stored.mirror import TurnCopy
 
 _json = msgspec.json.Encoder()
@@ -63,7 +63,7 @@ class Held(TurnCopy):
     # newest entry ('' = none). A spill follows the turn from there.
     checkpoint: bytes = b""
     checkpoint_id: str = ""
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[RawEntry] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     size: int = 0  # bytes of its entries (and of its last checkpoint's snapshot)
     pending: list[bytes] = field(default_factory=list)  # plain updates not fed yet
@@ -106,13 +106,13 @@ class Held(TurnCopy):
                     self.room_updates -= 1
                     self.room_bytes -= size
                 else:
-                    self._feed_fields(entry_id, stream_entry(raw)[1])
+                    self._feed_fields(entry_id, entry_of(raw)[1])
                 self.fresh.append(text)
                 self.entries.append(raw)
                 self.ids.append(entry_id)
         self.size += run.size
 
-    def take_single(self, raw: Entry, entry: Applied) -> None:
+    def take_single(self, raw: RawEntry, entry: Applied) -> None:
         """Feed a decoded entry now, after what is pending."""
         merged = True
         if self.catch_up():
@@ -139,13 +139,13 @@ class Held(TurnCopy):
 
             def prefix(k: int) -> tuple[int, str]:  # (only when a usage does not fit)
                 fed = entries[len(entries) - n:len(entries) - n + k]
-                return sum(entry_size(stream_entry(e)[1]) for e in fed), ids[k - n - 1]
+                return sum(entry_size(entry_of(e)[1]) for e in fed), ids[k - n - 1]
 
             fed = 0 if updates is None else self.replay.feed_updates(
                 updates, ids[-n], ids[-1], size, prefix)
             if fed < n:  # the rest one by one, as apply_entries decodes each
                 for entry_id, entry in zip(ids[fed - n:], entries[fed - n:], strict=True):
-                    if not self._feed_now(entry_id, stream_entry(entry)[1]):
+                    if not self._feed_now(entry_id, entry_of(entry)[1]):
                         break
             self._reroom()
         return not self.broken
@@ -226,11 +226,11 @@ class Holds:
                 old.add(key)
         return fresh
 
-    def _decodes(self, entry: Entry) -> bool:
+    def _decodes(self, entry: RawEntry) -> bool:
         """Whether ``apply_entries`` would decode a plain update (its JSON
         is read only now: a run's are decoded together later)."""
         try:
-            decode_stream_entry(stream_entry(entry)[1],
+            decode_stream_entry(entry_of(entry)[1],
                                 max_entry_bytes=self.limits.max_entry_bytes)
         except EntryError:
             return False
@@ -245,7 +245,7 @@ class Holds:
             else:
                 self.old.add(key)
 
-    def route(self, entries: list[Entry], batch: HeldBatch) -> Routed:
+    def route(self, entries: list[RawEntry], batch: HeldBatch) -> Routed:
         """Feed the entries of held turns (a run of plain updates may wait,
         see ``Held``); the rest are stored (an entry that failed to
         decode is dead-lettered by ``apply_entries``, which moves its turn's
@@ -275,7 +275,7 @@ class Holds:
             stored.sort(key=entry_order)
         return Routed(fed, stored, [key for key in fed if turns[key].broken])
 
-    def _routed(self, entries: list[Entry]) -> tuple[int, int] | None:
+    def _routed(self, entries: list[RawEntry]) -> tuple[int, int] | None:
         """Move the last id routed to this batch's; return the one before if
         this batch starts at or below it (routed before), else None."""
         if not entries:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from processor.engine.records import snapshot
 from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
-from processor.redis_io.replies import as_text, stream_entry
+from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
 from processor.scripts.held_calls import (
     HeldCheckpoint,
     HeldEnd,
@@ -35,7 +35,7 @@ from processor.scripts.stored_calls import ApplyCall
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
-from processor.worker.held.batch import Entry, HeldCall
+from processor.worker.held.batch import HeldCall
 from processor.worker.live_progress import LivePublisher, Rendered, nothing
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
@@ -87,7 +87,7 @@ class HeldPath:
         every entry. Such a shard's turns are stored."""
         return self.shell.config.hold_turns and self.membership.sole_reader(shard.index)
 
-    async def apply_held(self, shard: Shard, entries: list[Entry], call: HeldCall) -> None:
+    async def apply_held(self, shard: Shard, entries: list[RawEntry], call: HeldCall) -> None:
         """Hold what can be held of a batch (``call``: grouped for holding),
         store the rest, publish what ended."""
         state = self.shards[shard.index]
@@ -335,7 +335,7 @@ class HeldPath:
                         key, resumed(key, self.shell.config.limits, held.checkpoint), held,
                         held.checkpoint_id)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
-                entries += map(stream_entry, held.entries)
+                entries += map(entry_of, held.entries)
         if entries:
             try:
                 await self.stored.store(shard, entries, {}, None)

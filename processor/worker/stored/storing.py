@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from processor.engine.records import text_hash
 from processor.engine.replay import Reason, Settled, render, replay_render
 from processor.redis_io.connections import handed_over
-from processor.redis_io.replies import as_text
+from processor.redis_io.replies import Entry, as_text
 from processor.scripts.stored_calls import (
     Applied,
     ApplyCall,
@@ -95,7 +95,7 @@ class StoredContinuity(Protocol):
 
     async def lose_shard_now(self, shard: Shard) -> set[TurnKey]: ...
 
-    async def after_loss(self, shard: Shard, entries: list[Any],
+    async def after_loss(self, shard: Shard, entries: list[Entry],
                          merged: set[str] | frozenset[str] = frozenset()) -> None: ...
 
 
@@ -130,7 +130,7 @@ class StoredPath:
         self.before_finalise: BeforeFinalise = _nothing_held
 
     async def store(
-        self, shard: Shard, entries: list[tuple[Any, Any]], deliveries: dict[str, int],
+        self, shard: Shard, entries: list[Entry], deliveries: dict[str, int],
         call: ApplyCall | None = None, read_from: str = "",
     ) -> None:
         """Store a batch with ``apply_entries``, then finalise whatever it made
