@@ -15,7 +15,7 @@ from support.worker_harness import Harness
 
 from processor.engine.live import replay_texts
 from processor.wire.ids import TurnKey
-from processor.worker.live_progress import Renewals, live_interval, read_lag
+from processor.worker.live_pace import Renewals, live_interval, read_lag
 
 
 def _update(text: str) -> str:
