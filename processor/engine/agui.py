@@ -48,7 +48,8 @@ from typing import Any
 import msgspec
 
 from processor.wire.ids import TurnKey
-from processor.wire.models import Content, ErrorInfo, Message, Meta, Response, Status
+from processor.wire.models import Content
+from processor.wire.outputs import ErrorInfo, Message, Meta, Response, Status
 
 PROTOCOL_VERSION = "1.0"
 

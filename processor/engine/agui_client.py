@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from processor.engine.agui import project
-from processor.wire.models import Meta, Response, Status
+from processor.wire.outputs import Meta, Response, Status
 
 #: An AG-UI message as a client holds it (``id``, ``role``, ``content``, ...).
 AguiMessage = dict[str, Any]

@@ -27,7 +27,7 @@ from processor.engine.agui_client import (
 )
 from processor.engine.combine import turn_tag
 from processor.wire.ids import TurnKey
-from processor.wire.models import ErrorInfo, Meta, Response, Status
+from processor.wire.outputs import ErrorInfo, Meta, Response, Status
 
 #: The id of the empty reasoning message a trimming snapshot holds (see
 #: ``LiveRun.finish``); never one of a client's own messages.

@@ -14,7 +14,8 @@ import msgspec
 
 from processor.engine.turn_state import Segment, TurnState
 from processor.wire.ids import TurnKey, new_turn_key
-from processor.wire.models import Content, Message, Response, Update
+from processor.wire.models import Content, Update
+from processor.wire.outputs import Message, Response
 
 FOLDABLE_TEXT = ("text", "text_reasoning")
 

@@ -13,16 +13,14 @@ import msgspec
 
 from processor.engine.merge import merged_text
 from processor.wire.ids import TurnKey
-from processor.wire.models import (
-    TURN_IDS,
+from processor.wire.models import TURN_IDS, Content, Record
+from processor.wire.outputs import (
     Agent,
-    Content,
     Counts,
     ErrorInfo,
     Event,
     MergedEntry,
     Meta,
-    Record,
     Response,
     Status,
     Step,

@@ -20,16 +20,8 @@ from processor.engine.merge import Turn, UsageOverflow
 from processor.ingest.validate import clip
 from processor.wire import defaults
 from processor.wire.ids import TurnKey
-from processor.wire.models import (
-    MAX_USAGE_COUNT,
-    Counts,
-    ErrorInfo,
-    Meta,
-    Record,
-    Response,
-    Synthesis,
-    Update,
-)
+from processor.wire.models import MAX_USAGE_COUNT, Record, Update
+from processor.wire.outputs import Counts, ErrorInfo, Meta, Response, Synthesis
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -50,8 +50,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from processor.wire.ids import TurnKey
-from processor.wire.models import (
-    TURN_IDS,
+from processor.wire.models import TURN_IDS
+from processor.wire.outputs import (
     Event,
     Message,
     ReasoningChunk,

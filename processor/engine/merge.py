@@ -36,7 +36,8 @@ from processor.engine.combine import (
 )
 from processor.engine.turn_state import Block, Segment, TurnState
 from processor.wire.ids import TurnKey, new_turn_key
-from processor.wire.models import MAX_USAGE_COUNT, TURN_IDS, Content, Record, Response, Update
+from processor.wire.models import MAX_USAGE_COUNT, TURN_IDS, Content, Record, Update
+from processor.wire.outputs import Response
 
 # Re-exported: the merge's public names stay importable from here.
 __all__ = [

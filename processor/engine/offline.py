@@ -23,7 +23,7 @@ from processor.engine.lifecycle import LATE, MERGED, Limits, TurnLife, finish, l
 from processor.ingest.decode import EntryError, decode_entry, entry_size, turn_key
 from processor.wire.cancels import reason_of
 from processor.wire.ids import TurnKey
-from processor.wire.models import Event, TurnResult
+from processor.wire.outputs import Event, TurnResult
 
 # Fields stay raw JSON: ``update`` then travels to the decoder as JSON text,
 # exactly as over Redis, and one bad field cannot break reading the others.

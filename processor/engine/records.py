@@ -18,7 +18,8 @@ from processor.engine.lifecycle import Limits, TurnLife
 from processor.engine.merge import Turn
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
-from processor.wire.models import Counts, Record
+from processor.wire.models import Record
+from processor.wire.outputs import Counts
 
 
 class Stored(msgspec.Struct, array_like=True):

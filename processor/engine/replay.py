@@ -26,7 +26,8 @@ from processor.engine.lifecycle import (
 from processor.engine.records import STATE, decode_stored, resume
 from processor.redis_io.replies import as_text
 from processor.wire.ids import TurnKey
-from processor.wire.models import Record, Response, Status, Update
+from processor.wire.models import Record, Update
+from processor.wire.outputs import Response, Status
 from processor.wire.stream_ids import id_order
 
 #: Why a turn is finalised: its closing entry, a cancel key, its timeout, or

@@ -50,7 +50,7 @@ from typing import Any
 import msgspec
 
 from processor.engine.live import arguments_text
-from processor.wire.models import Response
+from processor.wire.outputs import Response
 
 #: One UI message chunk, as its JSON object.
 Chunk = dict[str, Any]

@@ -15,7 +15,8 @@ import msgspec
 from processor.engine.events import event_type
 from processor.engine.lifecycle import Limits
 from processor.wire.ids import TurnKey
-from processor.wire.models import TURN_IDS, Event
+from processor.wire.models import TURN_IDS
+from processor.wire.outputs import Event
 
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()

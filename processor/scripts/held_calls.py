@@ -16,7 +16,7 @@ from processor.redis_io.replies import as_text
 from processor.scripts.calls import BatchOptions, ScriptCall, id_list, live_fields, msgpack_str
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event
+from processor.wire.outputs import Event
 
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()

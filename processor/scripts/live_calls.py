@@ -10,7 +10,7 @@ import msgspec
 from processor.scripts.calls import BatchOptions, ScriptCall, live_fields, msgpack_str
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event
+from processor.wire.outputs import Event
 
 _pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()

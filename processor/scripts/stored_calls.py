@@ -21,7 +21,8 @@ from processor.redis_io.replies import as_text
 from processor.scripts.calls import BatchOptions, ScriptCall, id_list, msgpack_str
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event, Record
+from processor.wire.models import Record
+from processor.wire.outputs import Event
 
 if TYPE_CHECKING:
     from processor.redis_io.client import Script

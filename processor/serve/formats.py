@@ -22,7 +22,7 @@ from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine import agui
 from processor.engine.agui_live import LiveRun
 from processor.serve import sse
-from processor.wire.models import Counts, Meta, Response, Status
+from processor.wire.outputs import Counts, Meta, Response, Status
 
 FORMATS = ("native", "agui")
 

@@ -19,7 +19,7 @@ import msgspec
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
 from processor.engine.ui_messages import Chunk, Ending, UiStream
 from processor.serve import sse
-from processor.wire.models import Response
+from processor.wire.outputs import Response
 
 #: The response header that names the protocol (``UI_MESSAGE_STREAM_HEADERS`` in ``ai``).
 HEADER = ("x-vercel-ai-ui-message-stream", "v1")

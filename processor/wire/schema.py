@@ -6,16 +6,15 @@ from typing import Any
 
 import msgspec
 
-from processor.wire.models import (
+from processor.wire.models import InputEntry, Update
+from processor.wire.outputs import (
     DlqEntry,
     Event,
     EventEntry,
-    InputEntry,
     MergedEntry,
     Meta,
     Response,
     TurnResult,
-    Update,
 )
 
 #: Name -> type of every published schema, in the order ``processor schema`` prints.

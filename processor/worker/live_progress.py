@@ -43,7 +43,7 @@ from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_l
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.models import Event, Response
+from processor.wire.outputs import Event, Response
 from processor.worker.held.holds import Held, Holds
 from processor.worker.live_pace import RENEW_S, Renewals, live_interval, read_lag
 from processor.worker.shard_state import ShardState

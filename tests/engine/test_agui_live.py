@@ -21,7 +21,7 @@ from support.strategies import turns
 
 from processor.engine import agui, agui_client, agui_live
 from processor.engine.merge import Turn
-from processor.wire.models import Counts, Meta, Response
+from processor.wire.outputs import Counts, Meta, Response
 
 _json = msgspec.json.Encoder()
 

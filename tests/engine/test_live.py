@@ -24,7 +24,7 @@ from processor.engine.live import (
     replay_texts,
 )
 from processor.engine.merge import Turn
-from processor.wire.models import Response
+from processor.wire.outputs import Response
 
 _json = msgspec.json.Encoder()
 

@@ -29,7 +29,8 @@ from processor.engine.records import STATE, encode_stored
 from processor.engine.replay import replay
 from processor.ingest.decode import decode_entry, entry_size
 from processor.wire.ids import TurnKey
-from processor.wire.models import Record, Response
+from processor.wire.models import Record
+from processor.wire.outputs import Response
 
 PROPERTY = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -22,7 +22,7 @@ from support.ui_messages import Reader, comparable, expected_parts
 from processor.engine.live import Shown, live_events, message_text
 from processor.engine.merge import Turn
 from processor.engine.ui_messages import Ending, UiStream
-from processor.wire.models import Response
+from processor.wire.outputs import Response
 
 _json = msgspec.json.Encoder()
 

@@ -17,7 +17,7 @@ from processor.scripts import Scripts
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
-from processor.wire.models import Step, SynthesisChunk
+from processor.wire.outputs import Step, SynthesisChunk
 from processor.worker.config import WorkerConfig
 
 

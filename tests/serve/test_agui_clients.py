@@ -32,7 +32,7 @@ from support.worker_harness import Harness
 
 from processor.client import Producer, Subscriber
 from processor.engine import agui, agui_client
-from processor.wire.models import Meta, Response
+from processor.wire.outputs import Meta, Response
 
 #: Agent Framework's AG-UI client, run in its own venv (never imported).
 CHAT_CLIENT = Path(node_clients.__file__).resolve().parent / "agui_chat_client.py"

@@ -33,7 +33,7 @@ from support.worker_harness import Harness
 from processor.client import Producer, Subscriber
 from processor.engine import agui, agui_client, agui_live
 from processor.serve import sse
-from processor.wire.models import Meta, Response
+from processor.wire.outputs import Meta, Response
 
 AGUI = "?format=agui"
 

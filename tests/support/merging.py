@@ -12,7 +12,8 @@ from processor.engine.live import Shown, live_events
 from processor.engine.merge import Turn
 from processor.ingest.decode import decode_entry
 from processor.wire.ids import TurnKey
-from processor.wire.models import Event, Record, Response
+from processor.wire.models import Record
+from processor.wire.outputs import Event, Response
 
 
 def update_entry(turn: str, **update: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from processor.scripts.calls import live_fields
 from processor.scripts.live_calls import _pack
 from processor.scripts.stored_calls import _started_fields
 from processor.wire.ids import TurnKey
-from processor.wire.models import SynthesisChunk, SynthesisStarted
+from processor.wire.outputs import SynthesisChunk, SynthesisStarted
 
 _ids = st.text(min_size=1, max_size=40)
 _keys = st.builds(TurnKey, _ids, st.one_of(st.just(""), _ids))
