@@ -16,18 +16,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.engine.records import snapshot
 from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
 from processor.scripts.held_calls import (
-    HeldCheckpoint,
     HeldEnd,
     HeldOutcome,
-    build_checkpoint_held,
     build_finalise_held,
     build_open,
-    checkpoint_held,
     finalise_held,
     open_turns,
 )
@@ -36,7 +32,8 @@ from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
 from processor.worker.held.batch import HeldCall
-from processor.worker.live_progress import LivePublisher, Rendered, nothing
+from processor.worker.held.checkpoint import Checkpointer
+from processor.worker.live_progress import LivePublisher, Rendered
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
@@ -76,6 +73,7 @@ class HeldPath:
         self.live = live  # live progress (processor.worker.live_progress)
         self.retrying = retrying
         stored.before_finalise = self.spill_ready
+        self.checkpointer = Checkpointer(shell, shards, live, retrying)
         self._finalising: dict[int, Finalising] = {}  # per shard: the batch finalise in flight
 
     def holds_on(self, shard: Shard) -> bool:
@@ -355,84 +353,15 @@ class HeldPath:
             return
         now = time.monotonic()
         keys = list(holds.turns) if everything else holds.due(now, self.shell.config.hold_ms / 1000)
+        if keys:
+            await self.settle(shard)  # (the finalise in flight committed first)
         if keys and not everything:
-            keys = await self.checkpoint(shard, keys, now)
+            keys = await self.checkpointer.checkpoint(shard, keys, now)
         if keys:
             await self.spill(shard, keys, "all" if everything else "due")
         every = self.shell.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
         if ids := holds.stale(now, every):
             await self._refresh(shard, ids)
-
-    async def checkpoint(self, shard: Shard, keys: list[TurnKey], now: float) -> list[TurnKey]:
-        """Checkpoint the turns of ``keys`` held ``--hold-ms`` or longer that
-        are still running (``checkpoint_held``): each one's merge is stored
-        as a snapshot and its entries acked, and it stays held, held again
-        from ``now``. Their live progress is said first, so that the live
-        log holds every update the snapshot does. Returns the turns to
-        spill: the others (over the bounds, broken or ended) and any the
-        script refused."""
-        holds = self.shards[shard.index].holds
-        hold_s = self.shell.config.hold_ms / 1000
-        aged: list[TurnKey] = []
-        rest: list[TurnKey] = []
-        for key in keys:
-            held = holds.turns.get(key)
-            if held is None:
-                continue
-            if (now - held.since >= hold_s and held.ids and not held.broken
-                    and held.replay.life.outcome is None):
-                aged.append(key)
-            else:
-                rest.append(key)
-        if not aged:
-            return rest
-        await self.settle(shard)  # (the finalise in flight committed first)
-        if self.shell.config.progress:
-            await self.live.publish_live_held(shard, aged, nothing, force=True)
-        turns: list[HeldCheckpoint] = []
-        size = 0
-        for key in aged:
-            held = holds.turns.get(key)
-            if held is None or not held.catch_up() or held.replay.life.outcome is not None:
-                if held is not None:
-                    rest.append(key)
-                continue
-            # In calls of whole turns, each of about a read batch (--batch), as a
-            # spill's: the turns due together would keep redis-server busy.
-            if turns and size + len(held.ids) > self.shell.config.batch:
-                rest += await self._checkpoint(shard, turns, now)
-                turns, size = [], 0
-            life, cover = held.replay.life, held.ids[-1]
-            turns.append(HeldCheckpoint(
-                key, held.version, held.version + len(held.ids), life.counts.updates, life.bytes,
-                snapshot(life, cover), cover, list(held.ids), dict(life.turn.state.ids)))
-            size += len(held.ids)
-        if turns:
-            rest += await self._checkpoint(shard, turns, now)
-        return rest
-
-    async def _checkpoint(self, shard: Shard, turns: list[HeldCheckpoint],
-                          now: float) -> list[TurnKey]:
-        """One ``checkpoint_held`` call, committed; returns the turns it refused."""
-        holds = self.shards[shard.index].holds
-        call = build_checkpoint_held(shard, turns, self.shell.options, self.shell.config.consumer)
-
-        async def checkpoint() -> list[HeldEnd]:
-            return await checkpoint_held(self.shell.scripts.checkpoint_held, call)
-
-        refused: list[TurnKey] = []
-        for turn, result in zip(turns, await self.retrying(checkpoint), strict=True):
-            held = holds.turns.get(turn.key)
-            if held is None:
-                continue
-            if result is not HeldEnd.PUBLISHED:
-                refused.append(turn.key)
-                continue
-            holds.checkpointed(turn.key, turn.after, turn.snapshot, now)
-            self.shell.metrics.stored.inc(len(turn.ids))  # (applied: in the snapshot)
-        if len(refused) < len(turns):
-            self.shell.metrics.checkpointed.inc(len(turns) - len(refused))
-        return refused
 
     async def _refresh(self, shard: Shard, ids: list[str]) -> None:
         """``XCLAIM ... JUSTID`` held entries to this consumer: their idle
