@@ -361,7 +361,8 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.redis_io.client",  # (the Redis client's type, XREAD's arguments)
                "processor.wire", "processor.wire.ids", "processor.wire.keys",
                "processor.wire.cancels",  # (a cancel's bounds: the client's too)
-               "processor.wire.models", "processor.host", "processor.host.options",
+               "processor.wire.models", "processor.wire.outputs",
+               "processor.host", "processor.host.options",
                "processor.host.tool_shell", "processor.scripts",
                "processor.scripts.library",  # (the producers' function library: the client's too)
                "processor.scripts.meta",  # (the namespace's record: the client's too)
@@ -372,7 +373,8 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.engine.agui_live",  # (the live AG-UI projection)
                # The pure AI SDK UI message stream, and the one rule it shares with
                # live progress: how a call's chunks spell its arguments.
-               "processor.engine.ui_messages", "processor.engine.live"}
+               "processor.engine.ui_messages", "processor.engine.ui_parts",
+               "processor.engine.live"}
     extra = [m for m in loaded if m not in allowed and not m.startswith(
         ("processor.serve", "processor.client"))]
     assert extra == []
