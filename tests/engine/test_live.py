@@ -20,9 +20,8 @@ from processor.engine.live import (
     arguments_text,
     live_events,
     message_text,
-    replay_order,
-    replay_texts,
 )
+from processor.engine.live_reader import replay_order, replay_texts
 from processor.engine.merge import Turn
 from processor.wire.outputs import Response
 

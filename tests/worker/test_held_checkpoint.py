@@ -13,7 +13,7 @@ from typing import Any
 from support.turn_reference import compare_with_offline, offline_results
 from support.worker_harness import Harness
 
-from processor.engine.live import replay_texts
+from processor.engine.live_reader import replay_texts
 
 
 def _turn(rid: str, pieces: int) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import pytest
 from support.turn_reference import entry_fields
 from support.worker_harness import Harness
 
-from processor.engine.live import replay_texts
+from processor.engine.live_reader import replay_texts
 from processor.wire.ids import TurnKey
 from processor.worker.live_pace import Renewals, live_interval, read_lag
 

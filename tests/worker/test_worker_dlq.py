@@ -16,7 +16,7 @@ from support.turn_reference import compare_with_offline, interleave, offline_res
 from support.worker_harness import Harness
 
 import processor.scripts.stored_calls
-from processor.engine.live import replay_texts
+from processor.engine.live_reader import replay_texts
 from processor.engine.offline import merge_lines
 from processor.wire.ids import shard_of
 

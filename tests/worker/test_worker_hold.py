@@ -31,7 +31,7 @@ from support.turn_reference import (
 from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
-from processor.engine.live import replay_texts
+from processor.engine.live_reader import replay_texts
 from processor.redis_io.replies import entry_of
 from processor.wire.ids import TurnKey
 from processor.worker.held.batch import HeldBatch, group_batch

@@ -16,7 +16,7 @@ from support.turn_reference import compare_with_offline, interleave, offline_dea
 from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
-from processor.engine.live import replay_texts
+from processor.engine.live_reader import replay_texts
 from processor.wire.ids import response_id_for_turn
 from processor.wire.models import MAX_USAGE_COUNT
 
