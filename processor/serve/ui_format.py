@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from processor.client.turns import LiveEvent, MergedOutput, Snapshot, TurnRef
-from processor.engine.ui_messages import Chunk, Ending, UiStream
+from processor.engine.ui_messages import Ending, UiStream
+from processor.engine.ui_parts import Chunk
 from processor.serve import sse
 from processor.wire.outputs import Response
 
