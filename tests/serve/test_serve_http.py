@@ -368,7 +368,7 @@ def test_serve_imports_no_worker_module() -> None:
                "processor.scripts.meta",  # (the namespace's record: the client's too)
                # The pure merge, to fold a running turn's logged updates into its snapshot.
                "processor.engine", "processor.engine.merge", "processor.engine.combine",
-               "processor.engine.turn_state",
+               "processor.engine.turn_state", "processor.engine.usage",
                "processor.engine.agui", "processor.engine.agui_client",  # (pure AG-UI, as --agui's)
                "processor.engine.agui_live",  # (the live AG-UI projection)
                # The pure AI SDK UI message stream, and the one rule it shares with
