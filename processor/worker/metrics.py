@@ -317,3 +317,12 @@ class DeadLetterLog:
         if turns:
             fields["turns"] = sorted(set(turns))[:self.max_ids]
         dead_log.warning("entries dead-lettered", extra=fields)
+
+    def late(self, shard: int, turn: str, late: Sequence[tuple[str, str, str]]) -> None:
+        """The entries of response id ``turn`` a finalise dead-lettered, found
+        after the turn's end (``(reason, entry id, ...)`` each)."""
+        by_reason: dict[str, list[str]] = {}
+        for reason, entry_id, _ in late:
+            by_reason.setdefault(reason, []).append(entry_id)
+        for reason, ids in by_reason.items():
+            self.note(reason, shard, len(ids), ids, [turn])

@@ -22,7 +22,7 @@ from processor.wire.keys import Shard
 from processor.worker.held.path import HeldPath
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell
-from processor.worker.stored.storing import StoredPath
+from processor.worker.stored.finalising import Finaliser
 
 __all__ = ["CANCEL_CYCLE_S", "Sweeper", "cancel_slice"]
 
@@ -44,11 +44,11 @@ class Sweeper:
     """Sweeps a worker's shards and retries the cancels left waiting."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState], held: HeldPath,
-                 stored: StoredPath) -> None:
+                 finaliser: Finaliser) -> None:
         self.shell = shell
         self.shards = shards
         self.held = held
-        self.stored = stored
+        self.finaliser = finaliser
 
     async def sweep(self, shard: Shard, whole: bool = True) -> None:
         """Finalise turns made ready, timed out or cancelled while no entry
@@ -72,7 +72,7 @@ class Sweeper:
             todo.setdefault(key, "timeout")
         await self.held.publish_held_ends(shard, todo)
         if todo:
-            await self.stored.finalise(shard, todo)
+            await self.finaliser.finalise(shard, todo)
 
     async def _cancelled(
         self, shard: Shard, turns: list[TurnKey]
@@ -99,4 +99,4 @@ class Sweeper:
             todo: dict[TurnKey, Reason] = {key: "cancel" for key in ready}
             await self.held.publish_held_ends(shard, todo)
             if todo:
-                await self.stored.finalise(shard, todo)
+                await self.finaliser.finalise(shard, todo)

@@ -44,6 +44,7 @@ from processor.worker.recovery import Recovery
 from processor.worker.runner import ShardRunner
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Shell, run_together
+from processor.worker.stored.finalising import Finaliser
 from processor.worker.stored.mirror import Mirrors
 from processor.worker.stored.storing import StoredPath
 from processor.worker.sweeping import Sweeper
@@ -110,11 +111,15 @@ class Worker:
         self.continuity = Continuity(shell, self.namespace, self._shards, self.membership,
                                      apply, self.stop, self._stopping, self.ensure_groups)
         self.live = LivePublisher(shell, self._shards, self.retrying)
-        self.stored = StoredPath(shell, self._shards, self.continuity, self.live)
+        self.finaliser = Finaliser(shell, self._shards)
+        self.stored = StoredPath(shell, self._shards, self.continuity, self.live, self.finaliser)
         self.held = HeldPath(shell, self._shards, self.membership, self.stored, self.continuity,
                              self.live, self.retrying)
+        # Before a finalise reads its turns, the held path spills what it
+        # holds of them (the stored path never calls the held path otherwise).
+        self.finaliser.before_finalise = self.held.spill_ready
         self.paths = Paths(self._shards, self.held, self.stored, config.hold_turns)
-        self.sweeper = Sweeper(shell, self._shards, self.held, self.stored)
+        self.sweeper = Sweeper(shell, self._shards, self.held, self.finaliser)
         self.recovery = Recovery(shell, self.namespace, self._shards, self.membership,
                                  self.stored, self.paths.apply_isolated, self.retrying,
                                  self.read_budget)

@@ -93,7 +93,7 @@ async def _dies_before_finalise(harness: Harness) -> None:
         async def no_finalise(*_args: object) -> None:
             return None
 
-        worker.stored.finalise = no_finalise  # type: ignore[method-assign]
+        worker.finaliser.finalise = no_finalise  # type: ignore[method-assign]
         for shard in harness.shards:
             await worker.runner(shard.index).read_once()
     finally:

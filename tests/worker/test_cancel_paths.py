@@ -128,7 +128,7 @@ async def test_worker_task_cancelled_mid_batch(redis_url: str, namespace: str,
         if hold:
             first.worker.scripts.finalise_held = finalise_forever
         else:
-            first.worker.stored.finalise = finalise_forever  # type: ignore[method-assign]
+            first.worker.finaliser.finalise = finalise_forever  # type: ignore[method-assign]
         await harness.add([_u("cut", "one"), _u("cut", " two"), _end("cut")])
         await asyncio.wait_for(stuck.wait(), 10)
         first.task.cancel()

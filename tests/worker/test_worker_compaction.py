@@ -225,7 +225,7 @@ async def test_racing_compactions_finalise_and_apply(redis_url: str, namespace: 
         # The end applied; a finalise that read the turn before a compaction
         # publishes after it (same output), and a compaction after it is a no-op.
         await harness.add([end])
-        worker.stored.finalise = _no_finalise  # type: ignore[method-assign]
+        worker.finaliser.finalise = _no_finalise  # type: ignore[method-assign]
         await worker.stored.store(shard, await _read(harness, shard, "w", 10), {})
         turn_hash = await harness.client.hgetall(shard.turn(tk))
         read = await recs()
@@ -258,7 +258,7 @@ async def test_finalise_from_a_read_before_compaction(redis_url: str, namespace:
         shard = harness.shards[0]
         tk = key.encode()
         worker = Worker(harness.client, harness.worker_config(consumer="w"))
-        worker.stored.finalise = _no_finalise  # type: ignore[method-assign]
+        worker.finaliser.finalise = _no_finalise  # type: ignore[method-assign]
         await worker.ensure_groups()
         scripts = Scripts(harness.client)
         await harness.add(entries)

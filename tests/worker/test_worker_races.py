@@ -150,7 +150,7 @@ async def test_cancelled_before_start_then_worker_dies(redis_url: str, namespace
         async def no_finalise(*_args: object) -> None:
             return None
 
-        s.worker.stored.finalise = no_finalise  # type: ignore[method-assign]
+        s.worker.finaliser.finalise = no_finalise  # type: ignore[method-assign]
         await s.read_and_apply()
 
     async with Harness(redis_url, namespace) as harness:

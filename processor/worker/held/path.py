@@ -37,7 +37,8 @@ from processor.worker.live_progress import LivePublisher, Rendered
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
-from processor.worker.stored.storing import StoredPath, cancel_reasons
+from processor.worker.stored.finalising import cancel_reasons
+from processor.worker.stored.storing import StoredPath
 
 log = logging.getLogger("processor.worker")
 
@@ -72,7 +73,6 @@ class HeldPath:
         self.continuity = continuity
         self.live = live  # live progress (processor.worker.live_progress)
         self.retrying = retrying
-        stored.before_finalise = self.spill_ready
         self.checkpointer = Checkpointer(shell, shards, live, retrying)
         self._finalising: dict[int, Finalising] = {}  # per shard: the batch finalise in flight
 
@@ -258,7 +258,8 @@ class HeldPath:
                 acked += len(ids)
                 reasons += [reason for _, reason, _ in late]
                 if late:
-                    self.stored.log_late(shard, key, [(reason, i, "") for i, reason, _ in late])
+                    self.shell.dead_letters.late(shard.index, key.response_id,
+                                                 [(reason, i, "") for i, reason, _ in late])
             else:
                 refused.append(key)
         if published:
