@@ -88,17 +88,6 @@ class ShardRunner:
         #: may give another source).
         self.read: Callable[[], Awaitable[list[RawEntry]]] = self.read_redis
         self.shard = state.shard
-        self.client = worker.client
-        self.config = worker.config
-        self.metrics = worker.metrics
-        self.membership = worker.membership
-        self.options = worker.options
-        self.held = worker.held
-        self.live = worker.live
-        self.recovery = worker.recovery
-        self.continuity = worker.continuity
-        self.paths = worker.paths
-        self.sweeper = worker.sweeper
 
     @property
     def stopping(self) -> bool:
@@ -116,7 +105,7 @@ class ShardRunner:
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            self.held.abandon(self.shard)
+            self.worker.held.abandon(self.shard)
 
     async def _read_ahead(self, batches: Handoff) -> None:
         """Read and decode batches until stopping (the apply loop then applies
@@ -127,12 +116,12 @@ class ShardRunner:
             try:
                 if state.orphans:
                     await batches.join()  # nothing read earlier is still waiting to be applied
-                    await self.held.settle(shard)  # (nor finalised)
-                    await retrying(self.recovery.take_back, shard)
-                generation = self.continuity.generation
+                    await self.worker.held.settle(shard)  # (nor finalised)
+                    await retrying(self.worker.recovery.take_back, shard)
+                generation = self.worker.continuity.generation
                 entries = await retrying(self.read)
                 call = self._prepare(entries)
-                await self.held.open_ahead(shard, call)
+                await self.worker.held.open_ahead(shard, call)
                 await batches.put(Batch(entries, call, generation))
                 await batches.taken()  # one batch ahead of the apply loop, no more
             except asyncio.CancelledError as exc:
@@ -151,9 +140,9 @@ class ShardRunner:
             return None
         shard = self.shard
         try:
-            if self.held.holds_on(shard):  # grouped for holding (processor.worker.held.batch)
-                return decode_batch(shard, entries, self.options, now_ms())
-            call = build_apply(shard, entries_of(entries), {}, self.options, now_ms())
+            if self.worker.held.holds_on(shard):  # grouped for holding (held/batch.py)
+                return decode_batch(shard, entries, self.worker.options, now_ms())
+            call = build_apply(shard, entries_of(entries), {}, self.worker.options, now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": self.shard.index})
             return None
@@ -168,49 +157,49 @@ class ShardRunner:
         while (batch := await next_batch(batches, reader)) is not None:
             try:
                 end_if_cancelled()
-                if not self.membership.sole_reader(shard.index):
+                if not self.worker.membership.sole_reader(shard.index):
                     self.state.mirrors.shared()  # (stale once another worker ends a turn)
                 await self._step(batch)
-                if self.config.progress:  # the turns whose live progress waited (live_progress.py)
-                    await self._guarded(self.live.publish_waiting, shard)
+                if self.worker.config.progress:  # (the live progress that waited)
+                    await self._guarded(self.worker.live.publish_waiting, shard)
                 now = time.monotonic()
-                reads = self.membership.reads(shard.index)
+                reads = self.worker.membership.reads(shard.index)
                 if reads and not read_before:
                     next_reclaim = 0.0  # a shard just taken over: its dead owner's entries now
                 read_before = reads
                 # Held turns are spilled when due, and all of them once
                 # another worker reads the shard (it cannot finish them).
-                await self._guarded(retrying, self.held.spill_due, shard,
-                                    not self.held.holds_on(shard))
-                await self._guarded(retrying, self.sweeper.retry_cancels, shard)
+                await self._guarded(retrying, self.worker.held.spill_due, shard,
+                                    not self.worker.held.holds_on(shard))
+                await self._guarded(retrying, self.worker.sweeper.retry_cancels, shard)
                 if now >= next_sweep:
                     # A shard this worker does not read gets a slow sweep
                     # for cancels only, so that a cancel is published within
                     # a beat even while the shard's readers are dead; its
                     # readers finalise the rest, from their own mirrors.
-                    await self._guarded(retrying, self.sweeper.sweep, shard, reads)
-                    next_sweep = now + (self.config.sweep_interval if reads
-                                        else self.membership.beat_period)
+                    await self._guarded(retrying, self.worker.sweeper.sweep, shard, reads)
+                    next_sweep = now + (self.worker.config.sweep_interval if reads
+                                        else self.worker.membership.beat_period)
                 if reads and now >= next_reclaim:
-                    await self._guarded(self.held.settle, shard)
-                    await self._guarded(retrying, self.recovery.reclaim, shard)
-                    next_reclaim = now + self.config.reclaim_idle_ms / 2000
+                    await self._guarded(self.worker.held.settle, shard)
+                    await self._guarded(retrying, self.worker.recovery.reclaim, shard)
+                    next_reclaim = now + self.worker.config.reclaim_idle_ms / 2000
             finally:
                 batches.task_done()
         # Stopping: what is held goes to apply_entries (stored, acked) before
         # leaving; if Redis is gone, it stays pending for a reclaim.
-        await self._guarded(self.held.spill_due, shard, True)
+        await self._guarded(self.worker.held.spill_due, shard, True)
 
     async def _step(self, batch: Batch) -> None:
         shard, state, retrying = self.shard, self.state, self.worker.retrying
-        if state.lost or batch.generation != self.continuity.generation:
-            await self._guarded(self.held.settle, shard)  # (what it finalises, known first)
+        if state.lost or batch.generation != self.worker.continuity.generation:
+            await self._guarded(self.worker.held.settle, shard)  # (what it finalises, known first)
         if state.lost:  # the namespace's state found lost:
-            await self._guarded(retrying, self.continuity.lose_shard_now, shard)
-        if self.config.progress:  # (how far behind the read is stretches the live interval)
-            self.live.read(shard, batch.entries[-1][0] if batch.entries else None, now_ms())
+            await self._guarded(retrying, self.worker.continuity.lose_shard_now, shard)
+        if self.worker.config.progress:  # (how far behind the read is stretches the live interval)
+            self.worker.live.read(shard, batch.entries[-1][0] if batch.entries else None, now_ms())
         if batch.entries:
-            self.metrics.read(shard.index, len(batch.entries))
+            self.worker.metrics.read(shard.index, len(batch.entries))
             # On a connection error the same batch is applied again: the XACK
             # fence makes that idempotent, and nothing waits for a reclaim.
             # Its group vanished: applied again once it is put back with this
@@ -218,11 +207,11 @@ class ShardRunner:
             # state lost, what Redis no longer has goes to the DLQ.
             try:
                 for _ in range(3):
-                    if batch.generation != self.continuity.generation:
-                        await self._guarded(retrying, self.continuity.after_loss, shard,
+                    if batch.generation != self.worker.continuity.generation:
+                        await self._guarded(retrying, self.worker.continuity.after_loss, shard,
                                             entries_of(batch.entries))
                         break
-                    done = await self._guarded(retrying, self.paths.apply_read,
+                    done = await self._guarded(retrying, self.worker.paths.apply_read,
                                                shard, batch.entries, batch.call)
                     if done is not VANISHED:
                         break
@@ -242,7 +231,7 @@ class ShardRunner:
             if not is_nogroup(exc):
                 return await self._failed(exc)
             try:
-                await self.worker.retrying(self.continuity.group_vanished, self.shard)
+                await self.worker.retrying(self.worker.continuity.group_vanished, self.shard)
             except Exception as again:
                 return await self._failed(again)
             return VANISHED
@@ -273,21 +262,21 @@ class ShardRunner:
 
     async def _step_failed(self, exc: BaseException, message: str) -> None:
         """Count and log a failed step (inside its ``except``), then pause before the next."""
-        self.metrics.step_failed(exc)
+        self.worker.metrics.step_failed(exc)
         log.exception(message, extra={"shard": self.shard.index})
-        await asyncio.sleep(min(1.0, self.config.sweep_interval * 5))
+        await asyncio.sleep(min(1.0, self.worker.config.sweep_interval * 5))
 
     async def read_once(self) -> None:
         """Read and apply one batch, without reading ahead (a single step)."""
         shard, state, retrying = self.shard, self.state, self.worker.retrying
         if state.orphans:
-            await retrying(self.recovery.take_back, shard)
+            await retrying(self.worker.recovery.take_back, shard)
         entries = await retrying(self.read)
         if entries:
-            self.metrics.read(shard.index, len(entries))
+            self.worker.metrics.read(shard.index, len(entries))
             try:
-                await retrying(self.paths.apply_read, shard, entries, None)
-                await self.held.settle(shard)
+                await retrying(self.worker.paths.apply_read, shard, entries, None)
+                await self.worker.held.settle(shard)
             finally:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))
                 state.batch_done(entries)
@@ -297,19 +286,19 @@ class ShardRunner:
         (``connections.read_raw``: the held path groups those directly, the
         stored path takes them in the usual shape, ``replies.entries_of``)."""
         shard, state = self.shard, self.state
-        if not self.membership.reads(shard.index):
+        if not self.worker.membership.reads(shard.index):
             # Another worker reads this shard (shard affinity): wait as long
             # as an idle read would, so the loop's cancel sweeps keep their pace.
-            await asyncio.sleep(self.config.block_ms / 1000)
+            await asyncio.sleep(self.worker.config.block_ms / 1000)
             return []
-        cfg = self.config
+        cfg = self.worker.config
         # Bounded in bytes (processor.worker.budget): as many entries as fit the
         # budget at the size of the last ones; a reply past it is cut.
         count = state.read_count
         budget = ReadBudget(self.worker.read_budget)
         try:
             with bounded(budget):
-                entries = await read_raw(self.client, cfg.group, cfg.consumer,
+                entries = await read_raw(self.worker.client, cfg.group, cfg.consumer,
                                          shard.updates, count, cfg.block_ms)
         except ReplyTooLarge as exc:
             # Delivered to this consumer, never received: taken back (bounded
@@ -325,7 +314,7 @@ class ShardRunner:
             # The group (or the stream) vanished under this worker: put back
             # where it was, or the namespace's whole state is gone (continuity.py),
             # and its groups come back a little later: wait as an idle read would.
-            if await self.continuity.group_vanished(shard):
+            if await self.worker.continuity.group_vanished(shard):
                 await asyncio.sleep(cfg.block_ms / 1000)
             return []
         except Exception:
