@@ -4,7 +4,7 @@ docs/contract.md §6), called by ``Producer.cancel``, ``processor cancel`` and
 and a cancel already set is never shortened, replaced or deleted: the first
 reason stays, the TTL becomes the longer of the two. Here as a caller that
 may SET (an administrator; a worker carrying out a request is one too); the
-least-privilege users are tests/deploy/test_acl.py's."""
+least-privilege users are tests/deploy/test_acl*.py's."""
 
 from __future__ import annotations
 

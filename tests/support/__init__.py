@@ -3,9 +3,10 @@ tests/serve, ...): imported as ``support.<module>`` (pyproject's
 ``pythonpath`` puts tests/ on ``sys.path``; the fixtures are tests/conftest.py's).
 
 - Live runs: ``worker_harness`` (workers on a real Redis; every output goes
-  through ``contract``), ``subprocess_workers``, ``serve_harness``,
-  ``sse_followers``, ``node_clients`` (the JavaScript clients in tests/js),
-  ``cli_tools``, ``scrape`` (a worker's metrics), ``records``.
+  through ``contract``; ``held_runs`` for held turns), ``subprocess_workers``,
+  ``serve_harness``, ``sse_followers``, ``node_clients`` (the JavaScript
+  clients in tests/js), ``cli_tools``, ``scrape`` (a worker's metrics),
+  ``records``.
 - Redis: ``redis_servers`` (the fixtures' servers, a local Cluster),
   ``tls_certs``, ``tls_proxy``.
 - Turns and their checks: ``turn_reference``, ``strategies``, ``merging``,

@@ -174,7 +174,7 @@ async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_tu
     end's batch and cuts before it: cancelled. The held path reads no key
     when it routes a batch, and its finalise published the turn `completed`:
     same entries, same key, another outcome depending on which path held the
-    turn (tests/deploy/test_acl.py's producer test failed so once numbered entries
+    turn (tests/deploy/test_acl_producers.py's producer test failed so once numbered entries
     took the held path). Now finalise_held meets the key and cuts at the end
     (what the holder routed before it, which it may have shown live, is
     merged): cancelled on both paths, without the end."""

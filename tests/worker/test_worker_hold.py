@@ -4,7 +4,9 @@ then published and acked in one ``finalise_held``; whenever holding stops
 being safe (a crash, another consumer's entries, a cancel, the hold bound,
 a stop) the turn is spilled to ``apply_entries`` and finishes as a stored
 turn. Every path publishes what ``processor merge`` of the same entries
-publishes, exactly once."""
+publishes, exactly once. Live progress of held turns is
+test_worker_hold_live.py's; the finalise and the checkpoint,
+test_worker_hold_finalise.py's."""
 
 from __future__ import annotations
 
@@ -13,15 +15,12 @@ import json
 import random
 from typing import Any
 
-import msgspec
 import pytest
-import redis.exceptions
-from support.strategies import random_turn
+from support.held_runs import HOLD, metric, random_turns
 from support.turn_reference import (
     as_read,
     compare_with_offline,
     end_entry,
-    entry_fields,
     interleave,
     offline_results,
     response_text,
@@ -31,30 +30,16 @@ from support.turn_reference import (
 from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
-from processor.engine.live_reader import replay_texts
 from processor.redis_io.replies import entry_of
 from processor.wire.ids import TurnKey
 from processor.worker.held.batch import HeldBatch, group_batch
 from processor.worker.held.holds import Holds
-from processor.worker.worker import Worker, WorkerConfig
-
-HOLD = {"hold_turns": True}
-
-
-def _metric(worker: Worker, name: str, **labels: str) -> float:
-    value = worker.metrics.registry.get_sample_value(name, labels or None)
-    return value or 0.0
-
-
-def _turns(n: int, seed: int = 7) -> list[list[dict[str, Any]]]:
-    rng = random.Random(seed)
-    return [random_turn(rng, f"r{i}") for i in range(n)]
 
 
 async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
     redis_url: str, namespace: str
 ) -> None:
-    turns = _turns(60)
+    turns = random_turns(60)
     entries = interleave(turns, random.Random(3))
     async with Harness(redis_url, namespace, batch=50, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
@@ -64,8 +49,8 @@ async def test_held_turns_publish_the_offline_merge_without_storing_a_record(
         outputs = await harness.outputs()
         assert await harness.state_keys() == []
         worker = running.worker
-        held = _metric(worker, "processor_turns_settled_total", source="held")
-        spilled = _metric(worker, "processor_held_turns_spilled_total")
+        held = metric(worker, "processor_turns_settled_total", source="held")
+        spilled = metric(worker, "processor_held_turns_spilled_total")
     compare_with_offline(outputs, offline_results(entries))
     assert held == len(turns) and spilled == 0
 
@@ -76,7 +61,7 @@ async def test_mirror_turns_0_keeps_no_mirror_and_still_holds_turns(
     """--mirror-turns 0 means "always read back" a stored turn; it bounds the
     mirrors, not the held turns (their own bound): every turn is still held and
     published from memory, none spilled because a mirror cache is empty."""
-    turns = _turns(20)
+    turns = random_turns(20)
     entries = interleave(turns, random.Random(5))
     async with Harness(redis_url, namespace, batch=50, mirror_turns=0, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
@@ -85,68 +70,10 @@ async def test_mirror_turns_0_keeps_no_mirror_and_still_holds_turns(
         await harness.wait_drained()
         outputs = await harness.outputs()
         worker = running.worker
-        held = _metric(worker, "processor_turns_settled_total", source="held")
-        spilled = _metric(worker, "processor_held_turns_spilled_total")
+        held = metric(worker, "processor_turns_settled_total", source="held")
+        spilled = metric(worker, "processor_held_turns_spilled_total")
     compare_with_offline(outputs, offline_results(entries))
     assert held == len(turns) and spilled == 0
-
-
-def _live_texts_match(outputs: Any, response_text_of: Any = None) -> int:
-    """Every turn's live chunks replay to its merged messages' texts
-    (processor.engine.live); returns the number of chunks seen."""
-    chunks = 0
-    for key, got in outputs.turns.items():
-        merged = json.loads(got.merged[0]["response"])
-        for kind, content in (("synthesis.chunk", "text"), ("reasoning.chunk", "text_reasoning")):
-            shown = {m: t for m, t in replay_texts(got.events, kind).items() if t}
-            want = {m["message_id"]: t for m in merged["messages"]
-                    if (t := "".join(c.get("text") or "" for c in m["contents"]
-                                     if c["type"] == content))}
-            assert shown == want, f"{key}: {kind}"
-            chunks += sum(1 for e in got.events if e["type"] == kind)
-    return chunks
-
-
-@pytest.mark.parametrize(("hold", "batch"), [(True, 7), (False, 7), (True, 200)])
-async def test_live_progress_replays_to_the_merged_text_held_or_stored(
-    redis_url: str, namespace: str, hold: bool, batch: int
-) -> None:
-    """Live progress is on by default, holding turns or not: every turn's
-    text and reasoning chunks, replayed, are its merged messages' texts, in
-    gap-free seqs between synthesis.started and the terminal event, and the
-    merge is processor merge's; held turns stay held (none stored). Batches
-    of 200 entries move more than SPLIT_TURNS turns: two calls each."""
-    turns = _turns(30, seed=11)
-    entries = interleave(turns, random.Random(5))
-    assert WorkerConfig().progress and WorkerConfig(**HOLD).hold_turns
-    async with Harness(redis_url, namespace, batch=batch, hold_turns=hold) as harness:
-        (running,) = await harness.start_workers(1)
-        await harness.add(entries)
-        await harness.wait_merged(len(turns))
-        outputs = await harness.outputs()
-        held = _metric(running.worker, "processor_turns_settled_total", source="held")
-        logs = await harness.client.keys(f"{{{namespace}:*}}:live:*")
-    compare_with_offline(outputs, offline_results(entries))
-    assert _live_texts_match(outputs) > len(turns)
-    assert held == (len(turns) if hold else 0)
-    assert logs == []  # each went with its turn's state when it was published
-
-
-async def test_no_progress_publishes_only_the_start_and_the_outcome(
-    redis_url: str, namespace: str
-) -> None:
-    turns = _turns(6, seed=3)
-    entries = interleave(turns, random.Random(2))
-    async with Harness(redis_url, namespace, batch=7, progress=False) as harness:
-        await harness.start_workers(1)
-        await harness.add(entries)
-        await harness.wait_merged(len(turns))
-        outputs = await harness.outputs()
-        logs = await harness.client.keys(f"{{{namespace}:*}}:live:*")
-    compare_with_offline(outputs, offline_results(entries))
-    assert {tuple(e["type"] for e in t.events) for t in outputs.turns.values()} == {
-        ("synthesis.started", "synthesis")}
-    assert logs == []
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -156,7 +83,7 @@ async def test_workers_hold_only_the_shards_they_read_alone(
     """Two workers on one shard both read it: a turn's entries reach both,
     and holding would spill nearly every turn, so each stores what it reads
     (Membership.sole_reader). On two shards each reads one alone and holds."""
-    turns = _turns(40, seed=13)
+    turns = random_turns(40, seed=13)
     entries = interleave(turns, random.Random(9))
     async with Harness(redis_url, namespace, shards=shards, batch=20, worker_ttl=1.0,
                        **HOLD) as harness:
@@ -169,9 +96,9 @@ async def test_workers_hold_only_the_shards_they_read_alone(
         await harness.wait_merged(len(turns))
         await harness.wait_drained()
         outputs = await harness.outputs()
-        held = sum(_metric(w.worker, "processor_turns_settled_total", source="held")
+        held = sum(metric(w.worker, "processor_turns_settled_total", source="held")
                    for w in (a, b))
-        spilled = sum(_metric(w.worker, "processor_held_turns_spilled_total") for w in (a, b))
+        spilled = sum(metric(w.worker, "processor_held_turns_spilled_total") for w in (a, b))
     compare_with_offline(outputs, offline_results(entries))
     if shards == 1:
         assert held == spilled == 0
@@ -243,7 +170,28 @@ def test_held_entries_are_refreshed_once_per_period_and_not_looked_at_between() 
     assert holds.stale(20.0, 10.0) == ["1-0"]
 
 
-
+def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> None:
+    """The same call is retried after a lost reply: entries already fed are
+    not fed again, even when the batch's last entry did not decode (so the
+    batch's ids, not its decoded entries, say how far routing went)."""
+    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
+    key = TurnKey("r1")
+    updates = [e["update"] for e in simple_turn("r1", 5)[:5]]
+    first = [_plain(i, u) for i, u in enumerate(updates[:2], 1)]
+    second = [*(_plain(i, u) for i, u in enumerate(updates[2:4], 3)), [b"5-0", [b"bad", b"x"]]]
+    holds.opened({key: True}, "5", now=0.0)
+    holds.route(first, _grouped(first))
+    routed = holds.route(second, _grouped(second))
+    bad = entry_of(second[2])
+    assert routed.stored == [bad]  # the undecodable one: apply_entries dead-letters it
+    again = holds.route(second, _grouped(second))
+    assert again.held == [] and again.stored == [bad]
+    # Part of a run routed before, part new: only the new part is held.
+    overlap = [second[1], _plain(6, updates[4])]
+    assert holds.route(overlap, _grouped(overlap)).held == [key]
+    held = holds.turns[key]
+    assert held.ids == ["1-0", "2-0", "3-0", "4-0", "6-0"]
+    assert held.catch_up() and held.replay.life.counts.updates == 5
 
 
 async def _pending(harness: Harness, consumer: str | None = None) -> int:
@@ -276,7 +224,7 @@ async def test_a_crashed_holders_entries_are_reclaimed_and_merged_once(
         rescuer = await harness.start_worker(reclaim_idle_ms=300)
 
         def reclaimed() -> float:
-            return _metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
+            return metric(rescuer.worker, "processor_entries_consumed_total", shard="0",
                            source="reclaim")
 
         # The ends come once the rescuer took the entries over: read first, an end
@@ -308,7 +256,7 @@ async def test_another_consumers_older_entry_makes_the_holder_spill(
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
-        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+        spilled = metric(running.worker, "processor_held_turns_spilled_total")
     assert response_text(outputs, "t") == "123"
     assert spilled == 1
 
@@ -337,7 +285,7 @@ async def test_a_dead_letter_of_a_held_turn_spills_it(
         await harness.wait_merged(1, timeout=30)
         await harness.wait_drained()
         outputs = await harness.outputs()
-        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
+        spilled = metric(running.worker, "processor_held_turns_spilled_total")
     turn = outputs.turns[TurnKey("t")]
     assert response_text(outputs, "t") == "12"
     assert [d["reason"] for d in outputs.dlq] == ["bad_encoding"]
@@ -361,28 +309,6 @@ async def test_a_cancelled_held_turn_is_published_cancelled_with_what_was_held(
     assert turn.merged[0]["status"] == "cancelled" and response_text(outputs, "c") == "12"
     assert int(done[b"dropped"]) == 2 and outputs.dlq == []
     assert outputs.terminal_counts()[TurnKey("c")] == 1
-
-
-async def test_a_turn_held_past_hold_ms_is_checkpointed_and_finishes_held(
-    redis_url: str, namespace: str
-) -> None:
-    """Past --hold-ms a running turn's merge is stored as one snapshot and
-    its entries acked (the stream trimmed), not a record per entry; it
-    stays held and is published from memory."""
-    async with Harness(redis_url, namespace, hold_ms=200, **HOLD) as harness:
-        (running,) = await harness.start_workers(1)
-        await harness.add([text_delta("s", "1"), text_delta("s", "2")])
-        await harness.wait_applied()  # checkpointed: acked, and the stream trimmed
-        recs = await harness.client.hkeys(harness.shards[0].recs(TurnKey("s").encode()))
-        await harness.add([text_delta("s", "3"), end_entry("s")])
-        await harness.wait_merged(1)
-        await harness.wait_drained()
-        outputs = await harness.outputs()
-        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
-        checkpoints = _metric(running.worker, "processor_held_turns_checkpointed_total")
-        left = await harness.state_keys()
-    assert recs == [b"state"] and spilled == 0 and checkpoints == 1
-    assert response_text(outputs, "s") == "123" and left == []
 
 
 async def test_a_stopping_worker_stores_what_it_holds(redis_url: str, namespace: str) -> None:
@@ -426,30 +352,6 @@ async def test_a_stored_turn_does_not_wait_for_held_turns(
     assert response_text(outputs, "old") == "12" and response_text(outputs, "held") == "x"
 
 
-def test_a_batch_routed_again_feeds_nothing_twice_whatever_it_ends_with() -> None:
-    """The same call is retried after a lost reply: entries already fed are
-    not fed again, even when the batch's last entry did not decode (so the
-    batch's ids, not its decoded entries, say how far routing went)."""
-    holds = Holds(Limits(), max_turns=10, max_bytes=1 << 20)
-    key = TurnKey("r1")
-    updates = [e["update"] for e in simple_turn("r1", 5)[:5]]
-    first = [_plain(i, u) for i, u in enumerate(updates[:2], 1)]
-    second = [*(_plain(i, u) for i, u in enumerate(updates[2:4], 3)), [b"5-0", [b"bad", b"x"]]]
-    holds.opened({key: True}, "5", now=0.0)
-    holds.route(first, _grouped(first))
-    routed = holds.route(second, _grouped(second))
-    bad = entry_of(second[2])
-    assert routed.stored == [bad]  # the undecodable one: apply_entries dead-letters it
-    again = holds.route(second, _grouped(second))
-    assert again.held == [] and again.stored == [bad]
-    # Part of a run routed before, part new: only the new part is held.
-    overlap = [second[1], _plain(6, updates[4])]
-    assert holds.route(overlap, _grouped(overlap)).held == [key]
-    held = holds.turns[key]
-    assert held.ids == ["1-0", "2-0", "3-0", "4-0", "6-0"]
-    assert held.catch_up() and held.replay.life.counts.updates == 5
-
-
 async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
     redis_url: str, namespace: str
 ) -> None:
@@ -464,220 +366,12 @@ async def test_a_live_holder_keeps_what_it_holds_past_the_reclaim_idle_time(
         await harness.wait_for(lambda: holder.worker.shard(0).held_turns, 10, "never held")
         other = await harness.start_worker()
         await asyncio.sleep(3.0)  # over three reclaim idle times
-        reclaimed = _metric(other.worker, "processor_entries_consumed_total", shard="0",
+        reclaimed = metric(other.worker, "processor_entries_consumed_total", shard="0",
                             source="reclaim")
         await harness.stop_worker(other)
         assert await _pending(harness, holder.consumer) == 2
         await harness.add([end_entry("long")])
         await harness.wait_merged(1)
         outputs = await harness.outputs()
-        held = _metric(holder.worker, "processor_turns_settled_total", source="held")
+        held = metric(holder.worker, "processor_turns_settled_total", source="held")
     assert reclaimed == 0 and held == 1 and response_text(outputs, "long") == "12"
-
-
-async def _logged_updates(harness: Harness, response_id: str) -> list[dict[str, Any]]:
-    """The updates a turn's live log holds, in order (publish_live.lua)."""
-    log = harness.ns.shard(0).live(TurnKey(response_id).encode())
-    return [update for _id, fields in await harness.client.xrange(log)
-            for update in json.loads(fields[b"updates"])]
-
-
-@pytest.mark.parametrize(("hold", "lost"), [(True, 1), (True, 2), (False, 1), (False, 2)])
-async def test_a_live_publish_whose_reply_is_lost_says_each_delta_and_update_once(
-    redis_url: str, namespace: str, hold: bool, lost: int
-) -> None:
-    """A ``publish_live`` call that ran in Redis but whose reply never came
-    back (the connection cut just after): the worker learns what it did
-    (the call again, which the turn's token makes a no-op that says "ran
-    before") and goes on from there, so every delta is on the events stream
-    once and every update in the turn's live log once, on both paths,
-    whichever call (the turn's first, a later one) loses its reply."""
-    rid = "lost-reply"
-    updates = [text_delta(rid, f"d{i} ") for i in range(9)]
-    async with Harness(redis_url, namespace, batch=3, hold_turns=hold) as harness:
-        (running,) = await harness.start_workers(1)
-        scripts = running.worker.scripts
-        real, calls = scripts.publish_live, 0
-
-        async def reply_lost(**kwargs: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            result = await real(**kwargs)
-            if calls == lost:
-                raise redis.exceptions.ConnectionError("reply lost (test)")
-            return result
-
-        scripts.publish_live = reply_lost
-        for i in range(0, len(updates), 3):  # one batch each
-            await harness.add(updates[i:i + 3])
-
-            async def logged(n: int = i + 3) -> bool:
-                return len(await _logged_updates(harness, rid)) >= n
-
-            await harness.wait_for(logged, 10, f"the live log never had {i + 3} updates")
-        got = await _logged_updates(harness, rid)
-        events = (await harness.outputs()).turns[TurnKey(rid)].events
-        await harness.add([end_entry(rid)])
-        await harness.wait_merged(1)
-        outputs = await harness.outputs()
-    assert [u["contents"][0]["text"] for u in got] == [f"d{i} " for i in range(9)]
-    assert replay_texts(events) == {"m": "".join(f"d{i} " for i in range(9))}
-    assert calls > lost  # (the seam ran)
-    compare_with_offline(outputs, offline_results([*updates, end_entry(rid)]))
-    assert replay_texts(outputs.turns[TurnKey(rid)].events) == {"m": response_text(outputs, rid)}
-
-
-async def test_a_held_turns_last_events_are_left_out_when_another_speaks_for_it(
-    redis_url: str, namespace: str
-) -> None:
-    """The batch that ends a held turn publishes its last live events with
-    its outcome (finalise_held), under the same token as publish_live: with
-    the turn's `live` mark naming another worker, they are left out and the
-    outcome is still published (its merged event ends any view); with this
-    worker's mark they are there (test_live_progress_replays_...)."""
-    rid = "other-speaker"
-    first = [text_delta(rid, f"d{i} ") for i in range(3)]
-    async with Harness(redis_url, namespace, batch=3, hold_turns=True) as harness:
-        (running,) = await harness.start_workers(1)
-        await harness.add(first)
-
-        async def logged() -> bool:
-            return len(await _logged_updates(harness, rid)) >= 3
-
-        await harness.wait_for(logged, 10, "the live log never had the first batch")
-        turn = harness.ns.shard(0).turn(TurnKey(rid).encode())
-        await harness.client.hset(turn, "live", "someone-else 1")
-        async with harness.client.pipeline(transaction=True) as pipe:  # (read as one batch)
-            for entry in (text_delta(rid, "d3 "), end_entry(rid)):
-                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
-            await pipe.execute()
-        await harness.wait_merged(1)
-        outputs = await harness.outputs()
-        held = _metric(running.worker, "processor_turns_settled_total", source="held")
-    events = outputs.turns[TurnKey(rid)].events
-    assert replay_texts(events) == {"m": "d0 d1 d2 "}
-    assert response_text(outputs, rid) == "d0 d1 d2 d3 "
-    assert held == 1
-    seqs = [e["seq"] for e in events]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gap-free to the terminal event
-
-
-async def test_an_entry_after_the_end_of_a_turn_whose_finalise_is_in_flight_is_late(
-    redis_url: str, namespace: str
-) -> None:
-    """A batch's finalise runs while the next batch is merged (HeldPath.settle).
-    An entry of a turn whose finalise is still in flight, in that next
-    batch, waits for the finalise: it is then dead-lettered as late
-    (``turn_closed``), not fed to the published turn and left pending; the
-    batch's other turn goes on held. Here the finalise's reply is held back
-    until the late entry has been delivered."""
-    async with Harness(redis_url, namespace, batch=10, hold_turns=True) as harness:
-        (running,) = await harness.start_workers(1)
-        # (A first turn: the loop's first reclaim, which commits first, is behind it.)
-        await harness.add([text_delta("w", "0"), end_entry("w")])
-        await harness.wait_merged(1)
-        scripts = running.worker.scripts
-        real, entered, release = scripts.finalise_held, asyncio.Event(), asyncio.Event()
-
-        async def held_back(**kwargs: Any) -> Any:
-            result = await real(**kwargs)
-            if not entered.is_set():
-                entered.set()
-                await release.wait()
-            return result
-
-        scripts.finalise_held = held_back
-        async with harness.client.pipeline(transaction=True) as pipe:  # (read as one batch)
-            for entry in (text_delta("a", "1"), end_entry("a")):
-                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
-            await pipe.execute()
-        await asyncio.wait_for(entered.wait(), 10)
-        async with harness.client.pipeline(transaction=True) as pipe:
-            for entry in (text_delta("a", "late"), text_delta("b", "2"), end_entry("b")):
-                pipe.xadd(harness.ns.shard(0).updates, entry_fields(entry))
-            await pipe.execute()
-
-        async def delivered() -> bool:  # (the first batch is acked: its finalise ran)
-            pending = await harness.client.xpending(harness.ns.shard(0).updates, harness.group)
-            return int(pending["pending"]) == 3
-
-        await harness.wait_for(delivered, 10, "the second batch was never read")
-        await asyncio.sleep(0.2)  # (the applier reaches the second batch meanwhile)
-        release.set()
-        await harness.wait_merged(3)
-        await harness.wait_drained(10)  # (left pending, it would wait for a reclaim: 30 s)
-        outputs = await harness.outputs()
-        held = _metric(running.worker, "processor_turns_settled_total", source="held")
-    assert response_text(outputs, "a") == "1" and response_text(outputs, "b") == "2"
-    assert [(d["response_id"], d["reason"]) for d in outputs.dlq] == [("a", "turn_closed")]
-    assert held == 3
-
-
-async def test_a_batch_finalise_that_fails_leaves_its_turns_to_spill_and_finish_stored(
-    redis_url: str, namespace: str
-) -> None:
-    """The batch's finalise runs on its own (HeldPath._settle): one that
-    fails with an error that is not a connection error is counted and
-    logged, its turns stay held, spill when due (``--hold-ms``) and are
-    published once by the stored path."""
-    async with Harness(redis_url, namespace, hold_ms=300, **HOLD) as harness:
-        (running,) = await harness.start_workers(1)
-        scripts = running.worker.scripts
-        real, calls = scripts.finalise_held, 0
-
-        async def fails_once(**kwargs: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if calls == 1:
-                raise redis.exceptions.ResponseError("finalise failed (test)")
-            return await real(**kwargs)
-
-        scripts.finalise_held = fails_once
-        entries = [text_delta("f", "1"), text_delta("f", "2"), end_entry("f")]
-        await harness.add(entries)
-        await harness.wait_merged(1)
-        await harness.wait_drained()
-        outputs = await harness.outputs()
-        spilled = _metric(running.worker, "processor_held_turns_spilled_total")
-        failed = _metric(running.worker, "processor_step_failures_total")
-    compare_with_offline(outputs, offline_results(entries))
-    assert calls == 1 and spilled == 1 and failed == 1
-
-
-async def test_turns_held_past_hold_ms_checkpoint_in_calls_of_about_a_batch(
-    redis_url: str, namespace: str
-) -> None:
-    """All the turns due at once are checkpointed in calls of whole turns of
-    about ``--batch`` entries (in one call, 1,000 paced turns' 50,000
-    entries kept redis-server busy for seconds, every client waiting), each
-    turn's entries in one call, and finish as ``processor merge`` says."""
-    turns = [[text_delta(f"t{i}", str(j)) for j in range(5)] for i in range(30)]
-    ends = [end_entry(f"t{i}") for i in range(30)]
-    calls: list[tuple[int, list[str]]] = []  # entries, and their turns, of each checkpoint
-    async with Harness(redis_url, namespace, hold_ms=300, batch=20, **HOLD) as harness:
-        (running,) = await harness.start_workers(1)
-        scripts = running.worker.scripts
-        checkpoint = scripts.checkpoint_held
-
-        async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
-            rows = msgspec.msgpack.decode(args[3], type=list[list[msgspec.Raw]])
-            calls.append((sum(len(msgspec.msgpack.decode(row[7], type=list[str])) for row in rows),
-                          sorted(str(k).split(":turn:")[1] for k in keys[2::4])))
-            return await checkpoint(keys=keys, args=args)
-
-        scripts.checkpoint_held = recorded
-        await harness.add(interleave(turns, random.Random(3)))
-        await harness.wait_for(
-            lambda: _metric(running.worker, "processor_held_turns_checkpointed_total") == 30, 20,
-            "not all checkpointed")
-        await harness.wait_applied()
-        spill = list(calls)
-        await harness.add(ends)
-        await harness.wait_merged(30)
-        outputs = await harness.outputs()
-    assert sum(n for n, _ in spill) == 150
-    assert max(n for n, _ in spill) <= 20
-    every = [tk for _, tks in spill for tk in tks]
-    assert len(every) == len(set(every)) == 30  # each turn's entries in one call
-    for i in range(30):
-        assert response_text(outputs, f"t{i}") == "01234"
