@@ -3,66 +3,49 @@ deploy/: they parse, the worker command in each is accepted by the CLI's own
 parser and option validation, the core Kubernetes objects validate offline
 against the API schemas, the KEDA objects have what KEDA requires, and the
 pieces agree with each other (ConfigMap, Secret, probes, shards, groups).
-Also ``processor init``, which the Job and the compose init service run."""
+Also ``processor init``, which the Job and the compose init service run.
+``processor serve``'s Deployment, Service and compose service are
+tests/deploy/test_deploy_serve.py's."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
 import sys
 import tomllib
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import redis
-import yaml
+from support.deploy_files import (
+    COMPOSE,
+    DOCKERFILE,
+    K8S,
+    ROOT,
+    SECRET,
+    compose,
+    configmap_env,
+    dockerfile_instructions,
+    image_argv,
+    k8s_objects,
+    load_all,
+    one,
+)
 
 from processor.cli.main import build_parser
 from processor.host import config
 from processor.redis_io.options import RedisOptions
 from processor.wire.keys import Namespace
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
-SECRET = ROOT / "deploy" / "secret.example.yaml"
 # Kubernetes versions the manifests must be valid for: an old supported one and the newest
 # schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
 # A drain applies and acks one batch: a read, an apply and a finalise call, each bounded
 # by the Redis socket timeout. Termination grace must exceed it.
 DRAIN_BOUND_S = 3 * RedisOptions("redis://x").socket_timeout
-
-
-@cache  # parsed once: callers must not change what they get
-def load_all(path: Path) -> list[dict[str, Any]]:
-    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-    assert docs, f"{path} has no YAML document"
-    return docs
-
-
-def k8s_objects() -> list[dict[str, Any]]:
-    return [doc for path in [*K8S, SECRET] for doc in load_all(path)]
-
-
-def one(kind: str, component: str = "worker") -> dict[str, Any]:
-    """The one object of ``kind`` (of a Deployment or Service: of ``component``)."""
-    found = [doc for doc in k8s_objects() if doc["kind"] == kind]
-    if kind in ("Deployment", "Service"):
-        found = [doc for doc in found
-                 if doc["metadata"]["labels"]["app.kubernetes.io/component"] == component]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
-
-def configmap_env() -> dict[str, str]:
-    return one("ConfigMap")["data"]
 
 
 def secret_keys() -> set[str]:
@@ -80,28 +63,6 @@ def accepted(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Dockerfile
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    text = DOCKERFILE.read_text().replace("\\\n", " ")
-    lines = [line.strip() for line in text.splitlines()]
-    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in lines
-            if ln and not ln.startswith("#")]
-
-
-def dockerfile_exec(name: str) -> list[str]:
-    """The JSON (exec) form of the last ENTRYPOINT or CMD."""
-    value = [arg for instr, arg in dockerfile_instructions() if instr == name][-1]
-    parsed = json.loads(value)
-    assert isinstance(parsed, list), f"{name} must use the exec form (signals reach processor)"
-    return parsed
-
-
-def image_argv(command: list[str] | None = None) -> list[str]:
-    """What the image runs (ENTRYPOINT + CMD, or + the given command), without the program."""
-    entrypoint = dockerfile_exec("ENTRYPOINT")
-    assert entrypoint == ["processor"]
-    return command if command is not None else dockerfile_exec("CMD")
 
 
 def test_dockerfile_is_slim_non_root_and_runs_the_worker() -> None:
@@ -140,11 +101,6 @@ def test_the_installed_package_carries_every_data_file() -> None:
 
 
 # --------------------------------------------------------------------------- compose
-
-
-def compose() -> dict[str, Any]:
-    (doc,) = load_all(COMPOSE)
-    return doc
 
 
 def test_compose_redis_is_7_with_aof_and_a_healthcheck() -> None:
@@ -381,72 +337,3 @@ def test_init_without_a_url_or_with_a_bad_setting_exits_2() -> None:
                  env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert "--shards" in proc.stderr
-
-
-# --------------------------------------------------------------------------- serve
-
-
-def _serve_env() -> dict[str, str]:
-    """processor serve's container environment, the references resolved."""
-    (spec,) = one("Deployment", "serve")["spec"]["template"]["spec"]["containers"]
-    assert "envFrom" not in spec  # the workers' ConfigMap holds run options serve would warn of
-    env: dict[str, str] = {}
-    for var in spec["env"]:
-        if "value" in var:
-            env[var["name"]] = var["value"]
-        elif "configMapKeyRef" in var["valueFrom"]:
-            ref = var["valueFrom"]["configMapKeyRef"]
-            assert ref["name"] == one("ConfigMap")["metadata"]["name"]
-            env[var["name"]] = configmap_env()[ref["key"]]
-        else:
-            ref = var["valueFrom"]["secretKeyRef"]
-            assert ref["name"] == one("Secret")["metadata"]["name"]
-            env[var["name"]] = one("Secret")["stringData"][ref["key"]]
-    return env
-
-
-def _serve_accepts(argv: list[str], env: dict[str, str]) -> Any:
-    from processor.serve import config as serve_config
-
-    args = build_parser().parse_args(argv)
-    assert args.command == "serve", argv
-    resolved, problems = serve_config.resolve(args, env)
-    assert problems == [] and resolved is not None, problems
-    assert serve_config.unknown_env(env) == []  # no setting it would ignore
-    return resolved
-
-
-def test_serve_deployment_runs_with_tokens_as_the_serve_user() -> None:
-    deployment = one("Deployment", "serve")
-    pod = deployment["spec"]["template"]["spec"]
-    (spec,) = pod["containers"]
-    assert "command" not in spec and spec["args"] == ["serve"]
-    assert "--no-auth" not in spec["args"]
-    env = _serve_env()
-    assert "PROCESSOR_NO_AUTH" not in env
-    resolved = _serve_accepts(image_argv(spec["args"]), env)
-    assert resolved.token_secret == env["PROCESSOR_TOKEN_SECRET"]  # auth on, from the Secret
-    assert resolved.redis.url.startswith("redis://serve:")  # the serve ACL user
-    ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
-    assert ports["http"] == resolved.port
-    assert spec["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert spec["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert spec["securityContext"]["readOnlyRootFilesystem"] is True
-    service = one("Service", "serve")
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    assert service["spec"]["ports"][0]["targetPort"] == "http"
-
-
-def test_compose_serve_needs_a_token_secret_and_listens_on_loopback() -> None:
-    spec = compose()["services"]["serve"]
-    assert spec["command"] == ["serve"]
-    env = {k: str(v) for k, v in spec["environment"].items()}
-    # docker compose refuses to start without the variable (${VAR:?message}).
-    assert re.fullmatch(r"\$\{PROCESSOR_TOKEN_SECRET:\?[^}]+\}", env["PROCESSOR_TOKEN_SECRET"])
-    assert "PROCESSOR_NO_AUTH" not in env
-    env["PROCESSOR_TOKEN_SECRET"] = "a-secret-from-the-environment"
-    resolved = _serve_accepts(image_argv(spec["command"]), env)
-    assert resolved.token_secret == "a-secret-from-the-environment"
-    assert all(port.startswith("127.0.0.1:") for port in spec["ports"])
-    assert spec["ports"] == [f"127.0.0.1:${{SERVE_HOST_PORT:-8080}}:{resolved.port}"]

@@ -4,31 +4,25 @@ browser: Debian's headless Chromium driven by Playwright, against a real
 Redis. What it renders is the merged response, also when the test kills
 the server mid-turn and starts it again (the page resumes by itself); its
 live view is already the merged one when the turn ends (a handoff with a
-tool call and result); a refused token is said on the page, on the first
-load and while it reconnects (no more retries then); a cancelled turn's
-reason is shown; markup in a turn is shown as text, and the token goes to
-the stream in a header.
+tool call and result); a cancelled turn's reason is shown; markup in a
+turn is shown as text, and the token goes to the stream in a header. A
+refused token is tests/serve/test_serve_view_tokens.py's.
 
 ``PROCESSOR_SCREENSHOTS=docs`` (a directory) makes the tests save the
 screenshots docs/serve.md shows there: ``serve-view.png`` (the demo's
-handoff), ``serve-view-expired.png``, ``serve-view-cancelled.png``."""
+handoff), ``serve-view-cancelled.png``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-from playwright.async_api import Browser, Page, Playwright, Route, async_playwright
+from playwright.async_api import Browser, Route, async_playwright
 from support.serve_harness import (
-    SECRET,
     LocalServe,
     bearer,
     config,
@@ -37,14 +31,11 @@ from support.serve_harness import (
     start_local,
     token,
 )
+from support.view_pages import browser, screenshot, shows
 from support.worker_harness import Harness
 
 from processor.cli.demo import HANDOFF
 from processor.client import Producer, Subscriber
-from processor.serve.tokens import issue
-
-#: Debian's Chromium (.ci/run installs it); Playwright drives it, never downloads one.
-CHROMIUM = "/usr/bin/chromium"
 
 #: What the page shows, as the test reads it back: per message its author,
 #: role and parts (text, reasoning, tool call name and arguments, result).
@@ -89,34 +80,17 @@ def rendered(response: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-async def _browser(playwright: Playwright) -> Browser:
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
-    return await playwright.chromium.launch(executable_path=CHROMIUM,
-                                            args=["--no-sandbox", "--headless"])
-
-
 @contextlib.asynccontextmanager
 async def _watched(redis_url: str, namespace: str
                    ) -> AsyncIterator[tuple[Harness, LocalServe, Browser]]:
     """A worker, ``processor serve`` in this process and Chromium, all closed after."""
     async with served(redis_url, namespace) as (harness, serve), \
             async_playwright() as playwright:
-        browser = await _browser(playwright)
+        chromium = await browser(playwright)
         try:
-            yield harness, serve, browser
+            yield harness, serve, chromium
         finally:
-            await browser.close()
-
-
-async def _screenshot(page: Page, tmp_path: Path, name: str) -> None:
-    """The page as a picture, in the test's directory and, with
-    ``PROCESSOR_SCREENSHOTS=<dir>``, in that directory (docs/ for serve.md)."""
-    await page.set_viewport_size({"width": 900, "height": 200})  # full_page grows to fit
-    await page.screenshot(path=str(tmp_path / name), full_page=True)
-    where = os.environ.get("PROCESSOR_SCREENSHOTS")
-    if where:
-        await page.screenshot(path=str(Path(where) / name), full_page=True)
+            await chromium.close()
 
 
 def update(contents: list[dict[str, Any]], author: str | None, message_id: str | None = None,
@@ -153,13 +127,6 @@ AFTER_THE_CUT = [
 ]
 
 
-async def _shows(page: Page, expected: str) -> None:
-    """Until some message's text is ``expected`` (the live view, from deltas)."""
-    await page.wait_for_function(
-        "want => [...document.querySelectorAll('.message .text')].some("
-        "t => t.textContent === want)", arg=expected, timeout=30_000)
-
-
 async def test_the_page_renders_the_merged_response_across_a_server_restart(
     redis_url, namespace, tmp_path: Path
 ) -> None:
@@ -170,15 +137,15 @@ async def test_the_page_renders_the_merged_response_across_a_server_restart(
         await harness.wait_started([worker])  # the namespace's record, which serve reads
         serve = spawn_serve(redis_url, namespace, tmp_path)
         producer = Producer(harness.client, namespace)
-        browser = await _browser(playwright)
+        chromium = await browser(playwright)
         try:
             await harness.wait_started([worker])
             await serve.wait_serving()
-            page = await browser.new_page()
+            page = await chromium.new_page()
             await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
             for entry in BEFORE_THE_CUT:
                 await producer.send(rid, entry)
-            await _shows(page, "Hi, I'm ")
+            await shows(page, "Hi, I'm ")
             assert await page.get_attribute("#connection", "data-connections") == "1"
 
             serve.kill()  # mid-turn: the page loses its stream
@@ -189,7 +156,7 @@ async def test_the_page_renders_the_merged_response_across_a_server_restart(
             await serve.wait_serving()
 
             # Resumed from its last id: the deltas it missed, none twice.
-            await _shows(page, "Hi, I'm Bob. Your invoice INV-7 was paid on 3 May.")
+            await shows(page, "Hi, I'm Bob. Your invoice INV-7 was paid on 3 May.")
             assert await page.get_attribute("#connection", "data-connections") == "2"
             assert await page.get_attribute("body", "data-state") == "running"
 
@@ -201,7 +168,7 @@ async def test_the_page_renders_the_merged_response_across_a_server_restart(
                 "usage: input_token_count 9 · output_token_count 21")
             await page.screenshot(path=str(tmp_path / "view.png"), full_page=True)
         finally:
-            await browser.close()
+            await chromium.close()
             serve.kill()
 
 
@@ -223,16 +190,16 @@ async def test_the_live_view_of_a_handoff_is_already_the_merged_view(
         await harness.wait_started([worker])
         serve = await start_local(config(redis_url, namespace))
         producer = Producer(harness.client, namespace)
-        browser = await _browser(playwright)
+        chromium = await browser(playwright)
         try:
-            page = await browser.new_page()
+            page = await chromium.new_page()
             await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
             await page.wait_for_function(
                 "document.getElementById('connection').textContent === 'live'")
             for update in HANDOFF:
                 await producer.send(rid, update, ids={"thread_id": "thread-1"})
                 await harness.wait_applied()  # each update its own batch of live deltas
-            await _shows(page, "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3.")
+            await shows(page, "Hi, I'm Bob from billing. Your invoice #42 was paid on May 3.")
             live = await page.evaluate(READ_VIEW)
             assert await page.get_attribute("body", "data-state") == "running"
 
@@ -243,94 +210,10 @@ async def test_the_live_view_of_a_handoff_is_already_the_merged_view(
             assert live == final
             assert final == rendered(merged)
             assert [m["label"] for m in final] == ["alice", "tool", "alice", "bob"]
-            await _screenshot(page, tmp_path, "serve-view.png")
+            await screenshot(page, tmp_path, "serve-view.png")
         finally:
-            await browser.close()
+            await chromium.close()
             await serve.close()
-
-
-_REFUSALS = [  # (what the token is, HTTP status, the page's heading)
-    ("nonsense", 401, "This link's token is not valid here"),
-    ("expired", 401, "This link has expired"),
-    ("another turn's", 403, "This link is for another turn"),
-    ("missing", 401, "This link has no token for the turn"),
-]
-
-
-async def test_a_refused_token_on_first_load_is_said_on_the_page(
-    redis_url, namespace, tmp_path: Path
-) -> None:
-    """A bad, expired, another turn's or no token: the page (with the
-    refusal's status) says what happened and what to do, in words."""
-    rid = "turn-view-refused"
-    tokens = {"nonsense": "nonsense", "expired": issue(SECRET, rid, int(time.time()) - 5),
-              "another turn's": token("another-turn"), "missing": None}
-    serve = await start_local(config(redis_url, namespace))
-    async with async_playwright() as playwright:
-        browser = await _browser(playwright)
-        try:
-            for kind, status, heading in _REFUSALS:
-                page = await browser.new_page()
-                given = tokens[kind]
-                query = f"?token={given}" if given else ""
-                response = await page.goto(f"{serve.url}/v1/turns/{rid}/view{query}")
-                assert response is not None and response.status == status, kind
-                await page.wait_for_selector("#problem:not([hidden])", timeout=30_000)
-                assert await page.inner_text("#problem-title") == heading, kind
-                assert "new one" in await page.inner_text("#problem-advice")
-                assert '"error"' not in await page.inner_text("body")
-                assert await page.get_attribute("body", "data-connection") == "stopped"
-                await page.close()
-        finally:
-            await browser.close()
-            await serve.close()
-
-
-async def test_a_token_that_expires_while_the_page_reconnects_stops_it_and_says_so(
-    redis_url, namespace, tmp_path: Path
-) -> None:
-    """The server goes away mid-turn; the turn ends; the page's token
-    expires before the server is back: its reconnect gets a 401, and the
-    page stops (one 401, no retries after it) and says so, instead of
-    "reconnecting" for good."""
-    rid = "turn-view-expiring"
-    async with Harness(redis_url, namespace, log_dir=tmp_path) as harness, \
-            async_playwright() as playwright:
-        worker = harness.spawn(progress=True, log_level="info")
-        await harness.wait_started([worker])
-        serve = spawn_serve(redis_url, namespace, tmp_path)
-        producer = Producer(harness.client, namespace)
-        browser = await _browser(playwright)
-        refused: list[int] = []
-        try:
-            await serve.wait_serving()
-            page = await browser.new_page()
-            page.on("response", lambda r: refused.append(r.status)
-                    if "/events" in r.url and r.status == 401 else None)
-            expires = int(time.time()) + 6
-            await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={issue(SECRET, rid, expires)}")
-            await producer.send(rid, HANDOFF[5])
-            await _shows(page, "Hi, I'm Bob from billing. ")
-
-            serve.kill()
-            await producer.send(rid, HANDOFF[7])
-            await producer.end(rid)
-            await Subscriber(harness.client, namespace).wait_for(rid, 30)
-            await asyncio.sleep(max(0.0, expires + 1 - time.time()))  # the token has expired
-            serve = spawn_serve(redis_url, namespace, tmp_path, port=serve.port)
-            await serve.wait_serving()
-
-            await page.wait_for_selector("#problem:not([hidden])", timeout=30_000)
-            assert await page.inner_text("#problem-title") == "This link has expired"
-            assert "Stopped following" in await page.inner_text("#problem-advice")
-            assert await page.get_attribute("body", "data-connection") == "stopped"
-            assert await page.get_attribute("body", "data-state") == "unknown"
-            await asyncio.sleep(3)  # three of the page's retry periods: it asks no more
-            assert refused == [401]
-            await _screenshot(page, tmp_path, "serve-view-expired.png")
-        finally:
-            await browser.close()
-            serve.kill()
 
 
 def _sse(*events: tuple[int | None, dict[str, Any]]) -> str:
@@ -373,10 +256,10 @@ async def test_a_cancelled_turn_shows_its_reason(redis_url, namespace, tmp_path:
     rid = "turn-view-cancelled"
     serve = await start_local(config(redis_url, namespace))
     async with async_playwright() as playwright:
-        browser = await _browser(playwright)
+        chromium = await browser(playwright)
         try:
             for reason_in in ("meta", "event"):
-                page = await browser.new_page()
+                page = await chromium.new_page()
 
                 async def stream(route: Route, reason_in: str = reason_in) -> None:
                     await route.fulfill(status=200, content_type="text/event-stream",
@@ -390,9 +273,9 @@ async def test_a_cancelled_turn_shows_its_reason(redis_url, namespace, tmp_path:
                 assert await page.evaluate(READ_VIEW) == [{
                     "author": "writer", "role": "assistant", "label": "writer",
                     "parts": [["text", "Let me write a "]]}]
-            await _screenshot(page, tmp_path, "serve-view-cancelled.png")
+            await screenshot(page, tmp_path, "serve-view-cancelled.png")
         finally:
-            await browser.close()
+            await chromium.close()
             await serve.close()
 
 
@@ -402,13 +285,13 @@ async def test_a_turn_cancelled_through_serve_shows_its_reason_end_to_end(
     """The same with a real worker: a turn cancelled with ``POST .../cancel``
     and a reason shows "cancelled: <reason>" and the partial merge."""
     rid = "turn-view-cancel-e2e"
-    async with _watched(redis_url, namespace) as (harness, serve, browser):
-        page = await browser.new_page()
+    async with _watched(redis_url, namespace) as (harness, serve, chromium):
+        page = await chromium.new_page()
         await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={token(rid)}")
         await Producer(harness.client, namespace).send(rid, {
             "role": "assistant", "author_name": "writer", "message_id": "m1",
             "contents": [{"type": "text", "text": "Let me write a "}]})
-        await _shows(page, "Let me write a ")
+        await shows(page, "Let me write a ")
         async with aiohttp.ClientSession() as session, session.post(
                 f"{serve.url}/v1/turns/{rid}/cancel", headers=bearer(rid),
                 json={"reason": "user pressed stop"}) as response:
@@ -432,8 +315,8 @@ async def test_turn_content_is_shown_as_text_and_the_token_travels_in_a_header(
     with ``?token=``, asks for the event stream with the token in the
     ``Authorization`` header, not in the URL."""
     rid, given = "turn-view-hostile", ""
-    async with _watched(redis_url, namespace) as (harness, serve, browser):
-        page = await browser.new_page()
+    async with _watched(redis_url, namespace) as (harness, serve, chromium):
+        page = await chromium.new_page()
         streams: list[tuple[str, dict[str, str]]] = []
         page.on("request", lambda request: streams.append(
             (request.url, request.headers)) if "/events" in request.url else None)
@@ -441,7 +324,7 @@ async def test_turn_content_is_shown_as_text_and_the_token_travels_in_a_header(
         await page.goto(f"{serve.url}/v1/turns/{rid}/view?token={given}")
         producer = Producer(harness.client, namespace)
         await producer.send(rid, update([text(HOSTILE)], HOSTILE, "m1"))
-        await _shows(page, HOSTILE)
+        await shows(page, HOSTILE)
         await producer.send(rid, update(
             [{"type": "function_call", "call_id": "c1", "name": HOSTILE,
               "arguments": HOSTILE}], HOSTILE, "m2"))

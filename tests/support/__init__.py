@@ -4,9 +4,11 @@ tests/serve, ...): imported as ``support.<module>`` (pyproject's
 
 - Live runs: ``worker_harness`` (workers on a real Redis; every output goes
   through ``contract``; ``held_runs`` for held turns), ``subprocess_workers``,
-  ``serve_harness``, ``sse_followers``, ``node_clients`` (the JavaScript
-  clients in tests/js), ``cli_tools``, ``scrape`` (a worker's metrics),
-  ``records``.
+  ``serve_harness``, ``view_pages`` (the page in headless Chromium),
+  ``sse_followers``, ``node_clients`` (the JavaScript clients in tests/js),
+  ``cli_tools``, ``scrape`` (a worker's metrics), ``records``,
+  ``loss_runs`` (the loss tests' entries and reads).
+- Deployment: ``deploy_files`` (compose, the Dockerfile, the manifests).
 - Redis: ``redis_servers`` (the fixtures' servers, a local Cluster),
   ``tls_certs``, ``tls_proxy``.
 - Turns and their checks: ``turn_reference``, ``strategies``, ``merging``,
