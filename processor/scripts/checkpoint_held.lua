@@ -8,7 +8,11 @@ For each turn, atomically, unless it is done or gone (0), or its version
 moved since this worker last saw it or another consumer (or none) holds it
 (-1: some consumer stored, dropped or dead-lettered one of its entries, or
 the turn was spilled), or its cancel key exists (3: the stored path cuts
-and publishes it): XACK the entries this consumer holds of it (every entry
+and publishes it), or an entry older than the cover is pending to another
+consumer (2: a worker that read it died; it may be this turn's, which the
+snapshot would miss and a replay would put after the snapshot once it is
+reclaimed; the caller spills the turn, whose records replay in id order):
+XACK the entries this consumer holds of it (every entry
 of the turn up to the newest it routed: XREADGROUP delivers in id order,
 and an entry of the turn another consumer acked meanwhile moved the
 version), store the snapshot of the turn's state after them in its recs
@@ -38,7 +42,7 @@ Returns one integer per turn: 1 checkpointed (also when this very call ran
 before: the turn's version, cover and holder are the ones it set), 0 done
 or gone, -1 changed (also when its recs hash holds a record: another
 consumer stored an entry of it, which a version that happens to match
-would hide), 3 cancelled.
+would hide), 2 an older entry pending elsewhere, 3 cancelled.
 ]==]
 
 local updates, active = KEYS[1], KEYS[2]
@@ -46,9 +50,18 @@ local group, consumer = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 
 --- includes/trim_acked
+--- includes/watermark
 --- includes/require_group
 
 require_group(updates, group)
+
+-- The oldest entry pending to another consumer, looked up once, on the
+-- first turn that needs it (false: none is).
+local others
+local function others_first()
+  if others == nil then others = others_oldest(updates, group, consumer) or false end
+  return others
+end
 
 local now = redis.call('TIME')
 local now_str = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
@@ -74,6 +87,8 @@ for t = 1, nturns do
       results[t] = -1
     elseif redis.call('EXISTS', ckey) == 1 then
       results[t] = 3
+    elseif others_first() and others < pad_id(cover) then
+      results[t] = 2
     else
       for j = 1, #ids, 1000 do
         redis.call('XACK', updates, group, unpack(ids, j, math.min(j + 999, #ids)))
