@@ -57,11 +57,7 @@ require_group(updates, group)
 
 -- The oldest entry pending to another consumer, looked up once, on the
 -- first turn that needs it (false: none is).
-local others
-local function others_first()
-  if others == nil then others = others_oldest(updates, group, consumer) or false end
-  return others
-end
+local others_first = others_oldest_once(updates, group, consumer)
 
 local now = redis.call('TIME')
 local now_str = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
@@ -87,7 +83,7 @@ for t = 1, nturns do
       results[t] = -1
     elseif redis.call('EXISTS', ckey) == 1 then
       results[t] = 3
-    elseif others_first() and others < pad_id(cover) then
+    elseif others_first() and others_first() < pad_id(cover) then
       results[t] = 2
     else
       for j = 1, #ids, 1000 do

@@ -91,11 +91,7 @@ require_group(updates, group)
 
 -- The oldest entry pending to another consumer, looked up once, on the
 -- first turn that needs it (false: none is).
-local others
-local function others_first()
-  if others == nil then others = others_oldest(updates, group, consumer) or false end
-  return others
-end
+local others_first = others_oldest_once(updates, group, consumer)
 
 local turns = cmsgpack.unpack(ARGV[9])
 local acked = false

@@ -12,6 +12,17 @@ local function others_oldest(updates, group, consumer)
   return low
 end
 
+-- others_oldest_once: a function that gives others_oldest, looked up on
+-- its first call only (false: none is pending), for a script that may need
+-- it for several turns.
+local function others_oldest_once(updates, group, consumer)
+  local found
+  return function()
+    if found == nil then found = others_oldest(updates, group, consumer) or false end
+    return found
+  end
+end
+
 -- watermark: the padded id below which no entry that a stored turn may
 -- still be missing is pending (nil when nothing is pending): the group's
 -- oldest pending entry. With --hold-turns the calling consumer passes
