@@ -6,22 +6,28 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import cached_property
 
-from processor.redis_io.replies import RawEntry
+from processor.redis_io.replies import Entry, RawEntry, entries_of
 from processor.scripts.stored_calls import ApplyCall
 from processor.worker.held.batch import HeldCall
 
 
-@dataclass(frozen=True)
+@dataclass
 class Batch:
     """Entries read from a shard, as the reply held them, and, when decoding
-    them worked, their script call; ``generation``: the worker's when the
-    read began (another one: read before the namespace's state was found
-    lost, continuity.py)."""
+    them worked, their script call (``ShardRunner._prepare``);
+    ``generation``: the worker's when the read began (another one: read
+    before the namespace's state was found lost, continuity.py)."""
 
     entries: list[RawEntry]
-    call: ApplyCall | HeldCall | None
     generation: int = 0
+    call: ApplyCall | HeldCall | None = None
+
+    @cached_property
+    def usual(self) -> list[Entry]:
+        """The entries in the usual shape (the stored path's), made once."""
+        return entries_of(self.entries)
 
 
 class Handoff(asyncio.Queue[Batch]):

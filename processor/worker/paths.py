@@ -9,10 +9,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from processor.redis_io.connections import is_transient
-from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
+from processor.redis_io.replies import Entry, as_text
 from processor.scripts.stored_calls import ApplyCall
 from processor.wire.keys import Shard
 from processor.worker.continuity import is_nogroup
+from processor.worker.handoff import Batch
 from processor.worker.held.batch import HeldCall
 from processor.worker.held.path import HeldPath
 from processor.worker.shard_state import ShardState
@@ -31,16 +32,16 @@ class Paths:
         self.stored = stored
         self.hold_turns = hold_turns
 
-    async def apply_read(self, shard: Shard, read: list[RawEntry],
-                         call: ApplyCall | HeldCall | None) -> None:
-        """A batch as its shard's runner read it (``connections.read_raw``),
-        ``call`` its script call if already built: held when grouped for
-        holding (``HeldCall``, ``ShardRunner._prepare``), else stored."""
+    async def apply_read(self, shard: Shard, batch: Batch) -> None:
+        """A batch as its shard's runner read it: held when grouped for
+        holding (a ``HeldCall``, ``ShardRunner._prepare``), else stored
+        (with its call if already built)."""
+        call = batch.call
         if isinstance(call, HeldCall):
-            await self._isolated(shard, self.held.apply_held(shard, read, call),
-                                 lambda: entries_of(read), {})
+            await self._isolated(shard, self.held.apply_held(shard, batch.entries, call),
+                                 lambda: batch.usual, {})
         else:
-            await self.apply_isolated(shard, entries_of(read), {}, call)
+            await self.apply_isolated(shard, batch.usual, {}, call)
 
     async def apply_isolated(self, shard: Shard, entries: list[Entry],
                              deliveries: dict[str, int], call: ApplyCall | None = None) -> None:

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from processor.redis_io.connections import read_raw
 from processor.redis_io.read_budget import ReadBudget, ReplyTooLarge, bounded
-from processor.redis_io.replies import RawEntry, as_text, entries_of
+from processor.redis_io.replies import RawEntry, as_text
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import ApplyCall, build_apply
 from processor.worker.budget import read_count
@@ -119,10 +119,10 @@ class ShardRunner:
                     await self.worker.held.settle(shard)  # (nor finalised)
                     await retrying(self.worker.recovery.take_back, shard)
                 generation = self.worker.continuity.generation
-                entries = await retrying(self.read)
-                call = self._prepare(entries)
-                await self.worker.held.open_ahead(shard, call)
-                await batches.put(Batch(entries, call, generation))
+                batch = Batch(await retrying(self.read), generation)
+                batch.call = self._prepare(batch)
+                await self.worker.held.open_ahead(shard, batch.call)
+                await batches.put(batch)
                 await batches.taken()  # one batch ahead of the apply loop, no more
             except asyncio.CancelledError as exc:
                 if cancel_pending() or self.stopping:
@@ -133,16 +133,17 @@ class ShardRunner:
                     break
                 await self._step_failed(exc, "read failed")
 
-    def _prepare(self, entries: list[RawEntry]) -> ApplyCall | HeldCall | None:
+    def _prepare(self, batch: Batch) -> ApplyCall | HeldCall | None:
         """Decode a batch into its script call ahead of applying it; None (decode
         again when applying, entry by entry if need be) if that fails."""
+        entries = batch.entries
         if not entries:
             return None
         shard = self.shard
         try:
             if self.worker.held.holds_on(shard):  # grouped for holding (held/batch.py)
                 return decode_batch(shard, entries, self.worker.options, now_ms())
-            call = build_apply(shard, entries_of(entries), {}, self.worker.options, now_ms())
+            call = build_apply(shard, batch.usual, {}, self.worker.options, now_ms())
         except Exception:
             log.exception("could not prepare a batch", extra={"shard": self.shard.index})
             return None
@@ -209,10 +210,10 @@ class ShardRunner:
                 for _ in range(3):
                     if batch.generation != self.worker.continuity.generation:
                         await self._guarded(retrying, self.worker.continuity.after_loss, shard,
-                                            entries_of(batch.entries))
+                                            batch.usual)
                         break
                     done = await self._guarded(retrying, self.worker.paths.apply_read,
-                                               shard, batch.entries, batch.call)
+                                               shard, batch)
                     if done is not VANISHED:
                         break
             finally:
@@ -275,7 +276,7 @@ class ShardRunner:
         if entries:
             self.worker.metrics.read(shard.index, len(entries))
             try:
-                await retrying(self.worker.paths.apply_read, shard, entries, None)
+                await retrying(self.worker.paths.apply_read, shard, Batch(entries))
                 await self.worker.held.settle(shard)
             finally:
                 state.floor_marks.routed(as_text(entries[0][0]), as_text(entries[-1][0]))

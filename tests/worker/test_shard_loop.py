@@ -21,7 +21,7 @@ async def _turns(n: int = 50) -> None:
 
 async def test_a_handoff_tells_the_reader_when_its_batch_was_taken() -> None:
     handoff = Handoff()
-    await handoff.put(Batch([], None))
+    await handoff.put(Batch([]))
     taken = asyncio.create_task(handoff.taken())
     await _turns()
     assert not taken.done()
@@ -44,8 +44,8 @@ async def test_the_reader_reads_one_batch_ahead_of_the_applier_and_no_more() -> 
         reads += 1
         return [[f"1-{reads}".encode(), []]]
 
-    async def apply(_shard: Any, entries: Any, _call: Any) -> None:
-        applied.append(entries)
+    async def apply(_shard: Any, batch: Any) -> None:
+        applied.append(batch.entries)
         await release.wait()
 
     runner.read = read
