@@ -34,7 +34,7 @@ from tenacity import (
 
 from processor.redis_io.options import RedisOptions, redact
 from processor.redis_io.read_budget import LimitedParser
-from processor.redis_io.replies import RawEntry, fields_dict
+from processor.redis_io.replies import RawEntry, entry_of, fields_dict
 from processor.stopping import Stop
 
 if TYPE_CHECKING:
@@ -209,18 +209,8 @@ def parse_stream_read(response: Any, **options: Any) -> list[list[Any]]:
 
 
 def _stream_entries(entries: list[Any]) -> list[tuple[Any, Any]]:
-    found: list[tuple[Any, Any]] = []
-    add = found.append
-    for entry in entries:
-        if entry is None:
-            add((None, None))
-            continue
-        entry_id, flat = entry
-        if flat is not None and len(flat) == 4:  # the usual entry: no iterator to build
-            add((entry_id, {flat[0]: flat[1], flat[2]: flat[3]}))
-        else:
-            add((entry_id, fields_dict(flat)))
-    return found
+    """Each entry in the usual shape; a deleted one (read with id 0) is ``(None, None)``."""
+    return [(None, None) if entry is None else entry_of(entry) for entry in entries]
 
 
 #: The option of ``parse_stream_read`` that leaves each entry as the

@@ -20,12 +20,17 @@ RawEntry = list[Any]
 Entry = tuple[Any, dict[Any, Any]]
 
 
-def entry_of(raw: RawEntry) -> Entry:
-    """A raw entry (``RawEntry``) in the usual shape (``Entry``)."""
+def fields_of(raw: RawEntry) -> dict[Any, Any]:
+    """A raw entry's fields as a dict (``fields_dict``)."""
     flat = raw[1]
     if flat is not None and len(flat) == 4:  # the usual entry: no iterator to build
-        return raw[0], {flat[0]: flat[1], flat[2]: flat[3]}
-    return raw[0], fields_dict(flat)
+        return {flat[0]: flat[1], flat[2]: flat[3]}
+    return fields_dict(flat)
+
+
+def entry_of(raw: RawEntry) -> Entry:
+    """A raw entry (``RawEntry``) in the usual shape (``Entry``)."""
+    return raw[0], fields_of(raw)
 
 
 def entries_of(read: list[RawEntry]) -> list[Entry]:

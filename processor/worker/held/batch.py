@@ -33,7 +33,7 @@ from processor.ingest.decode import (
     recent_turn,
 )
 from processor.ingest.entry_fields import entry_shard
-from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
+from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of, entry_of, fields_of
 from processor.scripts.calls import BatchOptions
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey, shard_of
@@ -286,7 +286,7 @@ def _ours(key: TurnKey, parts: list[Part], shard: int, shards: int) -> bool:
         if isinstance(part, Run):
             if shard_of(key.response_id, shards) != shard:
                 return False
-        elif entry_shard(entry_of(part[0])[1], shards) != shard:
+        elif entry_shard(fields_of(part[0]), shards) != shard:
             return False
     return True
 
@@ -297,7 +297,7 @@ def _first_entry(part: Part) -> RawEntry:
 
 def part_entries(part: Part) -> list[Entry]:
     """A part's entries, in the usual shape."""
-    return list(map(entry_of, part.entries if isinstance(part, Run) else [part[0]]))
+    return entries_of(part.entries if isinstance(part, Run) else [part[0]])
 
 
 def entry_order(entry: RawEntry | Entry) -> tuple[int, int]:

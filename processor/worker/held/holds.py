@@ -25,7 +25,7 @@ from processor.engine.lifecycle import DUPLICATE, Limits, TurnLife
 from processor.engine.live import Shown
 from processor.engine.replay import Replay
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
-from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
+from processor.redis_io.replies import Entry, RawEntry, as_text, fields_of
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
@@ -106,7 +106,7 @@ class Held(TurnCopy):
                     self.room_updates -= 1
                     self.room_bytes -= size
                 else:
-                    self._feed_fields(entry_id, entry_of(raw)[1])
+                    self._feed_fields(entry_id, fields_of(raw))
                 self.fresh.append(text)
                 self.entries.append(raw)
                 self.ids.append(entry_id)
@@ -139,13 +139,13 @@ class Held(TurnCopy):
 
             def prefix(k: int) -> tuple[int, str]:  # (only when a usage does not fit)
                 fed = entries[len(entries) - n:len(entries) - n + k]
-                return sum(entry_size(entry_of(e)[1]) for e in fed), ids[k - n - 1]
+                return sum(entry_size(fields_of(e)) for e in fed), ids[k - n - 1]
 
             fed = 0 if updates is None else self.replay.feed_updates(
                 updates, ids[-n], ids[-1], size, prefix)
             if fed < n:  # the rest one by one, as apply_entries decodes each
                 for entry_id, entry in zip(ids[fed - n:], entries[fed - n:], strict=True):
-                    if not self._feed_now(entry_id, entry_of(entry)[1]):
+                    if not self._feed_now(entry_id, fields_of(entry)):
                         break
             self._reroom()
         return not self.broken
@@ -230,7 +230,7 @@ class Holds:
         """Whether ``apply_entries`` would decode a plain update (its JSON
         is read only now: a run's are decoded together later)."""
         try:
-            decode_stream_entry(entry_of(entry)[1],
+            decode_stream_entry(fields_of(entry),
                                 max_entry_bytes=self.limits.max_entry_bytes)
         except EntryError:
             return False

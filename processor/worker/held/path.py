@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
-from processor.redis_io.replies import Entry, RawEntry, as_text, entry_of
+from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
 from processor.scripts.held_calls import (
     HeldEnd,
     HeldOutcome,
@@ -334,7 +334,7 @@ class HeldPath:
                         key, resumed(key, self.shell.config.limits, held.checkpoint), held,
                         held.checkpoint_id)
                 self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
-                entries += map(entry_of, held.entries)
+                entries += entries_of(held.entries)
         if entries:
             try:
                 await self.stored.store(shard, entries, {}, None)
