@@ -3,7 +3,8 @@ tests/serve, ...): imported as ``support.<module>`` (pyproject's
 ``pythonpath`` puts tests/ on ``sys.path``; the fixtures are tests/conftest.py's).
 
 - Live runs: ``worker_harness`` (workers on a real Redis; every output goes
-  through ``contract``; ``held_runs`` for held turns), ``subprocess_workers``,
+  through ``contract``; ``held_runs`` for held turns; ``no_redis`` for a
+  worker that never reaches Redis), ``subprocess_workers``,
   ``serve_harness``, ``view_pages`` (the page in headless Chromium),
   ``sse_followers``, ``node_clients`` (the JavaScript clients in tests/js),
   ``cli_tools``, ``scrape`` (a worker's metrics), ``records``,

@@ -401,14 +401,3 @@ class Stepped:
         call = decode_batch(shard, entries, worker.options, 0)
         await worker.held.apply_held(shard, entries, call)
         await worker.held.settle(shard)  # (its finalise committed, as before the loop's next step)
-
-
-class NoRedis:
-    """A client for a worker (``Worker(NoRedis(), config)``) that never
-    reaches Redis: what the worker asks of its client when it is built."""
-
-    def register_script(self, _source: str) -> None:
-        return None
-
-    def set_response_callback(self, _command: str, _callback: object) -> None:
-        return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from support.worker_harness import NoRedis
+from support.no_redis import NoRedis
 
 from processor.worker.handoff import Batch, Handoff
 from processor.worker.worker import Worker, WorkerConfig

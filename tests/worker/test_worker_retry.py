@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from support.worker_harness import NoRedis
+from support.no_redis import NoRedis
 
 from processor.worker.worker import Worker, WorkerConfig
 
