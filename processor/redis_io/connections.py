@@ -33,6 +33,7 @@ from tenacity import (
 )
 
 from processor.redis_io.options import RedisOptions, redact
+from processor.redis_io.packing import pack_cluster_by_hiredis, packed_by_hiredis
 from processor.redis_io.read_budget import LimitedParser
 from processor.redis_io.replies import RawEntry, entry_of, fields_dict
 from processor.stopping import Stop
@@ -287,7 +288,8 @@ async def is_cluster(options: RedisOptions) -> bool:
 
 async def connect(options: RedisOptions, max_connections: int | None = None) -> Any:
     """A client for the URL: the cluster client when the node is in a cluster,
-    its stream reads parsed by ``parse_stream_read``. ``max_connections``:
+    its stream reads parsed by ``parse_stream_read``, its commands packed by
+    hiredis (``processor.redis_io.packing``). ``max_connections``:
     the pool's size (per node in a cluster; redis-py's default otherwise, 100)."""
     client: RedisClient
     kwargs = _kwargs(options)
@@ -295,10 +297,13 @@ async def connect(options: RedisOptions, max_connections: int | None = None) -> 
         kwargs["max_connections"] = max_connections
     if await is_cluster(options):
         client = RedisCluster.from_url(options.url, **kwargs)
+        pack_cluster_by_hiredis(client)
     else:
         # redis-py's cluster client takes no parser class: there a read is
         # bounded by its COUNT following the entries' size only.
         client = aioredis.Redis.from_url(options.url, parser_class=LimitedParser, **kwargs)
+        pool = client.connection_pool
+        pool.connection_class = packed_by_hiredis(pool.connection_class)
     fast_stream_reads(client)
     return client
 

@@ -92,6 +92,11 @@ def id_list(ids: dict[str, str]) -> list[str]:
 _TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
 
 
+def event_tag(event: Event) -> str:
+    """An event's ``type`` field (``event_type``, looked up)."""
+    return _TAGS.get(event.__class__) or event_type(event)
+
+
 def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
     """The ``events`` stream entries' fields of a turn's live events
     (``event_fields`` of each, the turn's part made once;
@@ -102,5 +107,5 @@ def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw
     if key.attempt_id:
         same += ["attempt_id", key.attempt_id]
     encode = _json.encode  # (ev.encode_event's encoding, without its call)
-    return [["type", _TAGS.get(e.__class__) or event_type(e), *same, "event",
+    return [["type", event_tag(e), *same, "event",
              msgpack_str(encode(e))] for e in found]

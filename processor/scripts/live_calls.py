@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from processor.scripts.calls import BatchOptions, ScriptCall, live_fields, msgpack_str
+from processor.scripts.calls import BatchOptions, ScriptCall, event_tag
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.outputs import Event
 
-_pack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
+#: Where an event's JSON says its seq before ``publish_live`` numbers it.
+_SEQ = b'"seq":0,'
 
 if TYPE_CHECKING:
     from processor.redis_io.client import Script
@@ -34,11 +35,19 @@ def build_publish_live(
 ) -> ScriptCall:
     """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
-    packed = [[live_fields(key, found), msgpack_str(updates), spoken, int(renew), key.encode()]
-              for key, found, updates, spoken, renew in turns]
-    return ScriptCall(keys=[shard.events],
-                      args=[options.events_maxlen, options.live_ttl, len(turns), speaker,
-                            _pack.encode(packed), shard.tag])
+    args: list[str | int | bytes] = [options.events_maxlen, options.live_ttl, len(turns),
+                                     shard.tag]
+    parts: list[str | bytes] = []
+    encode = _json.encode
+    for key, found, updates, spoken, renew in turns:
+        args += [key.encode(), f"{speaker} {spoken}" if spoken else "",
+                 f"{speaker} {spoken + 1}", int(renew), updates, key.response_id,
+                 key.synthesis_id(), key.attempt_id or "", len(found)]
+        for event in found:
+            json = encode(event)
+            cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)
+            parts += [event_tag(event), json[:cut], json[cut + 1:]]
+    return ScriptCall(keys=[shard.events], args=args + parts)
 
 
 def updates_json(texts: list[bytes]) -> bytes:

@@ -34,19 +34,28 @@ a published turn's log is deleted with its hash).
 
 KEYS[1]                    events stream
 Keys it names itself, per turn: its hash, done hash and live log,
-`<ARGV[6]>:turn:<tk>`, `<ARGV[6]>:done:<tk>` and `<ARGV[6]>:live:<tk>` (as
+`<ARGV[4]>:turn:<tk>`, `<ARGV[4]>:done:<tk>` and `<ARGV[4]>:live:<tk>` (as
 processor.wire.keys's Shard.turn, Shard.done and Shard.live name them), all
-in the hash slot of KEYS[1] (ARGV[6] is the shard's tag), as sweep_shard
+in the hash slot of KEYS[1] (ARGV[4] is the shard's tag), as sweep_shard
 names its slice's keys: declared, they would be three KEYS per turn per
 call, the largest part of its packing when a batch moves many turns.
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
-ARGV[4] speaker            ARGV[5] the turns: one msgpack array, per turn t an
-                           array { events (an array of event field arrays,
-                           each JSON with "seq":0), updates (JSON array text),
-                           n (the speaker's calls for the turn before this one),
-                           renew (1: EXPIRE the log), tk (TurnKey.encode) }
-ARGV[6] the shard's key tag (`{<namespace>:<shard>}`)
+ARGV[4] the shard's key tag (`{<namespace>:<shard>}`)
+ARGV[5 + 9*(t-1) + 0..8]   per turn t: tk (TurnKey.encode), its `live` token
+                           before this call ('' for the speaker's first call
+                           for it, else "<speaker> <n>"), the token after it
+                           ("<speaker> <n+1>"), renew (1: EXPIRE the log),
+                           updates (JSON array text), response_id,
+                           synthesis_id, attempt_id ('' none), E_t its
+                           number of events
+ARGV[5 + 9*T..]            the events, the turns' in turn order, three
+                           arguments each: its type, its JSON up to and
+                           including `"seq":`, its JSON after the seq
+
+Every argument is a string of its own, not packed: Redis's Lua hashes each
+string it makes, byte by byte, so an event's JSON is made once here (joined
+with its seq) rather than unpacked, cut and joined again.
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -56,47 +65,60 @@ the turn ended or has no hash, -2 when another speaks (or spoke) for it,
 local events = KEYS[1]
 local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
-local speaker = ARGV[4] .. ' '
-local tag = ARGV[6]
+local tag = ARGV[4]
 
---- includes/publish_events
-
-local turns = cmsgpack.unpack(ARGV[5])
 local results, published = {}, 0
+local e = 5 + 9 * nturns  -- the next event's first argument
 for t = 1, nturns do
-  local turn = turns[t]
-  local tk = turn[5]
-  local tkey, dkey, log = tag .. ':turn:' .. tk, tag .. ':done:' .. tk, tag .. ':live:' .. tk
-  local found, updates, n = turn[1], turn[2], turn[3]
+  local a = 5 + 9 * (t - 1)
+  local tk, before, after = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local count = tonumber(ARGV[a + 8])
+  local tkey, log = tag .. ':turn:' .. tk, tag .. ':live:' .. tk
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)
   local got = redis.call('HMGET', tkey, 'live', 'seq')
   local mark = got[1]
-  if mark == false and (redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0) then
+  if mark == false and (redis.call('EXISTS', tag .. ':done:' .. tk) == 1
+                        or redis.call('EXISTS', tkey) == 0) then
     results[t] = -1
-  elseif mark == speaker .. (n + 1) then
+  elseif mark == after then
     results[t] = -3
-  elseif (mark == false and (n ~= 0 or redis.call('EXISTS', log) == 1))
-      or (mark ~= false and mark ~= speaker .. n) then
+  elseif (mark == false and (before ~= '' or redis.call('EXISTS', log) == 1))
+      or (mark ~= false and mark ~= before) then
     results[t] = -2
   else
     -- The events numbered from the turn's next seq (read above, advanced below).
-    local count, seq = #found, tonumber(got[2] or '0')
-    local jsons = number_events(events, found, seq)
+    local seq = tonumber(got[2] or '0')
+    local updates, rid, sid, attempt = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
+    local texts = {'['}
+    for i = 0, count - 1 do
+      local k = e + 3 * i
+      local json = ARGV[k + 1] .. (seq + i) .. ARGV[k + 2]
+      if attempt == '' then
+        redis.call('XADD', events, '*', 'type', ARGV[k], 'response_id', rid,
+                   'synthesis_id', sid, 'event', json)
+      else
+        redis.call('XADD', events, '*', 'type', ARGV[k], 'response_id', rid,
+                   'synthesis_id', sid, 'attempt_id', attempt, 'event', json)
+      end
+      texts[2 * i + 2], texts[2 * i + 3] = json, ','
+    end
     if count > 0 then
-      redis.call('HSET', tkey, 'live', speaker .. (n + 1), 'seq', seq + count)
+      texts[2 * count + 1] = ']'  -- (in place of the last ',')
+      redis.call('HSET', tkey, 'live', after, 'seq', seq + count)
       published = published + count
     else
-      redis.call('HSET', tkey, 'live', speaker .. (n + 1))
+      redis.call('HSET', tkey, 'live', after)
     end
     if count > 0 or updates ~= '[]' then
       local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
-      redis.call('XADD', log, '*', 'seq', last, 'events', '[' .. table.concat(jsons, ',') .. ']',
+      redis.call('XADD', log, '*', 'seq', last, 'events', count > 0 and table.concat(texts) or '[]',
                  'updates', updates)
-      if turn[4] == 1 then redis.call('EXPIRE', log, ttl) end
+      if ARGV[a + 3] == '1' then redis.call('EXPIRE', log, ttl) end
     end
     results[t] = count
   end
+  e = e + 3 * count
 end
 -- The events stream's cap, once per call (as an XADD MAXLEN ~ would keep it).
 if published > 0 then redis.call('XTRIM', events, 'MAXLEN', '~', events_max) end

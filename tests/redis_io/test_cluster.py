@@ -40,6 +40,7 @@ from processor.client import Producer, RetryPolicy
 from processor.embedded import EmbeddedRedis
 from processor.redis_io.connections import connect, is_transient
 from processor.redis_io.options import RedisOptions
+from processor.redis_io.packing import _pack_command as _hiredis_pack
 from processor.redis_io.replies import as_text
 from processor.wire.keys import Namespace
 
@@ -128,6 +129,26 @@ async def test_chaos_on_a_cluster(make_redis_cluster, tmp_path) -> None:
     info = redis.Redis(**victim.client_kwargs()).info("persistence")
     assert info["aof_enabled"] == 1
 
+
+
+async def test_a_cluster_clients_connections_to_every_node_pack_with_hiredis(
+    make_redis_cluster
+) -> None:
+    """``connect`` on a cluster node: the connections it opens to each master
+    it finds (not only the one in the URL) pack with hiredis, and a call of
+    many arguments runs on each."""
+    cluster = make_redis_cluster(3)
+    client = await connect(RedisOptions(cluster.url))
+    try:
+        script = client.register_script("return #ARGV")
+        for slot_key in ("{a}k", "{b}k", "{c}k", "{d}k", "{e}k"):
+            assert await script(keys=[slot_key], args=list(range(3_000))) == 3_000
+        nodes = client.get_nodes()
+        assert len({node.name for node in nodes}) >= 3
+        used = [c for node in nodes for c in node._connections]
+        assert used and all(c.pack_command.__func__ is _hiredis_pack for c in used)
+    finally:
+        await client.aclose()
 
 
 async def test_cluster_hiccups_are_transient() -> None:

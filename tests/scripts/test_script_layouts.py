@@ -11,9 +11,11 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+import msgspec
 import pytest
 
 from processor.engine.compaction import Compaction
+from processor.engine.live import _BLANK
 from processor.engine.replay import Settled
 from processor.scripts import Scripts
 from processor.scripts.calls import ScriptCall
@@ -35,12 +37,14 @@ from processor.scripts.stored_calls import build_apply, build_compact, build_fin
 from processor.scripts.sweep_calls import SweepSlice, build_cancelled, build_sweep
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Namespace
+from processor.wire.outputs import Step
 from processor.worker.config import WorkerConfig
 
 _PER_TURN = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*\(t-1\) \+ [01]\.\.\d+\]")
 _TRAILING = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T( \+ 1)?\]")
 _FIXED = re.compile(r"(KEYS|ARGV)\[(\d+)\]")
 _REST = re.compile(r"(KEYS|ARGV)\[(\d+)\.\.[^]]*\]")  # from there on, as many as given
+_TRAILING_REST = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T\.\.\]")  # after the turns, any
 
 
 @dataclass
@@ -52,7 +56,7 @@ class Layout:
     per_turn: int = 0
     trailing: int = 0
     optional: bool = False
-    rest: bool = False  # any number after the fixed ones (``ARGV[5..]``)
+    rest: bool = False  # any number after the fixed (and per-turn) ones (``ARGV[5..]``)
 
     def allows(self, n: int, turns: int) -> bool:
         base = self.fixed + self.per_turn * turns
@@ -76,6 +80,9 @@ def header(script: str) -> dict[str, Layout]:
     for side, index in _REST.findall(head):
         assert out[side].fixed == int(index) - 1, (script, side, index)
         out[side].rest = True
+    for side, index, per in _TRAILING_REST.findall(head):
+        assert (out[side].fixed + 1, out[side].per_turn) == (int(index), int(per)), (script, side)
+        out[side].rest = True
     return out
 
 
@@ -83,6 +90,11 @@ NS = Namespace("layout", 1)
 SHARD = NS.shard(0)
 OPTIONS = WorkerConfig(group="g", consumer="c")
 SETTLED = Settled("completed", b"\x90", b"\x90")
+
+
+def _step(key: TurnKey) -> Step:
+    return msgspec.structs.replace(
+        _BLANK[Step], synthesis_id=key.synthesis_id(), response_id=key.response_id, step="text")
 
 
 def _keys(n: int) -> list[TurnKey]:
@@ -97,7 +109,8 @@ def _calls(turns: int) -> dict[str, ScriptCall]:
     return {
         "apply_entries": ScriptCall(apply.keys, apply.argv()),
         "publish_live": build_publish_live(
-            SHARD, [LiveTurn(k, [], b"[]", 0, False) for k in keys], OPTIONS, "s"),
+            SHARD, [LiveTurn(k, [_step(k)] * i, b"[]", i, False) for i, k in enumerate(keys)],
+            OPTIONS, "s"),
         "checkpoint_held": build_checkpoint_held(
             SHARD, [HeldCheckpoint(k, 0, 1, 1, 1, b"s", "1-0", ["1-0"], {}) for k in keys],
             OPTIONS, "c"),
@@ -137,6 +150,7 @@ def test_the_header_parser_reads_each_kind_of_line() -> None:
     assert layout["ARGV"] == Layout(10, 0, 0, False)
     assert header("apply_entries")["ARGV"] == Layout(13, 2, 1, False)
     assert header("compact_turn")["ARGV"] == Layout(4, 0, 0, False, rest=True)
+    assert header("publish_live")["ARGV"] == Layout(4, 9, 0, False, rest=True)
 
 
 def test_every_script_the_worker_calls_is_checked() -> None:

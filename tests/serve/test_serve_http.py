@@ -356,6 +356,7 @@ def test_serve_imports_no_worker_module() -> None:
     allowed = {"processor", "processor.cli", "processor.cli.main", "processor.logs",
                "processor.stopping", "processor.redis_io", "processor.redis_io.connections",
                "processor.redis_io.read_budget",  # (a reply's bound in bytes)
+               "processor.redis_io.packing",  # (commands packed by hiredis)
                "processor.redis_io.replies", "processor.wire.defaults",
                "processor.redis_io.options",  # (how to reach Redis: imports no redis-py)
                "processor.redis_io.client",  # (the Redis client's type, XREAD's arguments)

@@ -13,11 +13,14 @@ from processor.engine import events as ev
 from processor.engine.events import event_fields
 from processor.engine.live import _BLANK
 from processor.scripts.calls import live_fields
-from processor.scripts.live_calls import _pack
+from processor.scripts.live_calls import LiveTurn, build_publish_live
 from processor.scripts.stored_calls import _started_fields
 from processor.wire.ids import TurnKey
+from processor.wire.keys import Namespace
 from processor.wire.outputs import SynthesisChunk, SynthesisStarted
+from processor.worker.config import WorkerConfig
 
+_pack = msgspec.msgpack.Encoder()
 _ids = st.text(min_size=1, max_size=40)
 _keys = st.builds(TurnKey, _ids, st.one_of(st.just(""), _ids))
 
@@ -37,3 +40,23 @@ def test_live_fields_pack_as_event_fields(key: TurnKey, delta: str) -> None:
         _BLANK[SynthesisChunk], synthesis_id=key.synthesis_id(), response_id=key.response_id,
         message_id="m", delta=delta)
     assert _pack.encode(live_fields(key, [chunk])) == _pack.encode([event_fields(key, chunk)])
+
+
+@given(_keys, st.lists(st.text(max_size=30), max_size=4))
+def test_publish_live_arguments_spell_each_event_whole(key: TurnKey, deltas: list[str]) -> None:
+    """``build_publish_live`` hands each event over cut around its seq (the
+    script joins the parts with the seq it takes): the cut parts and a 0 are
+    the event's JSON, even when its text holds what the cut looks for."""
+    chunks = [msgspec.structs.replace(
+        _BLANK[SynthesisChunk], synthesis_id=key.synthesis_id(), response_id=key.response_id,
+        message_id='"seq":0,', delta=delta) for delta in deltas]
+    call = build_publish_live(Namespace("n", 1).shard(0), [LiveTurn(key, chunks, b"[]", 2, True)],
+                              WorkerConfig(), "s")
+    turn, parts = call.args[4:13], call.args[13:]
+    assert turn == [key.encode(), "s 2", "s 3", 1, b"[]", key.response_id, key.synthesis_id(),
+                    key.attempt_id, len(chunks)]
+    assert len(parts) == 3 * len(chunks)
+    for i, chunk in enumerate(chunks):
+        kind, head, tail = parts[3 * i: 3 * i + 3]
+        assert kind == ev.event_type(chunk)
+        assert head + b"0" + tail == ev.encode_event(chunk)
