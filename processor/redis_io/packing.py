@@ -14,7 +14,7 @@ clients, single node or cluster, these connections.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import hiredis
 from redis.asyncio.cluster import RedisCluster
@@ -35,10 +35,11 @@ def _pack_command(self: AbstractConnection, *args: Any) -> list[bytes]:
         return _python_pack(self, *args)
 
 
-_PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+_PACKED: dict[type, type] = {}
+_C = TypeVar("_C", bound=AbstractConnection)
 
 
-def packed_by_hiredis(cls: type[AbstractConnection]) -> type[AbstractConnection]:
+def packed_by_hiredis(cls: type[_C]) -> type[_C]:
     """``cls`` (a redis-py asyncio connection class: plain, TLS or Unix
     socket) with its commands packed by hiredis; one class per ``cls``."""
     packed = _PACKED.get(cls)
