@@ -2,9 +2,10 @@
 them, instead of by redis-py's asyncio packer (Python).
 
 The asyncio packer joins each argument onto the command's buffer, copying
-the buffer once per argument: a script call of many arguments
-(``publish_live`` for a batch of many turns, nine per turn) spends more of
-the worker's CPU packing than building them. ``hiredis.pack_command`` writes
+the buffer once per argument, and costs the worker several times what
+hiredis does for every command (an ``XREADGROUP`` about 20 µs against 3:
+at a small batch per read, as many live turns make, a part of every
+update's cost). ``hiredis.pack_command`` writes
 the same bytes for what our calls send (str, bytes, int, float; checked by
 ``tests/redis_io/test_packing.py``); anything else (a bytearray, or a type no
 command takes) goes to redis-py's packer, which packs it or raises its

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from processor.scripts.calls import BatchOptions, ScriptCall, event_tag
+from processor.scripts.calls import BatchOptions, ScriptCall, event_tag, msgpack_str
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.outputs import Event
 
 _json = msgspec.json.Encoder()
+_pack = msgspec.msgpack.Encoder()
 #: Where an event's JSON says its seq before ``publish_live`` numbers it.
 _SEQ = b'"seq":0,'
 
@@ -35,19 +36,19 @@ def build_publish_live(
 ) -> ScriptCall:
     """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
-    args: list[str | int | bytes] = [options.events_maxlen, options.live_ttl, len(turns),
-                                     shard.tag]
-    parts: list[str | bytes] = []
+    packed: list[list[str | int | msgspec.Raw]] = []
     encode = _json.encode
     for key, found, updates, spoken, renew in turns:
-        args += [key.encode(), f"{speaker} {spoken}" if spoken else "",
-                 f"{speaker} {spoken + 1}", int(renew), updates, key.response_id,
-                 key.synthesis_id(), key.attempt_id or "", len(found)]
+        one: list[str | int | msgspec.Raw] = [key.encode(), f"{speaker} {spoken}" if spoken else "",
+            f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates), key.response_id,
+            key.synthesis_id(), key.attempt_id or ""]
         for event in found:
             json = encode(event)
             cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)
-            parts += [event_tag(event), json[:cut], json[cut + 1:]]
-    return ScriptCall(keys=[shard.events], args=args + parts)
+            one += [event_tag(event), msgpack_str(json[:cut]), msgpack_str(json[cut + 1:])]
+        packed.append(one)
+    return ScriptCall(keys=[shard.events], args=[options.events_maxlen, options.live_ttl,
+                                                 len(turns), shard.tag, _pack.encode(packed)])
 
 
 def updates_json(texts: list[bytes]) -> bytes:

@@ -42,20 +42,18 @@ call, the largest part of its packing when a batch moves many turns.
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
 ARGV[4] the shard's key tag (`{<namespace>:<shard>}`)
-ARGV[5 + 9*(t-1) + 0..8]   per turn t: tk (TurnKey.encode), its `live` token
-                           before this call ('' for the speaker's first call
-                           for it, else "<speaker> <n>"), the token after it
-                           ("<speaker> <n+1>"), renew (1: EXPIRE the log),
-                           updates (JSON array text), response_id,
-                           synthesis_id, attempt_id ('' none), E_t its
-                           number of events
-ARGV[5 + 9*T..]            the events, the turns' in turn order, three
-                           arguments each: its type, its JSON up to and
-                           including `"seq":`, its JSON after the seq
+ARGV[5] the turns: one msgpack array, per turn t an array { tk
+        (TurnKey.encode), its `live` token before this call ('' for the
+        speaker's first call for it, else "<speaker> <n>"), the token after
+        it ("<speaker> <n+1>"), renew (1: EXPIRE the log), updates (JSON
+        array text), response_id, synthesis_id, attempt_id ('' none), then
+        three per event: its type, its JSON up to and including `"seq":`,
+        its JSON after the seq }
 
-Every argument is a string of its own, not packed: Redis's Lua hashes each
-string it makes, byte by byte, so an event's JSON is made once here (joined
-with its seq) rather than unpacked, cut and joined again.
+Redis's Lua hashes each string it makes, byte by byte: an event's JSON
+comes cut around its seq, and is made once here, joined with its seq
+(rather than found, cut and joined again); the log's events text is one
+table.concat.
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -68,11 +66,11 @@ local nturns = tonumber(ARGV[3])
 local tag = ARGV[4]
 
 local results, published = {}, 0
-local e = 5 + 9 * nturns  -- the next event's first argument
+local turns = cmsgpack.unpack(ARGV[5])
 for t = 1, nturns do
-  local a = 5 + 9 * (t - 1)
-  local tk, before, after = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local count = tonumber(ARGV[a + 8])
+  local A = turns[t]  -- (its events from A[9] on)
+  local tk, before, after = A[1], A[2], A[3]
+  local count = (#A - 8) / 3
   local tkey, log = tag .. ':turn:' .. tk, tag .. ':live:' .. tk
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)
@@ -89,16 +87,16 @@ for t = 1, nturns do
   else
     -- The events numbered from the turn's next seq (read above, advanced below).
     local seq = tonumber(got[2] or '0')
-    local updates, rid, sid, attempt = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
+    local updates, rid, sid, attempt = A[5], A[6], A[7], A[8]
     local texts = {'['}
     for i = 0, count - 1 do
-      local k = e + 3 * i
-      local json = ARGV[k + 1] .. (seq + i) .. ARGV[k + 2]
+      local k = 9 + 3 * i
+      local json = A[k + 1] .. (seq + i) .. A[k + 2]
       if attempt == '' then
-        redis.call('XADD', events, '*', 'type', ARGV[k], 'response_id', rid,
+        redis.call('XADD', events, '*', 'type', A[k], 'response_id', rid,
                    'synthesis_id', sid, 'event', json)
       else
-        redis.call('XADD', events, '*', 'type', ARGV[k], 'response_id', rid,
+        redis.call('XADD', events, '*', 'type', A[k], 'response_id', rid,
                    'synthesis_id', sid, 'attempt_id', attempt, 'event', json)
       end
       texts[2 * i + 2], texts[2 * i + 3] = json, ','
@@ -114,11 +112,10 @@ for t = 1, nturns do
       local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
       redis.call('XADD', log, '*', 'seq', last, 'events', count > 0 and table.concat(texts) or '[]',
                  'updates', updates)
-      if ARGV[a + 3] == '1' then redis.call('EXPIRE', log, ttl) end
+      if A[4] == 1 then redis.call('EXPIRE', log, ttl) end
     end
     results[t] = count
   end
-  e = e + 3 * count
 end
 -- The events stream's cap, once per call (as an XADD MAXLEN ~ would keep it).
 if published > 0 then redis.call('XTRIM', events, 'MAXLEN', '~', events_max) end

@@ -44,7 +44,6 @@ _PER_TURN = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*\(t-1\) \+ [01]\.\.\d+\]")
 _TRAILING = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T( \+ 1)?\]")
 _FIXED = re.compile(r"(KEYS|ARGV)\[(\d+)\]")
 _REST = re.compile(r"(KEYS|ARGV)\[(\d+)\.\.[^]]*\]")  # from there on, as many as given
-_TRAILING_REST = re.compile(r"(KEYS|ARGV)\[(\d+) \+ (\d+)\*T\.\.\]")  # after the turns, any
 
 
 @dataclass
@@ -56,7 +55,7 @@ class Layout:
     per_turn: int = 0
     trailing: int = 0
     optional: bool = False
-    rest: bool = False  # any number after the fixed (and per-turn) ones (``ARGV[5..]``)
+    rest: bool = False  # any number after the fixed ones (``ARGV[5..]``)
 
     def allows(self, n: int, turns: int) -> bool:
         base = self.fixed + self.per_turn * turns
@@ -79,9 +78,6 @@ def header(script: str) -> dict[str, Layout]:
         out[side].fixed = max(out[side].fixed, int(index))
     for side, index in _REST.findall(head):
         assert out[side].fixed == int(index) - 1, (script, side, index)
-        out[side].rest = True
-    for side, index, per in _TRAILING_REST.findall(head):
-        assert (out[side].fixed + 1, out[side].per_turn) == (int(index), int(per)), (script, side)
         out[side].rest = True
     return out
 
@@ -150,7 +146,6 @@ def test_the_header_parser_reads_each_kind_of_line() -> None:
     assert layout["ARGV"] == Layout(10, 0, 0, False)
     assert header("apply_entries")["ARGV"] == Layout(13, 2, 1, False)
     assert header("compact_turn")["ARGV"] == Layout(4, 0, 0, False, rest=True)
-    assert header("publish_live")["ARGV"] == Layout(4, 9, 0, False, rest=True)
 
 
 def test_every_script_the_worker_calls_is_checked() -> None:

@@ -52,11 +52,12 @@ def test_publish_live_arguments_spell_each_event_whole(key: TurnKey, deltas: lis
         message_id='"seq":0,', delta=delta) for delta in deltas]
     call = build_publish_live(Namespace("n", 1).shard(0), [LiveTurn(key, chunks, b"[]", 2, True)],
                               WorkerConfig(), "s")
-    turn, parts = call.args[4:13], call.args[13:]
-    assert turn == [key.encode(), "s 2", "s 3", 1, b"[]", key.response_id, key.synthesis_id(),
-                    key.attempt_id, len(chunks)]
+    [turn] = msgspec.msgpack.decode(call.args[4])
+    assert turn[:8] == [key.encode(), "s 2", "s 3", 1, "[]", key.response_id,
+                        key.synthesis_id(), key.attempt_id]
+    parts = turn[8:]
     assert len(parts) == 3 * len(chunks)
     for i, chunk in enumerate(chunks):
         kind, head, tail = parts[3 * i: 3 * i + 3]
         assert kind == ev.event_type(chunk)
-        assert head + b"0" + tail == ev.encode_event(chunk)
+        assert (head + "0" + tail).encode() == ev.encode_event(chunk)
