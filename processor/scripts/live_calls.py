@@ -39,9 +39,10 @@ def build_publish_live(
     packed: list[list[str | int | msgspec.Raw]] = []
     encode = _json.encode
     for key, found, updates, spoken, renew in turns:
-        one: list[str | int | msgspec.Raw] = [key.encode(), f"{speaker} {spoken}" if spoken else "",
-            f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates), key.response_id,
-            key.synthesis_id(), key.attempt_id or ""]
+        before = f"{speaker} {spoken}" if spoken else ""
+        one: list[str | int | msgspec.Raw] = [
+            key.encode(), before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
+            key.response_id, key.synthesis_id(), key.attempt_id or ""]
         for event in found:
             json = encode(event)
             cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)

@@ -68,9 +68,9 @@ local tag = ARGV[4]
 local results, published = {}, 0
 local turns = cmsgpack.unpack(ARGV[5])
 for t = 1, nturns do
-  local A = turns[t]  -- (its events from A[9] on)
-  local tk, before, after = A[1], A[2], A[3]
-  local count = (#A - 8) / 3
+  local turn = turns[t]  -- (its events from turn[9] on)
+  local tk, before, after = turn[1], turn[2], turn[3]
+  local count = (#turn - 8) / 3
   local tkey, log = tag .. ':turn:' .. tk, tag .. ':live:' .. tk
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)
@@ -87,16 +87,16 @@ for t = 1, nturns do
   else
     -- The events numbered from the turn's next seq (read above, advanced below).
     local seq = tonumber(got[2] or '0')
-    local updates, rid, sid, attempt = A[5], A[6], A[7], A[8]
+    local updates, rid, sid, attempt = turn[5], turn[6], turn[7], turn[8]
     local texts = {'['}
     for i = 0, count - 1 do
       local k = 9 + 3 * i
-      local json = A[k + 1] .. (seq + i) .. A[k + 2]
+      local json = turn[k + 1] .. (seq + i) .. turn[k + 2]
       if attempt == '' then
-        redis.call('XADD', events, '*', 'type', A[k], 'response_id', rid,
+        redis.call('XADD', events, '*', 'type', turn[k], 'response_id', rid,
                    'synthesis_id', sid, 'event', json)
       else
-        redis.call('XADD', events, '*', 'type', A[k], 'response_id', rid,
+        redis.call('XADD', events, '*', 'type', turn[k], 'response_id', rid,
                    'synthesis_id', sid, 'attempt_id', attempt, 'event', json)
       end
       texts[2 * i + 2], texts[2 * i + 3] = json, ','
@@ -112,7 +112,7 @@ for t = 1, nturns do
       local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
       redis.call('XADD', log, '*', 'seq', last, 'events', count > 0 and table.concat(texts) or '[]',
                  'updates', updates)
-      if A[4] == 1 then redis.call('EXPIRE', log, ttl) end
+      if turn[4] == 1 then redis.call('EXPIRE', log, ttl) end
     end
     results[t] = count
   end
