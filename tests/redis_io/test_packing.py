@@ -44,6 +44,9 @@ def test_what_hiredis_does_not_take_is_packed_or_refused_by_redis_py() -> None:
     for bad in (None, True, object()):
         with pytest.raises(DataError):
             ours.pack_command("SET", "k", bad)
+    for packer in (ours, theirs):  # (text UTF-8 cannot spell: refused alike)
+        with pytest.raises(UnicodeEncodeError):
+            packer.pack_command("SET", "k", "\ud800")
 
 
 def test_each_kind_of_connection_keeps_its_kind() -> None:
