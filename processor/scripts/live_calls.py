@@ -3,6 +3,7 @@ for many turns in one call."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
@@ -39,10 +40,11 @@ def build_publish_live(
     packed: list[list[str | int | msgspec.Raw]] = []
     encode = _json.encode
     for key, found, updates, spoken, renew in turns:
+        tk, response_id, synthesis_id, attempt_id = turn_ids(key)
         before = f"{speaker} {spoken}" if spoken else ""
         one: list[str | int | msgspec.Raw] = [
-            key.encode(), before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
-            key.response_id, key.synthesis_id(), key.attempt_id or ""]
+            tk, before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
+            response_id, synthesis_id, attempt_id]
         for event in found:
             json = encode(event)
             cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)
@@ -50,6 +52,15 @@ def build_publish_live(
         packed.append(one)
     return ScriptCall(keys=[shard.events], args=[options.events_maxlen, options.live_ttl,
                                                  len(turns), shard.tag, _pack.encode(packed)])
+
+
+@lru_cache(maxsize=1 << 14)
+def turn_ids(key: TurnKey) -> tuple[str, str, str, str]:
+    """A turn's key (``TurnKey.encode``), response, synthesis and attempt ids
+    as ``publish_live`` takes them: the same in every call for the turn, so
+    made once while it runs (the cache holds more turns than a worker
+    publishes at once)."""
+    return key.encode(), key.response_id, key.synthesis_id(), key.attempt_id or ""
 
 
 def updates_json(texts: list[bytes]) -> bytes:
