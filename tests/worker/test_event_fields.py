@@ -61,3 +61,19 @@ def test_publish_live_arguments_spell_each_event_whole(key: TurnKey, deltas: lis
         kind, head, tail = parts[3 * i: 3 * i + 3]
         assert kind == ev.event_type(chunk)
         assert (head + "0" + tail).encode() == ev.encode_event(chunk)
+
+
+def test_publish_live_cuts_every_kind_of_live_event() -> None:
+    """Every kind of event live progress says has the seq the cut looks for."""
+    key = TurnKey("r", "a")
+    events = [msgspec.structs.replace(blank, synthesis_id=key.synthesis_id(),
+                                      response_id=key.response_id) for blank in _BLANK.values()]
+    call = build_publish_live(Namespace("n", 1).shard(0), [LiveTurn(key, events, b"[]", 0, False)],
+                              WorkerConfig(), "s")
+    [turn] = msgspec.msgpack.decode(call.args[4])
+    parts = turn[8:]
+    assert len(parts) == 3 * len(events) == 15
+    for i, event in enumerate(events):
+        kind, head, tail = parts[3 * i: 3 * i + 3]
+        assert (kind, (head + "0" + tail).encode()) == (ev.event_type(event),
+                                                         ev.encode_event(event))
