@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 import pytest
+from support.stepped import Stepped
 from support.turn_reference import end_entry, response_text, text_delta
-from support.worker_harness import Harness, Stepped
+from support.worker_harness import Harness
 
 from processor.redis_io.replies import entry_of
 from processor.scripts.stored_calls import build_apply

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import redis.exceptions
+from support.stepped import Stepped, settled_count
 from support.turn_reference import end_entry, response_text, text_delta
-from support.worker_harness import Harness, Stepped, settled_count
+from support.worker_harness import Harness
 
 from processor.redis_io.replies import entry_of
 from processor.scripts.stored_calls import build_apply

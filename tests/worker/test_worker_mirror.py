@@ -14,6 +14,7 @@ import pytest
 import redis.exceptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.stepped import settled_count
 from support.strategies import random_turn
 from support.turn_reference import (
     compare_with_offline,
@@ -24,7 +25,7 @@ from support.turn_reference import (
     simple_turn,
     text_delta,
 )
-from support.worker_harness import Harness, settled_count
+from support.worker_harness import Harness
 
 from processor.engine.lifecycle import Limits
 from processor.engine.records import encode_stored
