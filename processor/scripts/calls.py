@@ -8,11 +8,11 @@ Pure: nothing here talks to Redis but the one call function of each script."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol, get_args
 
 import msgspec
 
-from processor.engine.events import event_type
 from processor.engine.lifecycle import Limits
 from processor.wire.ids import TurnKey
 from processor.wire.models import TURN_IDS
@@ -88,24 +88,35 @@ def id_list(ids: dict[str, str]) -> list[str]:
     return flat
 
 
-#: Each event class's ``type`` tag (``event_type``).
+#: Each event class's ``type`` tag (``event_type``, looked up: every class of ``Event``).
 _TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in get_args(Event)}
 
 
-def event_tag(event: Event) -> str:
-    """An event's ``type`` field (``event_type``, looked up)."""
-    return _TAGS.get(event.__class__) or event_type(event)
+@lru_cache(maxsize=1 << 14)
+def call_ids(key: TurnKey) -> tuple[str, str, str, str]:
+    """A turn's key (``TurnKey.encode``), response, synthesis and attempt ids
+    as ``publish_live`` and ``finalise_held`` take them: the same in every
+    call for the turn, so made once while it runs (the cache holds more
+    turns than a worker publishes at once)."""
+    return key.encode(), key.response_id, key.synthesis_id(), key.attempt_id or ""
 
 
-def live_fields(key: TurnKey, found: list[Event]) -> list[list[str | msgspec.Raw]]:
-    """The ``events`` stream entries' fields of a turn's live events
-    (``event_fields`` of each, the turn's part made once;
-    each event's JSON packed as the msgpack str it is, never decoded)."""
-    if not found:
-        return []
-    same = ["response_id", key.response_id, "synthesis_id", key.synthesis_id()]
-    if key.attempt_id:
-        same += ["attempt_id", key.attempt_id]
+#: Where an event's JSON says its seq before a script numbers it.
+_SEQ = b'"seq":0,'
+
+
+def cut_events(found: list[Event]) -> list[str]:
+    """A turn's events as the scripts number them (``includes/xadd_events``):
+    three values per event, its ``type`` tag, its JSON up to and including
+    ``"seq":``, and its JSON after the seq's 0. The script joins the parts
+    with the seq it takes: Redis's Lua hashes every string it makes, byte by
+    byte, so the JSON is made there once, never found, cut and joined again.
+    The first ``"seq":0,`` is the field (inside a JSON string its quotes
+    would be escaped); both parts are text, packed as msgpack str."""
+    parts: list[str] = []
     encode = _json.encode  # (ev.encode_event's encoding, without its call)
-    return [["type", event_tag(e), *same, "event",
-             msgpack_str(encode(e))] for e in found]
+    for event in found:
+        json = encode(event)
+        cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)
+        parts += [_TAGS[event.__class__], json[:cut].decode(), json[cut + 1:].decode()]
+    return parts

@@ -56,10 +56,11 @@ ARGV[9]                    the turns: one msgpack array (the client packs each
                            array of { id, reason, detail }: dead-lettered),
                            for a cancel the newest entry id this consumer
                            has routed (every entry pending to it up to there
-                           is held; '' = unknown), the live events (an array
-                           of event field arrays, each JSON with "seq":0, as
-                           publish_live.lua's) and the speaker's count of
-                           publish_live calls for the turn that ran }
+                           is held; '' = unknown), the live events (an array,
+                           three values per event, as includes/xadd_events
+                           takes them), the speaker's count of publish_live
+                           calls for the turn that ran, and the turn's
+                           response, synthesis and attempt ('' none) ids }
 ARGV[10]                   the speaker (this worker's, as publish_live.lua's)
 
 Returns one integer per turn: 1 published, 0 already done or gone, -1
@@ -98,8 +99,8 @@ local acked = false
 local function finalise(t)
   local k = 5 + 5 * (t - 1)
   local tkey, dkey, lkey, ckey, rkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
-  local tk, version, status, outputs, dead, ids, ending, late, routed, found, n =
-    unpack(turns[t], 1, 11)
+  local tk, version, status, outputs, dead, ids, ending, late, routed, found, n, rid, sid,
+    attempt = unpack(turns[t], 1, 14)
   if redis.call('EXISTS', dkey) == 1 or redis.call('EXISTS', tkey) == 0 then return 0 end
   if ending ~= '' and redis.call('EXISTS', ckey) == 1 then
     -- Cancelled before its end was published: this call is the first to
@@ -140,7 +141,7 @@ local function finalise(t)
   if #found > 0 then
     local mark = redis.call('HGET', tkey, 'live')
     if mark == speaker .. n or (mark == false and n == 0 and redis.call('EXISTS', lkey) == 0) then
-      publish_events(tkey, events, found)  -- (capped by the terminal event's XADD)
+      publish_events(tkey, events, rid, sid, attempt, found)  -- (capped by the outcome's XADD)
     end
   end
   publish_outcome(tkey, dkey, lkey, tk, status, outputs, dead)

@@ -13,7 +13,14 @@ from processor.engine import events as ev
 from processor.engine.events import event_fields
 from processor.engine.replay import Settled
 from processor.redis_io.replies import as_text
-from processor.scripts.calls import BatchOptions, ScriptCall, id_list, live_fields, msgpack_str
+from processor.scripts.calls import (
+    BatchOptions,
+    ScriptCall,
+    call_ids,
+    cut_events,
+    id_list,
+    msgpack_str,
+)
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.outputs import Event
@@ -99,12 +106,12 @@ def build_finalise_held(
     keys = [shard.merged, shard.events, shard.dlq, shard.active, shard.updates]
     rows = []
     for key, ids, late, outcome, routed, found, spoken, version in settled:
-        tk = key.encode()
-        keys += [shard.turn(tk), shard.done(tk), shard.live(tk), shard.cancel(key.response_id),
+        tk, response_id, synthesis_id, attempt_id = call_ids(key)
+        keys += [shard.turn(tk), shard.done(tk), shard.live(tk), shard.cancel(response_id),
                  shard.recs(tk)]
         rows.append((tk, str(version), outcome.status, msgpack_str(outcome.outputs),
                      msgpack_str(outcome.dead_letters), ids, outcome.ending, late, routed,
-                     live_fields(key, found), spoken))
+                     cut_events(found), spoken, response_id, synthesis_id, attempt_id))
     if options.agui:
         keys.append(shard.agui)
     return ScriptCall(keys, [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen,

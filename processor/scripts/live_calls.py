@@ -3,20 +3,22 @@ for many turns in one call."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
-from processor.scripts.calls import BatchOptions, ScriptCall, event_tag, msgpack_str
+from processor.scripts.calls import (
+    BatchOptions,
+    ScriptCall,
+    call_ids,
+    cut_events,
+    msgpack_str,
+)
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
 from processor.wire.outputs import Event
 
-_json = msgspec.json.Encoder()
 _pack = msgspec.msgpack.Encoder()
-#: Where an event's JSON says its seq before ``publish_live`` numbers it.
-_SEQ = b'"seq":0,'
 
 if TYPE_CHECKING:
     from processor.redis_io.client import Script
@@ -38,29 +40,16 @@ def build_publish_live(
     """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
     packed: list[list[str | int | msgspec.Raw]] = []
-    encode = _json.encode
     for key, found, updates, spoken, renew in turns:
-        tk, response_id, synthesis_id, attempt_id = turn_ids(key)
+        tk, response_id, synthesis_id, attempt_id = call_ids(key)
         before = f"{speaker} {spoken}" if spoken else ""
         one: list[str | int | msgspec.Raw] = [
             tk, before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
             response_id, synthesis_id, attempt_id]
-        for event in found:
-            json = encode(event)
-            cut = json.index(_SEQ) + 6  # (after '"seq":', before its 0)
-            one += [event_tag(event), msgpack_str(json[:cut]), msgpack_str(json[cut + 1:])]
+        one += cut_events(found)
         packed.append(one)
     return ScriptCall(keys=[shard.events], args=[options.events_maxlen, options.live_ttl,
                                                  len(turns), shard.tag, _pack.encode(packed)])
-
-
-@lru_cache(maxsize=1 << 14)
-def turn_ids(key: TurnKey) -> tuple[str, str, str, str]:
-    """A turn's key (``TurnKey.encode``), response, synthesis and attempt ids
-    as ``publish_live`` takes them: the same in every call for the turn, so
-    made once while it runs (the cache holds more turns than a worker
-    publishes at once)."""
-    return key.encode(), key.response_id, key.synthesis_id(), key.attempt_id or ""
 
 
 def updates_json(texts: list[bytes]) -> bytes:

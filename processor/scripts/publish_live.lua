@@ -47,13 +47,7 @@ ARGV[5] the turns: one msgpack array, per turn t an array { tk
         speaker's first call for it, else "<speaker> <n>"), the token after
         it ("<speaker> <n+1>"), renew (1: EXPIRE the log), updates (JSON
         array text), response_id, synthesis_id, attempt_id ('' none), then
-        three per event: its type, its JSON up to and including `"seq":`,
-        its JSON after the seq }
-
-Redis's Lua hashes each string it makes, byte by byte: an event's JSON
-comes cut around its seq, and is made once here, joined with its seq
-(rather than found, cut and joined again); the log's events text is one
-table.concat.
+        its events, three values each (includes/xadd_events) }
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -64,6 +58,8 @@ local events = KEYS[1]
 local events_max, ttl = ARGV[1], ARGV[2]
 local nturns = tonumber(ARGV[3])
 local tag = ARGV[4]
+
+--- includes/xadd_events
 
 local results, published = {}, 0
 local turns = cmsgpack.unpack(ARGV[5])
@@ -87,22 +83,9 @@ for t = 1, nturns do
   else
     -- The events numbered from the turn's next seq (read above, advanced below).
     local seq = tonumber(got[2] or '0')
-    local updates, rid, sid, attempt = turn[5], turn[6], turn[7], turn[8]
-    local texts = {'['}
-    for i = 0, count - 1 do
-      local k = 9 + 3 * i
-      local json = turn[k + 1] .. (seq + i) .. turn[k + 2]
-      if attempt == '' then
-        redis.call('XADD', events, '*', 'type', turn[k], 'response_id', rid,
-                   'synthesis_id', sid, 'event', json)
-      else
-        redis.call('XADD', events, '*', 'type', turn[k], 'response_id', rid,
-                   'synthesis_id', sid, 'attempt_id', attempt, 'event', json)
-      end
-      texts[2 * i + 2], texts[2 * i + 3] = json, ','
-    end
+    local updates = turn[5]
+    local texts = xadd_events(events, turn[6], turn[7], turn[8], turn, 9, count, seq)
     if count > 0 then
-      texts[2 * count + 1] = ']'  -- (in place of the last ',')
       redis.call('HSET', tkey, 'live', after, 'seq', seq + count)
       published = published + count
     else
@@ -110,7 +93,7 @@ for t = 1, nturns do
     end
     if count > 0 or updates ~= '[]' then
       local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
-      redis.call('XADD', log, '*', 'seq', last, 'events', count > 0 and table.concat(texts) or '[]',
+      redis.call('XADD', log, '*', 'seq', last, 'events', table.concat(texts),  -- (one string)
                  'updates', updates)
       if turn[4] == 1 then redis.call('EXPIRE', log, ttl) end
     end

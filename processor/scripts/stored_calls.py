@@ -155,9 +155,8 @@ class _Turns:
 
 
 def _started_fields(key: TurnKey, started: Event) -> list[str | msgspec.Raw]:
-    """``event_fields`` of a turn's
-    ``synthesis.started``, its JSON packed as the msgpack str it is encoded
-    to (never decoded: ``live_fields``)."""
+    """``event_fields`` of a turn's ``synthesis.started``, its JSON packed as
+    the msgpack str it is encoded to (never decoded)."""
     fields: list[str | msgspec.Raw] = ["type", "synthesis.started", "response_id",
                                        key.response_id, "synthesis_id", key.synthesis_id()]
     if key.attempt_id:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from processor.engine import events as ev
 from processor.engine.events import event_fields
 from processor.engine.live import _BLANK
-from processor.scripts.calls import live_fields
+from processor.engine.replay import Settled
+from processor.scripts.held_calls import HeldOutcome, build_finalise_held
 from processor.scripts.live_calls import LiveTurn, build_publish_live
 from processor.scripts.stored_calls import _started_fields
 from processor.wire.ids import TurnKey
@@ -34,12 +35,25 @@ def test_started_from_the_blank_is_the_keyword_built_event(key: TurnKey, ts: int
     assert _pack.encode(_started_fields(key, made)) == _pack.encode(event_fields(key, built))
 
 
-@given(_keys, st.text(max_size=30))
-def test_live_fields_pack_as_event_fields(key: TurnKey, delta: str) -> None:
-    chunk = msgspec.structs.replace(
+@given(_keys, st.lists(st.text(max_size=30), max_size=4))
+def test_finalise_held_rows_spell_each_events_fields(key: TurnKey, deltas: list[str]) -> None:
+    """A held turn's last events reach ``finalise_held`` as ``cut_events``
+    parts and the turn's ids, from which ``includes/xadd_events`` makes the
+    fields ``event_fields`` gives each event (type, response_id,
+    synthesis_id, attempt_id if any, event), in that order."""
+    chunks = [msgspec.structs.replace(
         _BLANK[SynthesisChunk], synthesis_id=key.synthesis_id(), response_id=key.response_id,
-        message_id="m", delta=delta)
-    assert _pack.encode(live_fields(key, [chunk])) == _pack.encode([event_fields(key, chunk)])
+        message_id="m", delta=delta) for delta in deltas]
+    outcome = HeldOutcome(key, ["1-0"], [], Settled("completed", b"", b""), "", chunks, 2, 0)
+    call = build_finalise_held(Namespace("n", 1).shard(0), [outcome], WorkerConfig(), "c", "s")
+    [row] = msgspec.msgpack.decode(call.args[8])
+    parts, spoken, rid, sid, attempt = row[9:]
+    assert spoken == 2 and len(parts) == 3 * len(chunks)
+    for i, chunk in enumerate(chunks):
+        kind, head, tail = parts[3 * i: 3 * i + 3]
+        made = ["type", kind, "response_id", rid, "synthesis_id", sid,
+                *(["attempt_id", attempt] if attempt else []), "event", head + "0" + tail]
+        assert made == event_fields(key, chunk)
 
 
 @given(_keys, st.lists(st.text(max_size=30), max_size=4))
