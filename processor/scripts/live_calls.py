@@ -39,15 +39,13 @@ def build_publish_live(
 ) -> ScriptCall:
     """``publish_live``'s KEYS/ARGV for the turns' events and updates, said by
     ``speaker`` (the worker's token in the turns' ``live`` field)."""
-    packed: list[list[str | int | msgspec.Raw]] = []
+    packed: list[str | int | msgspec.Raw] = []  # (flat: one Lua table, not one per turn)
     for key, found, updates, spoken, renew in turns:
         tk, response_id, synthesis_id, attempt_id = call_ids(key)
         before = f"{speaker} {spoken}" if spoken else ""
-        one: list[str | int | msgspec.Raw] = [
-            tk, before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
-            response_id, synthesis_id, attempt_id]
-        one += cut_events(found)
-        packed.append(one)
+        packed += [tk, before, f"{speaker} {spoken + 1}", int(renew), msgpack_str(updates),
+                   response_id, synthesis_id, attempt_id, len(found)]
+        packed += cut_events(found)
     return ScriptCall(keys=[shard.events], args=[options.events_maxlen, options.live_ttl,
                                                  len(turns), shard.tag, _pack.encode(packed)])
 

@@ -42,12 +42,14 @@ call, the largest part of its packing when a batch moves many turns.
 
 ARGV[1] events MAXLEN (~)  ARGV[2] log TTL (seconds)  ARGV[3] number of turns T
 ARGV[4] the shard's key tag (`{<namespace>:<shard>}`)
-ARGV[5] the turns: one msgpack array, per turn t an array { tk
+ARGV[5] the turns: one flat msgpack array (one Lua table to make, not one
+        per turn), per turn t in turn, 9 + 3 * count values: tk
         (TurnKey.encode), its `live` token before this call ('' for the
         speaker's first call for it, else "<speaker> <n>"), the token after
         it ("<speaker> <n+1>"), renew (1: EXPIRE the log), updates (JSON
-        array text), response_id, synthesis_id, attempt_id ('' none), then
-        its events, three values each (includes/xadd_events) }
+        array text), response_id, synthesis_id, attempt_id ('' none), the
+        number of its events (count), then its events, three values each
+        (includes/xadd_events)
 
 Returns one integer per turn: the number of events published, -1 when
 the turn ended or has no hash, -2 when another speaks (or spoke) for it,
@@ -63,10 +65,10 @@ local tag = ARGV[4]
 
 local results, published = {}, 0
 local turns = cmsgpack.unpack(ARGV[5])
+local at = 0  -- (where the turn's values begin in turns, less one)
 for t = 1, nturns do
-  local turn = turns[t]  -- (its events from turn[9] on)
-  local tk, before, after = turn[1], turn[2], turn[3]
-  local count = (#turn - 8) / 3
+  local tk, before, after = turns[at + 1], turns[at + 2], turns[at + 3]
+  local count = turns[at + 9]
   local tkey, log = tag .. ':turn:' .. tk, tag .. ':live:' .. tk
   -- (A hash with a `live` mark is a turn not published yet: the publish
   -- deletes the hash with the done marker's creation, in one step.)
@@ -82,23 +84,26 @@ for t = 1, nturns do
     results[t] = -2
   else
     -- The events numbered from the turn's next seq (read above, advanced below).
-    local seq = tonumber(got[2] or '0')
-    local updates = turn[5]
-    local texts = xadd_events(events, turn[6], turn[7], turn[8], turn, 9, count, seq)
+    local first = got[2] or '0'
+    local seq = tonumber(first)
+    local updates = turns[at + 5]
+    local texts, last = xadd_events(events, turns[at + 6], turns[at + 7], turns[at + 8], turns,
+                                    at + 10, count, seq, first)
     if count > 0 then
-      redis.call('HSET', tkey, 'live', after, 'seq', seq + count)
+      redis.call('HSET', tkey, 'live', after, 'seq', string.format('%d', seq + count))
       published = published + count
     else
       redis.call('HSET', tkey, 'live', after)
     end
     if count > 0 or updates ~= '[]' then
-      local last = count > 0 and seq + count - 1 or tonumber(got[2] or '1') - 1
+      if count == 0 then last = string.format('%d', tonumber(got[2] or '1') - 1) end
       redis.call('XADD', log, '*', 'seq', last, 'events', table.concat(texts),  -- (one string)
                  'updates', updates)
-      if turn[4] == 1 then redis.call('EXPIRE', log, ttl) end
+      if turns[at + 4] == 1 then redis.call('EXPIRE', log, ttl) end
     end
     results[t] = count
   end
+  at = at + 9 + 3 * count
 end
 -- The events stream's cap, once per call (as an XADD MAXLEN ~ would keep it).
 if published > 0 then redis.call('XTRIM', events, 'MAXLEN', '~', events_max) end

@@ -70,6 +70,7 @@ async def test_each_turns_events_are_published_with_their_fields_and_numbered(
         [(_, log)] = await async_redis_client.xrange(shard.live(tk))
         assert json.loads(log[b"updates"]) == [{"u": i}]
         assert [e["seq"] for e in json.loads(log[b"events"])] == [4 + j for j in range(len(events))]
+        assert int(log[b"seq"]) == 4 + len(events) - 1  # (the turn's last seq: 3 with none)
         assert await async_redis_client.ttl(shard.live(tk)) > 0
 
 

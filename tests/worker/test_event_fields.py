@@ -66,10 +66,10 @@ def test_publish_live_arguments_spell_each_event_whole(key: TurnKey, deltas: lis
         message_id='"seq":0,', delta=delta) for delta in deltas]
     call = build_publish_live(Namespace("n", 1).shard(0), [LiveTurn(key, chunks, b"[]", 2, True)],
                               WorkerConfig(), "s")
-    [turn] = msgspec.msgpack.decode(call.args[4])
-    assert turn[:8] == [key.encode(), "s 2", "s 3", 1, "[]", key.response_id,
-                        key.synthesis_id(), key.attempt_id]
-    parts = turn[8:]
+    turn = msgspec.msgpack.decode(call.args[4])
+    assert turn[:9] == [key.encode(), "s 2", "s 3", 1, "[]", key.response_id,
+                        key.synthesis_id(), key.attempt_id, len(chunks)]
+    parts = turn[9:]
     assert len(parts) == 3 * len(chunks)
     for i, chunk in enumerate(chunks):
         kind, head, tail = parts[3 * i: 3 * i + 3]
@@ -84,8 +84,7 @@ def test_publish_live_cuts_every_kind_of_live_event() -> None:
                                       response_id=key.response_id) for blank in _BLANK.values()]
     call = build_publish_live(Namespace("n", 1).shard(0), [LiveTurn(key, events, b"[]", 0, False)],
                               WorkerConfig(), "s")
-    [turn] = msgspec.msgpack.decode(call.args[4])
-    parts = turn[8:]
+    parts = msgspec.msgpack.decode(call.args[4])[9:]
     assert len(parts) == 3 * len(events) == 15
     for i, event in enumerate(events):
         kind, head, tail = parts[3 * i: 3 * i + 3]

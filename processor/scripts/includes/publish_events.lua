@@ -5,5 +5,5 @@
 local function publish_events(tkey, events, rid, sid, attempt, parts)
   local count = #parts / 3
   local seq = redis.call('HINCRBY', tkey, 'seq', count) - count
-  xadd_events(events, rid, sid, attempt, parts, 1, count, seq)
+  xadd_events(events, rid, sid, attempt, parts, 1, count, seq, nil)
 end
