@@ -84,7 +84,8 @@ class LivePublisher:
     publish waits (its updates coalesce), and ``publish_waiting``, run
     by the shard loop after each batch and each idle read, publishes it once
     its time comes. A turn that ended, or whose mirror began with the batch,
-    never waits."""
+    never waits; a held turn never published waits only while the interval
+    is stretched (``_wait``)."""
 
     def __init__(self, shell: Shell, shards: Mapping[int, ShardState],
                  retrying: Retrying) -> None:
@@ -122,14 +123,26 @@ class LivePublisher:
         return self._intervals.get(shard.index, self.interval)
 
     def _wait(self, shard: Shard, key: TurnKey, since: float) -> bool:
-        """Whether a running turn last published at ``since`` waits for its
-        next publish (then noted as waiting)."""
-        due = since + self.interval_of(shard)
-        if due <= time.monotonic():
-            if waiting := self._waiting.get(shard.index):
-                waiting.pop(key, None)
+        """Whether a running turn last published at ``since`` (0: never)
+        waits for its next publish (then noted as waiting). A turn never
+        published is published at once, unless the shard's interval is
+        stretched (its reads are behind their producers): then its first
+        publish waits that long too, so that a turn read whole within it
+        (a backlog's) is told once, with its outcome, instead of once and
+        again, and a reader sees it no later than the lag already shows it."""
+        now = time.monotonic()
+        interval = self.interval_of(shard)
+        waiting = self._waiting.setdefault(shard.index, {})
+        if since:
+            due = since + interval
+        elif interval > self.interval:
+            due = waiting.get(key, now + interval)
+        else:
+            due = now
+        if due <= now:
+            waiting.pop(key, None)
             return False
-        self._waiting.setdefault(shard.index, {}).setdefault(key, due)
+        waiting.setdefault(key, due)
         return True
 
     async def publish_waiting(self, shard: Shard) -> None:
