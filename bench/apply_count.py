@@ -27,7 +27,9 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import redis.asyncio
 import workload
@@ -35,6 +37,8 @@ from apply_cost import one_round, scripts_of
 
 from processor.embedded.ports import free_port
 from processor.worker.worker import WorkerConfig
+
+T = TypeVar("T")
 
 
 def _total(out: Path) -> int:
@@ -55,8 +59,11 @@ async def _wait_up(client: redis.asyncio.Redis) -> None:
     raise RuntimeError("redis-server under valgrind did not start")
 
 
-async def count(turns: int, keep: Path | None = None, batch: int = 500,
-                stored: bool = False, finalise: bool = False) -> None:
+async def under_callgrind(run: Callable[[redis.asyncio.Redis], Awaitable[T]],
+                          keep: Path | None = None) -> tuple[T, int]:
+    """``run``'s result against a redis-server under callgrind, counting
+    only what runs inside ``EVALSHA``, and those instructions (callgrind's
+    output copied to ``keep``)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -68,10 +75,7 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
         client = redis.asyncio.Redis(port=port)
         try:
             await _wait_up(client)
-            work = workload.build(turns)
-            await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
-            applied, _stats = await one_round(client, work, batch, stored=stored,
-                                              finalise=finalise)
+            result = await run(client)
             with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
                 await client.shutdown(nosave=True)
             server.wait(timeout=60)  # callgrind writes its counts as the server exits
@@ -82,6 +86,19 @@ async def count(turns: int, keep: Path | None = None, batch: int = 500,
         total = _total(out)
         if keep is not None:
             shutil.copyfile(out, keep)
+    return result, total
+
+
+async def count(turns: int, keep: Path | None = None, batch: int = 500,
+                stored: bool = False, finalise: bool = False) -> None:
+    async def run(client: redis.asyncio.Redis) -> int:
+        work = workload.build(turns)
+        await workload.make_template(client, "cost:template", work, [WorkerConfig().group])
+        applied, _stats = await one_round(client, work, batch, stored=stored,
+                                          finalise=finalise)
+        return int(applied)
+
+    applied, total = await under_callgrind(run, keep)
     print(f"entries applied: {applied:,} ({turns:,} turns, {batch} a call)")
     print(f"{scripts_of(stored, finalise)}: {total / applied:,.0f} instructions of "
           f"redis-server per entry ({total:,} inside EVALSHA)")

@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import msgspec
 import redis.asyncio
-from apply_count import _total, _wait_up
+from apply_count import under_callgrind
 
-from processor.embedded.ports import free_port
 from processor.engine.live import _BLANK
 from processor.scripts import Scripts
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live
@@ -66,39 +61,22 @@ def _calls(turns: int, per_call: int, events: int, rounds: int) -> list[list[Liv
 
 async def count(turns: int, per_call: int, events: int, rounds: int,
                 keep: Path | None = None) -> None:
-    port = free_port()
     shard = Namespace("count", 1).shard(0)
     config = WorkerConfig()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--toggle-collect=evalShaCommand",
-             f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-             "--save", "", "--appendonly", "no", "--dir", tmp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.asyncio.Redis(port=port)
-        try:
-            await _wait_up(client)
-            async with client.pipeline(transaction=False) as pipe:
-                for i in range(turns):
-                    pipe.hset(shard.turn(TurnKey(f"paced_{i:05d}").encode()), "seq", 1)
-                await pipe.execute()
-            script = Scripts(client).publish_live
-            for turns_of_call in _calls(turns, per_call, events, rounds):
-                said = await publish_live(
-                    script, build_publish_live(shard, turns_of_call, config, "speaker"))
-                if said != [events] * len(turns_of_call):
-                    raise RuntimeError(f"publish_live answered {said[:5]}...")
-            with contextlib.suppress(redis.exceptions.ConnectionError):  # no reply comes
-                await client.shutdown(nosave=True)
-            server.wait(timeout=60)  # callgrind writes its counts as the server exits
-        finally:
-            await client.aclose()
-            if server.poll() is None:
-                server.kill()
-        total = _total(out)
-        if keep is not None:
-            shutil.copyfile(out, keep)
+
+    async def run(client: redis.asyncio.Redis) -> None:
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(turns):
+                pipe.hset(shard.turn(TurnKey(f"paced_{i:05d}").encode()), "seq", 1)
+            await pipe.execute()
+        script = Scripts(client).publish_live
+        for turns_of_call in _calls(turns, per_call, events, rounds):
+            said = await publish_live(
+                script, build_publish_live(shard, turns_of_call, config, "speaker"))
+            if said != [events] * len(turns_of_call):
+                raise RuntimeError(f"publish_live answered {said[:5]}...")
+
+    _, total = await under_callgrind(run, keep)
     published = turns * rounds
     print(f"publish_live: {total / published:,.0f} instructions of redis-server per turn "
           f"({published:,} turns published, {per_call} a call, {events} event(s) each; "
