@@ -54,8 +54,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("live_interval_max_ms", int, D.LIVE_INTERVAL_MAX_MS, "most ms the live interval "
            "stretches to while the worker reads behind its producers: a running turn then "
            "publishes at most once per the read's lag (the age of the newest entry read), up "
-           "to this, its first publish too; at or below --live-interval-ms it never "
-           "stretches", 0),
+           "to this, its first publish too (unless --live-interval-ms is 0); at or below "
+           "--live-interval-ms it never stretches", 0),
     Option("agui", _flag, False, "also write each turn as AG-UI 1.0 events to {ns:s}:agui"),
     Option("batch", int, D.BATCH, "entries read per XREADGROUP call", 1),
     Option("block_ms", int, D.BLOCK_MS,

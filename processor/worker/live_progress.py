@@ -126,16 +126,18 @@ class LivePublisher:
         """Whether a running turn last published at ``since`` (0: never)
         waits for its next publish (then noted as waiting). A turn never
         published is published at once, unless the shard's interval is
-        stretched (its reads are behind their producers): then its first
-        publish waits that long too, so that a turn read whole within it
-        (a backlog's) is told once, with its outcome, instead of once and
-        again, and a reader sees it no later than the lag already shows it."""
+        stretched (its reads are behind their producers by more than
+        ``--live-interval-ms``, which is not 0: 0 publishes every batch):
+        then its first publish waits that long too, so that a turn read
+        whole within it (a backlog's) is told once, with its outcome,
+        instead of once and again, and a reader sees it no later than the
+        lag already shows it."""
         now = time.monotonic()
         interval = self.interval_of(shard)
         waiting = self._waiting.setdefault(shard.index, {})
         if since:
             due = since + interval
-        elif interval > self.interval:
+        elif self.interval and interval > self.interval:
             due = waiting.get(key, now + interval)
         else:
             due = now

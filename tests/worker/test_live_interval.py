@@ -96,22 +96,29 @@ def test_a_log_gets_its_ttl_first_then_once_per_period() -> None:
     assert not renewals.due(a, 1122.0)
 
 
-@pytest.mark.parametrize("most", [0, 60_000], ids=["unstretched", "stretched"])
+@pytest.mark.parametrize(("interval", "most", "told"), [
+    (0, 0, {"stored": 20, "held": 20}),
+    (0, 60_000, {"stored": 2, "held": 2}),
+    (100, 60_000, {"stored": 2, "held": 1}),
+], ids=["every-batch", "stretched-from-0", "stretched"])
 @pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
 async def test_a_read_behind_its_producers_stretches_the_interval(
-    redis_url: str, namespace: str, hold: bool, most: int
+    redis_url: str, namespace: str, hold: bool, interval: int, most: int,
+    told: dict[str, int]
 ) -> None:
     """20 updates of one turn whose ids say they were added 30 s ago, read
-    one per batch under ``--live-interval-ms 0``: read that far behind, the
-    interval stretches to the lag (up to ``--live-interval-max-ms``), so a
-    held turn's first publish waits too and the turn, read whole within it,
-    is told once, with its outcome (a stored turn is told when its mirror
-    begins, then with its outcome); at 0 the interval never stretches and
-    every batch tells it. Either way the chunks replayed are the whole
-    text."""
+    one per batch: read that far behind, the interval stretches to the lag
+    (up to ``--live-interval-max-ms``), so the turn is told when it starts
+    and then with its outcome; under the default interval a held turn's
+    first publish waits too and the turn, read whole within it, is told
+    once, with its outcome (a stored turn is told when its mirror begins).
+    Under ``--live-interval-ms 0`` a turn's first publish never waits, and
+    with ``--live-interval-max-ms 0`` every batch tells it. Either way the
+    chunks replayed are the whole text."""
     rid = "behind"
     pieces = [f"w{i} " for i in range(20)]
-    config = {"hold_turns": hold, "live_interval_ms": 0, "live_interval_max_ms": most, "batch": 1}
+    config = {"hold_turns": hold, "live_interval_ms": interval, "live_interval_max_ms": most,
+              "batch": 1}
     async with Harness(redis_url, namespace, **config) as harness:
         await harness.start_workers(1)
         entries = [{"response_id": rid, "update": _update(piece)} for piece in pieces]
@@ -126,10 +133,7 @@ async def test_a_read_behind_its_producers_stretches_the_interval(
         [turn] = (await harness.outputs()).turns.values()
     chunks = [e["delta"] for e in turn.events if e["type"] == "synthesis.chunk"]
     assert "".join(chunks) == "".join(pieces)
-    if most:
-        assert len(chunks) == (1 if hold else 2), chunks
-    else:
-        assert len(chunks) == len(pieces), chunks
+    assert len(chunks) == told["held" if hold else "stored"], chunks
 
 
 def test_the_live_interval_stretches_to_the_lag_within_its_bounds() -> None:
