@@ -134,17 +134,18 @@ class LivePublisher:
         lag already shows it."""
         now = time.monotonic()
         interval = self.interval_of(shard)
-        waiting = self._waiting.setdefault(shard.index, {})
+        waiting = self._waiting.get(shard.index)
         if since:
             due = since + interval
         elif self.interval and interval > self.interval:
-            due = waiting.get(key, now + interval)
+            due = waiting.get(key, now + interval) if waiting else now + interval
         else:
             due = now
         if due <= now:
-            waiting.pop(key, None)
+            if waiting:
+                waiting.pop(key, None)
             return False
-        waiting.setdefault(key, due)
+        self._waiting.setdefault(shard.index, {}).setdefault(key, due)
         return True
 
     async def publish_waiting(self, shard: Shard) -> None:
