@@ -10,14 +10,17 @@
   offered for 1,000 turns every 100 ms), then their ends, produced live by
   this process: the turns outlive ``--hold-ms`` (5 s by default). What
   counts is the CPU per update (worker and redis-server), not the rate,
-  which is the producer's.
+  which is the producer's. With ``--messages M`` each turn's updates go
+  to M messages one after the other (three agents handing off), so that
+  the turns also grow in messages as they run.
 
 Both are compared, in the same run, with the raw drain of the same input.
 ``bench/run.py`` runs them beside the backlog; on their own (one round, a
 private redis-server)::
 
     python bench/live_turns.py [--turns 1000] [--updates 100] [--seconds 20]
-                               [--repeat 1] [--no-peer] [--no-paced] [--no-many]
+                               [--messages 1] [--repeat 1] [--no-peer] [--no-paced]
+                               [--no-many]
 """
 
 from __future__ import annotations
@@ -39,24 +42,33 @@ from scenarios import Ctx, Feed, Throughput
 from turns import WORDS
 from workload import Fields, Workload
 
+#: The agents of a turn of several messages, taking turns (handoffs).
+AGENTS = ("Writer", "Critic", "Planner")
 
-def _text_update(rid: str, message: str) -> dict[str, Any]:
+
+def _text_update(rid: str, message: str, author: str = "Writer") -> dict[str, Any]:
     """A genuine text update of turn ``rid`` (``AgentResponseUpdate.to_dict()``)."""
     update = AgentResponseUpdate(contents=[Content.from_text("x")], role="assistant",
-                                 response_id=rid, message_id=message, author_name="Writer",
-                                 agent_id="agent-writer",
+                                 response_id=rid, message_id=message, author_name=author,
+                                 agent_id=f"agent-{author.lower()}",
                                  created_at="2026-01-01T00:00:00.000Z")
     return update.to_dict()
 
 
-def text_entries(turns: int, updates: int, prefix: str = "live") -> list[list[Fields]]:
+def text_entries(turns: int, updates: int, prefix: str = "live",
+                 messages: int = 1) -> list[list[Fields]]:
     """Per round i (of ``updates``), the i-th text update of every turn, in
-    turn order; turn ids ``<prefix>_<n>``. Deltas of 2-20 characters."""
+    turn order; turn ids ``<prefix>_<n>``. Deltas of 2-20 characters. Each
+    turn's updates go to ``messages`` messages one after the other (the
+    agents of ``AGENTS`` in turn, as after handoffs), an equal share each."""
     rids = [f"{prefix}_{n:05d}" for n in range(turns)]
-    protos = [_text_update(rid, f"msg_{rid}") for rid in rids]
     rounds: list[list[Fields]] = []
     for i in range(updates):
         one = []
+        m = i * messages // updates
+        if i == 0 or m != (i - 1) * messages // updates:
+            author = AGENTS[m % len(AGENTS)]
+            protos = [_text_update(rid, f"msg_{rid}_{m}", author) for rid in rids]
         for n, (rid, proto) in enumerate(zip(rids, protos, strict=True)):
             word = WORDS[(i * 7 + n) % len(WORDS)]
             proto["contents"][0]["text"] = (word + " ")[: 2 + (i + n) % 19]
@@ -83,6 +95,7 @@ class Pace:
     turns: int = 1000
     seconds: float = 20.0
     period: float = 0.1
+    messages: int = 1  # per turn (text_entries)
 
     @property
     def updates(self) -> int:
@@ -98,7 +111,7 @@ def paced(ctx: Ctx, pace: Pace) -> Feed:
     """The producer of the paced run: every ``period`` s one update of each
     turn, spread over the period in ten slices (a pipeline each), then the
     ends. Returns the Redis time of its first XADD."""
-    rounds = text_entries(pace.turns, round(pace.seconds / pace.period), "paced")
+    rounds = text_entries(pace.turns, round(pace.seconds / pace.period), "paced", pace.messages)
     slices = 10
 
     async def feed(streams: list[str]) -> int:
@@ -209,7 +222,8 @@ async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
 
 async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = ()) -> list[Throughput]:
     say(f"{'paced long turns':>24}: {pace.turns:,} turns, one update each per "
-        f"{pace.period * 1000:g} ms for {pace.seconds:g} s")
+        f"{pace.period * 1000:g} ms for {pace.seconds:g} s"
+        + (f", {pace.messages} messages each" if pace.messages > 1 else ""))
     shape = pace.workload()
     await _longest_call(ctx.client)  # (from here on)
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
@@ -241,10 +255,10 @@ async def _main(args: argparse.Namespace) -> None:
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         client = redis.asyncio.Redis.from_url(server.url)
         ctx = Ctx(server.url, client, server.pid or 0, Path(tmp))
-        await measure(ctx, args.turns, args.updates, Pace(args.turns, args.seconds),
-                      args.repeat, not args.no_peer, lambda text: print(text, flush=True),
-                      many=not args.no_many, paced_runs=not args.no_paced,
-                      flags=tuple(args.worker_flags.split()))
+        pace = Pace(args.turns, args.seconds, messages=args.messages)
+        await measure(ctx, args.turns, args.updates, pace, args.repeat, not args.no_peer,
+                      lambda text: print(text, flush=True), many=not args.no_many,
+                      paced_runs=not args.no_paced, flags=tuple(args.worker_flags.split()))
         await client.aclose()
 
 
@@ -254,6 +268,8 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=100)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--messages", type=int, default=1,
+                   help="messages per paced turn, one after the other (agents handing off)")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-paced", action="store_true")
     p.add_argument("--no-many", action="store_true")

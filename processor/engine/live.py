@@ -45,7 +45,7 @@ response (``tests/engine/test_live.py`` checks it over random turns).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -73,6 +73,30 @@ _STEP_OF: dict[str, StepKind] = {
 }
 
 
+class Placed(NamedTuple):
+    """A message as a turn's last full live render found it (``Layout``):
+    its place in the merged order, and its events' ``previous_message_id``,
+    ``role``, ``agent_id`` and ``author_name``."""
+
+    position: int
+    previous: str | None
+    role: str | None
+    agent_id: Any
+    author_name: str | None
+
+
+class Layout(msgspec.Struct, gc=False):
+    """The messages of the turn's merge when its ``Shown`` was made, kept
+    for the renders that follow while the merge only grows
+    (processor.engine.live_growth): good while the turn's ``Turn.mark`` is
+    ``mark``. ``gone``: its texts or reasoning name messages no longer in
+    the merge (a full render drops them)."""
+
+    mark: int
+    placed: dict[str, Placed]
+    gone: bool
+
+
 class Shown(msgspec.Struct, gc=False):
     """What a turn's live events have said so far: per message id, its text
     and reasoning; per ``(message id, index)``, each function call's
@@ -91,6 +115,7 @@ class Shown(msgspec.Struct, gc=False):
     #: Calls a message sent anew no longer has: a reader that does not drop
     #: messages still holds them, so the next call at such a place replaces.
     stale: frozenset[tuple[str, int]] = frozenset()
+    layout: Layout | None = None
 
 
 def message_text(message: Message, kind: str = "text") -> str:
@@ -136,7 +161,7 @@ def live_events(
     One pass over each message's contents (run for every turn a batch
     moved, so kept lean): its text, reasoning and last step kind, and its
     calls and results only when it has any."""
-    made = _Made(key, ids, ts)
+    made = Made(key, ids, ts)
     events: list[Event] = []
     # (Calls and results are copied: a message's are known until it leaves
     # the merge, below.)
@@ -276,7 +301,7 @@ _BLANK: dict[type, Any] = {
 }
 
 
-class _Made:
+class Made:
     """A turn's event of each kind with its turn-level fields (``seq`` 0),
     made from ``_BLANK`` when first needed: its events copy it."""
 
@@ -306,7 +331,7 @@ class _Made:
         return made
 
 
-def _tool_events(events: list[Event], made: _Made, message: Message, mid: str,
+def _tool_events(events: list[Event], made: Made, message: Message, mid: str,
                  previous: str | None, shown: Shown, after: Shown, fresh: bool = False) -> None:
     """A message's call chunks and results (in its contents' order) that
     ``shown`` lacks, appended to ``events``; ``after`` records them.
@@ -372,7 +397,7 @@ def _shrunk(message: Message, mid: str, shown: Shown) -> bool:
     return (mid, calls) in shown.calls or (mid, results) in shown.results
 
 
-def _gone_tools(events: list[Event], made: _Made, response: Response,
+def _gone_tools(events: list[Event], made: Made, response: Response,
                 was_texts: dict[str, str], after: Shown) -> None:
     """Messages with calls or results shown that are no longer in the merge
     (folded into another): unless their text's empty ``replace`` chunk says

@@ -58,7 +58,7 @@ class Turn:
     state across processes; ``finish`` renders the merged response.
     """
 
-    __slots__ = ("_block_of", "_parts", "state")
+    __slots__ = ("_block_of", "_parts", "grown", "mark", "state")
 
     def __init__(self, key: TurnKey) -> None:
         self.state = TurnState(key.response_id, key.attempt_id)
@@ -66,6 +66,16 @@ class Turn:
         # Pending string pieces per (segment, content index): joined lazily so
         # a 10,000-delta message costs O(n), not O(n^2), to assemble.
         self._parts: dict[tuple[int, int], list[str]] = {}
+        self.grown: dict[int, list[str]] | None = None
+        self.mark = 0
+
+    def track(self, mark: int) -> None:
+        """Record from here on what only grows the merge (``grown``: per
+        segment, the text or reasoning pieces appended to its last content,
+        by ``fold``'s usual path), under ``mark`` (not 0). Any other change
+        sets ``mark`` to 0: then ``grown`` no longer tells all that changed
+        (processor.engine.live_growth)."""
+        self.mark, self.grown = mark, {}
 
     # ------------------------------------------------------------ state I/O
 
@@ -84,6 +94,7 @@ class Turn:
         turn.state = _decoder.decode(data)
         turn._block_of = {b.inner_id: i for i, b in enumerate(turn.state.blocks)}
         turn._parts = {}
+        turn.grown, turn.mark = None, 0
         return turn
 
     def compact(self) -> None:
@@ -158,6 +169,7 @@ class Turn:
                 return self._apply_update(update)
             if chunk.name and not target.name:
                 target.name = chunk.name
+            self.mark = 0  # (a call's chunks are not tracked)
         else:
             return self._apply_update(update)
         # What _apply_update does for it, in the same order (the call's
@@ -171,12 +183,8 @@ class Turn:
             st.agent_id = agent_id
         if st.open_run != -1:
             st.open_run = -1
-        if seg.role is None:
-            seg.role = update.role
-        if seg.author_name is None:
-            seg.author_name = update.author_name
-        if seg.agent_id is None:
-            seg.agent_id = update.agent_id
+        if seg.role is None or seg.author_name is None or seg.agent_id is None:
+            self._name(seg, update)  # (a message named late: rare)
         if seg.created_at is None:
             seg.created_at = update.created_at
         parts = self._parts.get(key)
@@ -185,8 +193,24 @@ class Turn:
             self._parts[key] = [current if isinstance(current, str) else "", piece]
         else:
             parts.append(piece)
+        grown = self.grown
+        if grown is not None:
+            pieces = grown.get(index)
+            if pieces is None:
+                grown[index] = [piece]
+            else:
+                pieces.append(piece)
         if kind != "text" or chunk.additional_properties or chunk.annotations:
             merge_extras(target, chunk)  # (a no-op for a bare text delta)
+
+    def _name(self, seg: Segment, update: Update) -> None:
+        """``take_names`` of a message's role, author and agent on ``fold``'s
+        usual path: one it names (not its created_at, which no live event
+        says) changes what the message renders as."""
+        before = (seg.role, seg.author_name, seg.agent_id)
+        take_names(seg, update)
+        if (seg.role, seg.author_name, seg.agent_id) != before:
+            self.mark = 0
 
     def _take_ids(self, ids: dict[str, str]) -> None:
         for name, value in ids.items():
@@ -200,6 +224,7 @@ class Turn:
         # results, usage, id-less runs): the usual steps are written out
         # inline, as each helper call costs about as much as its body.
         st = self.state
+        self.mark = 0  # (anything may change: processor.engine.live_growth renders it)
         inner = update.response_id
         if not inner or inner == st.response_id:
             inner = ""  # the turn's own block

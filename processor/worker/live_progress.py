@@ -38,6 +38,7 @@ from typing import Literal
 import msgspec
 
 from processor.engine.live import Shown, live_events
+from processor.engine.live_growth import live_progress
 from processor.redis_io.connections import handed_over
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live, updates_json
 from processor.scripts.stored_calls import Applied
@@ -212,12 +213,14 @@ class LivePublisher:
                     sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
                     turns, after = [], []
                     await handed_over()
-                life = held.replay.life
-                found, shown = live_events(key, life.turn.state.ids, was, life.response(), now)
+                turn = held.replay.life.turn
+                found, shown = live_progress(key, turn.state.ids, was, turn, now)
                 held.live_at = at
                 if found or held.fresh:
                     turns.append(self._turn(key, found, held.fresh, held.spoken, at))
                     after.append((shown, len(held.fresh)))
+                else:
+                    held.shown = shown  # (nothing to say: nothing sent)
             if turns:
                 sent.append((asyncio.ensure_future(self._publish(shard, turns)), turns, after))
                 await handed_over()
@@ -319,9 +322,8 @@ class LivePublisher:
             mirror = mirrors.get(key)
             if mirror is None or not isinstance(shown := mirror.shown, Shown):
                 continue
-            life = mirror.replay.life
-            found, shown_after = live_events(key, life.turn.state.ids, shown, life.response(),
-                                             now)
+            turn = mirror.replay.life.turn
+            found, shown_after = live_progress(key, turn.state.ids, shown, turn, now)
             mirror.live_at = at
             if found or mirror.fresh or key in first:
                 turns.append(self._turn(key, found, mirror.fresh, mirror.spoken, at))

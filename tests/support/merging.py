@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from processor.engine.live import Shown, live_events
+from processor.engine.live import Shown
+from processor.engine.live_growth import live_progress
 from processor.engine.merge import Turn
 from processor.ingest.decode import decode_entry
 from processor.wire.ids import TurnKey
@@ -62,7 +63,7 @@ def live_batches(key: TurnKey, records: list[Record], cuts: list[int], now: int
                  ) -> Iterator[tuple[list[Event], Turn]]:
     """A turn's records fed in batches ending at ``cuts`` (and at the last),
     as the worker feeds them: after each batch, the turn's live events
-    (``live_events``, against what the earlier ones said, at time ``now``)
+    (``live_progress``, against what the earlier ones said, at time ``now``)
     and the turn."""
     turn, shown = Turn(key), Shown()
     bounds = sorted({min(c, len(records)) for c in cuts} | {len(records)})
@@ -71,5 +72,5 @@ def live_batches(key: TurnKey, records: list[Record], cuts: list[int], now: int
         for record in records[start:end]:
             turn.apply(record)
         start = end
-        found, shown = live_events(key, turn.state.ids, shown, turn.finish(), now)
+        found, shown = live_progress(key, turn.state.ids, shown, turn, now)
         yield found, turn

@@ -1,0 +1,133 @@
+"""Live progress of a running turn, rendered only when it must be.
+
+Pure. ``live_progress`` gives what ``live_events`` gives for the turn's
+merge (``processor.engine.merge.Turn.finish``): the same events, and a
+``Shown`` equal to its own but for ``layout``. ``live_events`` renders the
+whole merge and walks every message, so a turn's publish costs as much as
+its size: a long turn of many messages (agents handing off, tool calls and
+results) pays that again at every publish, most of which only appended a
+few words to one message.
+
+So after each render the turn tracks what only grows it (``Turn.track``):
+the text and reasoning pieces that ``Turn.fold``'s usual path appends to a
+keyed message's last content. Anything else (a new message or content, a
+call's chunk, a snapshot, a message named late, an id-less run) sets
+``Turn.mark`` to 0. While the mark is the one of the render that made
+``shown`` (``Layout``), the merge differs from that render's only by those
+pieces, each at the end of its message's text (or reasoning): a message's
+last content is last in the merged message too (an id-less run folds in
+*before* it). Its events are one chunk per grown message, in merged order,
+with what that render found of it (``Placed``), when what the reader was
+told of that text is not empty: an empty one would become a message with
+events, which moves other messages' ``previous_message_id``. Nothing else
+is said: no message came, went or changed its calls, results, names or
+last kind of content (the step). Any doubt renders.
+
+``tests/engine/test_live.py`` checks the two ways against each other over
+random turns cut into random batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+
+from processor.engine.live import (
+    Layout,
+    Made,
+    Placed,
+    Shown,
+    live_events,
+)
+from processor.engine.merge import Turn
+from processor.wire.ids import TurnKey
+from processor.wire.outputs import Event, ReasoningChunk, Response, SynthesisChunk
+
+#: A render's mark (``Turn.track``): unique in the process, so that a
+#: ``Shown`` handed to another ``Turn`` never matches its mark.
+_marks = itertools.count(1)
+
+_TOOLS = ("function_call", "function_result")
+
+
+def live_progress(
+    key: TurnKey, ids: dict[str, str], shown: Shown, turn: Turn, ts: int
+) -> tuple[list[Event], Shown]:
+    """``live_events(key, ids, shown, turn.finish(), ts)``, without the
+    render while the turn only grew since ``shown`` was made; the turn then
+    tracks what grows it until the next call."""
+    grown = _grown(key, ids, shown, turn, ts)
+    mark = next(_marks)
+    if grown is not None:
+        events, after = grown
+        layout = shown.layout
+        assert layout is not None  # (_grown needs it)
+        after.layout = Layout(mark, layout.placed, False)
+    else:
+        response = turn.finish()
+        events, after = live_events(key, ids, shown, response, ts)
+        after.layout = _layout(response, after, mark)
+    turn.track(mark)
+    return events, after
+
+
+def _grown(
+    key: TurnKey, ids: dict[str, str], shown: Shown, turn: Turn, ts: int
+) -> tuple[list[Event], Shown] | None:
+    """The events and ``Shown`` of a turn that only grew since ``shown``'s
+    render, or None (render it)."""
+    layout, grown = shown.layout, turn.grown
+    if layout is None or grown is None or layout.gone or turn.mark != layout.mark:
+        return None
+    segments, placed = turn.state.segments, layout.placed
+    texts, reasoning = shown.texts, shown.reasoning
+    found: list[tuple[int, str, bool, str, Placed]] = []  # (place, id, text?, delta, how)
+    for index, pieces in grown.items():
+        segment = segments[index]
+        mid = segment.message_id
+        where = placed.get(mid) if mid is not None else None
+        if mid is None or where is None:
+            return None
+        is_text = segment.contents[-1].type == "text"  # (or text_reasoning: fold's usual path)
+        if not (texts if is_text else reasoning).get(mid):
+            return None
+        found.append((where.position, mid, is_text, "".join(pieces), where))
+    if not found:
+        return [], msgspec.structs.replace(shown)
+    found.sort()
+    made = Made(key, ids, ts)
+    events: list[Event] = []
+    texts, reasoning = dict(texts), dict(reasoning)
+    for _, mid, is_text, delta, where in found:
+        if not delta:
+            continue
+        chunk: SynthesisChunk | ReasoningChunk
+        if is_text:
+            texts[mid] += delta
+            chunk = made.proto(SynthesisChunk)
+        else:
+            reasoning[mid] += delta
+            chunk = made.proto(ReasoningChunk)
+        events.append(msgspec.structs.replace(
+            chunk, message_id=mid, agent_id=where.agent_id, author_name=where.author_name,
+            delta=delta, replace=False, role=where.role, previous_message_id=where.previous))
+    return events, msgspec.structs.replace(shown, texts=texts, reasoning=reasoning)
+
+
+def _layout(response: Response, after: Shown, mark: int) -> Layout:
+    """Where ``live_events`` placed each message of ``response`` (its
+    ``previous_message_id``: the nearest message before it with events,
+    text, reasoning, a call or a result)."""
+    placed: dict[str, Placed] = {}
+    texts, reasoning = after.texts, after.reasoning
+    previous: str | None = None
+    for position, message in enumerate(response.messages):
+        mid = message.message_id or ""
+        placed[mid] = Placed(position, previous, message.role,
+                             message.additional_properties.get("agent_id"), message.author_name)
+        if texts.get(mid) or reasoning.get(mid) or any(c.type in _TOOLS
+                                                       for c in message.contents):
+            previous = mid
+    gone = any(mid not in placed for mid in texts) or any(mid not in placed for mid in reasoning)
+    return Layout(mark, placed, gone)
