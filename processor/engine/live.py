@@ -151,12 +151,16 @@ def _delta(before: str | None, now: str) -> tuple[str, bool] | None:
 
 
 def live_events(
-    key: TurnKey, ids: dict[str, str], shown: Shown, response: Response, ts: int
+    key: TurnKey, ids: dict[str, str], shown: Shown, response: Response, ts: int,
+    mark: int = 0,
 ) -> tuple[list[Event], Shown]:
     """The events from ``shown`` to ``response``, and what is shown after them.
 
     ``ids``: the turn's correlation ids (its state's, see
     ``processor.engine.events.turn_ids``). ``shown`` is not changed.
+    ``mark``: the turn's ``Turn.mark`` from this render on, if not 0: what
+    is shown after then has the render's ``Layout``
+    (processor.engine.live_growth).
 
     One pass over each message's contents (run for every turn a batch
     moved, so kept lean): its text, reasoning and last step kind, and its
@@ -174,7 +178,8 @@ def live_events(
     previous: str | None = None
     tooled, dropped = shown.tooled, shown.dropped
     tooled_here = 0  # of them, in the merge now
-    for message in response.messages:
+    placed: dict[str, Placed] | None = {} if mark else None
+    for position, message in enumerate(response.messages):
         mid = message.message_id or ""
         role = message.role
         contents = message.contents
@@ -252,8 +257,13 @@ def live_events(
                          after, fresh)
         if last is not None:
             step, step_message = (mid, last), message
+        if placed is not None:
+            if agent is _UNSET:
+                agent = message.additional_properties.get("agent_id")
+            placed[mid] = Placed(position, previous, role, agent, message.author_name)
         if text or thought or tools:  # (a reader knows it: it had events)
             previous = mid
+    present = len(texts) + len(reasoning)
     # Messages no longer in the merge: their text (and reasoning) is gone.
     for mid, text in was_texts.items():
         if mid not in texts and text:
@@ -273,6 +283,8 @@ def live_events(
             made.proto(Step), agent_id=step_message.additional_properties.get("agent_id"),
             agent_name=step_message.author_name, step=_STEP_OF[step[1]],
             step_data={"message_id": step[0]}))
+    if placed is not None:
+        after.layout = Layout(mark, placed, len(texts) + len(reasoning) > present)
     return events, after
 
 

@@ -42,14 +42,11 @@ from processor.engine.live import (
 )
 from processor.engine.merge import Turn
 from processor.wire.ids import TurnKey
-from processor.wire.outputs import Event, ReasoningChunk, Response, SynthesisChunk
+from processor.wire.outputs import Event, ReasoningChunk, SynthesisChunk
 
 #: A render's mark (``Turn.track``): unique in the process, so that a
 #: ``Shown`` handed to another ``Turn`` never matches its mark.
 _marks = itertools.count(1)
-
-_TOOLS = ("function_call", "function_result")
-
 
 def live_progress(
     key: TurnKey, ids: dict[str, str], shown: Shown, turn: Turn, ts: int
@@ -65,9 +62,7 @@ def live_progress(
         assert layout is not None  # (_grown needs it)
         after.layout = Layout(mark, layout.placed, False)
     else:
-        response = turn.finish()
-        events, after = live_events(key, ids, shown, response, ts)
-        after.layout = _layout(response, after, mark)
+        events, after = live_events(key, ids, shown, turn.finish(), ts, mark)
     turn.track(mark)
     return events, after
 
@@ -113,21 +108,3 @@ def _grown(
             chunk, message_id=mid, agent_id=where.agent_id, author_name=where.author_name,
             delta=delta, replace=False, role=where.role, previous_message_id=where.previous))
     return events, msgspec.structs.replace(shown, texts=texts, reasoning=reasoning)
-
-
-def _layout(response: Response, after: Shown, mark: int) -> Layout:
-    """Where ``live_events`` placed each message of ``response`` (its
-    ``previous_message_id``: the nearest message before it with events,
-    text, reasoning, a call or a result)."""
-    placed: dict[str, Placed] = {}
-    texts, reasoning = after.texts, after.reasoning
-    previous: str | None = None
-    for position, message in enumerate(response.messages):
-        mid = message.message_id or ""
-        placed[mid] = Placed(position, previous, message.role,
-                             message.additional_properties.get("agent_id"), message.author_name)
-        if texts.get(mid) or reasoning.get(mid) or any(c.type in _TOOLS
-                                                       for c in message.contents):
-            previous = mid
-    gone = any(mid not in placed for mid in texts) or any(mid not in placed for mid in reasoning)
-    return Layout(mark, placed, gone)

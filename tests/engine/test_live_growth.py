@@ -86,7 +86,15 @@ EVERY_ENTRY = list(range(12))
      _update("m1", {"type": "text", "text": " you"}),
      _update("m1", {"type": "text_reasoning", "text": "again"}),
      _update("m1", {"type": "text_reasoning", "text": " more"})],
-], ids=["empty-first-text", "call-arguments", "named-late", "reasoning-and-text"])
+    # An id-less run, shown, then folded into the keyed message after it:
+    # it leaves the merge (its text replaced by nothing), and the keyed one grows.
+    [{"response_id": "t", "update": {"role": "assistant", "author_name": "al",
+                                     "contents": [{"type": "text", "text": "So "}]}},
+     _update("m1", {"type": "text", "text": "be"}, role="assistant", author_name="al"),
+     _update("m1", {"type": "text", "text": " it"}),
+     _update("m1", {"type": "text", "text": "."})],
+], ids=["empty-first-text", "call-arguments", "named-late", "reasoning-and-text",
+        "folded-away"])
 def test_live_progress_says_what_a_full_render_says_entry_by_entry(
     entries: list[dict[str, Any]]
 ) -> None:
