@@ -58,6 +58,7 @@ def live_progress(
     mark = next(_marks)
     if grown is not None:
         events, after = grown
+        turn.compact()  # (its pending pieces joined, as a render joins them: memory stays flat)
         layout = shown.layout
         assert layout is not None  # (_grown needs it)
         after.layout = Layout(mark, layout.placed, False)
