@@ -148,6 +148,7 @@ def test_a_long_turn_that_only_grows_is_told_without_a_render(renders: list[int]
     assert [(type(e).__name__, e.message_id, e.delta) for e in events] == [
         ("ReasoningChunk", "m40", " more"), ("SynthesisChunk", "m41", ".")]
     assert len(renders) == 1  # (told from what grew, three times)
+    assert not turn._parts  # (the pieces joined as a render joins them: memory stays flat)
     assert shown.texts["m41"] == "The answer is forty-two."
     # A new message is more than growth: the merge is rendered again.
     _feed(turn, _text("long", "m42", "Next"))
