@@ -23,8 +23,8 @@ events, which moves other messages' ``previous_message_id``. Nothing else
 is said: no message came, went or changed its calls, results, names or
 last kind of content (the step). Any doubt renders.
 
-``tests/engine/test_live.py`` checks the two ways against each other over
-random turns cut into random batches.
+``tests/engine/test_live_growth.py`` checks the two ways against each
+other over random turns cut into random batches.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from processor.wire.outputs import Event, ReasoningChunk, SynthesisChunk
 #: A render's mark (``Turn.track``): unique in the process, so that a
 #: ``Shown`` handed to another ``Turn`` never matches its mark.
 _marks = itertools.count(1)
+
 
 def live_progress(
     key: TurnKey, ids: dict[str, str], shown: Shown, turn: Turn, ts: int
