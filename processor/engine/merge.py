@@ -183,8 +183,14 @@ class Turn:
             st.agent_id = agent_id
         if st.open_run != -1:
             st.open_run = -1
-        if seg.role is None or seg.author_name is None or seg.agent_id is None:
-            self._name(seg, update)  # (a message named late: rare)
+        # (A message named late renders anew: its mark goes. Not created_at,
+        # which no live event says.)
+        if seg.role is None and update.role is not None:
+            seg.role, self.mark = update.role, 0
+        if seg.author_name is None and update.author_name is not None:
+            seg.author_name, self.mark = update.author_name, 0
+        if seg.agent_id is None and update.agent_id is not None:
+            seg.agent_id, self.mark = update.agent_id, 0
         if seg.created_at is None:
             seg.created_at = update.created_at
         parts = self._parts.get(key)
@@ -202,15 +208,6 @@ class Turn:
                 pieces.append(piece)
         if kind != "text" or chunk.additional_properties or chunk.annotations:
             merge_extras(target, chunk)  # (a no-op for a bare text delta)
-
-    def _name(self, seg: Segment, update: Update) -> None:
-        """``take_names`` of a message's role, author and agent on ``fold``'s
-        usual path: one it names (not its created_at, which no live event
-        says) changes what the message renders as."""
-        before = (seg.role, seg.author_name, seg.agent_id)
-        take_names(seg, update)
-        if (seg.role, seg.author_name, seg.agent_id) != before:
-            self.mark = 0
 
     def _take_ids(self, ids: dict[str, str]) -> None:
         for name, value in ids.items():

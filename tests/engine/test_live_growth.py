@@ -75,11 +75,12 @@ EVERY_ENTRY = list(range(12))
      _update("m1", {"type": "function_call", "arguments": ":1}"}),
      _update("m1", {"type": "text", "text": "done"}),
      _update("m1", {"type": "text", "text": "!"})],
-    # A message named late: its author (and agent, role) come with a later chunk.
+    # A message named late: its author, agent and role, each with a later chunk.
     [_update("m1", {"type": "text", "text": "a"}),
-     _update("m1", {"type": "text", "text": "b"}, author_name="al", agent_id="x"),
-     _update("m1", {"type": "text", "text": "c"}, role="assistant"),
-     _update("m1", {"type": "text", "text": "d"}, author_name="bo")],
+     _update("m1", {"type": "text", "text": "b"}, author_name="al"),
+     _update("m1", {"type": "text", "text": "c"}, agent_id="x"),
+     _update("m1", {"type": "text", "text": "d"}, role="user"),
+     _update("m1", {"type": "text", "text": "e"}, author_name="bo")],
     # Reasoning that grows beside text: the message's chunks in its order.
     [_update("m1", {"type": "text_reasoning", "text": "hm"}, role="assistant"),
      _update("m1", {"type": "text", "text": "Hi"}),
