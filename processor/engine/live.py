@@ -75,14 +75,15 @@ _STEP_OF: dict[str, StepKind] = {
 
 class Placed(NamedTuple):
     """A message as a turn's last full live render found it (``Layout``):
-    its place in the merged order, and its events' ``previous_message_id``,
-    ``role``, ``agent_id`` and ``author_name``."""
+    its place in the merged order, its events' ``previous_message_id``,
+    ``role``, ``agent_id`` and ``author_name``, and how many calls it has."""
 
     position: int
     previous: str | None
     role: str | None
     agent_id: Any
     author_name: str | None
+    calls: int
 
 
 class Layout(msgspec.Struct, gc=False):
@@ -260,7 +261,8 @@ def live_events(
         if placed is not None:
             if agent is _UNSET:
                 agent = message.additional_properties.get("agent_id")
-            placed[mid] = Placed(position, previous, role, agent, message.author_name)
+            calls = sum(c.type == "function_call" for c in contents) if tools else 0
+            placed[mid] = Placed(position, previous, role, agent, message.author_name, calls)
         if text or thought or tools:  # (a reader knows it: it had events)
             previous = mid
     present = len(texts) + len(reasoning)

@@ -9,19 +9,20 @@ results) pays that again at every publish, most of which only appended a
 few words to one message.
 
 So after each render the turn tracks what only grows it (``Turn.track``):
-the text and reasoning pieces that ``Turn.fold``'s usual path appends to a
-keyed message's last content. Anything else (a new message or content, a
-call's chunk, a snapshot, a message named late, an id-less run) sets
-``Turn.mark`` to 0. While the mark is the one of the render that made
+the text, reasoning and call argument pieces that ``Turn.fold``'s usual
+path appends to a keyed message's last content. Anything else (a new
+message or content, a snapshot, a message named late, an id-less run)
+sets ``Turn.mark`` to 0. While the mark is the one of the render that made
 ``shown`` (``Layout``), the merge differs from that render's only by those
-pieces, each at the end of its message's text (or reasoning): a message's
-last content is last in the merged message too (an id-less run folds in
-*before* it). Its events are one chunk per grown message, in merged order,
-with what that render found of it (``Placed``), when what the reader was
-told of that text is not empty: an empty one would become a message with
-events, which moves other messages' ``previous_message_id``. Nothing else
-is said: no message came, went or changed its calls, results, names or
-last kind of content (the step). Any doubt renders.
+pieces, each at the end of its message's text, reasoning or last call's
+arguments: a message's last content is last in the merged message too (an
+id-less run folds in *before* it). Its events are one chunk per grown
+message, in merged order, with what that render found of it (``Placed``),
+when what the reader was told of that text is not empty (an empty one
+would become a message with events, which moves other messages'
+``previous_message_id``). Nothing else is said: no message came, went or
+changed its calls' places, results, names or last kind of content (the
+step). Any doubt renders.
 
 ``tests/engine/test_live_growth.py`` checks the two ways against each
 other over random turns cut into random batches.
@@ -42,7 +43,8 @@ from processor.engine.live import (
 )
 from processor.engine.merge import Turn
 from processor.wire.ids import TurnKey
-from processor.wire.outputs import Event, ReasoningChunk, SynthesisChunk
+from processor.wire.models import Content
+from processor.wire.outputs import Event, ReasoningChunk, SynthesisChunk, ToolCallChunk
 
 #: A render's mark (``Turn.track``): unique in the process, so that a
 #: ``Shown`` handed to another ``Turn`` never matches its mark.
@@ -78,35 +80,50 @@ def _grown(
     if layout is None or grown is None or layout.gone or turn.mark != layout.mark:
         return None
     segments, placed = turn.state.segments, layout.placed
-    texts, reasoning = shown.texts, shown.reasoning
-    found: list[tuple[int, str, bool, str, Placed]] = []  # (place, id, text?, delta, how)
+    texts, reasoning, calls = shown.texts, shown.reasoning, shown.calls
+    # (place, id, its grown content, delta, what the render found of it)
+    found: list[tuple[int, str, Content, str, Placed]] = []
     for index, pieces in grown.items():
         segment = segments[index]
         mid = segment.message_id
         where = placed.get(mid) if mid is not None else None
         if mid is None or where is None:
             return None
-        is_text = segment.contents[-1].type == "text"  # (or text_reasoning: fold's usual path)
-        if not (texts if is_text else reasoning).get(mid):
+        content = segment.contents[-1]  # (text, text_reasoning or function_call)
+        if content.type == "function_call":
+            # (Its last call, whose arguments a render always records; never
+            # stale after one: it says every call in the merge anew there.)
+            if (mid, where.calls - 1) not in calls:
+                return None
+        elif not (texts if content.type == "text" else reasoning).get(mid):
             return None
-        found.append((where.position, mid, is_text, "".join(pieces), where))
+        found.append((where.position, mid, content, "".join(pieces), where))
     if not found:
         return [], msgspec.structs.replace(shown)
-    found.sort()
+    found.sort(key=_place)
     made = Made(key, ids, ts)
     events: list[Event] = []
-    texts, reasoning = dict(texts), dict(reasoning)
-    for _, mid, is_text, delta, where in found:
+    texts, reasoning, calls = dict(texts), dict(reasoning), dict(calls)
+    for _, mid, content, delta, where in found:
         if not delta:
             continue
-        chunk: SynthesisChunk | ReasoningChunk
-        if is_text:
+        chunk: SynthesisChunk | ReasoningChunk | ToolCallChunk
+        if content.type == "text":
             texts[mid] += delta
             chunk = made.proto(SynthesisChunk)
-        else:
+        elif content.type == "text_reasoning":
             reasoning[mid] += delta
             chunk = made.proto(ReasoningChunk)
+        else:
+            call = (mid, where.calls - 1)
+            calls[call] += delta
+            chunk = msgspec.structs.replace(made.proto(ToolCallChunk), index=call[1],
+                                            call_id=content.call_id, name=content.name)
         events.append(msgspec.structs.replace(
             chunk, message_id=mid, agent_id=where.agent_id, author_name=where.author_name,
             delta=delta, replace=False, role=where.role, previous_message_id=where.previous))
-    return events, msgspec.structs.replace(shown, texts=texts, reasoning=reasoning)
+    return events, msgspec.structs.replace(shown, texts=texts, reasoning=reasoning, calls=calls)
+
+
+def _place(found: tuple[int, str, Content, str, Placed]) -> int:
+    return found[0]

@@ -71,10 +71,10 @@ class Turn:
 
     def track(self, mark: int) -> None:
         """Record from here on what only grows the merge (``grown``: per
-        segment, the text or reasoning pieces appended to its last content,
-        by ``fold``'s usual path), under ``mark`` (not 0). Any other change
-        sets ``mark`` to 0: then ``grown`` no longer tells all that changed
-        (processor.engine.live_growth)."""
+        segment, the text, reasoning or call argument pieces appended to
+        its last content by ``fold``'s usual path), under ``mark`` (not 0).
+        Any other change sets ``mark`` to 0: then ``grown`` no longer tells
+        all that changed (processor.engine.live_growth)."""
         self.mark, self.grown = mark, {}
 
     # ------------------------------------------------------------ state I/O
@@ -169,7 +169,6 @@ class Turn:
                 return self._apply_update(update)
             if chunk.name and not target.name:
                 target.name = chunk.name
-            self.mark = 0  # (a call's chunks are not tracked)
         else:
             return self._apply_update(update)
         # What _apply_update does for it, in the same order (the call's

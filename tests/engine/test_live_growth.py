@@ -3,11 +3,13 @@ told without rendering it again, exactly as the render would tell it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.merging import decoded
 from support.strategies import turns
@@ -45,8 +47,16 @@ def _told_both_ways(entries: list[dict[str, Any]], cuts: list[int]) -> None:
         assert _without_layout(grown_shown) == _without_layout(full_shown)
 
 
+#: A keyed message shows calls of an id-less run folded into it, loses
+#: them, and a later call takes a place it lost (its first chunk replaces).
+CALL_IN_A_LOST_PLACE = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "live_call_in_a_lost_place.json").read_text())
+
+
 @settings(max_examples=300, deadline=None)
 @given(turns(), st.lists(st.integers(0, 60), min_size=1, max_size=40))
+@example(CALL_IN_A_LOST_PLACE, [9, 11])
+@example(CALL_IN_A_LOST_PLACE, list(range(len(CALL_IN_A_LOST_PLACE))))
 def test_live_progress_says_what_a_full_render_says_batch_after_batch(
     entries: list[dict[str, Any]], cuts: list[int]
 ) -> None:
@@ -150,13 +160,26 @@ def test_a_long_turn_that_only_grows_is_told_without_a_render(renders: list[int]
         ("ReasoningChunk", "m40", " more"), ("SynthesisChunk", "m41", ".")]
     assert len(renders) == 1  # (told from what grew, three times)
     assert not turn._parts  # (the pieces joined as a render joins them: memory stays flat)
-    assert shown.texts["m41"] == "The answer is forty-two."
     # A new message is more than growth: the merge is rendered again.
     _feed(turn, _text("long", "m42", "Next"))
     events, shown = live_progress(key, {}, shown, turn, 4)
     assert len(renders) == 2
     assert [(type(e).__name__, getattr(e, "delta", None)) for e in events] == [
         ("Step", None), ("SynthesisChunk", "Next")]
+    # A message's second call, its arguments streaming in: told from what grew too.
+    _feed(turn, _update("m42", {"type": "function_call", "call_id": "c1", "name": "f",
+                                "arguments": "{}"}, role="assistant"),
+          _update("m42", {"type": "function_call", "call_id": "c2", "name": "g",
+                          "arguments": '{"q": '}))
+    _, shown = live_progress(key, {}, shown, turn, 5)
+    assert len(renders) == 3  # (a new content renders)
+    for piece in ('"forty', '-two"', "}"):
+        _feed(turn, _update("m42", {"type": "function_call", "arguments": piece}))
+        events, shown = live_progress(key, {}, shown, turn, 6)
+        assert [(type(e).__name__, e.message_id, e.index, e.call_id, e.name, e.delta)
+                for e in events] == [("ToolCallChunk", "m42", 1, "c2", "g", piece)]
+    assert len(renders) == 3 and shown.calls[("m42", 1)] == '{"q": "forty-two"}'
+    assert shown.texts["m41"] == "The answer is forty-two."
 
 
 def test_a_shown_made_with_another_turn_is_rendered_against(renders: list[int]) -> None:
