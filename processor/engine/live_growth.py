@@ -31,6 +31,7 @@ other over random turns cut into random batches.
 from __future__ import annotations
 
 import itertools
+from operator import itemgetter
 
 import msgspec
 
@@ -100,7 +101,7 @@ def _grown(
         found.append((where.position, mid, content, "".join(pieces), where))
     if not found:
         return [], msgspec.structs.replace(shown)
-    found.sort(key=_place)
+    found.sort(key=itemgetter(0))  # (by place in the merged order)
     made = Made(key, ids, ts)
     events: list[Event] = []
     texts, reasoning, calls = dict(texts), dict(reasoning), dict(calls)
@@ -123,7 +124,3 @@ def _grown(
             chunk, message_id=mid, agent_id=where.agent_id, author_name=where.author_name,
             delta=delta, replace=False, role=where.role, previous_message_id=where.previous))
     return events, msgspec.structs.replace(shown, texts=texts, reasoning=reasoning, calls=calls)
-
-
-def _place(found: tuple[int, str, Content, str, Placed]) -> int:
-    return found[0]
