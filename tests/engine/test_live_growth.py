@@ -112,11 +112,10 @@ def test_live_progress_says_what_a_full_render_says_entry_by_entry(
     _told_both_ways(entries, EVERY_ENTRY)
 
 
-def _text(turn: str, message: str, text: str, kind: str = "text",
-          author: str | None = "writer") -> dict[str, Any]:
-    return {"response_id": turn, "update": {
-        "message_id": message, "role": "assistant", "author_name": author,
-        "contents": [{"type": kind, "text": text}]}}
+def _text(message: str, text: str, kind: str = "text", author: str = "writer"
+          ) -> dict[str, Any]:
+    """A named assistant message's text (or reasoning) update."""
+    return _update(message, {"type": kind, "text": text}, role="assistant", author_name=author)
 
 
 def _feed(turn: Turn, *entries: dict[str, Any]) -> None:
@@ -142,26 +141,26 @@ def test_a_long_turn_that_only_grows_is_told_without_a_render(renders: list[int]
     key = TurnKey("long")
     turn = Turn(key)
     # Forty messages (agents handing off, tools), then one that streams on.
-    _feed(turn, *[_text("long", f"m{i}", f"message {i}. ", author=f"agent{i % 3}")
+    _feed(turn, *[_text(f"m{i}", f"message {i}. ", author=f"agent{i % 3}")
                   for i in range(40)])
-    _feed(turn, _text("long", "m40", "thinking", kind="text_reasoning"),
-          _text("long", "m41", "The answer"))
+    _feed(turn, _text("m40", "thinking", kind="text_reasoning"),
+          _text("m41", "The answer"))
     events, shown = live_progress(key, {}, Shown(), turn, 1)
     assert len(renders) == 1 and len(events) == 43  # a step, then a chunk per message
     for word in (" is", " forty", "-two"):
-        _feed(turn, _text("long", "m41", word))
+        _feed(turn, _text("m41", word))
         events, shown = live_progress(key, {}, shown, turn, 2)
         assert [(e.message_id, e.delta, e.previous_message_id) for e in events] == [
             ("m41", word, "m40")]
-    _feed(turn, _text("long", "m40", " more", kind="text_reasoning"),
-          _text("long", "m41", "."))
+    _feed(turn, _text("m40", " more", kind="text_reasoning"),
+          _text("m41", "."))
     events, shown = live_progress(key, {}, shown, turn, 3)
     assert [(type(e).__name__, e.message_id, e.delta) for e in events] == [
         ("ReasoningChunk", "m40", " more"), ("SynthesisChunk", "m41", ".")]
     assert len(renders) == 1  # (told from what grew, three times)
     assert not turn._parts  # (the pieces joined as a render joins them: memory stays flat)
     # A new message is more than growth: the merge is rendered again.
-    _feed(turn, _text("long", "m42", "Next"))
+    _feed(turn, _text("m42", "Next"))
     events, shown = live_progress(key, {}, shown, turn, 4)
     assert len(renders) == 2
     assert [(type(e).__name__, getattr(e, "delta", None)) for e in events] == [
@@ -188,9 +187,9 @@ def test_a_shown_made_with_another_turn_is_rendered_against(renders: list[int]) 
     other's growth: the other is rendered."""
     key = TurnKey("handed")
     first = Turn(key)
-    _feed(first, _text("handed", "m1", "Hello"))
+    _feed(first, _text("m1", "Hello"))
     _, shown = live_progress(key, {}, Shown(), first, 1)
     second = Turn.from_bytes(first.to_bytes())
-    _feed(second, _text("handed", "m1", " there"))
+    _feed(second, _text("m1", " there"))
     events, _ = live_progress(key, {}, shown, second, 2)
     assert [e.delta for e in events] == [" there"] and len(renders) == 2
