@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable
 
+from live_turns import AGENTS
 from workload import ROOT  # noqa: F401  (puts this tree's processor first on sys.path)
 
 from processor.engine.lifecycle import Limits, TurnLife
@@ -28,7 +29,6 @@ from processor.ingest.decode import decode_plain
 from processor.wire.ids import TurnKey
 from processor.wire.models import Update
 
-AGENTS = ("Writer", "Critic", "Planner")
 KEY = TurnKey("render")
 
 
