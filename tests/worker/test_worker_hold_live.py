@@ -172,3 +172,41 @@ async def test_a_held_turns_last_events_are_left_out_when_another_speaks_for_it(
     assert held == 1
     seqs = [e["seq"] for e in events]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gap-free to the terminal event
+
+
+async def test_a_held_turn_that_spills_goes_on_in_its_live_log_without_a_repeat(
+    redis_url: str, namespace: str
+) -> None:
+    """A held turn whose updates its live log already holds spills (an
+    entry that will be dead-lettered breaks it) and goes on on the stored
+    path: the stored path's first publish leaves out the updates the held
+    path logged (``HandedLive.logged``), so the log holds each update once
+    and its chunks replay to the merged text."""
+    rid = "spills"
+    before = [text_delta(rid, f"d{i} ") for i in range(6)]
+    bad = {"response_id": rid, "update": '{"contents": [{"type": "text"'}  # (bad JSON)
+    after = [text_delta(rid, f"d{i} ") for i in range(6, 9)]
+    async with Harness(redis_url, namespace, batch=3) as harness:
+        (running,) = await harness.start_workers(1)
+        for i in range(0, len(before), 3):  # one batch each, each said
+            await harness.add(before[i:i + 3])
+
+            async def logged(n: int = i + 3) -> bool:
+                return len(await _logged_updates(harness, rid)) >= n
+
+            await harness.wait_for(logged, 10, f"the live log never had {i + 3} updates")
+        await harness.add([bad, *after])
+
+        async def all_logged() -> bool:
+            return len(await _logged_updates(harness, rid)) >= 9
+
+        await harness.wait_for(all_logged, 10, "the live log never had the updates after the spill")
+        got = await _logged_updates(harness, rid)
+        spilled = metric(running.worker, "processor_held_turns_spilled_total")
+        await harness.add([end_entry(rid)])
+        await harness.wait_merged(1)
+        outputs = await harness.outputs()
+    assert spilled == 1
+    assert [u["contents"][0]["text"] for u in got] == [f"d{i} " for i in range(9)]
+    compare_with_offline(outputs, offline_results([*before, bad, *after, end_entry(rid)]))
+    assert replay_texts(outputs.turns[TurnKey(rid)].events) == {"m": response_text(outputs, rid)}
