@@ -33,7 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -47,7 +47,7 @@ from processor.wire.keys import Shard
 from processor.wire.outputs import Event, Response
 from processor.worker.held.holds import Held, Holds
 from processor.worker.live_pace import RENEW_S, Renewals, live_interval, read_lag
-from processor.worker.shard_state import ShardState
+from processor.worker.shard_state import HandedLive, ShardState
 from processor.worker.shell import Retrying, Shell
 from processor.worker.stored.mirror import Mirror
 
@@ -59,11 +59,18 @@ _json = msgspec.json.Encoder()
 #: (or no hash), another speaks for it, this very call ran before.
 ENDED, SILENT, RAN_BEFORE = -1, -2, -3
 
-#: What a live step made of the held turns that ended, for their finalise:
-#: per turn, how many entries it held then, its merged response (valid
-#: while it holds no more), its last live events (from that response) and
-#: how many publish_live calls for it ran (the token finalise_held checks).
-Rendered = dict[TurnKey, tuple[int, Response, list[Event], int]]
+
+class Ended(NamedTuple):
+    """A held turn that ended, as a live step left it for its finalise."""
+
+    entries: int  # how many entries it held then
+    response: Response  # its merged response (valid while it holds no more)
+    events: list[Event]  # its last live events (from that response)
+    spoken: int  # how many publish_live calls for it ran (the token finalise_held checks)
+
+
+#: What a live step made of the held turns that ended, for their finalise.
+Rendered = dict[TurnKey, Ended]
 
 #: A batch that moved at least this many held turns publishes them in two
 #: calls, the first sent while the second half is diffed.
@@ -111,7 +118,7 @@ class LivePublisher:
                   logged: int, spoken: int) -> None:
         """A held turn spills: its live state goes with it to the stored path."""
         if self.shell.config.progress:
-            self.shards[shard.index].hand_live(key, (shown, logged, spoken))
+            self.shards[shard.index].hand_live(key, HandedLive(shown, logged, spoken))
 
     def read(self, shard: Shard, newest_id: bytes | str | None, now_ms: int) -> None:
         """A read of the shard is about to be applied: ``newest_id``, its
@@ -229,7 +236,7 @@ class LivePublisher:
                 life = held.replay.life
                 response = life.response()
                 found, _ = live_events(key, life.turn.state.ids, was, response, now)
-                rendered[key] = (len(held.ids), response, found, held.spoken)
+                rendered[key] = Ended(len(held.ids), response, found, held.spoken)
             await then(rendered)
             for publishing, turns, after in sent:
                 self._commit_held(holds, turns, after, await publishing)
@@ -291,10 +298,10 @@ class LivePublisher:
                 continue
             if mirror.shown is None:
                 if hand is not None:  # a spilled turn: its log has the first `logged`
-                    mirror.shown, logged, mirror.spoken = hand
+                    mirror.shown, mirror.spoken = hand.shown, hand.spoken
                     if mirror.shown is False:
                         continue
-                    updates = updates[logged:]
+                    updates = updates[hand.logged:]
                 elif mirror.version == len(records):  # the mirror began with this call
                     mirror.shown = Shown()
                     first.add(key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from processor.engine.live import Shown
 from processor.redis_io.replies import Entry, RawEntry, as_text
@@ -20,6 +20,15 @@ from processor.wire.keys import Shard
 from processor.wire.stream_ids import id_order
 from processor.worker.held.holds import Floor, Holds
 from processor.worker.stored.mirror import Mirrors
+
+
+class HandedLive(NamedTuple):
+    """A spilled turn's live state, from the held path to the stored path's
+    first publish of it (processor.worker.live_progress)."""
+
+    shown: Shown | Literal[False]  # what its events said (False: silent)
+    logged: int  # how many of its updates its live log holds
+    spoken: int  # how many publish_live calls for it ran
 
 
 @dataclass(eq=False)
@@ -47,12 +56,8 @@ class ShardState:
     waiting_cancels: set[TurnKey] = field(default_factory=set)
     # Batches read (or taken over) and not yet applied.
     unapplied: list[list[RawEntry] | list[Entry]] = field(default_factory=list)
-    # Spilled turns' live state (what their events said, False: silent; how
-    # many of their updates their log holds; how many publish_live calls for
-    # them ran), until the stored path's first publish of them
-    # (processor.worker.live_progress).
-    live_handed: dict[TurnKey, tuple[Shown | Literal[False], int, int]] = field(
-        default_factory=dict)
+    # Spilled turns' live state, until the stored path's first publish of them.
+    live_handed: dict[TurnKey, HandedLive] = field(default_factory=dict)
 
     @property
     def index(self) -> int:
@@ -138,11 +143,11 @@ class ShardState:
         """Of the waiting cancelled turns, only ``keys`` still wait."""
         self.waiting_cancels.intersection_update(keys)
 
-    def hand_live(self, key: TurnKey, state: tuple[Shown | Literal[False], int, int]) -> None:
+    def hand_live(self, key: TurnKey, state: HandedLive) -> None:
         """A spilled turn's live state, until the stored path publishes it."""
         self.live_handed[key] = state
 
-    def take_handed(self, key: TurnKey) -> tuple[Shown | Literal[False], int, int] | None:
+    def take_handed(self, key: TurnKey) -> HandedLive | None:
         """A spilled turn's live state, handed to the stored path's publish."""
         return self.live_handed.pop(key, None)
 

@@ -181,16 +181,16 @@ class HeldPath:
                 continue
             late = take_late(held.replay)  # dead-lettered from the stream, as stored
             known = rendered.get(key) if rendered else None
-            if known is not None and known[0] != len(held.ids):
+            if known is not None and known.entries != len(held.ids):
                 known = None  # (fed since: its events would not end at its merge)
             with self.shell.metrics.timed(self.shell.metrics.merge_seconds):
                 outcome = render(key, held.replay, held.turn_hash(), reason, now,
-                                 self.shell.config.agui, known[1] if known else None,
+                                 self.shell.config.agui, known.response if known else None,
                                  (reasons or {}).get(key))
             if outcome is not None:
                 settled.append(HeldOutcome(
                     key, held.ids, late, outcome, routed if reason == "cancel" else "",
-                    known[2] if known else [], known[3] if known else 0, held.version))
+                    known.events if known else [], known.spoken if known else 0, held.version))
         if broken:
             await self._spill(shard, broken, "dead letter")
         if not settled:
