@@ -242,8 +242,7 @@ class Continuity:
                 chunk = turns[i:i + 100]
                 call = build_publish_lost(shard, chunk, self.shell.options)
                 done = await publish_lost_turns(self.shell.scripts.publish_lost_turns, call)
-                self.shell.metrics.finalised(
-                    [(key, "0", outcome) for key, _, outcome in chunk], done)
+                self.shell.metrics.finalised([outcome for _, _, outcome in chunk], done)
                 published.update(key for (key, _, _), ok in zip(chunk, done, strict=True) if ok)
             # A turn another worker published first (both had parts of it while
             # they shared the shard): what this one held goes to the DLQ; of a

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
 from processor import logs
+from processor.engine.replay import Settled
 from processor.redis_io.replies import as_text
 from processor.wire.stream_ids import id_order
 
@@ -202,22 +203,23 @@ class Metrics:
             elif name.startswith("dlq:"):
                 self.dlq.labels(label(name[4:])).inc(n)
 
-    def finalised(self, settled: Sequence[tuple[Any, str, Any]], results: Sequence[Any]) -> None:
-        """``finalise_turns`` was called with ``settled`` (turn, version,
-        ``Settled``) and replied ``results``: a 1 is
-        a turn published, with its merged entry, terminal event and the dead
-        letters its replay found. Also logs each published turn: completed
-        ones at debug, cancelled and failed ones at info."""
+    def finalised(self, outcomes: Sequence[Settled], results: Sequence[int]) -> None:
+        """A finalise (``finalise_turns``, ``finalise_held``,
+        ``publish_lost_turns``) was called with ``outcomes`` and replied
+        ``results``: a 1 is a turn published, with its merged entry,
+        terminal event and the dead letters its replay found. Also logs each
+        published turn: completed ones at debug, cancelled and failed ones
+        at info."""
         now = time.time()
         statuses: dict[str, int] = {}  # (one inc per status and call: each takes a lock)
-        for (_key, _version, outcome), result in zip(settled, results, strict=True):
+        for outcome, result in zip(outcomes, results, strict=True):
             if int(result) != 1:
                 continue
             if outcome.ending:  # (a cancel or a timeout ended it: no entry to time from)
                 sent = id_order(outcome.ending)[0] / 1000
                 # Redis's clock against this worker's: skewed clocks clamp at 0.
                 self.end_to_merged.observe(max(0.0, now - sent))
-            status = outcome.status
+            status: str = outcome.status
             statuses[status] = statuses.get(status, 0) + 1
             self.dead_lettered(dead_letter_reasons(outcome.dead_letters))
             level = logging.DEBUG if status == "completed" else logging.INFO

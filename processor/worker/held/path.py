@@ -247,7 +247,7 @@ class HeldPath:
         """What a finalise_held call did: the turns it published are let go,
         those it refused spill. Returns the turns published."""
         holds = self.shards[shard.index].holds
-        self.shell.metrics.finalised([(k, "0", s) for k, _, _, s, *_ in settled], results)
+        self.shell.metrics.finalised([one.outcome for one in settled], results)
         published, refused, cancelled, acked, reasons = [], [], [], 0, []
         for (key, ids, late, *_), result in zip(settled, results, strict=True):
             if result is HeldEnd.CANCELLED:  # before its end was published: cut at the end

@@ -193,7 +193,7 @@ class Finaliser:
         call = build_finalise(shard, settled, self.shell.options, self.shell.config.consumer,
                               self.shards[shard.index].floor())
         results = await finalise_turns(self.shell.scripts.finalise_turns, call)
-        self.shell.metrics.finalised(settled, results)
+        self.shell.metrics.finalised([outcome for _, _, outcome in settled], results)
         for (key, _, outcome), result in zip(settled, results, strict=True):
             if result is Finalised.PUBLISHED and outcome.dead_letters:
                 self.shell.dead_letters.late(shard.index, key.response_id,
