@@ -20,7 +20,13 @@ private redis-server)::
 
     python bench/live_turns.py [--turns 1000] [--updates 100] [--seconds 20]
                                [--messages 1] [--repeat 1] [--no-peer] [--no-paced]
-                               [--no-many]
+                               [--no-many] [--commandstats]
+
+``--commandstats`` also prints, for each paced worker run, redis-server's
+time per update per command (``INFO commandstats``, the producer's
+``XADD``s included) and per script (its slow log, every command kept for
+the run: some hundred MB of redis-server's memory for 20 s, and its time
+in the run's CPU figures), as ``bench/loop_idle.py --commandstats`` does.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import redis.asyncio
 import scenarios
 import workload
 from agent_framework import AgentResponseUpdate, Content
+from measures import print_commandstats, print_scripts
 from scenarios import Ctx, Feed, Throughput
 from turns import WORDS
 from workload import Fields, Workload
@@ -184,7 +191,7 @@ PACED_DRAIN, PACED_DEFAULT, PACED_HELD = "drain", "processor, default", "process
 
 async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, peer: bool,
                   say: Any, many: bool = True, paced_runs: bool = True,
-                  flags: tuple[str, ...] = ()) -> Live:
+                  flags: tuple[str, ...] = (), commandstats: bool = False) -> Live:
     """Both workloads on the server of ``ctx``: ``repeat`` rounds of the many
     live turns (the drain, one default worker and, with ``peer``, FastStream),
     then the paced turns once each (the drain, the default worker, one holding
@@ -194,7 +201,7 @@ async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, p
     if many:
         rounds = await _many(ctx, turns, updates, repeat, peer, say, flags)
     if paced_runs:
-        paced_rows = await _paced(ctx, pace, say, flags)
+        paced_rows = await _paced(ctx, pace, say, flags, commandstats)
     return Live(turns, updates, pace, rounds, paced_rows)
 
 
@@ -220,7 +227,8 @@ async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
     return rounds
 
 
-async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = ()) -> list[Throughput]:
+async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = (),
+                 commandstats: bool = False) -> list[Throughput]:
     say(f"{'paced long turns':>24}: {pace.turns:,} turns, one update each per "
         f"{pace.period * 1000:g} ms for {pace.seconds:g} s"
         + (f", {pace.messages} messages each" if pace.messages > 1 else ""))
@@ -229,9 +237,23 @@ async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = ()) ->
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
     longest = [await _longest_call(ctx.client)]
     for name, flags in ((PACED_DEFAULT, ()), (PACED_HELD, ("--hold-ms", "60000"))):
-        paced_rows.append(await scenarios.processor(ctx, shape, 1, flags=(*flags, *extra),
-                                                    feed=paced(ctx, pace), label=name))
-        longest.append(await _longest_call(ctx.client))
+        if commandstats:  # (from here on: the drain's and the other run's left out)
+            await ctx.client.config_resetstat()
+            await ctx.client.config_set("slowlog-log-slower-than", 0)
+            await ctx.client.config_set("slowlog-max-len", 4_000_000)
+            await ctx.client.slowlog_reset()
+        row = await scenarios.processor(ctx, shape, 1, flags=(*flags, *extra),
+                                        feed=paced(ctx, pace), label=name)
+        paced_rows.append(row)
+        if commandstats:
+            say(f"{name}:")
+            print_commandstats(await ctx.client.info("commandstats"), row.updates)
+            log = await ctx.client.slowlog_get(4_000_000)
+            print_scripts(log, row.updates)
+            await _longest_call(ctx.client)  # (settings back; it would find that SLOWLOG GET)
+            longest.append(max((e["duration"] for e in log), default=0) / 1000)
+        else:
+            longest.append(await _longest_call(ctx.client))
     for t, ms in zip(paced_rows, longest, strict=True):
         w, r = per_update_us(t)
         say(f"{t.name:>24}: CPU per update: consumers {w:.1f} us, redis {r:.1f} us, "
@@ -258,7 +280,8 @@ async def _main(args: argparse.Namespace) -> None:
         pace = Pace(args.turns, args.seconds, messages=args.messages)
         await measure(ctx, args.turns, args.updates, pace, args.repeat, not args.no_peer,
                       lambda text: print(text, flush=True), many=not args.no_many,
-                      paced_runs=not args.no_paced, flags=tuple(args.worker_flags.split()))
+                      paced_runs=not args.no_paced, flags=tuple(args.worker_flags.split()),
+                      commandstats=args.commandstats)
         await client.aclose()
 
 
@@ -273,6 +296,8 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-paced", action="store_true")
     p.add_argument("--no-many", action="store_true")
+    p.add_argument("--commandstats", action="store_true",
+                   help="redis-server's time per command and per script of each paced worker run")
     p.add_argument("--worker-flags", default="",
                    help="extra `processor run` flags for the workers of both workloads, "
                         "e.g. '--no-progress'")

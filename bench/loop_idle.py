@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import hashlib
 import selectors
 import time
 from typing import Any
@@ -49,13 +48,14 @@ import live_turns
 import redis.asyncio
 import workload
 from drain import drain_group
+from measures import print_commandstats, print_scripts
 
 from processor.embedded import EmbeddedRedis
 from processor.engine import merge
 from processor.host.run import tune_gc
 from processor.ingest.decode import decode_stream_entry
 from processor.redis_io.connections import fast_stream_reads
-from processor.scripts import NAMES, source, stored_calls
+from processor.scripts import stored_calls
 from processor.wire.keys import Namespace
 from processor.worker.held import batch as held_batch
 from processor.worker.held import holds
@@ -148,31 +148,6 @@ async def one_round(client: Any, url: str, work: workload.Workload, index: int,
     await own.aclose()
     await workload.forget(client, "{" + namespace + ":*")
     return result
-
-
-def print_commandstats(stats: dict[str, Any], updates: int) -> None:
-    """redis-server's calls and microseconds per update, per command, busiest first."""
-    rows = sorted(stats.items(), key=lambda kv: -kv[1]["usec"])
-    total = sum(row["usec"] for _, row in rows)
-    print(f"  redis: {total / updates:.1f} us per update in commands "
-          f"(Lua scripts include the commands they call)")
-    for name, row in rows[:12]:
-        print(f"    {name.removeprefix('cmdstat_'):14} {row['calls'] / updates:6.2f} calls "
-              f"{row['usec'] / updates:6.2f} us per update")
-
-
-def print_scripts(log: list[dict[str, Any]], updates: int) -> None:
-    """Per script (its sha), calls and microseconds per update, from the slow log."""
-    names = {hashlib.sha1(source(name).encode()).hexdigest(): name for name in NAMES}
-    usec: dict[str, list[int]] = {}
-    for row in log:
-        command = row["command"].split()
-        if command and command[0].upper() == b"EVALSHA":
-            name = names.get(command[1].decode(), command[1].decode()[:8])
-            usec.setdefault(name, []).append(row["duration"])
-    for name, times in sorted(usec.items(), key=lambda kv: -sum(kv[1])):
-        print(f"    {name:20} {len(times) / updates:6.3f} calls {sum(times) / updates:6.2f} us "
-              f"per update, {sum(times) / len(times):8.0f} us per call")
 
 
 async def drain_round(client: Any, work: workload.Workload, index: int) -> float:
