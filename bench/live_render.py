@@ -23,8 +23,9 @@ from live_turns import AGENTS
 from workload import ROOT  # noqa: F401  (puts this tree's processor first on sys.path)
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.live import Shown, live_events
+from processor.engine.live import live_events
 from processor.engine.live_growth import live_progress
+from processor.engine.shown import Shown
 from processor.ingest.decode import decode_plain
 from processor.wire.ids import TurnKey
 from processor.wire.models import Update

@@ -45,10 +45,11 @@ response (``tests/engine/test_live.py`` checks it over random turns).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
+from processor.engine.shown import Layout, Placed, Shown
 from processor.wire.ids import TurnKey
 from processor.wire.models import TURN_IDS
 from processor.wire.outputs import (
@@ -71,52 +72,6 @@ _STEP_OF: dict[str, StepKind] = {
     "function_result": "tool_result",
     "text": "text",
 }
-
-
-class Placed(NamedTuple):
-    """A message as a turn's last full live render found it (``Layout``):
-    its place in the merged order, its events' ``previous_message_id``,
-    ``role``, ``agent_id`` and ``author_name``, and how many calls it has."""
-
-    position: int
-    previous: str | None
-    role: str | None
-    agent_id: Any
-    author_name: str | None
-    calls: int
-
-
-class Layout(msgspec.Struct, gc=False):
-    """The messages of the turn's merge when its ``Shown`` was made, kept
-    for the renders that follow while the merge only grows
-    (processor.engine.live_growth): good while the turn's ``Turn.mark`` is
-    ``mark``. ``gone``: its texts or reasoning name messages no longer in
-    the merge (a full render drops them)."""
-
-    mark: int
-    placed: dict[str, Placed]
-    gone: bool
-
-
-class Shown(msgspec.Struct, gc=False):
-    """What a turn's live events have said so far: per message id, its text
-    and reasoning; per ``(message id, index)``, each function call's
-    arguments (as text) and each function result; the last step."""
-
-    texts: dict[str, str] = msgspec.field(default_factory=dict)
-    reasoning: dict[str, str] = msgspec.field(default_factory=dict)
-    calls: dict[tuple[str, int], str] = msgspec.field(default_factory=dict)
-    results: dict[tuple[str, int], Any] = msgspec.field(default_factory=dict)
-    step: tuple[str, str] | None = None
-    #: Messages in the merge with calls or results shown.
-    tooled: frozenset[str] = frozenset()
-    #: Messages with calls or results that left the merge (a reader dropped
-    #: them; their calls and results are kept for a reader that did not).
-    dropped: frozenset[str] = frozenset()
-    #: Calls a message sent anew no longer has: a reader that does not drop
-    #: messages still holds them, so the next call at such a place replaces.
-    stale: frozenset[tuple[str, int]] = frozenset()
-    layout: Layout | None = None
 
 
 def message_text(message: Message, kind: str = "text") -> str:

@@ -35,14 +35,9 @@ from operator import itemgetter
 
 import msgspec
 
-from processor.engine.live import (
-    Layout,
-    Made,
-    Placed,
-    Shown,
-    live_events,
-)
+from processor.engine.live import Made, live_events
 from processor.engine.merge import Turn
+from processor.engine.shown import Layout, Placed, Shown
 from processor.wire.ids import TurnKey
 from processor.wire.models import Content
 from processor.wire.outputs import Event, ReasoningChunk, SynthesisChunk, ToolCallChunk

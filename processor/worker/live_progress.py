@@ -37,8 +37,9 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from processor.engine.live import Shown, live_events
+from processor.engine.live import live_events
 from processor.engine.live_growth import live_progress
+from processor.engine.shown import Shown
 from processor.redis_io.connections import handed_over
 from processor.scripts.live_calls import LiveTurn, build_publish_live, publish_live, updates_json
 from processor.scripts.stored_calls import Applied

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from processor.engine.live import Shown
+from processor.engine.shown import Shown
 from processor.redis_io.replies import Entry, RawEntry, as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard

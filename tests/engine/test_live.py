@@ -15,14 +15,10 @@ from hypothesis import strategies as st
 from support.merging import decoded, live_batches
 from support.strategies import turns
 
-from processor.engine.live import (
-    Shown,
-    arguments_text,
-    live_events,
-    message_text,
-)
+from processor.engine.live import arguments_text, live_events, message_text
 from processor.engine.live_reader import replay_order, replay_texts
 from processor.engine.merge import Turn
+from processor.engine.shown import Shown
 from processor.wire.outputs import Response
 
 _json = msgspec.json.Encoder()

@@ -15,9 +15,10 @@ from support.merging import decoded
 from support.strategies import turns
 
 from processor.engine import live_growth
-from processor.engine.live import Shown, live_events
+from processor.engine.live import live_events
 from processor.engine.live_growth import live_progress
 from processor.engine.merge import Turn
+from processor.engine.shown import Shown
 from processor.wire.ids import TurnKey
 
 

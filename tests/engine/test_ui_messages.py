@@ -19,8 +19,9 @@ from support.merging import decoded
 from support.strategies import turns
 from support.ui_messages import Reader, comparable, expected_parts
 
-from processor.engine.live import Shown, live_events, message_text
+from processor.engine.live import live_events, message_text
 from processor.engine.merge import Turn
+from processor.engine.shown import Shown
 from processor.engine.ui_messages import Ending, UiStream
 from processor.wire.outputs import Response
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from processor.engine.live import Shown
 from processor.engine.live_growth import live_progress
 from processor.engine.merge import Turn
+from processor.engine.shown import Shown
 from processor.ingest.decode import decode_entry
 from processor.wire.ids import TurnKey
 from processor.wire.models import Record

@@ -22,8 +22,8 @@ from typing import Any, Literal
 import msgspec
 
 from processor.engine.lifecycle import DUPLICATE, Limits, TurnLife
-from processor.engine.live import Shown
 from processor.engine.replay import Replay
+from processor.engine.shown import Shown
 from processor.ingest.decode import EntryError, decode_plain, decode_stream_entry, entry_size
 from processor.redis_io.replies import Entry, RawEntry, as_text, fields_of
 from processor.scripts.stored_calls import Applied

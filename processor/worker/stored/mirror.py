@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from processor.engine.lifecycle import Limits, TurnLife
-from processor.engine.live import Shown
 from processor.engine.replay import Replay
+from processor.engine.shown import Shown
 from processor.scripts.stored_calls import Applied, Version
 from processor.wire.ids import TurnKey
 from processor.wire.stream_ids import id_order
