@@ -179,14 +179,16 @@ class Live:
         found = sorted(one[1].rate / one[2].rate for one in self.rounds if len(one) > 2)
         return found[(len(found) - 1) // 2] if found else None
 
-    def paced_us(self, name: str) -> float:
-        """Worker + redis-server CPU per update (µs) of the paced row ``name``."""
-        row = next(t for t in self.paced if t.name == name)
-        return sum(per_update_us(row))
+    def paced_us(self, name: str) -> float | None:
+        """Consumer + redis-server CPU per update (µs) of the paced row
+        ``name`` (None: not run, as FastStream without the peer)."""
+        row = next((t for t in self.paced if t.name == name), None)
+        return sum(per_update_us(row)) if row else None
 
 
 #: The paced rows' names.
 PACED_DRAIN, PACED_DEFAULT, PACED_HELD = "drain", "processor, default", "processor, --hold-ms 60000"
+PACED_PEER = "FastStream"
 
 
 async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, peer: bool,
@@ -201,7 +203,7 @@ async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, p
     if many:
         rounds = await _many(ctx, turns, updates, repeat, peer, say, flags)
     if paced_runs:
-        paced_rows = await _paced(ctx, pace, say, flags, commandstats)
+        paced_rows = await _paced(ctx, pace, say, flags, commandstats, peer)
     return Live(turns, updates, pace, rounds, paced_rows)
 
 
@@ -228,7 +230,7 @@ async def _many(ctx: Ctx, turns: int, updates: int, repeat: int, peer: bool,
 
 
 async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = (),
-                 commandstats: bool = False) -> list[Throughput]:
+                 commandstats: bool = False, peer: bool = True) -> list[Throughput]:
     say(f"{'paced long turns':>24}: {pace.turns:,} turns, one update each per "
         f"{pace.period * 1000:g} ms for {pace.seconds:g} s"
         + (f", {pace.messages} messages each" if pace.messages > 1 else ""))
@@ -236,6 +238,9 @@ async def _paced(ctx: Ctx, pace: Pace, say: Any, extra: tuple[str, ...] = (),
     await _longest_call(ctx.client)  # (from here on)
     paced_rows = [await scenarios.drain(ctx, shape, feed=paced(ctx, pace))]
     longest = [await _longest_call(ctx.client)]
+    if peer:
+        paced_rows.append(await scenarios.faststream(ctx, shape, feed=paced(ctx, pace)))
+        longest.append(await _longest_call(ctx.client))
     for name, flags in ((PACED_DEFAULT, ()), (PACED_HELD, ("--hold-ms", "60000"))):
         if commandstats:  # (from here on: the drain's and the other run's left out)
             await ctx.client.config_resetstat()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from latency import Latency, percentile
-from live_turns import PACED_DEFAULT, PACED_DRAIN, PACED_HELD, Live, per_update_us
+from live_turns import PACED_DEFAULT, PACED_DRAIN, PACED_HELD, PACED_PEER, Live, per_update_us
 from memory_scenarios import Memory, RssRun
 from ratios import QUIET_ROW, Round, median_ratios, one_worker, stored_worker
 from scenarios import Throughput
@@ -365,12 +365,23 @@ def _mem_name(mem: Memory) -> str:
 def live_line(live: Live) -> str:
     """``bench/run.py``'s last lines for the two workloads of real turns."""
     peer = f", processor/FastStream {live.peer_ratio:.2f}x" if live.peer_ratio else ""
-    default, held = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    default, held, drain, fast = _paced_us(live)
+    paced_peer = f", FastStream {fast:.1f} us ({fast / default:.2f}x)" if fast else ""
     return (f"many live turns: ratio processor/drain {live.ratio:.2f} (target >= "
             f"{MANY_LIVE_TARGET:g}){peer}; paced long turns: worker + redis CPU "
             f"{default:.1f} us/update (target <= {PACED_TARGET_US:g}), held throughout "
             f"{held:.1f} us, default/held {default / held:.2f} (target <= {PACED_CLIFF:g}), "
-            f"drain {live.paced_us(PACED_DRAIN):.1f} us")
+            f"drain {drain:.1f} us ({drain / default:.2f} of it){paced_peer}")
+
+
+def _paced_us(live: Live) -> tuple[float, float, float, float | None]:
+    """Consumer + redis-server CPU per update of the paced runs: the
+    default worker, the worker holding turns throughout, the drain and
+    FastStream (None when it did not run)."""
+    default, held, drain = (live.paced_us(name) for name in (PACED_DEFAULT, PACED_HELD,
+                                                               PACED_DRAIN))
+    assert default is not None and held is not None and drain is not None
+    return default, held, drain, live.paced_us(PACED_PEER)
 
 
 def _row(name: str, t: Throughput, drain: Throughput, ratio: str, peer: str,
@@ -394,7 +405,7 @@ def headline(r: dict[str, Any]) -> str:
     many = max(live.rounds, key=lambda one_round: one_round[1].rate)
     many_peer = live.peer_ratio
     paced = {t.name: t for t in live.paced}
-    default_us, held_us = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    default_us, held_us, drain_us, fast_us = _paced_us(live)
     lines = [
         "## Headline: three workloads",
         "",
@@ -415,8 +426,9 @@ def headline(r: dict[str, Any]) -> str:
         f"{live.pace.period * 1000:g} ms for {live.pace.seconds:g} s "
         f"({live.pace.turns / live.pace.period:,.0f} updates/s offered by a producer), so "
         "every turn outlives `--hold-ms` (5 s); the rate is the producer's, the CPU is "
-        "what counts. `--hold-ms 60000` holds the turns throughout: the default should "
-        "cost no more (no cliff at `--hold-ms`).",
+        "what counts, so its ratios are of CPU per update (the drain's, FastStream's, "
+        "over the default worker's). `--hold-ms 60000` holds the turns throughout: the "
+        "default should cost no more (no cliff at `--hold-ms`).",
         "",
         "| workload | updates/s | seconds | / drain | / FastStream | worker µs | "
         "redis µs | together µs | drain's µs | target |",
@@ -427,12 +439,16 @@ def headline(r: dict[str, Any]) -> str:
              f"{verdict(backlog_ok)}"),
         _row("many live turns", many[1], many[0], f"{live.ratio:.2f}", _times(many_peer),
              f">= {MANY_LIVE_TARGET:g} of the drain: {verdict(live.ratio >= MANY_LIVE_TARGET)}"),
-        _row("paced long turns, default", paced[PACED_DEFAULT], paced[PACED_DRAIN], "-", "-",
+        _row("paced long turns, default", paced[PACED_DEFAULT], paced[PACED_DRAIN],
+             f"{drain_us / default_us:.2f} (CPU)",
+             f"{fast_us / default_us:.2f}x (CPU)" if fast_us else "-",
              f"together <= {PACED_TARGET_US:g} µs: {verdict(default_us <= PACED_TARGET_US)}; "
              f"<= {PACED_CLIFF:g}x held throughout ({default_us / held_us:.2f}x): "
              f"{verdict(default_us <= PACED_CLIFF * held_us)}"),
         _row("paced long turns, `--hold-ms 60000`", paced[PACED_HELD], paced[PACED_DRAIN],
              "-", "-", "-"),
+        *([_row("paced long turns, FastStream", paced[PACED_PEER], paced[PACED_DRAIN],
+                "-", "-", "-")] if fast_us else []),
         "",
         "The ratios of the backlog and of the many live turns are the median of "
         f"{len(live.rounds)} rounds' (each round ran the drain, the worker and FastStream "

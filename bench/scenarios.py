@@ -188,15 +188,16 @@ async def drain(ctx: Ctx, work: Workload, feed: Feed | None = None) -> Throughpu
 
 
 async def _merging_consumer(ctx: Ctx, work: Workload, name: str, script: str,
-                            prefix: str, *extra: str) -> Throughput:
+                            prefix: str, *extra: str, feed: Feed | None = None) -> Throughput:
     """A bench consumer process that publishes one entry per turn to
-    ``{prefix:0}:merged``, timed from the ``COPY`` to its last merged entry."""
+    ``{prefix:0}:merged``, timed from the ``COPY`` (or ``feed``'s first
+    entry) to its last merged entry."""
     client, stream, merged = ctx.client, f"{{{prefix}:0}}:updates", f"{{{prefix}:0}}:merged"
     proc = Consumer([str(BENCH / script), ctx.url, stream, merged, *extra])
     try:
         await proc.line("ready", 60)
         meter = CpuMeter([proc.proc.pid], ctx.server_pid)
-        start = await copy_into(client, ctx.template, stream)
+        start = await (feed or copied(ctx))([stream])
 
         def alive() -> None:
             if proc.proc.poll() is not None:
@@ -220,8 +221,9 @@ async def ceiling(ctx: Ctx, work: Workload) -> Throughput:
 # --------------------------------------------------------------------------- the peer
 
 
-async def faststream(ctx: Ctx, work: Workload) -> Throughput:
-    return await _merging_consumer(ctx, work, "FastStream", "peer_faststream.py", "peer")
+async def faststream(ctx: Ctx, work: Workload, feed: Feed | None = None) -> Throughput:
+    return await _merging_consumer(ctx, work, "FastStream", "peer_faststream.py", "peer",
+                                   feed=feed)
 
 
 # --------------------------------------------------------------------------- processor
