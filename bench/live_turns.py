@@ -14,7 +14,8 @@
   to M messages one after the other (three agents handing off), so that
   the turns also grow in messages as they run.
 
-Both are compared, in the same run, with the raw drain of the same input.
+Both are compared, in the same run, with the raw drain of the same input
+and (unless ``--no-peer``) the FastStream peer.
 ``bench/run.py`` runs them beside the backlog; on their own (one round, a
 private redis-server)::
 
@@ -196,8 +197,8 @@ async def measure(ctx: Ctx, turns: int, updates: int, pace: Pace, repeat: int, p
                   flags: tuple[str, ...] = (), commandstats: bool = False) -> Live:
     """Both workloads on the server of ``ctx``: ``repeat`` rounds of the many
     live turns (the drain, one default worker and, with ``peer``, FastStream),
-    then the paced turns once each (the drain, the default worker, one holding
-    every turn throughout)."""
+    then the paced turns once each (the drain, with ``peer`` FastStream, the
+    default worker, one holding every turn throughout)."""
     rounds: list[list[Throughput]] = []
     paced_rows: list[Throughput] = []
     if many:
