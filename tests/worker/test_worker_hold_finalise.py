@@ -27,6 +27,7 @@ from support.turn_reference import (
 from support.worker_harness import Harness
 
 from processor.wire.ids import TurnKey
+from processor.worker.held.holds import FINALISE_TURN_ENTRIES
 
 
 async def test_a_turn_held_past_hold_ms_is_checkpointed_and_finishes_held(
@@ -168,5 +169,52 @@ async def test_turns_held_past_hold_ms_checkpoint_in_calls_of_about_a_batch(
     assert max(n for n, _ in spill) <= 20
     every = [tk for _, tks in spill for tk in tks]
     assert len(every) == len(set(every)) == 30  # each turn's entries in one call
+    for i in range(30):
+        assert response_text(outputs, f"t{i}") == "01234"
+
+
+async def test_held_turns_ending_together_finalise_in_calls_of_about_a_batch(
+    redis_url: str, namespace: str
+) -> None:
+    """The held turns one batch ends are finalised in calls of whole turns
+    of about ``--batch`` entries, each turn counting ``FINALISE_TURN_ENTRIES``
+    more: in one call, 500 paced turns kept redis-server busy for 50-210 ms
+    (holding 1 or 200 entries each), every client waiting. Each turn's
+    entries go in one call, and the turns finish as ``processor merge``
+    says."""
+    turns = [[text_delta(f"t{i}", str(j)) for j in range(5)] for i in range(30)]
+    ends = [end_entry(f"t{i}") for i in range(30)]
+    calls: list[tuple[int, list[str]]] = []  # held entries, and their turns, of each finalise
+    # (Held throughout: a checkpoint at --hold-ms would ack what it holds.)
+    async with Harness(redis_url, namespace, batch=60, hold_ms=60_000, **HOLD) as harness:
+        (running,) = await harness.start_workers(1)
+        scripts = running.worker.scripts
+        finalise = scripts.finalise_held
+
+        async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
+            rows = msgspec.msgpack.decode(args[8], type=list[list[msgspec.Raw]])
+            calls.append((sum(len(msgspec.msgpack.decode(row[5], type=list[str])) for row in rows),
+                          sorted(msgspec.msgpack.decode(row[0], type=str) for row in rows)))
+            return await finalise(keys=keys, args=args)
+
+        scripts.finalise_held = recorded
+        await harness.add(interleave(turns, random.Random(3)))
+        stream = harness.ns.shard(0).updates
+
+        async def all_held() -> bool:
+            return bool((await harness.client.xpending(stream, harness.group))["pending"] == 150)
+
+        await harness.wait_for(all_held, 20, "not every update read and held")
+        await harness.add(ends)
+        await harness.wait_merged(30)
+        outputs = await harness.outputs()
+        held = metric(running.worker, "processor_turns_settled_total", source="held")
+    assert held == 30
+    assert sum(n for n, _ in calls) == 180  # (each turn's 5 updates and its end)
+    # (6 entries and FINALISE_TURN_ENTRIES more a turn: at most two turns a call.)
+    assert all(n + FINALISE_TURN_ENTRIES * len(tks) <= 60 for n, tks in calls)
+    every = [tk for _, tks in calls for tk in tks]
+    assert len(every) == len(set(every)) == 30  # each turn's entries in one call
+    compare_with_offline(outputs, offline_results(interleave(turns, random.Random(3)) + ends))
     for i in range(30):
         assert response_text(outputs, f"t{i}") == "01234"
