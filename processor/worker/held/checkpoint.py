@@ -18,6 +18,7 @@ from processor.scripts.held_calls import (
 )
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
+from processor.worker.held.holds import in_calls
 from processor.worker.live_progress import LivePublisher, nothing
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell
@@ -59,25 +60,18 @@ class Checkpointer:
         if self.shell.config.progress:
             await self.live.publish_live_held(shard, aged, nothing, force=True)
         turns: list[HeldCheckpoint] = []
-        size = 0
         for key in aged:
             held = holds.turns.get(key)
             if held is None or not held.catch_up() or held.replay.life.outcome is not None:
                 if held is not None:
                     rest.append(key)
                 continue
-            # In calls of whole turns, each of about a read batch (--batch), as a
-            # spill's: the turns due together would keep redis-server busy.
-            if turns and size + len(held.ids) > self.shell.config.batch:
-                rest += await self._checkpoint(shard, turns, now)
-                turns, size = [], 0
             life, cover = held.replay.life, held.ids[-1]
             turns.append(HeldCheckpoint(
                 key, held.version, held.version + len(held.ids), life.counts.updates, life.bytes,
                 snapshot(life, cover), cover, list(held.ids), dict(life.turn.state.ids)))
-            size += len(held.ids)
-        if turns:
-            rest += await self._checkpoint(shard, turns, now)
+        for part in in_calls(turns, lambda turn: len(turn.ids), self.shell.config.batch):
+            rest += await self._checkpoint(shard, part, now)
         return rest
 
     async def _checkpoint(self, shard: Shard, turns: list[HeldCheckpoint],

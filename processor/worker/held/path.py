@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
+from processor.scripts.calls import ScriptCall
 from processor.scripts.held_calls import (
     HeldEnd,
     HeldOutcome,
@@ -33,6 +34,7 @@ from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
 from processor.worker.held.batch import HeldCall
 from processor.worker.held.checkpoint import Checkpointer
+from processor.worker.held.holds import FINALISE_TURN_ENTRIES, in_calls
 from processor.worker.live_progress import LivePublisher, Rendered
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
@@ -153,8 +155,10 @@ class HeldPath:
         rendered them, used for a turn that holds nothing more since (so
         it is not rendered twice). Returns the turns published.
 
-        With ``defer`` (a batch's ended turns) the call is sent and this
-        returns at once: redis-server runs it while the worker merges the
+        The turns go in calls of about ``--batch`` entries (``in_calls``),
+        sent one after the other and committed together once all answered.
+        With ``defer`` (a batch's ended turns) they are sent and this
+        returns at once: redis-server runs them while the worker merges the
         next batch, and ``settle`` commits it before anything next
         reads or changes the held turns (the next finalise, a spill, a
         sweep's, a take-back or a reclaim; the next batch first if it has
@@ -195,13 +199,24 @@ class HeldPath:
             await self._spill(shard, broken, "dead letter")
         if not settled:
             return []
-        call = build_finalise_held(shard, settled, self.shell.options, self.shell.config.consumer,
-                                   self.live.speaker)
+        calls = [build_finalise_held(shard, part, self.shell.options, self.shell.config.consumer,
+                                     self.live.speaker)
+                 for part in in_calls(settled, lambda one: len(one.ids) + FINALISE_TURN_ENTRIES,
+                                      self.shell.config.batch)]
 
         async def finalise() -> list[HeldEnd]:
-            return await finalise_held(self.shell.scripts.finalise_held, call)
+            """The calls one after the other (redis-server serves its other
+            clients between them), each retried unchanged until its outcome
+            is known: their answers, in the order of ``settled``."""
+            ended: list[HeldEnd] = []
+            for call in calls:
+                async def one(call: ScriptCall = call) -> list[HeldEnd]:
+                    return await finalise_held(self.shell.scripts.finalise_held, call)
 
-        reply = asyncio.ensure_future(self.retrying(finalise))
+                ended += await self.retrying(one)
+            return ended
+
+        reply = asyncio.ensure_future(finalise())
         if defer:
             going = Finalising({key for key, *_ in settled}, settled, reply)
             going.commit = asyncio.ensure_future(self._settle(shard, going))
