@@ -146,16 +146,7 @@ async def test_turns_held_past_hold_ms_checkpoint_in_calls_of_about_a_batch(
     calls: list[tuple[int, list[str]]] = []  # entries, and their turns, of each checkpoint
     async with Harness(redis_url, namespace, hold_ms=300, batch=20, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        scripts = running.worker.scripts
-        checkpoint = scripts.checkpoint_held
-
-        async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
-            rows = msgspec.msgpack.decode(args[3], type=list[list[msgspec.Raw]])
-            calls.append((sum(len(msgspec.msgpack.decode(row[7], type=list[str])) for row in rows),
-                          sorted(str(k).split(":turn:")[1] for k in keys[2::4])))
-            return await checkpoint(keys=keys, args=args)
-
-        scripts.checkpoint_held = recorded
+        _record_calls(running.worker.scripts, "checkpoint_held", 3, 7, calls)
         await harness.add(interleave(turns, random.Random(3)))
         await harness.wait_for(
             lambda: metric(running.worker, "processor_held_turns_checkpointed_total") == 30, 20,
@@ -188,16 +179,7 @@ async def test_held_turns_ending_together_finalise_in_calls_of_about_a_batch(
     # (Held throughout: a checkpoint at --hold-ms would ack what it holds.)
     async with Harness(redis_url, namespace, batch=60, hold_ms=60_000, **HOLD) as harness:
         (running,) = await harness.start_workers(1)
-        scripts = running.worker.scripts
-        finalise = scripts.finalise_held
-
-        async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
-            rows = msgspec.msgpack.decode(args[8], type=list[list[msgspec.Raw]])
-            calls.append((sum(len(msgspec.msgpack.decode(row[5], type=list[str])) for row in rows),
-                          sorted(msgspec.msgpack.decode(row[0], type=str) for row in rows)))
-            return await finalise(keys=keys, args=args)
-
-        scripts.finalise_held = recorded
+        _record_calls(running.worker.scripts, "finalise_held", 8, 5, calls)
         await harness.add(interleave(turns, random.Random(3)))
         stream = harness.ns.shard(0).updates
 
@@ -218,3 +200,21 @@ async def test_held_turns_ending_together_finalise_in_calls_of_about_a_batch(
     compare_with_offline(outputs, offline_results(interleave(turns, random.Random(3)) + ends))
     for i in range(30):
         assert response_text(outputs, f"t{i}") == "01234"
+
+
+def _record_calls(scripts: Any, name: str, rows_at: int, ids_at: int,
+                  calls: list[tuple[int, list[str]]]) -> None:
+    """Wrap the held path's script ``name`` (its turns one msgpack array of
+    rows in ARGV ``rows_at``, each row's held entry ids at ``ids_at``, its
+    ``TurnKey.encode`` first) so that each call appends to ``calls`` how
+    many held entries it had, and its turns."""
+    real = getattr(scripts, name)
+
+    async def recorded(*, keys: list[Any], args: list[Any]) -> Any:
+        rows = msgspec.msgpack.decode(args[rows_at], type=list[list[msgspec.Raw]])
+        calls.append((sum(len(msgspec.msgpack.decode(row[ids_at], type=list[str]))
+                          for row in rows),
+                      sorted(msgspec.msgpack.decode(row[0], type=str) for row in rows)))
+        return await real(keys=keys, args=args)
+
+    setattr(scripts, name, recorded)
