@@ -27,7 +27,7 @@ from support.turn_reference import (
 from support.worker_harness import Harness
 
 from processor.wire.ids import TurnKey
-from processor.worker.held.holds import FINALISE_TURN_ENTRIES
+from processor.worker.held.per_call import FINALISE_TURN_ENTRIES
 
 
 async def test_a_turn_held_past_hold_ms_is_checkpointed_and_finishes_held(

@@ -18,7 +18,7 @@ from processor.scripts.held_calls import (
 )
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.worker.held.holds import in_calls
+from processor.worker.held.per_call import in_calls
 from processor.worker.live_progress import LivePublisher, nothing
 from processor.worker.shard_state import ShardState
 from processor.worker.shell import Retrying, Shell

@@ -16,9 +16,8 @@ any consumer started it before); once spilled, it takes the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import msgspec
 
@@ -39,35 +38,6 @@ _json = msgspec.json.Encoder()
 #: scope where ``bytes`` is that field).
 Blob = bytes
 
-_T = TypeVar("_T")
-
-#: What publishing a held turn costs a ``finalise_held`` call besides its
-#: entries, counted in entries for ``in_calls``: its merged entry, terminal
-#: event and the keys it deletes (measured on paced turns: about 130 µs of
-#: redis-server a turn, about 6 µs an entry).
-FINALISE_TURN_ENTRIES = 20
-
-
-def in_calls(turns: Sequence[_T], entries: Callable[[_T], int], most: int) -> list[list[_T]]:
-    """``turns`` in script calls of whole turns of about ``most`` held
-    entries each (``--batch``, a read batch), in order: a call takes the
-    next turn while its ``entries`` fit, and at least one. Held turns due
-    or ending together in one call kept redis-server busy for as long as
-    they were many, every client waiting (1,000 paced turns' checkpoint,
-    50,000 entries: seconds; 500 ending turns' finalise: 50-210 ms). The
-    rule of a checkpoint's calls and a finalise's (a turn counting
-    ``FINALISE_TURN_ENTRIES`` more there); a spill applies it as it goes,
-    the holds changing between its calls (``HeldPath._spill``)."""
-    calls: list[list[_T]] = []
-    size = 0
-    for turn in turns:
-        n = entries(turn)
-        if not calls or size + n > most:
-            calls.append([])
-            size = 0
-        calls[-1].append(turn)
-        size += n
-    return calls
 
 #: Turns remembered as taking the ``apply_entries`` path (so that their next
 #: entries need no ``open_turns`` call), per shard; forgotten all at once.

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from processor.engine.replay import Reason, render, resumed, take_late
 from processor.redis_io.client import ids_arg
 from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
-from processor.scripts.calls import ScriptCall
 from processor.scripts.held_calls import (
     HeldEnd,
     HeldOutcome,
@@ -34,7 +33,7 @@ from processor.wire.keys import Shard
 from processor.worker.continuity import Continuity
 from processor.worker.held.batch import HeldCall
 from processor.worker.held.checkpoint import Checkpointer
-from processor.worker.held.holds import FINALISE_TURN_ENTRIES, in_calls
+from processor.worker.held.per_call import FINALISE_TURN_ENTRIES, in_calls
 from processor.worker.live_progress import LivePublisher, Rendered
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
@@ -155,7 +154,7 @@ class HeldPath:
         rendered them, used for a turn that holds nothing more since (so
         it is not rendered twice). Returns the turns published.
 
-        The turns go in calls of about ``--batch`` entries (``in_calls``),
+        The turns go in calls of about ``--batch`` entries (``per_call``),
         sent one after the other and committed together once all answered.
         With ``defer`` (a batch's ended turns) they are sent and this
         returns at once: redis-server runs them while the worker merges the
@@ -210,10 +209,7 @@ class HeldPath:
             is known: their answers, in the order of ``settled``."""
             ended: list[HeldEnd] = []
             for call in calls:
-                async def one(call: ScriptCall = call) -> list[HeldEnd]:
-                    return await finalise_held(self.shell.scripts.finalise_held, call)
-
-                ended += await self.retrying(one)
+                ended += await self.retrying(finalise_held, self.shell.scripts.finalise_held, call)
             return ended
 
         reply = asyncio.ensure_future(finalise())
