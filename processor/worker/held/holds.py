@@ -38,7 +38,6 @@ _json = msgspec.json.Encoder()
 #: scope where ``bytes`` is that field).
 Blob = bytes
 
-
 #: Turns remembered as taking the ``apply_entries`` path (so that their next
 #: entries need no ``open_turns`` call), per shard; forgotten all at once.
 OLD_TURNS = 10_000

@@ -51,8 +51,8 @@ REFRESH_SHARE = 1 / 3
 
 @dataclass
 class Finalising:
-    """A batch's ``finalise_held`` call, sent and not committed yet: its
-    turns (still held until then), what it settles, and its reply."""
+    """A batch's ``finalise_held`` calls, sent and not committed yet: their
+    turns (still held until then), what they settle, and their answers (one future)."""
 
     keys: set[TurnKey]
     settled: list[HeldOutcome]
@@ -255,8 +255,8 @@ class HeldPath:
 
     async def _commit(self, shard: Shard, settled: list[HeldOutcome],
                       results: list[HeldEnd]) -> list[TurnKey]:
-        """What a finalise_held call did: the turns it published are let go,
-        those it refused spill. Returns the turns published."""
+        """What finalise_held calls did: the turns they published are let go,
+        those they refused spill. Returns the turns published."""
         holds = self.shards[shard.index].holds
         self.shell.metrics.finalised([one.outcome for one in settled], results)
         published, refused, cancelled, acked, reasons = [], [], [], 0, []
