@@ -180,11 +180,16 @@ class Live:
         found = sorted(one[1].rate / one[2].rate for one in self.rounds if len(one) > 2)
         return found[(len(found) - 1) // 2] if found else None
 
-    def paced_us(self, name: str) -> float | None:
-        """Consumer + redis-server CPU per update (µs) of the paced row
-        ``name`` (None: not run, as FastStream without the peer)."""
-        row = next((t for t in self.paced if t.name == name), None)
-        return sum(per_update_us(row)) if row else None
+    def paced_us(self, name: str) -> float:
+        """Consumer + redis-server CPU per update (µs) of the paced row ``name``."""
+        row = next(t for t in self.paced if t.name == name)
+        return sum(per_update_us(row))
+
+    @property
+    def paced_peer_us(self) -> float | None:
+        """``paced_us`` of FastStream, None when the peer did not run."""
+        return self.paced_us(PACED_PEER) if any(t.name == PACED_PEER for t in self.paced) \
+            else None
 
 
 #: The paced rows' names.

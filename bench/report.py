@@ -365,23 +365,14 @@ def _mem_name(mem: Memory) -> str:
 def live_line(live: Live) -> str:
     """``bench/run.py``'s last lines for the two workloads of real turns."""
     peer = f", processor/FastStream {live.peer_ratio:.2f}x" if live.peer_ratio else ""
-    default, held, drain, fast = _paced_us(live)
+    default, held = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    drain, fast = live.paced_us(PACED_DRAIN), live.paced_peer_us
     paced_peer = f", FastStream {fast:.1f} us ({fast / default:.2f}x)" if fast else ""
     return (f"many live turns: ratio processor/drain {live.ratio:.2f} (target >= "
             f"{MANY_LIVE_TARGET:g}){peer}; paced long turns: worker + redis CPU "
             f"{default:.1f} us/update (target <= {PACED_TARGET_US:g}), held throughout "
             f"{held:.1f} us, default/held {default / held:.2f} (target <= {PACED_CLIFF:g}), "
             f"drain {drain:.1f} us ({drain / default:.2f} of it){paced_peer}")
-
-
-def _paced_us(live: Live) -> tuple[float, float, float, float | None]:
-    """Consumer + redis-server CPU per update of the paced runs: the
-    default worker, the worker holding turns throughout, the drain and
-    FastStream (None when it did not run)."""
-    default, held, drain = (live.paced_us(name) for name in (PACED_DEFAULT, PACED_HELD,
-                                                               PACED_DRAIN))
-    assert default is not None and held is not None and drain is not None
-    return default, held, drain, live.paced_us(PACED_PEER)
 
 
 def _row(name: str, t: Throughput, drain: Throughput, ratio: str, peer: str,
@@ -405,7 +396,8 @@ def headline(r: dict[str, Any]) -> str:
     many = max(live.rounds, key=lambda one_round: one_round[1].rate)
     many_peer = live.peer_ratio
     paced = {t.name: t for t in live.paced}
-    default_us, held_us, drain_us, fast_us = _paced_us(live)
+    default_us, held_us = live.paced_us(PACED_DEFAULT), live.paced_us(PACED_HELD)
+    drain_us, fast_us = live.paced_us(PACED_DRAIN), live.paced_peer_us
     lines = [
         "## Headline: three workloads",
         "",
