@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     AuthenticationError,
@@ -266,6 +268,13 @@ def _kwargs(options: RedisOptions) -> dict[str, Any]:
         "socket_timeout": options.socket_timeout,
         "socket_connect_timeout": 5.0,
         "health_check_interval": 30,
+        # Every command is sent once: a failure reaches the caller, whose
+        # step is retried by ``until_done`` knowing what a lost reply means.
+        # redis-py's own retry would send an ``XREADGROUP >`` (or XAUTOCLAIM)
+        # whose reply was lost again, and the entries the first one delivered
+        # would sit pending, unknown, until a reclaim (its cluster client
+        # retries by default; ``Redis.from_url`` does not, ``Redis()`` does).
+        "retry": Retry(NoBackoff(), 0),
     }
     if options.url.startswith("rediss://"):
         kwargs.update(

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 import redis.asyncio
 from support.strategies import random_turn
-from support.turn_reference import compare_with_offline, offline_results
+from support.turn_reference import compare_with_offline, end_entry, offline_results, text_delta
 from support.worker_harness import Harness
 
 from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
 from processor.embedded import EmbeddedRedis
-from processor.redis_io.connections import TRANSIENT
+from processor.redis_io.connections import TRANSIENT, connect
+from processor.redis_io.options import RedisOptions
 
 FLAGS: dict[str, Any] = {
     # The default (30 s): resuming must not wait for idle entries to be
@@ -143,32 +144,50 @@ async def test_workers_resume_after_redis_restarts(
 
 
 @pytest.mark.parametrize("hold", [True, False], ids=["held", "stored"])
+@pytest.mark.parametrize("where", ["step", "connection"])
 async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace: str,
-                                                       hold: bool) -> None:
+                                                       hold: bool, where: str) -> None:
     """Redis delivers a batch and the connection drops before the reply
     arrives: the entries sit in the worker's own pending list. The worker
     takes them back on its next read instead of waiting --reclaim-idle-ms
-    (here 10 minutes) for a reclaim, which would hold the shard meanwhile."""
+    (here 10 minutes) for a reclaim, which would hold the shard meanwhile.
+
+    The reply is lost to the worker's step (``step``), or on the connection
+    of a client made as ``processor run`` makes it, below redis-py's own
+    retries (``connection``): were redis-py to send the read again by
+    itself, the second ``XREADGROUP >`` would deliver the entries after the
+    lost ones, and the worker would not know of these until a reclaim
+    (tests/redis_io/test_cluster.py has the cluster client's case)."""
+    warm = [text_delta("warm", "x"), end_entry("warm")]
     entries = random_turn(random.Random(5), "lost-reply", max_messages=30)
-    offline = offline_results(entries)
+    offline = offline_results(warm + entries)
     lost: list[Any] = []
+    armed = False
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
-        running = await harness.start_worker()
-        real = running.client.execute_command
+        running = await harness.start_worker(
+            None if where == "step" else await connect(RedisOptions(redis_url, socket_timeout=10)))
+        # (A first turn: the loop's first reclaim, which takes back what is
+        # pending at the start, is behind it; the next is minutes away.)
+        await harness.add(warm)
+        await harness.wait_merged(1)
+        name = "execute_command" if where == "step" else "_send_command_parse_response"
+        real = getattr(running.client, name)
 
         async def loses_one_reply(*args: Any, **kwargs: Any) -> Any:
             # (Both reads come here: redis-py's xreadgroup, and read_raw's
             # XREADGROUP of a worker holding turns.)
             reply = await real(*args, **kwargs)
-            if args[0] == "XREADGROUP" and args[-1] == ">" and reply and not lost:
+            command = args if where == "step" else args[1:]  # (after the connection)
+            if command[0] == "XREADGROUP" and command[-1] == ">" and reply and armed and not lost:
                 lost.append(reply)
                 raise redis.ConnectionError("the reply was lost (test)")
             return reply
 
-        running.client.execute_command = loses_one_reply
+        setattr(running.client, name, loses_one_reply)
+        armed = True
         await harness.add(entries)
-        await harness.wait_merged(1, timeout=20)
+        await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)
         outputs = await harness.outputs()
         assert await harness.state_keys() == []

@@ -33,7 +33,13 @@ from support.live_scenarios import (
 from support.records import init_namespace
 from support.redis_servers import LocalRedisCluster, spread_namespace, wait_cluster_ok
 from support.strategies import random_turn
-from support.turn_reference import compare_with_offline, interleave, offline_results
+from support.turn_reference import (
+    compare_with_offline,
+    end_entry,
+    interleave,
+    offline_results,
+    text_delta,
+)
 from support.worker_harness import Harness
 
 from processor.client import Producer, RetryPolicy
@@ -313,3 +319,46 @@ async def test_producer_retries_a_clusterdown_without_duplicating(make_redis_clu
         await client.aclose()
     assert again == entry_id
     assert [as_text(e[0]) for e in entries] == [entry_id]
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["stored", "held"])
+async def test_a_read_reply_lost_on_a_cluster_is_taken_back_at_once(
+    redis_cluster: LocalRedisCluster, hold: bool
+) -> None:
+    """A cluster client sends a command again by itself after a connection
+    error (redis-py's ``RedisCluster`` retries): for an ``XREADGROUP >``
+    whose reply was lost, the second read delivers the entries after the
+    lost ones, and the worker would not know of these until a reclaim
+    (here 10 minutes away). The worker's reads are sent once; a lost reply
+    reaches the shard loop, which takes the entries back on its next read."""
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    warm = [text_delta("warm", "x"), end_entry("warm")]
+    entries = random_turn(random.Random(5), "lost-reply", max_messages=30)
+    offline = offline_results(warm + entries)
+    lost: list = []
+    async with Harness(redis_cluster.url, namespace, cluster=True, reclaim_idle_ms=600_000,
+                       hold_turns=hold) as harness:
+        # (Its client as ``processor run`` makes it.)
+        running = await harness.start_worker(
+            await connect(RedisOptions(redis_cluster.url, socket_timeout=10)))
+        # (A first turn: the loop's first reclaim, which takes back what is
+        # pending at the start, is behind it; the next is minutes away.)
+        await harness.add(warm)
+        await harness.wait_merged(1)
+        real = running.client._execute_command  # (per node, inside the cluster's retries)
+
+        async def loses_one_reply(node, *args, **kwargs):
+            reply = await real(node, *args, **kwargs)
+            if args[0] == "XREADGROUP" and args[-1] == ">" and reply and not lost:
+                lost.append(reply)
+                raise redis.ConnectionError("the reply was lost (test)")
+            return reply
+
+        running.client._execute_command = loses_one_reply
+        await harness.add(entries)
+        await harness.wait_merged(2, timeout=20)
+        await harness.wait_drained(timeout=20)
+        outputs = await harness.outputs()
+    assert lost, "no reply was lost: the test did not test anything"
+    compare_with_offline(outputs, offline, "after a lost reply")
+    assert outputs.dlq == []

@@ -116,9 +116,11 @@ class Harness(Subprocesses):
                   **overrides}
         return WorkerConfig(**values)
 
-    async def start_worker(self, **overrides: Any) -> InProcessWorker:
-        """An in-process worker with its own connection; returns once its groups exist."""
-        client = self.connect(socket_timeout=10)
+    async def start_worker(self, client: Any = None, **overrides: Any) -> InProcessWorker:
+        """An in-process worker with its own connection (``client``, e.g. one
+        of ``processor.redis_io.connections.connect``, as ``processor run``
+        makes it; else ``connect``'s); returns once its groups exist."""
+        client = client or self.connect(socket_timeout=10)
         worker = Worker(client, self.worker_config(**overrides))
         task = asyncio.create_task(worker.run(), name=worker.config.consumer)
         running = InProcessWorker(worker, client, task)
