@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     AuthenticationError,
     ClusterDownError,
