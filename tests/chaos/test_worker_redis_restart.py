@@ -27,8 +27,7 @@ from support.worker_harness import Harness
 
 from processor.client import EventItem, MergedItem, Producer, RetryPolicy, Subscriber
 from processor.embedded import EmbeddedRedis
-from processor.redis_io.connections import TRANSIENT, connect
-from processor.redis_io.options import RedisOptions
+from processor.redis_io.connections import TRANSIENT
 
 FLAGS: dict[str, Any] = {
     # The default (30 s): resuming must not wait for idle entries to be
@@ -152,9 +151,8 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
     takes them back on its next read instead of waiting --reclaim-idle-ms
     (here 10 minutes) for a reclaim, which would hold the shard meanwhile.
 
-    The reply is lost to the worker's step (``step``), or on the connection
-    of a client made as ``processor run`` makes it, below redis-py's own
-    retries (``connection``): were redis-py to send the read again by
+    The reply is lost to the worker's step (``step``), or on the connection,
+    below redis-py's own retries (``connection``): were redis-py to send the read again by
     itself, the second ``XREADGROUP >`` would deliver the entries after the
     lost ones, and the worker would not know of these until a reclaim
     (tests/redis_io/test_cluster.py has the cluster client's case)."""
@@ -165,8 +163,7 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
     armed = False
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
-        running = await harness.start_worker(
-            None if where == "step" else await connect(RedisOptions(redis_url, socket_timeout=10)))
+        running = await harness.start_worker()
         # (A first turn: the loop's first reclaim, which takes back what is
         # pending at the start, is behind it; the next is minutes away.)
         await harness.add(warm)

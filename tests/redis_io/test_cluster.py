@@ -338,9 +338,7 @@ async def test_a_read_reply_lost_on_a_cluster_is_taken_back_at_once(
     lost: list = []
     async with Harness(redis_cluster.url, namespace, cluster=True, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
-        # (Its client as ``processor run`` makes it.)
-        running = await harness.start_worker(
-            await connect(RedisOptions(redis_cluster.url, socket_timeout=10)))
+        running = await harness.start_worker()  # (its client as processor run makes it)
         # (A first turn: the loop's first reclaim, which takes back what is
         # pending at the start, is behind it; the next is minutes away.)
         await harness.add(warm)

@@ -29,6 +29,8 @@ from typing import Any
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
+from processor.redis_io.connections import connect
+from processor.redis_io.options import RedisOptions
 from processor.wire.ids import TurnKey, shard_of
 from processor.wire.keys import Namespace, Shard
 from processor.worker.worker import Worker, WorkerConfig
@@ -117,10 +119,11 @@ class Harness(Subprocesses):
         return WorkerConfig(**values)
 
     async def start_worker(self, client: Any = None, **overrides: Any) -> InProcessWorker:
-        """An in-process worker with its own connection (``client``, e.g. one
-        of ``processor.redis_io.connections.connect``, as ``processor run``
-        makes it; else ``connect``'s); returns once its groups exist."""
-        client = client or self.connect(socket_timeout=10)
+        """An in-process worker with its own connection, made as ``processor
+        run`` makes it (``processor.redis_io.connections.connect``: its
+        parser, packing and retries), unless ``client`` is given; returns
+        once its groups exist."""
+        client = client or await connect(RedisOptions(self.url, socket_timeout=10))
         worker = Worker(client, self.worker_config(**overrides))
         task = asyncio.create_task(worker.run(), name=worker.config.consumer)
         running = InProcessWorker(worker, client, task)
