@@ -164,8 +164,8 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
         running = await harness.start_worker()
-        # (A first turn: the loop's first reclaim, which takes back what is
-        # pending at the start, is behind it; the next is minutes away.)
+        # (A first turn: the worker is past its start, whose take-back would
+        # find anything pending to it; its reclaims are minutes apart.)
         await harness.add(warm)
         await harness.wait_merged(1)
         name = "execute_command" if where == "step" else "_send_command_parse_response"

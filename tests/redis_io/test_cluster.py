@@ -339,8 +339,8 @@ async def test_a_read_reply_lost_on_a_cluster_is_taken_back_at_once(
     async with Harness(redis_cluster.url, namespace, cluster=True, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
         running = await harness.start_worker()  # (its client as processor run makes it)
-        # (A first turn: the loop's first reclaim, which takes back what is
-        # pending at the start, is behind it; the next is minutes away.)
+        # (A first turn: the worker is past its start, whose take-back would
+        # find anything pending to it; its reclaims are minutes apart.)
         await harness.add(warm)
         await harness.wait_merged(1)
         real = running.client._execute_command  # (per node, inside the cluster's retries)
