@@ -118,12 +118,11 @@ class Harness(Subprocesses):
                   **overrides}
         return WorkerConfig(**values)
 
-    async def start_worker(self, client: Any = None, **overrides: Any) -> InProcessWorker:
+    async def start_worker(self, **overrides: Any) -> InProcessWorker:
         """An in-process worker with its own connection, made as ``processor
         run`` makes it (``processor.redis_io.connections.connect``: its
-        parser, packing and retries), unless ``client`` is given; returns
-        once its groups exist."""
-        client = client or await connect(RedisOptions(self.url, socket_timeout=10))
+        parser, packing and retries); returns once its groups exist."""
+        client = await connect(RedisOptions(self.url, socket_timeout=10))
         worker = Worker(client, self.worker_config(**overrides))
         task = asyncio.create_task(worker.run(), name=worker.config.consumer)
         running = InProcessWorker(worker, client, task)
