@@ -12,7 +12,8 @@ from latency import Latency, percentile
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter
 from memory_scenarios import RssRun
-from report import LATENCY_TARGET_MS, MIB
+from memory_section import MIB
+from report import LATENCY_TARGET_MS
 from scenarios import Throughput
 
 #: Axis ticks in thousands ("150k"): full numbers ran into each other.

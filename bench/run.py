@@ -39,6 +39,7 @@ import charts
 import latency
 import live_turns
 import memory_scenarios
+import memory_section
 import profile_sections
 import ratios
 import redis.asyncio
@@ -352,7 +353,7 @@ def write_docs(args: argparse.Namespace, r: dict[str, Any], load: tuple[str, str
         charts.latency_chart(r["latency"], DOCS / "bench-latency.png")
     if "memory" in r or "rss" in r:
         report.write_section(PAGE, "e2e-memory",
-                             report.memory_section(r.get("memory"), r.get("rss")),
+                             memory_section.memory_section(r.get("memory"), r.get("rss")),
                              after="e2e-latency")
         if "rss" in r:
             charts.rss_chart(r["rss"], DOCS / "bench-rss.png")
