@@ -110,16 +110,12 @@ class ShardRunner:
     async def _read_ahead(self, batches: Handoff) -> None:
         """Read and decode batches until stopping (the apply loop then applies
         what was read, and stops once this task is done and the queue empty)."""
-        shard, state, retrying = self.shard, self.state, self.worker.retrying
+        shard, retrying = self.shard, self.worker.retrying
         while not self.stopping:
             end_if_cancelled()
             try:
-                if state.orphans:
-                    await batches.join()  # nothing read earlier is still waiting to be applied
-                    await self.worker.held.settle(shard)  # (nor finalised)
-                    await retrying(self.worker.recovery.take_back, shard)
-                generation = self.worker.continuity.generation
-                batch = Batch(await retrying(self.read), generation)
+                generation, entries = await retrying(self._take_back_then_read, batches)
+                batch = Batch(entries, generation)
                 batch.call = self._prepare(batch)
                 await self.worker.held.open_ahead(shard, batch.call)
                 await batches.put(batch)
@@ -132,6 +128,36 @@ class ShardRunner:
                 if self.stopping:
                     break
                 await self._step_failed(exc, "read failed")
+
+    async def _take_back_then_read(self, batches: Handoff | None) -> tuple[int, list[RawEntry]]:
+        """The shard's next batch (with the continuity generation it was read
+        in), after taking back what a lost reply left pending to this
+        consumer. Retried as a whole: a read whose reply was lost is never
+        sent again before the take-back, since that ``XREADGROUP >`` would
+        deliver the entries after the lost ones first, and a held turn
+        would be checkpointed or ended without them (docs/design.md, *Recovery*)."""
+        shard, state = self.shard, self.state
+        if state.orphans:
+            if batches is not None:  # (reading ahead)
+                await batches.join()  # nothing read earlier is still waiting to be applied
+            await self.worker.held.settle(shard)  # (nor finalised)
+            try:
+                await self.worker.recovery.take_back(shard)
+            except ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                return self.worker.continuity.generation, await self._group_vanished()
+        generation = self.worker.continuity.generation
+        return generation, await self.read()
+
+    async def _group_vanished(self) -> list[RawEntry]:
+        """The group (or the stream) vanished under this worker: put back
+        where it was, or the namespace's whole state is gone (continuity.py),
+        and its groups come back a little later: wait as an idle read would.
+        No entries: the next read goes on from there."""
+        if await self.worker.continuity.group_vanished(self.shard):
+            await asyncio.sleep(self.worker.config.block_ms / 1000)
+        return []
 
     def _prepare(self, batch: Batch) -> ApplyCall | HeldCall | None:
         """Decode a batch into its script call ahead of applying it; None (decode
@@ -270,9 +296,7 @@ class ShardRunner:
     async def read_once(self) -> None:
         """Read and apply one batch, without reading ahead (a single step)."""
         shard, state, retrying = self.shard, self.state, self.worker.retrying
-        if state.orphans:
-            await retrying(self.worker.recovery.take_back, shard)
-        entries = await retrying(self.read)
+        _generation, entries = await retrying(self._take_back_then_read, None)
         if entries:
             self.worker.metrics.read(shard.index, len(entries))
             try:
@@ -312,12 +336,7 @@ class ShardRunner:
         except ResponseError as exc:
             if not is_nogroup(exc):
                 raise
-            # The group (or the stream) vanished under this worker: put back
-            # where it was, or the namespace's whole state is gone (continuity.py),
-            # and its groups come back a little later: wait as an idle read would.
-            if await self.worker.continuity.group_vanished(shard):
-                await asyncio.sleep(cfg.block_ms / 1000)
-            return []
+            return await self._group_vanished()
         except Exception:
             # Redis may have delivered the batch and the reply be lost (an
             # outage, or a MemoryError reading it): taken back, delivery
