@@ -199,65 +199,20 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
     assert outputs.dlq == []
 
 
-@pytest.mark.parametrize(("hold_ms", "text"), [(600_000, "abcd"), (1, "abcdefgh")],
-                         ids=["ended", "checkpointed"])
-async def test_a_lost_read_is_taken_back_before_the_next_read(redis_url: str, namespace: str,
-                                                              hold_ms: int, text: str) -> None:
-    """The worker's retry does not send a read whose reply was lost again:
-    that second ``XREADGROUP >`` would deliver the entries after the lost ones
-    first. The turn's batches are two entries each, and the reply of the one
-    holding ``c`` is lost. Read again at once, the held turn was checkpointed
-    with ``ef`` (``checkpointed``, ``--hold-ms 1``) and the taken-back ``cd``
-    replayed after them: ``abefcdgh``. Were the next read to hold the turn's
-    end (``ended``), finalising it would wait for the take-back too (the held
-    path spills a turn while entries it does not know of may be pending)."""
+async def _lose_the_read_of_c(redis_url: str, namespace: str, text: str, *,
+                              destroy_group: bool = False, **config: Any) -> None:
+    """A held turn, one text delta per letter of ``text`` then its end, all
+    in the stream at once (one ``MULTI``) and read two entries a batch, after
+    a warm-up turn (the worker is past its start, whose take-back would find
+    anything pending to it; its reclaims are minutes apart). The reply of the
+    read holding ``c`` is lost (after an ``XGROUP DESTROY`` with
+    ``destroy_group``): the turn must still merge as ``processor merge`` has it."""
     warm = [text_delta("warm", "x"), end_entry("warm")]
-    entries = [*(text_delta("middle", c) for c in text), end_entry("middle")]
+    entries = [*(text_delta("letters", c) for c in text), end_entry("letters")]
     offline = offline_results(warm + entries)
     lost: list[Any] = []
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000, hold_turns=True,
-                       hold_ms=hold_ms, batch=2) as harness:
-        running = await harness.start_worker()
-        await harness.add(warm)
-        await harness.wait_merged(1)
-        real = running.client.execute_command
-
-        async def loses_the_reply_with_c(*args: Any, **kwargs: Any) -> Any:
-            reply = await real(*args, **kwargs)
-            if args[0] == "XREADGROUP" and args[-1] == ">" and not lost \
-                    and '"text": "c"' in repr(reply):
-                lost.append(reply)
-                raise redis.ConnectionError("the reply was lost (test)")
-            return reply
-
-        running.client.execute_command = loses_the_reply_with_c
-        # Every entry in the stream before the worker's next read (one MULTI).
-        async with harness.client.pipeline(transaction=True) as pipe:
-            for entry in entries:
-                pipe.xadd(harness.shards[0].updates, entry_fields(entry))
-            await pipe.execute()
-        await harness.wait_merged(2, timeout=20)
-        await harness.wait_drained(timeout=20)
-        outputs = await harness.outputs()
-        assert await harness.state_keys() == []
-    assert lost, "no reply was lost: nothing was tested"
-    compare_with_offline(outputs, offline, "after a lost read reply")
-    assert outputs.dlq == []
-
-
-async def test_a_take_back_that_finds_the_group_gone_puts_it_back(redis_url: str,
-                                                                 namespace: str) -> None:
-    """A read's reply is lost and, before the take-back, the consumer group
-    is destroyed (``XGROUP DESTROY``): the take-back's NOGROUP is handled as
-    a read's is (continuity.py puts the group back at the newest entry the
-    worker read, and the lost entries are delivered again), not a failed
-    step repeated until another worker happens to put the group back."""
-    warm = [text_delta("warm", "x"), end_entry("warm")]
-    entries = [*(text_delta("regroup", c) for c in "abcdefgh"), end_entry("regroup")]
-    offline = offline_results(warm + entries)
-    lost: list[Any] = []
-    async with Harness(redis_url, namespace, reclaim_idle_ms=600_000, hold_turns=True,
-                       batch=2) as harness:
+                       batch=2, **config) as harness:
         running = await harness.start_worker()
         await harness.add(warm)
         await harness.wait_merged(1)
@@ -269,7 +224,8 @@ async def test_a_take_back_that_finds_the_group_gone_puts_it_back(redis_url: str
             if args[0] == "XREADGROUP" and args[-1] == ">" and not lost \
                     and '"text": "c"' in repr(reply):
                 lost.append(reply)
-                await harness.client.xgroup_destroy(updates, harness.group)
+                if destroy_group:
+                    await harness.client.xgroup_destroy(updates, harness.group)
                 raise redis.ConnectionError("the reply was lost (test)")
             return reply
 
@@ -281,9 +237,35 @@ async def test_a_take_back_that_finds_the_group_gone_puts_it_back(redis_url: str
         await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)
         outputs = await harness.outputs()
+        assert await harness.state_keys() == []
     assert lost, "no reply was lost: nothing was tested"
-    compare_with_offline(outputs, offline, "after a lost reply and a destroyed group")
+    compare_with_offline(outputs, offline, "after a lost read reply")
     assert outputs.dlq == []
+
+
+@pytest.mark.parametrize(("hold_ms", "text"), [(600_000, "abcd"), (1, "abcdefgh")],
+                         ids=["ended", "checkpointed"])
+async def test_a_lost_read_is_taken_back_before_the_next_read(redis_url: str, namespace: str,
+                                                              hold_ms: int, text: str) -> None:
+    """The worker's retry does not send a read whose reply was lost again:
+    that second ``XREADGROUP >`` would deliver the entries after the lost ones
+    first. The reply of the batch ``cd`` is lost. Read again at once, the held
+    turn was checkpointed with ``ef`` (``checkpointed``, ``--hold-ms 1``) and
+    the taken-back ``cd`` replayed after them: ``abefcdgh``. Were the next
+    read to hold the turn's end (``ended``), finalising it would wait for the
+    take-back too (the held path spills a turn while entries it does not
+    know of may be pending)."""
+    await _lose_the_read_of_c(redis_url, namespace, text, hold_ms=hold_ms)
+
+
+async def test_a_take_back_that_finds_the_group_gone_puts_it_back(redis_url: str,
+                                                                 namespace: str) -> None:
+    """A read's reply is lost and, before the take-back, the consumer group
+    is destroyed (``XGROUP DESTROY``): the take-back's NOGROUP is handled as
+    a read's is (continuity.py puts the group back at the newest entry the
+    worker read, and the lost entries are delivered again), not a failed
+    step repeated until another worker happens to put the group back."""
+    await _lose_the_read_of_c(redis_url, namespace, "abcdefgh", destroy_group=True)
 
 
 async def test_a_restarted_consumer_takes_back_its_pending_entries(
