@@ -10,6 +10,7 @@ import asyncio
 import json
 from typing import Any
 
+import redis
 from support.turn_reference import compare_with_offline, offline_results
 from support.worker_harness import Harness
 
@@ -188,3 +189,45 @@ async def test_no_checkpoint_while_an_older_entry_is_pending_to_another_consumer
         outputs = await harness.outputs()
     compare_with_offline(outputs, offline_results(turn), "an older entry reclaimed")
     assert checkpoints == 0
+
+
+async def test_no_checkpoint_while_a_claim_reply_is_lost(redis_url: str, namespace: str) -> None:
+    """A turn's first entry was read by a consumer that died with it
+    pending; this worker holds the turn's later entries. Its claim of the
+    dead consumer's entry (``XCLAIM``) succeeds in Redis but the reply is
+    lost: the entry is now pending to this worker, unknown to it until the
+    take-back before its next read. The batch read ahead meanwhile is
+    applied first, and the turn comes due for a checkpoint then: no other
+    consumer has an entry pending, so ``checkpoint_held`` would accept it
+    (its snapshot without the first entry, which the take-back would store
+    after it: the text out of order). While entries it does not know of may
+    be pending, the worker checkpoints nothing; the turn merges as processor
+    merge says."""
+    turn = _turn("claimed", 8)
+    async with Harness(redis_url, namespace, batch=2, worker_ttl=0.5,
+                       reclaim_idle_ms=600_000, hold_ms=600_000) as harness:
+        shard = harness.shards[0]
+        await harness.client.xgroup_create(shard.updates, harness.group, id="0", mkstream=True)
+        await harness.add(turn[:1])
+        await harness.client.xreadgroup(harness.group, "gone", {shard.updates: ">"}, count=1)
+        await harness.add(turn[1:])
+        await asyncio.sleep(0.6)  # "gone" is idle past --worker-ttl: departed
+        lost: list[Any] = []
+        running = await harness.start_worker()
+        real = running.client.execute_command
+
+        async def loses_the_claim(*args: Any, **kwargs: Any) -> Any:
+            reply = await real(*args, **kwargs)
+            if args[0] == "XCLAIM" and "JUSTID" not in args and reply and not lost:
+                lost.append(reply)
+                # From here on the held turn is due for a checkpoint.
+                running.worker.config.hold_ms = 1
+                raise redis.ConnectionError("the reply was lost (test)")
+            return reply
+
+        running.client.execute_command = loses_the_claim
+        await harness.wait_merged(1, timeout=20)
+        await harness.wait_drained(timeout=20)
+        outputs = await harness.outputs()
+    assert lost, "no claim reply was lost: nothing was tested"
+    compare_with_offline(outputs, offline_results(turn), "a claim's reply lost")

@@ -39,8 +39,9 @@ class Checkpointer:
         are still running (``checkpoint_held``): each one's merge is stored
         as a snapshot and its entries acked, and it stays held, held again
         from ``now``. Their live progress is said first, so that the live
-        log holds every update the snapshot does. Returns the turns to
-        spill: the others (over the bounds, broken or ended) and any the
+        log holds every update the snapshot does. None while entries
+        this worker does not know of may be pending here. Returns the turns
+        to spill: the others (over the bounds, broken or ended) and any the
         script refused."""
         holds = self.shards[shard.index].holds
         hold_s = self.shell.config.hold_ms / 1000
@@ -56,6 +57,13 @@ class Checkpointer:
             else:
                 rest.append(key)
         if not aged:
+            return rest
+        if self.shards[shard.index].unknown_pending():
+            # An entry pending here that this worker neither holds nor has
+            # applied (a claim's or a read's reply lost) may be an older one
+            # of an aged turn: its snapshot would miss it, and the replay put
+            # it after. They stay held until the take-back before the next
+            # read, and are checkpointed (or refused and spilled) after it.
             return rest
         if self.shell.config.progress:
             await self.live.publish_live_held(shard, aged, nothing, force=True)
