@@ -114,8 +114,7 @@ class ShardRunner:
         while not self.stopping:
             end_if_cancelled()
             try:
-                generation, entries = await retrying(self._take_back_then_read, batches)
-                batch = Batch(entries, generation)
+                batch = await retrying(self._take_back_then_read, batches)
                 batch.call = self._prepare(batch)
                 await self.worker.held.open_ahead(shard, batch.call)
                 await batches.put(batch)
@@ -129,13 +128,13 @@ class ShardRunner:
                     break
                 await self._step_failed(exc, "read failed")
 
-    async def _take_back_then_read(self, batches: Handoff | None) -> tuple[int, list[RawEntry]]:
-        """The shard's next batch (with the continuity generation it was read
-        in), after taking back what a lost reply left pending to this
-        consumer. Retried as a whole: a read whose reply was lost is never
-        sent again before the take-back, since that ``XREADGROUP >`` would
-        deliver the entries after the lost ones first, and a held turn
-        would be checkpointed or ended without them (docs/design.md, *Recovery*)."""
+    async def _take_back_then_read(self, batches: Handoff | None) -> Batch:
+        """The shard's next batch, after taking back what a lost reply left
+        pending to this consumer. Retried as a whole: a read whose reply was
+        lost is never sent again before the take-back, since that
+        ``XREADGROUP >`` would deliver the entries after the lost ones first,
+        and a held turn would be checkpointed or ended without them
+        (docs/design.md, *Recovery*)."""
         shard, state = self.shard, self.state
         if state.orphans:
             if batches is not None:  # (reading ahead)
@@ -146,9 +145,9 @@ class ShardRunner:
             except ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
-                return self.worker.continuity.generation, await self._group_vanished()
+                return Batch(await self._group_vanished(), self.worker.continuity.generation)
         generation = self.worker.continuity.generation
-        return generation, await self.read()
+        return Batch(await self.read(), generation)
 
     async def _group_vanished(self) -> list[RawEntry]:
         """The group (or the stream) vanished under this worker: put back
@@ -296,7 +295,7 @@ class ShardRunner:
     async def read_once(self) -> None:
         """Read and apply one batch, without reading ahead (a single step)."""
         shard, state, retrying = self.shard, self.state, self.worker.retrying
-        _generation, entries = await retrying(self._take_back_then_read, None)
+        entries = (await retrying(self._take_back_then_read, None)).entries
         if entries:
             self.worker.metrics.read(shard.index, len(entries))
             try:
