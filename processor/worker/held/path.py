@@ -275,10 +275,14 @@ class HeldPath:
                 refused.append(key)
         if published:
             self.shell.metrics.held_published(len(published), acked, reasons)
+        # Retried (each a step of its own): from _settle, a task of its own,
+        # nothing above would retry a connection error, and the ended turns
+        # would stay held until --hold-ms. A spill sent again skips the
+        # turns it took already (their entries, if not stored, taken back).
         if refused:
-            await self._spill(shard, refused, "refused")
+            await self.retrying(self._spill, shard, refused, "refused")
         if cancelled:  # (the stored path publishes them cancelled, from the cut)
-            await self._spill(shard, cancelled, "cancelled")
+            await self.retrying(self._spill, shard, cancelled, "cancelled")
         return published
 
     async def spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
