@@ -64,10 +64,15 @@ class Recovery:
         of the shard, that long). Each shard loop reads, applies and acks in
         turn, so this consumer's pending entries of a shard are all orphans
         when its loop is back here (or ones left pending on purpose after a
-        failure: applying them again is what a reclaim would do)."""
+        failure: applying them again is what a reclaim would do). A take-back
+        that fails part way goes on, when tried again, after the part it
+        did (``ShardState.took_back``): every one of those entries is held
+        or applied, and reading them all again at each try, over a
+        connection that loses replies, could fail for ever."""
         cfg = self.shell.config
-        start = "0"
-        count = self.shards[shard.index].read_count
+        state = self.shards[shard.index]
+        start = state.take_back_from
+        count = state.read_count
         while True:
             # Delivery counts before payloads: an entry over --max-deliveries
             # (one whose reading or applying keeps failing, a MemoryError
@@ -104,7 +109,9 @@ class Recovery:
                                                await self._deliveries(shard, entries))
                 finally:
                     self.shards[shard.index].batch_done(entries)
-        self.shards[shard.index].orphans_taken_back()
+            state.took_back(start)
+            state.floor_marks.taken_back(start)  # (past what a lost read delivered)
+        state.orphans_taken_back()
 
     async def _pending_after(self, shard: Shard, start: str, count: int) -> list[Any]:
         """This consumer's pending entries after ``start`` ("0": all), oldest

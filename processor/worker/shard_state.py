@@ -50,6 +50,10 @@ class ShardState:
     # read whose reply a connection error lost (and, at start, a previous
     # process with the same consumer name). Taken back before the next read.
     orphans: bool = True
+    # Where the take-back goes on from: "0", or the newest entry of its
+    # part that is done, when a failure cut it (its next try goes on there
+    # rather than read again every entry held or applied since "0").
+    take_back_from: str = "0"
     claimed: bool = False  # reclaimed entries being applied (recovery.py)
     lost: bool = False  # the namespace's state was lost: known turns still to publish
     # Cancelled turns whose finalise answered "not yet" (stored path).
@@ -105,11 +109,17 @@ class ShardState:
         (a reply lost to an error, or ``cut`` past its byte budget: then the
         next read takes one entry first): taken back before the next read."""
         self.orphans = True
+        self.take_back_from = "0"  # (they may be older than where a take-back was)
         if cut:
             self.read_count = 1
 
+    def took_back(self, last: str) -> None:
+        """The take-back is done with this consumer's pending entries up to ``last``."""
+        self.take_back_from = last
+
     def orphans_taken_back(self) -> None:
         self.orphans = False
+        self.take_back_from = "0"
 
     def reclaiming(self, cursor: str) -> None:
         """The next XAUTOCLAIM starts at ``cursor``."""
@@ -178,5 +188,6 @@ class ShardState:
             mirrors.drop(key)
         self.floor_marks = Floor()
         self.orphans = True
+        self.take_back_from = "0"
         self.last_read = "0"
         self.reclaim_cursor = "0-0"

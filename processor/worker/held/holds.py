@@ -378,6 +378,12 @@ class Floor:
         if not self.routed_to or id_order(last) > id_order(self.routed_to):
             self.routed_to = last
 
+    def taken_back(self, last: str) -> None:
+        """This consumer's pending entries up to ``last`` are held or applied
+        (a take-back): some may be after the last read, whose reply was lost."""
+        if not self.last or id_order(last) > id_order(self.last):
+            self.last = last
+
     def value(self) -> str:
         if self.unrouted:
             return self.unrouted[0]
