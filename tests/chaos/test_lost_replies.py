@@ -48,21 +48,33 @@ def _lose_replies(client: Any, rng: random.Random, lost: list[str]) -> None:
     client.execute_command = losing
 
 
-@pytest.mark.parametrize("hold_ms", [60_000, 50], ids=["held", "checkpointed"])
+#: Each run's worker settings: turns held, held past --hold-ms
+#: (checkpointed), stored, and two workers holding them.
+RUNS: dict[str, tuple[int, dict[str, Any]]] = {
+    "held": (1, {"hold_ms": 60_000}),
+    "checkpointed": (1, {"hold_ms": 50}),
+    "stored": (1, {"hold_turns": False}),
+    "two-workers": (2, {"hold_ms": 50}),
+}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("seed", range(SEEDS))
 async def test_turns_merge_whatever_replies_are_lost(redis_url: str, namespace: str,
-                                                     hold_ms: int, seed: int) -> None:
-    """Twelve random turns, interleaved, streamed to one worker on two shards
-    that loses about one reply in 25."""
+                                                     run: str, seed: int) -> None:
+    """Twelve random turns, interleaved, streamed to workers on two shards
+    that each lose about one reply in 25."""
+    workers, config = RUNS[run]
     rng = random.Random(seed)
     turns = [random_turn(rng, f"lost-{seed}-{n}", max_messages=8) for n in range(12)]
     entries = interleave(turns, rng)
     offline = offline_results(entries)
     lost: list[str] = []
-    async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, hold_ms=hold_ms,
-                       batch=4) as harness:
-        running = await harness.start_worker()
-        _lose_replies(running.client, random.Random(seed), lost)
+    async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, batch=4,
+                       **config) as harness:
+        for n in range(workers):
+            running = await harness.start_worker()
+            _lose_replies(running.client, random.Random(seed * 10 + n), lost)
         for i in range(0, len(entries), 5):  # streamed, so that turns outlive --hold-ms
             await harness.add(entries[i:i + 5])
             await asyncio.sleep(0.01)
