@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import pytest
-import redis.asyncio
+from support.lost_replies import has_text, lose_replies
 from support.strategies import random_turn
 from support.turn_reference import (
     compare_with_offline,
@@ -32,20 +32,6 @@ LOSS = 0.04
 #: Seeds of the random test (``LOST_REPLY_SEEDS=40`` explores further: each
 #: seed's losses fall on other commands, as timing decides).
 SEEDS = int(os.environ.get("LOST_REPLY_SEEDS", "4"))
-
-
-def _lose_replies(client: Any, rng: random.Random, lost: list[str]) -> None:
-    """Make ``client`` lose about ``LOSS`` of its replies, once the command ran."""
-    real = client.execute_command
-
-    async def losing(*args: Any, **kwargs: Any) -> Any:
-        reply = await real(*args, **kwargs)
-        if rng.random() < LOSS:
-            lost.append(str(args[0]))
-            raise redis.ConnectionError("the reply was lost (test)")
-        return reply
-
-    client.execute_command = losing
 
 
 #: Each run's worker settings: turns held, held past --hold-ms
@@ -69,12 +55,14 @@ async def test_turns_merge_whatever_replies_are_lost(redis_url: str, namespace: 
     turns = [random_turn(rng, f"lost-{seed}-{n}", max_messages=8) for n in range(12)]
     entries = interleave(turns, rng)
     offline = offline_results(entries)
-    lost: list[str] = []
+    lost: list[list[Any]] = []  # (per worker)
     async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, batch=4,
                        **config) as harness:
         for n in range(workers):
             running = await harness.start_worker()
-            _lose_replies(running.client, random.Random(seed * 10 + n), lost)
+            losing = random.Random(seed * 10 + n)
+            lost.append(lose_replies(running.client,
+                                     lambda *_, rng=losing: rng.random() < LOSS))
         for i in range(0, len(entries), 5):  # streamed, so that turns outlive --hold-ms
             await harness.add(entries[i:i + 5])
             await asyncio.sleep(0.01)
@@ -82,8 +70,9 @@ async def test_turns_merge_whatever_replies_are_lost(redis_url: str, namespace: 
         await harness.wait_drained(timeout=30)
         outputs = await harness.outputs()
         assert await harness.state_keys() == []
-    assert len(lost) >= 5, f"too few replies lost to test anything: {lost}"
-    compare_with_offline(outputs, offline, f"with {len(lost)} replies lost ({sorted(set(lost))})")
+    count = sum(len(replies) for replies in lost)
+    assert count >= 5, f"too few replies lost to test anything: {count}"
+    compare_with_offline(outputs, offline, f"with {count} replies lost")
     assert outputs.dlq == []
 
 
@@ -100,7 +89,6 @@ async def test_a_refused_finalise_spills_although_a_reply_on_the_way_is_lost(
     other = [text_delta("other", "x"), end_entry("other")]
     turn = [*(text_delta("refused", c) for c in "abc"), end_entry("refused")]
     offline = offline_results(other + turn)
-    lost: list[str] = []
     async with Harness(redis_url, namespace, worker_ttl=0.5, reclaim_idle_ms=600_000,
                        hold_ms=600_000) as harness:
         shard = harness.shards[0]
@@ -110,17 +98,9 @@ async def test_a_refused_finalise_spills_although_a_reply_on_the_way_is_lost(
         await harness.add([*other[1:], *turn])
         await asyncio.sleep(0.6)  # "gone" is idle past --worker-ttl: departed
         running = await harness.start_worker()
-        real = running.client.execute_command
-
-        async def loses_the_spills_first_reply(*args: Any, **kwargs: Any) -> Any:
-            reply = await real(*args, **kwargs)
-            if args[0] == "HGETALL" and not lost \
-                    and any(frame.function == "_spill" for frame in inspect.stack()):
-                lost.append(args[0])
-                raise redis.ConnectionError("the reply was lost (test)")
-            return reply
-
-        running.client.execute_command = loses_the_spills_first_reply
+        lost = lose_replies(running.client, lambda args, _reply: (
+            args[0] == "HGETALL" and not lost
+            and any(frame.function == "_spill" for frame in inspect.stack())))
         await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)
         outputs = await harness.outputs()
@@ -144,28 +124,22 @@ async def test_a_take_back_goes_on_where_a_lost_reply_cut_it(redis_url: str,
     ends = [turn[-1] for turn in turns]
     offline = offline_results(body + warm[:1] + trigger + ends + warm[1:])
     take_back_reads: list[str] = []
-    lost: list[str] = []
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000, hold_ms=600_000,
                        batch=2) as harness:
         running = await harness.start_worker()
         await harness.add(body)  # 36 entries held, pending to the worker
         await harness.wait_for(lambda: len(running.worker.shard(0).held_ids()) == 36, 20,
                                "36 entries held")
-        real = running.client.execute_command
 
-        async def loses_replies(*args: Any, **kwargs: Any) -> Any:
-            reply = await real(*args, **kwargs)
-            if args[0] == "XREADGROUP" and args[-1] == ">" and not lost \
-                    and '"text": "c"' in repr(reply):
-                lost.append("read")  # the worker takes back from here on
-                raise redis.ConnectionError("the reply was lost (test)")
-            if args[0] == "XREADGROUP" and args[-1] != ">":
+        def loses(args: tuple[Any, ...], reply: Any) -> bool:
+            if args[-1] == ">":  # the worker takes back from there on
+                return args[0] == "XREADGROUP" and not lost and has_text(reply, "c")
+            if args[0] == "XREADGROUP":
                 take_back_reads.append(str(args[-1]))
-                if len(take_back_reads) % 5 == 0:
-                    raise redis.ConnectionError("the reply was lost (test)")
-            return reply
+                return len(take_back_reads) % 5 == 0
+            return False
 
-        running.client.execute_command = loses_replies
+        lost = lose_replies(running.client, loses)
         # (The read waiting now was sent before: the next is the first that may lose.)
         await harness.add(warm[:1])
         await harness.wait_for(lambda: len(running.worker.shard(0).held_ids()) == 37, 20,

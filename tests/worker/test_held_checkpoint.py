@@ -10,7 +10,7 @@ import asyncio
 import json
 from typing import Any
 
-import redis
+from support.lost_replies import lose_replies
 from support.turn_reference import compare_with_offline, offline_results
 from support.worker_harness import Harness
 
@@ -212,20 +212,15 @@ async def test_no_checkpoint_while_a_claim_reply_is_lost(redis_url: str, namespa
         await harness.client.xreadgroup(harness.group, "gone", {shard.updates: ">"}, count=1)
         await harness.add(turn[1:])
         await asyncio.sleep(0.6)  # "gone" is idle past --worker-ttl: departed
-        lost: list[Any] = []
         running = await harness.start_worker()
-        real = running.client.execute_command
 
-        async def loses_the_claim(*args: Any, **kwargs: Any) -> Any:
-            reply = await real(*args, **kwargs)
-            if args[0] == "XCLAIM" and "JUSTID" not in args and reply and not lost:
-                lost.append(reply)
-                # From here on the held turn is due for a checkpoint.
-                running.worker.config.hold_ms = 1
-                raise redis.ConnectionError("the reply was lost (test)")
-            return reply
+        def the_claim(args: tuple[Any, ...], reply: Any) -> bool:
+            if args[0] != "XCLAIM" or "JUSTID" in args or not reply or lost:
+                return False
+            running.worker.config.hold_ms = 1  # from here on the held turn is due
+            return True
 
-        running.client.execute_command = loses_the_claim
+        lost = lose_replies(running.client, the_claim)
         await harness.wait_merged(1, timeout=20)
         await harness.wait_drained(timeout=20)
         outputs = await harness.outputs()

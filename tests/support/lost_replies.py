@@ -1,0 +1,40 @@
+"""Losing a client's replies as a dropped connection would: Redis ran the
+command, and the caller gets a ``ConnectionError`` instead of the reply."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+
+#: Whether to lose this reply, given the command's arguments and its reply
+#: (it may also act, e.g. change what Redis holds, before the loss).
+Lose = Callable[[tuple[Any, ...], Any], "bool | Awaitable[bool]"]
+
+
+def lose_replies(client: Any, lose: Lose) -> list[Any]:
+    """Make ``client`` lose each reply ``lose`` picks, once Redis ran the
+    command (only commands sent one at a time: ``execute_command``).
+    Returns the replies lost, as they are."""
+    lost: list[Any] = []
+    real = client.execute_command
+
+    async def losing(*args: Any, **kwargs: Any) -> Any:
+        reply = await real(*args, **kwargs)
+        verdict = lose(args, reply)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict:
+            lost.append(reply)
+            raise redis.ConnectionError("the reply was lost (test)")
+        return reply
+
+    client.execute_command = losing
+    return lost
+
+
+def has_text(reply: Any, text: str) -> bool:
+    """Whether a stream read's reply holds a text content ``text`` (its JSON)."""
+    return f'"text": "{text}"' in repr(reply)
