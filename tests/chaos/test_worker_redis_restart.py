@@ -166,8 +166,6 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
     warm = [text_delta("warm", "x"), end_entry("warm")]
     entries = random_turn(random.Random(5), "lost-reply", max_messages=30)
     offline = offline_results(warm + entries)
-    lost: list[Any] = []
-    armed = False
     async with Harness(redis_url, namespace, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
         running = await harness.start_worker()
@@ -175,21 +173,14 @@ async def test_a_lost_read_reply_is_taken_back_at_once(redis_url: str, namespace
         # find anything pending to it; its reclaims are minutes apart.)
         await harness.add(warm)
         await harness.wait_merged(1)
-        name = "execute_command" if where == "step" else "_send_command_parse_response"
-        real = getattr(running.client, name)
-
-        async def loses_one_reply(*args: Any, **kwargs: Any) -> Any:
-            # (Both reads come here: redis-py's xreadgroup, and read_raw's
-            # XREADGROUP of a worker holding turns.)
-            reply = await real(*args, **kwargs)
-            command = args if where == "step" else args[1:]  # (after the connection)
-            if command[0] == "XREADGROUP" and command[-1] == ">" and reply and armed and not lost:
-                lost.append(reply)
-                raise redis.ConnectionError("the reply was lost (test)")
-            return reply
-
-        setattr(running.client, name, loses_one_reply)
-        armed = True
+        # (Both reads come here: redis-py's xreadgroup, and read_raw's
+        # XREADGROUP of a worker holding turns.)
+        lost = lose_replies(
+            running.client,
+            lambda command, reply: (command[0] == "XREADGROUP" and command[-1] == ">"
+                                    and bool(reply) and not lost),
+            *(("execute_command", 0) if where == "step"
+              else ("_send_command_parse_response", 1)))  # (after the connection)
         await harness.add(entries)
         await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)

@@ -30,6 +30,7 @@ from support.live_scenarios import (
     scenario_segments,
     with_late_drops,
 )
+from support.lost_replies import lose_replies
 from support.records import init_namespace
 from support.redis_servers import LocalRedisCluster, spread_namespace, wait_cluster_ok
 from support.strategies import random_turn
@@ -335,7 +336,6 @@ async def test_a_read_reply_lost_on_a_cluster_is_taken_back_at_once(
     warm = [text_delta("warm", "x"), end_entry("warm")]
     entries = random_turn(random.Random(5), "lost-reply", max_messages=30)
     offline = offline_results(warm + entries)
-    lost: list = []
     async with Harness(redis_cluster.url, namespace, cluster=True, reclaim_idle_ms=600_000,
                        hold_turns=hold) as harness:
         running = await harness.start_worker()  # (its client as processor run makes it)
@@ -343,16 +343,11 @@ async def test_a_read_reply_lost_on_a_cluster_is_taken_back_at_once(
         # find anything pending to it; its reclaims are minutes apart.)
         await harness.add(warm)
         await harness.wait_merged(1)
-        real = running.client._execute_command  # (per node, inside the cluster's retries)
-
-        async def loses_one_reply(node, *args, **kwargs):
-            reply = await real(node, *args, **kwargs)
-            if args[0] == "XREADGROUP" and args[-1] == ">" and reply and not lost:
-                lost.append(reply)
-                raise redis.ConnectionError("the reply was lost (test)")
-            return reply
-
-        running.client._execute_command = loses_one_reply
+        lost = lose_replies(  # (per node, inside the cluster's retries)
+            running.client,
+            lambda command, reply: (command[0] == "XREADGROUP" and command[-1] == ">"
+                                    and bool(reply) and not lost),
+            "_execute_command", 1)
         await harness.add(entries)
         await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)

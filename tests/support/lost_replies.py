@@ -14,16 +14,20 @@ import redis
 Lose = Callable[[tuple[Any, ...], Any], "bool | Awaitable[bool]"]
 
 
-def lose_replies(client: Any, lose: Lose) -> list[Any]:
+def lose_replies(client: Any, lose: Lose, method: str = "execute_command",
+                 after: int = 0) -> list[Any]:
     """Make ``client`` lose each reply ``lose`` picks, once Redis ran the
-    command (only commands sent one at a time: ``execute_command``).
-    Returns the replies lost, as they are."""
+    command. ``method``: the client's method that sends it (by default
+    ``execute_command``: commands sent one at a time, as the caller's step
+    sees them; a lower one loses replies below redis-py's own retries),
+    whose first ``after`` arguments come before the command (a connection,
+    a cluster node). Returns the replies lost, as they are."""
     lost: list[Any] = []
-    real = client.execute_command
+    real = getattr(client, method)
 
     async def losing(*args: Any, **kwargs: Any) -> Any:
         reply = await real(*args, **kwargs)
-        verdict = lose(args, reply)
+        verdict = lose(args[after:], reply)
         if inspect.isawaitable(verdict):
             verdict = await verdict
         if verdict:
@@ -31,7 +35,7 @@ def lose_replies(client: Any, lose: Lose) -> list[Any]:
             raise redis.ConnectionError("the reply was lost (test)")
         return reply
 
-    client.execute_command = losing
+    setattr(client, method, losing)
     return lost
 
 
