@@ -95,7 +95,7 @@ class Recovery:
             count = read_count(self.read_budget, cfg.batch, budget.bytes, len(found))
             start = as_text(found[-1][0])
             # Held entries (held turns) are pending on purpose, not orphans.
-            held = self.shards[shard.index].held_ids()
+            held = state.held_ids()
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [as_text(i) for i, f in found if not f]
             if gone:  # deleted while pending: their data is gone
@@ -103,12 +103,11 @@ class Recovery:
             if entries:
                 log.info("took back undelivered entries",
                          extra={"shard": shard.index, "count": len(entries)})
-                self.shards[shard.index].read_batch(entries)
+                state.read_batch(entries)
                 try:
-                    await self.apply(shard, entries,
-                                               await self._deliveries(shard, entries))
+                    await self.apply(shard, entries, await self._deliveries(shard, entries))
                 finally:
-                    self.shards[shard.index].batch_done(entries)
+                    state.batch_done(entries)
             state.took_back(start)
             state.floor_marks.taken_back(start)  # (past what a lost read delivered)
         state.orphans_taken_back()
