@@ -73,11 +73,16 @@ class Recovery:
         state = self.shards[shard.index]
         start = state.take_back_from
         count = state.read_count
+        # Held entries (held turns) are pending on purpose, not orphans. The
+        # set is made once: nothing holds more while this runs (the shard's
+        # batches are applied and its apply loop waits for the next), and an
+        # entry a spill here stops holding is acked, so no read returns it.
+        held = state.held_ids()
         while True:
             # Delivery counts before payloads: an entry over --max-deliveries
             # (one whose reading or applying keeps failing, a MemoryError
             # among them) is dead-lettered unread.
-            await self._dead_letter_redelivered(shard, start, count)
+            await self._dead_letter_redelivered(shard, start, count, held)
             budget = ReadBudget(self.read_budget)
             try:
                 with bounded(budget):
@@ -94,8 +99,6 @@ class Recovery:
                 break
             count = read_count(self.read_budget, cfg.batch, budget.bytes, len(found))
             start = as_text(found[-1][0])
-            # Held entries (held turns) are pending on purpose, not orphans.
-            held = state.held_ids()
             entries = [(i, f) for i, f in found if f and as_text(i) not in held]
             gone = [as_text(i) for i, f in found if not f]
             if gone:  # deleted while pending: their data is gone
@@ -119,11 +122,11 @@ class Recovery:
             shard.updates, self.shell.config.group, min="-" if start == "0" else "(" + start,
             max="+", count=count, consumername=self.shell.config.consumer))
 
-    async def _dead_letter_redelivered(self, shard: Shard, start: str, count: int) -> None:
+    async def _dead_letter_redelivered(self, shard: Shard, start: str, count: int,
+                                       held: set[str]) -> None:
         """Dead-letter, unread, this consumer's pending entries after ``start``
-        delivered more than --max-deliveries times (held ones excepted)."""
+        delivered more than --max-deliveries times (``held`` ones excepted)."""
         cfg = self.shell.config
-        held = self.shards[shard.index].held_ids()
         over = [(as_text(p["message_id"]), int(p["times_delivered"]))
                 for p in await self._pending_after(shard, start, count)
                 if int(p["times_delivered"]) > cfg.max_deliveries
