@@ -100,7 +100,7 @@ async def test_a_refused_finalise_spills_although_a_reply_on_the_way_is_lost(
         running = await harness.start_worker()
         lost = lose_replies(running.client, lambda args, _reply: (
             args[0] == "HGETALL" and not lost
-            and any(frame.function == "_spill" for frame in inspect.stack())))
+            and any(frame.function == "spill" for frame in inspect.stack())))
         await harness.wait_merged(2, timeout=20)
         await harness.wait_drained(timeout=20)
         outputs = await harness.outputs()

@@ -2,7 +2,8 @@
 docs/design.md *Held turns*): opening the turns a batch starts, feeding
 their entries to this worker's memory only, publishing them with
 ``finalise_held`` and spilling them to ``apply_entries`` whenever holding
-stops being safe. ``HeldPath`` is one part of
+stops being safe (its ``Checkpointer`` and ``Spiller`` do those two
+transitions; it decides when). ``HeldPath`` is one part of
 ``Worker``, run inside its shard runners; every
 path out of holding ends in the stored path
 (``StoredPath``, which it is given),
@@ -16,9 +17,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from processor.engine.replay import Reason, render, resumed, take_late
-from processor.redis_io.client import ids_arg
-from processor.redis_io.replies import Entry, RawEntry, as_text, entries_of
+from processor.engine.replay import Reason, render, take_late
+from processor.redis_io.replies import RawEntry, as_text
 from processor.scripts.held_calls import (
     HeldEnd,
     HeldOutcome,
@@ -34,6 +34,7 @@ from processor.worker.continuity import Continuity
 from processor.worker.held.batch import HeldCall
 from processor.worker.held.checkpoint import Checkpointer
 from processor.worker.held.per_call import FINALISE_TURN_ENTRIES, in_calls
+from processor.worker.held.spill import Spiller
 from processor.worker.live_progress import LivePublisher, Rendered
 from processor.worker.membership import Membership
 from processor.worker.shard_state import ShardState
@@ -75,6 +76,7 @@ class HeldPath:
         self.live = live  # live progress (processor.worker.live_progress)
         self.retrying = retrying
         self.checkpointer = Checkpointer(shell, shards, live, retrying)
+        self.spiller = Spiller(shell, shards, stored, continuity, live)
         self._finalising: dict[int, Finalising] = {}  # per shard: the batch finalise in flight
 
     def holds_on(self, shard: Shard) -> bool:
@@ -169,7 +171,7 @@ class HeldPath:
             # every entry pending here held (and a cancel, the newest entry
             # routed). The stored path waits for them.
             waits = [key for key, reason in todo.items() if reason != "timeout"]
-            await self._spill(shard, waits, "unknown pending")
+            await self.spiller.spill(shard, waits, "unknown pending")
             todo = {key: reason for key, reason in todo.items() if reason == "timeout"}
         holds, now = state.holds, int(time.time() * 1000)
         routed = state.floor_marks.routed_to
@@ -195,7 +197,7 @@ class HeldPath:
                     key, held.ids, late, outcome, routed if reason == "cancel" else "",
                     known.events if known else [], known.spoken if known else 0, held.version))
         if broken:
-            await self._spill(shard, broken, "dead letter")
+            await self.spiller.spill(shard, broken, "dead letter")
         if not settled:
             return []
         calls = [build_finalise_held(shard, part, self.shell.options, self.shell.config.consumer,
@@ -280,9 +282,9 @@ class HeldPath:
         # would stay held until --hold-ms. A spill sent again skips the
         # turns it took already (their entries, if not stored, taken back).
         if refused:
-            await self.retrying(self._spill, shard, refused, "refused")
+            await self.retrying(self.spiller.spill, shard, refused, "refused")
         if cancelled:  # (the stored path publishes them cancelled, from the cut)
-            await self.retrying(self._spill, shard, cancelled, "cancelled")
+            await self.retrying(self.spiller.spill, shard, cancelled, "cancelled")
         return published
 
     async def spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
@@ -291,74 +293,7 @@ class HeldPath:
         the turns go on as any stored turn (the finalise in flight committed
         first: ``settle``)."""
         await self.settle(shard)
-        await self._spill(shard, keys, why)
-
-    async def _spill(self, shard: Shard, keys: list[TurnKey], why: str) -> None:
-        holds = self.shards[shard.index].holds
-        if not any(key in holds.turns for key in keys):
-            return
-        # A turn refused at its publish, or held too long, may be one whose
-        # state Redis lost: then it is published from memory (continuity.py).
-        if await self.continuity.namespace_lost("spilling held turns"):
-            await self.continuity.lose_shard_now(shard)
-            return
-        # In calls of whole turns, each of about a read batch (--batch): all
-        # of a worker's due turns in one apply_entries call (1,000 turns held
-        # 5 s at one update per 100 ms: 50,000 entries) kept redis-server busy
-        # for seconds, every other client waiting (2.5 s seen). A turn's
-        # entries stay in one call: its first publish after the spill skips
-        # what its live log holds already (live_progress.py, hand_over). A turn
-        # is taken out of the holds only for its own call: until then it is
-        # held, so that a finalise of the calls before (which spills the held
-        # turns it finalises first, spill_ready) never takes it for stored.
-        chunk: list[TurnKey] = []
-        size = spilled = calls = 0
-        try:
-            for key in keys:
-                held = holds.turns.get(key)
-                if held is None:
-                    continue  # (spilled meanwhile by a call before: spill_ready)
-                if chunk and size + len(held.entries) > self.shell.config.batch:
-                    spilled += await self._store_held(shard, chunk)
-                    calls += 1
-                    chunk, size = [], 0
-                chunk.append(key)
-                size += len(held.entries)
-            if chunk:
-                spilled += await self._store_held(shard, chunk)
-                calls += 1
-        finally:
-            if spilled:
-                self.shell.metrics.spilled.inc(spilled)
-                log.info("spilled held turns", extra={"shard": shard.index, "turns": spilled,
-                                                      "calls": calls, "why": why})
-
-    async def _store_held(self, shard: Shard, keys: list[TurnKey]) -> int:
-        """Take held turns out of the holds and store their entries in one
-        ``apply_entries`` call; returns how many turns."""
-        holds = self.shards[shard.index].holds
-        entries: list[Entry] = []
-        taken = 0
-        for key in keys:
-            held = holds.take(key)
-            if held is not None:
-                taken += 1
-                holds.old.add(key)
-                if held.checkpoint:  # the stored path follows it from its checkpoint
-                    self.shards[shard.index].mirrors.adopt(
-                        key, resumed(key, self.shell.config.limits, held.checkpoint), held,
-                        held.checkpoint_id)
-                self.live.hand_over(shard, key, held.shown, held.logged, held.spoken)
-                entries += entries_of(held.entries)
-        if entries:
-            try:
-                await self.stored.store(shard, entries, {}, None)
-            except BaseException:
-                # No longer held, maybe not applied: taken back before the
-                # next read, and no floor until then (ShardState.floor).
-                self.shards[shard.index].reply_lost()
-                raise
-        return taken
+        await self.spiller.spill(shard, keys, why)
 
     async def spill_due(self, shard: Shard, everything: bool = False) -> None:
         """Spill the turns held too long or over the bounds (all of them
@@ -377,19 +312,7 @@ class HeldPath:
             await self.spill(shard, keys, "all" if everything else "due")
         every = self.shell.config.reclaim_idle_ms / 1000 * REFRESH_SHARE
         if ids := holds.stale(now, every):
-            await self._refresh(shard, ids)
-
-    async def _refresh(self, shard: Shard, ids: list[str]) -> None:
-        """``XCLAIM ... JUSTID`` held entries to this consumer: their idle
-        time starts again and their delivery count stays, so no worker
-        reclaims them while this one is alive. One reclaimed meanwhile (this
-        worker was slow) is taken back; whoever acks it first applies it
-        (the XACK fence), and a turn another worker stored into is refused at
-        finalise_held and spilled."""
-        cfg = self.shell.config
-        for i in range(0, len(ids), 1000):
-            await self.shell.client.xclaim(shard.updates, cfg.group, cfg.consumer, 0,
-                                     ids_arg(ids[i:i + 1000]), justid=True)
+            await self.spiller.refresh(shard, ids)
 
     async def publish_held_ends(self, shard: Shard, todo: dict[TurnKey, Reason]) -> None:
         """Of a sweep's turns, publish the held ones that were cancelled or

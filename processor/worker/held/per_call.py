@@ -23,7 +23,7 @@ def in_calls(turns: Sequence[_T], entries: Callable[[_T], int], most: int) -> li
     50,000 entries: seconds; 500 ending turns' finalise: 50-210 ms). The
     rule of a checkpoint's calls and a finalise's (a turn counting
     ``FINALISE_TURN_ENTRIES`` more there); a spill applies it as it goes,
-    the holds changing between its calls (``HeldPath._spill``)."""
+    the holds changing between its calls (``Spiller.spill``)."""
     calls: list[list[_T]] = []
     size = 0
     for turn in turns:
