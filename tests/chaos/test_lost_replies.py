@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import random
 from typing import Any
 
 import pytest
+from support.chaos_plan import marker
 from support.lost_replies import has_text, lose_replies
 from support.strategies import random_turn
 from support.turn_reference import (
@@ -26,6 +28,8 @@ from support.turn_reference import (
     text_delta,
 )
 from support.worker_harness import Harness
+
+from processor.wire.ids import TurnKey
 
 #: The share of replies lost.
 LOSS = 0.04
@@ -74,6 +78,86 @@ async def test_turns_merge_whatever_replies_are_lost(redis_url: str, namespace: 
     assert count >= 5, f"too few replies lost to test anything: {count}"
     compare_with_offline(outputs, offline, f"with {count} replies lost")
     assert outputs.dlq == []
+
+
+#: Of the random test's twelve turns, how many are cancelled part-way.
+CANCELLED = 4
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+@pytest.mark.parametrize("seed", range(SEEDS))
+async def test_cancels_cut_a_prefix_whatever_replies_are_lost(redis_url: str, namespace: str,
+                                                              run: str, seed: int) -> None:
+    """As above, with four of the twelve turns cancelled while they stream
+    (their key set just before one of their entries is written, the rest
+    written after it): each of those is published cancelled once, its
+    partial merge the merge of a prefix of the turn (``processor merge`` of
+    its first k entries and a cancel, for some k: docs/design.md,
+    *Cancellation*), whatever replies are lost; the others merge as
+    ``processor merge`` says."""
+    workers, config = RUNS[run]
+    rng = random.Random(1000 + seed)
+    turns = [random_turn(rng, f"cut-{seed}-{n}", max_messages=8) for n in range(12)]
+    for turn in turns:  # (each update marked, to tell which ones a merge holds)
+        for i, entry in enumerate(turn):
+            if "update" in entry:
+                entry["update"].setdefault("additional_properties", {})[marker(i)] = 1
+    entries = interleave(turns, rng)
+    cuts = {id(turn[rng.randrange(len(turn))]): turn[0]["response_id"]
+            for turn in rng.sample(turns, CANCELLED)}  # (the entry the cancel precedes)
+    cancelled = set(cuts.values())
+    offline = {key: turn for key, turn in offline_results(entries).items()
+               if key.response_id not in cancelled}
+    prefixes = {turn[0]["response_id"]: _prefix_merges(turn) for turn in turns
+                if turn[0]["response_id"] in cancelled}
+    lost: list[list[Any]] = []  # (per worker)
+    async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, batch=4,
+                       **config) as harness:
+        for n in range(workers):
+            running = await harness.start_worker()
+            losing = random.Random(seed * 10 + n)
+            lost.append(lose_replies(running.client,
+                                     lambda *_, rng=losing: rng.random() < LOSS))
+        chunk: list[dict[str, Any]] = []
+        for entry in entries:  # streamed, so that turns outlive --hold-ms
+            if id(entry) in cuts:
+                await harness.add(chunk)
+                chunk = []
+                await harness.cancel(cuts[id(entry)])
+            chunk.append(entry)
+            if len(chunk) == 5:
+                await harness.add(chunk)
+                chunk = []
+                await asyncio.sleep(0.01)
+        await harness.add(chunk)
+        await harness.wait_merged(len(turns), timeout=60)
+        await harness.wait_drained(timeout=30)
+        outputs = await harness.outputs()
+        assert await harness.state_keys() == []
+    count = sum(len(replies) for replies in lost)
+    assert count >= 5, f"too few replies lost to test anything: {count}"
+    for response_id, merges in prefixes.items():
+        got = outputs.turns.pop(TurnKey(response_id))
+        assert [m["status"] for m in got.merged] == ["cancelled"], (response_id, got.merged)
+        props = json.loads(got.response).get("additional_properties") or {}
+        assert got.response in merges, (
+            f"{response_id}: with {count} replies lost, the partial merge is no prefix's: "
+            f"it holds the updates {sorted(i for i in range(len(merges)) if marker(i) in props)} "
+            f"of {len(merges) - 1} entries\nlive: {got.response}")
+    compare_with_offline(outputs, offline, f"with {count} replies lost")
+    assert outputs.dlq == []
+
+
+def _prefix_merges(turn: list[dict[str, Any]]) -> list[str]:
+    """``processor merge``'s response of a turn cut by a cancel after each
+    of its prefixes (the first k entries, k from 0: cancelled before it
+    began, every entry dropped)."""
+    rid = turn[0]["response_id"]
+    cancel = {"kind": "cancel", "response_id": rid, "reason": "test"}
+    merges = [offline_results([cancel, *turn])[TurnKey(rid)].response]
+    for k in range(1, len(turn) + 1):
+        merges.append(offline_results([*turn[:k], cancel])[TurnKey(rid)].response)
+    return merges
 
 
 async def test_a_refused_finalise_spills_although_a_reply_on_the_way_is_lost(

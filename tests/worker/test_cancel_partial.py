@@ -3,7 +3,9 @@ before the cancel was seen, and is a prefix of the turn (docs/design.md,
 *Cancellation*: the cut). Each race is driven step by step, so it happens
 every time: another worker sweeping the cancel of a turn this one holds, a
 held turn spilled after its cancel was set, a turn held in part here and
-stored in part elsewhere, and an older entry still in a dead worker's hands.
+stored in part elsewhere, an older entry still in a dead worker's hands,
+a read applied after another worker stored a later entry, and an end first
+met with the key outside a read.
 """
 
 from __future__ import annotations
@@ -209,6 +211,78 @@ async def test_an_end_taken_in_after_the_cancel_was_set_does_not_complete_the_tu
         assert response_text(outputs, "x") == "kept whole"
         assert meta(outputs, "x")["counts"]["dropped"] == 2
     assert outputs.terminal_counts()[TurnKey("x")] == 1
+    assert outputs.dlq == []
+
+
+async def test_a_cancel_met_applying_a_read_keeps_what_another_worker_stored_after_it(
+    redis_url: str, namespace: str
+) -> None:
+    """Two workers read one shard (storing, as on a shared shard): one read
+    the turn's second delta and was slow to apply it; the other read and
+    stored the third meanwhile; then the cancel. The slow one meets the key
+    applying its read, and cut the turn just before that read (what it read
+    counted as read after the cancel): its delta was dropped, the third
+    merged, "never finished" published, no prefix of the turn. The cut never
+    goes below what is stored of the turn (``stored_to``)."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=False).start()
+        worker, shard = stepped.worker, stepped.shard
+        other = Worker(harness.client, harness.worker_config(consumer="other",
+                                                             hold_turns=False))
+        await harness.add([text_delta("s", "never ")])
+        await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
+        await harness.add([text_delta("s", "ever ")])
+        slow = [entry_of(e) for e in await stepped.read()]
+        await harness.add([text_delta("s", "finished")])
+        await other.stored.store(shard, [entry_of(e) for e in await stepped.read("other")], {})
+        await harness.cancel("s")
+        call = build_apply(shard, slow, {}, worker.options, 0)
+        call.newest, call.read_from = True, slow[0][0]  # (read with XREADGROUP >)
+        await worker.stored.store(shard, slow, {}, call)
+        await worker.sweeper.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "s") == "cancelled"
+    assert response_text(outputs, "s") == "never ever finished"
+    assert meta(outputs, "s")["counts"]["dropped"] == 0
+    assert outputs.terminal_counts()[TurnKey("s")] == 1
+
+
+@pytest.mark.parametrize("hold_turns", [True, False], ids=["held", "stored"])
+async def test_an_end_first_met_with_the_cancel_off_a_read_does_not_complete_the_turn(
+    redis_url: str, namespace: str, hold_turns: bool
+) -> None:
+    """The cancel key is set, then the turn's end is sent, and the first
+    script to meet the key applies the end outside a read: a take-back (the
+    end's read lost its reply), a reclaim, or a held turn's spill (its
+    finalise waits while entries unknown to the worker may be pending to
+    it). Such a call cut the turn after everything delivered, the end too:
+    the turn completed, where the same entries read and applied as usual
+    end it cancelled. The end taken in while the key exists is left out
+    wherever it is applied, as finalise_held leaves it out."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=hold_turns).start()
+        worker, shard = stepped.worker, stepped.shard
+        await harness.add([text_delta("t", "all")])
+        if hold_turns:
+            await stepped.step()
+            assert TurnKey("t") in worker.shard(0).held_turns
+        else:
+            await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
+        await harness.cancel("t", reason="user")
+        await harness.add([end_entry("t")])
+        if hold_turns:
+            worker.shard(0).orphans = True  # (a reply lost: the end's finalise spills the turn)
+            await stepped.step()
+        else:  # its read's reply lost: taken back (no read_from)
+            taken = [entry_of(e) for e in await stepped.read()]
+            await worker.stored.store(shard, taken, {})
+        await worker.sweeper.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "t") == "cancelled"
+    assert meta(outputs, "t")["cancel_reason"] == "user"
+    assert response_text(outputs, "t") == "all"
+    assert meta(outputs, "t")["counts"]["dropped"] == 1
+    assert outputs.terminal_counts()[TurnKey("t")] == 1
     assert outputs.dlq == []
 
 
