@@ -93,7 +93,9 @@ end
 -- in one batch read its done marker, cancel key and flags once: nothing else
 -- changes them while the script runs. false = looked up, absent.
 local status_of, cancel_of, closing_of, has_hash, touched, cut_of = {}, {}, {}, {}, {}, {}
-local cut_here = {}  -- turns whose cut this call recorded (the first to see the key)
+-- Turns whose cut this call recorded (the first to see the key): the
+-- newest entry stored of each then (padded, '' none).
+local cut_here = {}
 local function cached(cache, ti, fn, key)
   local v = cache[ti]
   if v == nil then v = fn(key) or false; cache[ti] = v end
@@ -168,7 +170,7 @@ local function mark_closing(ti, tkey, tk, id)
   redis.call('HSET', tkey, 'closing', member)
 end
 
--- A turn's counters (ver, n, bytes, HLEN of recs, stored_to), read once per call and
+-- A turn's counters (ver, n, bytes, HLEN of recs), read once per call and
 -- written back once at the end (flush_counters): the script is atomic, so
 -- nothing else sees them in between, and a stored entry costs its XACK and
 -- its HSET instead of five calls.
@@ -176,26 +178,29 @@ local counters = {}
 local function counters_of(ti, tkey, rkey)
   local c = counters[ti]
   if c then return c end
-  local v = redis.call('HMGET', tkey, 'ver', 'n', 'bytes', 'started', 'holder', 'stored_to')
+  local v = redis.call('HMGET', tkey, 'ver', 'n', 'bytes', 'started', 'holder')
   local ver = tonumber(v[1]) or 0
   c = { ver0 = ver, ver = ver, n = tonumber(v[2]) or 0, bytes = tonumber(v[3]) or 0,
-        started = v[4] or '', holder = v[5], stored = 0, len = 0, stored_to = v[6] or '',
-        stored_to0 = v[6] or '', newest = nil }
+        started = v[4] or '', holder = v[5], stored = 0, len = 0 }
   if compact_at > 0 then c.len = redis.call('HLEN', rkey) end
   counters[ti] = c
   return c
 end
 
--- The newest entry of a turn stored so far (padded; '' none): its hash's
--- `stored_to`, or the newest this call stored. A cancel's cut is never
--- below it (includes/cancel_cut): what is stored is merged.
-local function newest_stored(c)
-  if c.newest then
-    local mine = pad_id(c.newest)
-    if mine > c.stored_to then c.stored_to = mine end
-    c.newest = nil
+-- The newest entry of a turn stored so far (padded; '' none): the newest
+-- record in its recs hash, or the cover of its snapshot (a compaction's or
+-- a checkpoint's). Read only where a cancel first cuts a turn (a field
+-- kept up to date would cost every store).
+local function newest_stored(tkey, rkey)
+  local cover = redis.call('HGET', tkey, 'cover')
+  local newest = cover and pad_id(cover) or ''
+  for _, field in ipairs(redis.call('HKEYS', rkey)) do
+    if field ~= 'state' then
+      local padded = pad_id(field)
+      if padded > newest then newest = padded end
+    end
   end
-  return c.stored_to
+  return newest
 end
 
 -- A dead letter of a started turn: counted in its hash, under a new version,
@@ -222,7 +227,6 @@ local function store(ti, id, op, record, size, ids)
     full[#full + 1] = tk
   end
   c.ver, c.stored, c.bytes = c.ver + 1, c.stored + 1, c.bytes + size
-  c.newest = id  -- (a turn's entries come in id order in a call: its newest stored)
   if op == 'u' then c.n = c.n + 1 end
   touched[ti] = tk
   if op == 'e' or c.n > max_updates or c.bytes > max_bytes then mark_closing(ti, tkey, tk, id) end
@@ -301,19 +305,22 @@ local function apply_one(id, ti, op, a, b, deliveries, ids)
     -- later one dropped (includes/cancel_cut). Entries a worker held in its
     -- memory (a spill) or read before it died are below the cut.
     local cut = cut_of[ti]
-    local stored_to = newest_stored(counters_of(ti, tkey, select(2, turn_keys(ti))))
     if not cut then
-      cut, cut_here[ti] = cancel_cut(tkey, updates, group, cached(has_hash, ti, started, tkey),
-                                     read_from, stored_to)
+      cut = redis.call('HGET', tkey, 'cut')
+      if not cut then  -- this call is the first to see the key
+        cut_here[ti] = newest_stored(tkey, select(2, turn_keys(ti)))
+        cut = cancel_cut(tkey, updates, group, cached(has_hash, ti, started, tkey), read_from,
+                         cut_here[ti])
+      end
       cut_of[ti] = cut
     end
-    if op == 'e' and cut_here[ti] and pad_id(id) < cut and pad_id(id) > stored_to then
-      -- This call is the first to see the key, with the turn's end (or
-      -- error) in hand: the end is taken in while the key exists, so the
-      -- turn ends cancelled without it (docs/contract.md §6), as
-      -- finalise_held cuts a held turn at its end. A take-back, a reclaim
-      -- or a spill (no read_from) would have cut after it. Nothing of the
-      -- turn after its end is merged.
+    if op == 'e' and cut_here[ti] and pad_id(id) < cut and pad_id(id) > cut_here[ti] then
+      -- The first to see the key, with the turn's end (or error) in hand:
+      -- the end is taken in while the key exists, so the turn ends
+      -- cancelled without it (docs/contract.md §6), as finalise_held cuts
+      -- a held turn at its end. A take-back, a reclaim or a spill (no
+      -- read_from) would have cut after it. Nothing of the turn after its
+      -- end is merged (unless stored already: then the end stays).
       cut = pad_id(id)
       redis.call('HSET', tkey, 'cut', cut)
       cut_of[ti] = cut
@@ -363,12 +370,7 @@ local versions = {}
 for ti, c in pairs(counters) do
   local tkey = turn_keys(ti)
   if c.ver ~= c.ver0 then
-    local stored_to = newest_stored(c)
-    if stored_to ~= c.stored_to0 then
-      redis.call('HSET', tkey, 'ver', c.ver, 'n', c.n, 'bytes', c.bytes, 'stored_to', stored_to)
-    else
-      redis.call('HSET', tkey, 'ver', c.ver, 'n', c.n, 'bytes', c.bytes)
-    end
+    redis.call('HSET', tkey, 'ver', c.ver, 'n', c.n, 'bytes', c.bytes)
   end
   -- The worker that held the turn (open_turns) stores its entries: it spilled
   -- the turn, which is a stored turn from now on.

@@ -11,18 +11,18 @@
 -- seen while applying a batch read with XREADGROUP > (`read_from`, its first
 -- id: that read and everything after it count as read after the cancel,
 -- but for what is stored of the turn already: `stored_to`, its newest
--- stored entry, padded, or '' none; another worker reading the same shard
--- may have read and stored later entries of the turn before this batch was
--- applied, and those are merged, so everything before them must be), and
+-- stored entry, padded, or '' none (apply_entries' newest_stored); another
+-- worker reading the same shard may have read and stored later entries of
+-- the turn before this batch was applied, and those are merged, so
+-- everything before them must be), and
 -- pad_id('0-0') (nothing) for a turn that had not started. finalise_held
--- records a holder's own bound instead (what it has routed). Returns the
--- cut, and whether this call recorded it (the first to see the key). Needs
+-- records a holder's own bound instead (what it has routed). Needs
 -- includes/pad_id and includes/last_delivered.
 --- includes/pad_id
 --- includes/last_delivered
 local function cancel_cut(tkey, updates, group, started, read_from, stored_to)
   local cut = redis.call('HGET', tkey, 'cut')
-  if cut then return cut, false end
+  if cut then return cut end
   if not started then
     cut = pad_id('0-0')
   elseif read_from and read_from ~= '' then
@@ -32,5 +32,5 @@ local function cancel_cut(tkey, updates, group, started, read_from, stored_to)
     cut = pad_id(last_delivered(updates, group) or '0-0') .. '+'
   end
   redis.call('HSET', tkey, 'cut', cut)
-  return cut, true
+  return cut
 end
