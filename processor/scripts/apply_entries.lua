@@ -187,22 +187,6 @@ local function counters_of(ti, tkey, rkey)
   return c
 end
 
--- The newest entry of a turn stored so far (padded; '' none): the newest
--- record in its recs hash, or the cover of its snapshot (a compaction's or
--- a checkpoint's). Read only where a cancel first cuts a turn (a field
--- kept up to date would cost every store).
-local function newest_stored(tkey, rkey)
-  local cover = redis.call('HGET', tkey, 'cover')
-  local newest = cover and pad_id(cover) or ''
-  for _, field in ipairs(redis.call('HKEYS', rkey)) do
-    if field ~= 'state' then
-      local padded = pad_id(field)
-      if padded > newest then newest = padded end
-    end
-  end
-  return newest
-end
-
 -- A dead letter of a started turn: counted in its hash, under a new version,
 -- so that the worker's copy of the turn (which never saw the entry) no longer
 -- matches it and its finalise reads the count back (worker.py, mirror.py).
@@ -308,9 +292,10 @@ local function apply_one(id, ti, op, a, b, deliveries, ids)
     if not cut then
       cut = redis.call('HGET', tkey, 'cut')
       if not cut then  -- this call is the first to see the key
-        cut_here[ti] = newest_stored(tkey, select(2, turn_keys(ti)))
-        cut = cancel_cut(tkey, updates, group, cached(has_hash, ti, started, tkey), read_from,
-                         cut_here[ti])
+        local rkey = select(2, turn_keys(ti))
+        cut_here[ti] = newest_stored(tkey, rkey)
+        cut = cancel_cut(tkey, rkey, updates, group, cached(has_hash, ti, started, tkey),
+                         read_from, cut_here[ti])
       end
       cut_of[ti] = cut
     end

@@ -22,7 +22,9 @@ KEYS[6 + 4*T + 1]          agui stream (only with --agui: then every turn's outp
 ARGV[1] merged MAXLEN (~)  ARGV[2] events MAXLEN (~)  ARGV[3] dlq MAXLEN (~)
 ARGV[4] done TTL (seconds) ARGV[5] number of turns T  ARGV[6] consumer group
 ARGV[7] this consumer      ARGV[8] its floor (includes/watermark; '' = none)
-ARGV[9 + 6*(t-1) + 0..5]   per turn t: tk, expected version, status,
+ARGV[9] the first entry id of the read this consumer has read ahead of its
+        applier ('' none): for a cancel's cut (includes/cancel_cut)
+ARGV[10 + 6*(t-1) + 0..5]  per turn t: tk, expected version, status,
                            merged fields + terminal event fields (+ AG-UI entries with
                            --agui) (msgpack [[...], [...](, [[...], ...])]),
                            dead letters (msgpack array of field arrays),
@@ -43,7 +45,7 @@ local updates = KEYS[6]
 local merged_max, events_max, dlq_max = ARGV[1], ARGV[2], ARGV[3]
 local done_ttl = ARGV[4]
 local nturns = tonumber(ARGV[5])
-local group, consumer, floor = ARGV[6], ARGV[7], ARGV[8]
+local group, consumer, floor, ahead = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local agui = KEYS[6 + 4 * nturns + 1]
 
 --- includes/pad_id
@@ -60,7 +62,7 @@ local ok, mark = pcall(watermark, updates, group, consumer, floor)
 if not ok then mark = nil end
 
 local function finalise(t)
-  local k, a = 6 + 4 * (t - 1), 9 + 6 * (t - 1)
+  local k, a = 6 + 4 * (t - 1), 10 + 6 * (t - 1)
   local tkey, rkey, dkey, lkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local tk, version, status = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local ending = ARGV[a + 5]
@@ -84,7 +86,7 @@ local function finalise(t)
     -- Published once every entry up to the cut is applied (stored or
     -- dropped), so the partial merge is the turn up to its cut: no entry
     -- older than one it holds is missing.
-    local cut = cancel_cut(tkey, updates, group, true, '')
+    local cut = cancel_cut(tkey, rkey, updates, group, true, ahead)
     if mark and mark < cut then return 2 end
   end
   local member = redis.call('HGET', tkey, 'closing')

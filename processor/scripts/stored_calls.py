@@ -268,14 +268,16 @@ def parse_member(member: Any) -> TurnKey:
 
 def build_finalise(
     shard: Shard, settled: list[tuple[TurnKey, str, Settled]], options: BatchOptions,
-    consumer: str = "", floor: str = "",
+    consumer: str = "", floor: str = "", ahead: str = "",
 ) -> ScriptCall:
     """KEYS/ARGV of ``finalise_turns``: (turn, version read, outputs) per turn;
-    the calling consumer and its floor as in ``ApplyCall.argv``."""
+    the calling consumer and its floor as in ``ApplyCall.argv``; ``ahead``:
+    the first entry id of the read it has read ahead of its applier, if any
+    (a cancel's cut leaves that read out)."""
     call = ScriptCall(
         [shard.merged, shard.events, shard.dlq, shard.active, shard.closing, shard.updates],
         [options.merged_maxlen, options.events_maxlen, options.dlq_maxlen, options.done_ttl,
-         len(settled), options.group, consumer, floor],
+         len(settled), options.group, consumer, floor, ahead],
     )
     for key, version, outcome in settled:
         tk = key.encode()

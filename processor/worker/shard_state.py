@@ -100,6 +100,11 @@ class ShardState:
         if entries:
             self.unapplied.append(entries)
 
+    def read_ahead_from(self) -> str:
+        """The first entry id of the oldest batch read and not applied yet
+        ('' none): what this worker has read but not taken in."""
+        return as_text(self.unapplied[0][0][0]) if self.unapplied else ""
+
     def read_done(self, last: str, count: int) -> None:
         """A read delivered entries up to ``last``; the next reads ``count``."""
         self.last_read, self.read_count = last, count

@@ -286,6 +286,38 @@ async def test_an_end_first_met_with_the_cancel_off_a_read_does_not_complete_the
     assert outputs.dlq == []
 
 
+async def test_an_end_read_ahead_when_a_sweep_meets_the_cancel_does_not_complete_the_turn(
+    redis_url: str, namespace: str
+) -> None:
+    """The cancel key is set, then the turn's end is sent; the worker's
+    reader reads the end's batch ahead of its applier, and the applier's
+    sweep meets the key first. The sweep cut after everything delivered,
+    the batch read ahead too: its end, applied next, completed the turn.
+    What a worker has read but not taken in counts as read after the
+    cancel, as a read apply_entries meets the key applying does."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=False).start()
+        worker, shard = stepped.worker, stepped.shard
+        state = worker.shard(0)
+        await harness.add([text_delta("r", "all")])
+        await worker.stored.store(shard, [entry_of(e) for e in await stepped.read()], {})
+        await harness.cancel("r", reason="user")
+        await harness.add([end_entry("r")])
+        ahead = [entry_of(e) for e in await stepped.read()]
+        state.read_batch(ahead)  # (read ahead: not applied yet)
+        await worker.sweeper.sweep(shard)  # meets the key first: published without the end
+        state.batch_done(ahead)
+        call = build_apply(shard, ahead, {}, worker.options, 0)
+        call.newest, call.read_from = True, ahead[0][0]
+        await worker.stored.store(shard, ahead, {}, call)
+        await worker.sweeper.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "r") == "cancelled"
+    assert response_text(outputs, "r") == "all"
+    assert outputs.terminal_counts()[TurnKey("r")] == 1
+    assert outputs.dlq == []  # (the end, applied after the publish, is dropped)
+
+
 def _idle_past(harness: Harness, shard: Any, ms: int) -> Any:
     async def idle() -> bool:
         pending = await harness.client.xpending_range(shard.updates, harness.group, "-", "+", 10)

@@ -7,27 +7,46 @@
 --
 -- The bound is the group's last-delivered-id (pad_id(last) .. '+': every
 -- entry delivered so far, which may still be in another worker's hands or a
--- dead worker's, is merged once applied), except when the cancel is first
--- seen while applying a batch read with XREADGROUP > (`read_from`, its first
--- id: that read and everything after it count as read after the cancel,
--- but for what is stored of the turn already: `stored_to`, its newest
--- stored entry, padded, or '' none (apply_entries' newest_stored); another
--- worker reading the same shard may have read and stored later entries of
--- the turn before this batch was applied, and those are merged, so
--- everything before them must be), and
--- pad_id('0-0') (nothing) for a turn that had not started. finalise_held
--- records a holder's own bound instead (what it has routed). Needs
--- includes/pad_id and includes/last_delivered.
+-- dead worker's, is merged once applied), except where the calling worker
+-- has read entries it has not taken in yet (`read_from`: the first id of
+-- the XREADGROUP > read apply_entries is applying, or of the read a sweep's
+-- worker has read ahead of its applier): that read and everything after it
+-- count as read after the cancel, but for what is stored of the turn
+-- already (`stored_to`, newest_stored's; another worker reading the same
+-- shard may have read and stored later entries of the turn before this
+-- read was applied, and those are merged, so everything before them must
+-- be). pad_id('0-0') (nothing) for a turn that had not started.
+-- finalise_held records a holder's own bound instead (what it has
+-- routed). Needs includes/pad_id and includes/last_delivered.
 --- includes/pad_id
 --- includes/last_delivered
-local function cancel_cut(tkey, updates, group, started, read_from, stored_to)
+
+-- newest_stored: the newest entry of a turn stored so far (padded; ''
+-- none): the newest record in its recs hash, or the cover of its snapshot
+-- (a compaction's or a checkpoint's). Read only where a cancel first cuts
+-- a turn (a field kept up to date would cost every store).
+local function newest_stored(tkey, rkey)
+  local cover = redis.call('HGET', tkey, 'cover')
+  local newest = cover and pad_id(cover) or ''
+  for _, field in ipairs(redis.call('HKEYS', rkey)) do
+    if field ~= 'state' then
+      local padded = pad_id(field)
+      if padded > newest then newest = padded end
+    end
+  end
+  return newest
+end
+
+-- stored_to: newest_stored's, if the caller has it (else read when needed).
+local function cancel_cut(tkey, rkey, updates, group, started, read_from, stored_to)
   local cut = redis.call('HGET', tkey, 'cut')
   if cut then return cut end
   if not started then
     cut = pad_id('0-0')
   elseif read_from and read_from ~= '' then
     cut = pad_id(read_from)
-    if stored_to and stored_to ~= '' and stored_to >= cut then cut = stored_to .. '+' end
+    stored_to = stored_to or newest_stored(tkey, rkey)
+    if stored_to >= cut then cut = stored_to .. '+' end
   else
     cut = pad_id(last_delivered(updates, group) or '0-0') .. '+'
   end

@@ -68,6 +68,8 @@ class StoredShard(Protocol):
 
     def floor(self) -> str: ...
 
+    def read_ahead_from(self) -> str: ...
+
 
 #: Called with the turns a finalise is about to publish, before it reads
 #: them: the held path spills those it holds entries of
@@ -190,8 +192,9 @@ class Finaliser:
         records.clear()
         if not settled:
             return again
+        state = self.shards[shard.index]
         call = build_finalise(shard, settled, self.shell.options, self.shell.config.consumer,
-                              self.shards[shard.index].floor())
+                              state.floor(), state.read_ahead_from())
         results = await finalise_turns(self.shell.scripts.finalise_turns, call)
         self.shell.metrics.finalised([outcome for _, _, outcome in settled], results)
         for (key, _, outcome), result in zip(settled, results, strict=True):
