@@ -101,8 +101,13 @@ class ShardState:
             self.unapplied.append(entries)
 
     def read_ahead_from(self) -> str:
-        """The first entry id of the oldest batch read and not applied yet
-        ('' none): what this worker has read but not taken in."""
+        """The first entry id of the oldest read this worker has not taken
+        in yet ('' none): read ahead of its applier, not routed (holding
+        turns) or not applied (storing every entry). A cancel's cut leaves
+        it out (includes/cancel_cut.lua)."""
+        if self.hold_turns:
+            unrouted = self.floor_marks.unrouted
+            return unrouted[0] if unrouted else ""
         return as_text(self.unapplied[0][0][0]) if self.unapplied else ""
 
     def read_done(self, last: str, count: int) -> None:

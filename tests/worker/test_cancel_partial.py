@@ -21,6 +21,7 @@ from support.worker_harness import Harness
 from processor.redis_io.replies import entry_of
 from processor.scripts.stored_calls import build_apply
 from processor.wire.ids import TurnKey
+from processor.worker.held.batch import decode_batch
 from processor.worker.worker import Worker
 
 
@@ -316,6 +317,37 @@ async def test_an_end_read_ahead_when_a_sweep_meets_the_cancel_does_not_complete
     assert response_text(outputs, "r") == "all"
     assert outputs.terminal_counts()[TurnKey("r")] == 1
     assert outputs.dlq == []  # (the end, applied after the publish, is dropped)
+
+
+async def test_a_spill_that_meets_the_cancel_leaves_out_what_is_read_ahead(
+    redis_url: str, namespace: str
+) -> None:
+    """As above, holding the turn: the cancel key set, the turn's end read
+    ahead of the applier, and a spill of the held turn (held too long, say)
+    is the first to meet the key. It cut after everything delivered, the
+    end too, which then completed the turn. What is read and not routed
+    counts as read after the cancel: the held entries are kept, the end
+    dropped."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness).start()
+        worker, shard = stepped.worker, stepped.shard
+        state = worker.shard(0)
+        await harness.add([text_delta("k", "kept")])
+        await stepped.step()
+        assert TurnKey("k") in state.held_turns
+        await harness.cancel("k", reason="user")
+        await harness.add([end_entry("k")])
+        ahead = await stepped.read()
+        state.floor_marks.read(ahead[0][0].decode(), ahead[-1][0].decode())  # (read ahead)
+        await worker.held.spill(shard, [TurnKey("k")], "due")  # meets the key first
+        await worker.held.apply_held(shard, ahead, decode_batch(shard, ahead, worker.options, 0))
+        await worker.held.settle(shard)
+        await worker.sweeper.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "k") == "cancelled"
+    assert response_text(outputs, "k") == "kept"
+    assert outputs.terminal_counts()[TurnKey("k")] == 1
+    assert outputs.dlq == []
 
 
 def _idle_past(harness: Harness, shard: Any, ms: int) -> Any:

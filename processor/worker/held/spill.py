@@ -99,7 +99,9 @@ class Spiller:
                 entries += entries_of(held.entries)
         if entries:
             try:
-                await self.stored.store(shard, entries, {}, None)
+                # (What it has read ahead and not routed counts as read
+                # after a cancel this call may be the first to meet.)
+                await self.stored.store(shard, entries, {}, None, state.read_ahead_from())
             except BaseException:
                 # No longer held, maybe not applied: taken back before the
                 # next read, and no floor until then (ShardState.floor).

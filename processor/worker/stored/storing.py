@@ -79,7 +79,8 @@ class StoredPath:
     ) -> None:
         """Store a batch with ``apply_entries``, then finalise whatever it made
         ready. ``read_from``: the first id of the XREADGROUP > read the entries
-        come from, if they do (``ApplyCall.read_from``)."""
+        come from, if they do (``ApplyCall.read_from``), or of the read the
+        worker has read ahead and not taken in (a spill's)."""
         if call is None:
             call = build_apply(shard, entries, deliveries, self.shell.options, now_ms())
             call.read_from = read_from
