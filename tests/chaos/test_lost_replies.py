@@ -59,14 +59,9 @@ async def test_turns_merge_whatever_replies_are_lost(redis_url: str, namespace: 
     turns = [random_turn(rng, f"lost-{seed}-{n}", max_messages=8) for n in range(12)]
     entries = interleave(turns, rng)
     offline = offline_results(entries)
-    lost: list[list[Any]] = []  # (per worker)
     async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, batch=4,
                        **config) as harness:
-        for n in range(workers):
-            running = await harness.start_worker()
-            losing = random.Random(seed * 10 + n)
-            lost.append(lose_replies(running.client,
-                                     lambda *_, rng=losing: rng.random() < LOSS))
+        lost = await _losing_workers(harness, workers, seed)
         for i in range(0, len(entries), 5):  # streamed, so that turns outlive --hold-ms
             await harness.add(entries[i:i + 5])
             await asyncio.sleep(0.01)
@@ -110,14 +105,9 @@ async def test_cancels_cut_a_prefix_whatever_replies_are_lost(redis_url: str, na
                if key.response_id not in cancelled}
     prefixes = {turn[0]["response_id"]: _prefix_merges(turn) for turn in turns
                 if turn[0]["response_id"] in cancelled}
-    lost: list[list[Any]] = []  # (per worker)
     async with Harness(redis_url, namespace, 2, reclaim_idle_ms=600_000, batch=4,
                        **config) as harness:
-        for n in range(workers):
-            running = await harness.start_worker()
-            losing = random.Random(seed * 10 + n)
-            lost.append(lose_replies(running.client,
-                                     lambda *_, rng=losing: rng.random() < LOSS))
+        lost = await _losing_workers(harness, workers, seed)
         chunk: list[dict[str, Any]] = []
         for entry in entries:  # streamed, so that turns outlive --hold-ms
             if id(entry) in cuts:
@@ -146,6 +136,17 @@ async def test_cancels_cut_a_prefix_whatever_replies_are_lost(redis_url: str, na
             f"of {len(merges) - 1} entries\nlive: {got.response}")
     compare_with_offline(outputs, offline, f"with {count} replies lost")
     assert outputs.dlq == []
+
+
+async def _losing_workers(harness: Harness, workers: int, seed: int) -> list[list[Any]]:
+    """Start ``workers`` workers whose clients each lose about one reply in
+    25 (seeded); per worker, the replies it loses, as it loses them."""
+    lost: list[list[Any]] = []
+    for n in range(workers):
+        running = await harness.start_worker()
+        losing = random.Random(seed * 10 + n)
+        lost.append(lose_replies(running.client, lambda *_, rng=losing: rng.random() < LOSS))
+    return lost
 
 
 def _prefix_merges(turn: list[dict[str, Any]]) -> list[str]:
