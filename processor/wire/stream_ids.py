@@ -33,6 +33,12 @@ def id_order(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def after(entry_id: str) -> str:
+    """The smallest id after ``entry_id`` ("ms-seq")."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
 def parse(entry_id: str) -> tuple[int, int]:
     """``"ms-seq"`` as two integers (``ValueError`` for anything else)."""
     match = _ID.match(entry_id)

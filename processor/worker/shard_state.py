@@ -17,7 +17,7 @@ from processor.engine.shown import Shown
 from processor.redis_io.replies import Entry, RawEntry, as_text
 from processor.wire.ids import TurnKey
 from processor.wire.keys import Shard
-from processor.wire.stream_ids import id_order
+from processor.wire.stream_ids import after, id_order
 from processor.worker.held.holds import Floor, Holds
 from processor.worker.stored.mirror import Mirrors
 
@@ -103,12 +103,14 @@ class ShardState:
     def read_ahead_from(self) -> str:
         """The first entry id of the oldest read this worker has not taken
         in yet ('' none): read ahead of its applier, not routed (holding
-        turns) or not applied (storing every entry). A cancel's cut leaves
-        it out (includes/cancel_cut.lua)."""
-        if self.hold_turns:
-            unrouted = self.floor_marks.unrouted
-            return unrouted[0] if unrouted else ""
-        return as_text(self.unapplied[0][0][0]) if self.unapplied else ""
+        turns) or not applied (storing every entry), or a read whose reply
+        was lost (after the last read: taken back later). A cancel's cut
+        leaves it out (includes/cancel_cut.lua)."""
+        if self.hold_turns and self.floor_marks.unrouted:
+            return self.floor_marks.unrouted[0]
+        if not self.hold_turns and self.unapplied:
+            return as_text(self.unapplied[0][0][0])
+        return after(self.last_read) if self.orphans and self.last_read != "0" else ""
 
     def read_done(self, last: str, count: int) -> None:
         """A read delivered entries up to ``last``; the next reads ``count``."""

@@ -319,6 +319,35 @@ async def test_an_end_read_ahead_when_a_sweep_meets_the_cancel_does_not_complete
     assert outputs.dlq == []  # (the end, applied after the publish, is dropped)
 
 
+async def test_an_end_whose_read_reply_was_lost_when_a_sweep_meets_the_cancel_is_left_out(
+    redis_url: str, namespace: str
+) -> None:
+    """As above, the end's read losing its reply instead: the end is
+    pending to the worker, which has not taken it in, when its sweep meets
+    the key; the take-back applies it after. A read whose reply was lost
+    counts as read after the cancel, as one read ahead does."""
+    async with Harness(redis_url, namespace) as harness:
+        stepped = await Stepped(harness, hold_turns=False).start()
+        worker, shard = stepped.worker, stepped.shard
+        state = worker.shard(0)
+        await harness.add([text_delta("l", "all")])
+        first = await stepped.read()
+        state.read_done(first[-1][0].decode(), 4)
+        await worker.stored.store(shard, [entry_of(e) for e in first], {})
+        await harness.cancel("l", reason="user")
+        await harness.add([end_entry("l")])
+        await stepped.read()  # delivered; its reply lost:
+        state.reply_lost()
+        await worker.sweeper.sweep(shard)  # meets the key first
+        await worker.recovery.take_back(shard)
+        await worker.sweeper.sweep(shard)
+        outputs = await harness.outputs()
+    assert status(outputs, "l") == "cancelled"
+    assert response_text(outputs, "l") == "all"
+    assert outputs.terminal_counts()[TurnKey("l")] == 1
+    assert outputs.dlq == []
+
+
 async def test_a_spill_that_meets_the_cancel_leaves_out_what_is_read_ahead(
     redis_url: str, namespace: str
 ) -> None:

@@ -28,7 +28,7 @@ from processor.ingest.decode import EntryError, decode_plain, decode_stream_entr
 from processor.redis_io.replies import Entry, RawEntry, as_text, fields_of
 from processor.scripts.stored_calls import Applied
 from processor.wire.ids import TurnKey
-from processor.wire.stream_ids import id_order
+from processor.wire.stream_ids import after, id_order
 from processor.worker.held.batch import HeldBatch, Part, Run, entry_order, part_entries
 from processor.worker.stored.mirror import TurnCopy
 
@@ -387,7 +387,4 @@ class Floor:
     def value(self) -> str:
         if self.unrouted:
             return self.unrouted[0]
-        if not self.last:
-            return ""
-        ms, _, seq = self.last.partition("-")
-        return f"{ms}-{int(seq or 0) + 1}"
+        return after(self.last) if self.last else ""
