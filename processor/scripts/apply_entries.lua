@@ -294,7 +294,7 @@ local function apply_one(id, ti, op, a, b, deliveries, ids)
       if not cut then  -- this call is the first to see the key
         local rkey = select(2, turn_keys(ti))
         cut_here[ti] = newest_stored(tkey, rkey)
-        cut = cancel_cut(tkey, rkey, updates, group, cached(has_hash, ti, started, tkey),
+        cut = record_cut(tkey, rkey, updates, group, cached(has_hash, ti, started, tkey),
                          read_from, cut_here[ti])
       end
       cut_of[ti] = cut

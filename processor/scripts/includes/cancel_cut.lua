@@ -37,10 +37,11 @@ local function newest_stored(tkey, rkey)
   return newest
 end
 
--- stored_to: newest_stored's, if the caller has it (else read when needed).
-local function cancel_cut(tkey, rkey, updates, group, started, read_from, stored_to)
-  local cut = redis.call('HGET', tkey, 'cut')
-  if cut then return cut end
+-- record_cut: record the cut of a turn that has none yet (the caller
+-- looked), and return it. stored_to: newest_stored's, if the caller has it
+-- (else read when needed).
+local function record_cut(tkey, rkey, updates, group, started, read_from, stored_to)
+  local cut
   if not started then
     cut = pad_id('0-0')
   elseif read_from and read_from ~= '' then
@@ -52,4 +53,10 @@ local function cancel_cut(tkey, rkey, updates, group, started, read_from, stored
   end
   redis.call('HSET', tkey, 'cut', cut)
   return cut
+end
+
+-- cancel_cut: the turn's cut, recorded now if it has none.
+local function cancel_cut(tkey, rkey, updates, group, started, read_from)
+  return redis.call('HGET', tkey, 'cut') or record_cut(tkey, rkey, updates, group, started,
+                                                       read_from)
 end
